@@ -1,0 +1,50 @@
+"""Shared fixtures: the embedded DynamoDB as a real server process, fresh tables per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import uvloop
+
+from tests.procs import Proc, local_aws_env, python
+from worker.store.dynamodb import DynamoStore
+
+
+def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
+    """Every async test runs on uvloop, as the worker does."""
+    return {"uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(scope="session")
+def dynamodb_endpoint() -> Iterator[str]:
+    """``streamlease dev dynamodb`` on a free loopback port, for the whole session."""
+    proc = Proc(python("-m", "worker", "dev", "dynamodb", "--port", "0"), name="dynamodb")
+    try:
+        url = proc.url()
+        saved = {k: os.environ.get(k) for k in local_aws_env(url)}
+        os.environ.update(local_aws_env(url))
+        yield url
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def table_names() -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:10]
+    return f"streams-{suffix}", f"events-{suffix}"
+
+
+@pytest.fixture
+async def store(dynamodb_endpoint: str, table_names: tuple[str, str]) -> AsyncIterator[DynamoStore]:
+    async with DynamoStore.connect(*table_names, max_connections=100) as s:
+        await s.create_tables()
+        yield s

@@ -1,0 +1,122 @@
+"""URL rules, frame parsing and reconcile planning: pure, table-driven."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from worker.core.frames import Frame, Malformed, export_line, parse_frame
+from worker.core.lease import LeaseTimings
+from worker.core.model import StreamRecord
+from worker.core.plan import item_problem, plan_cycle
+from worker.core.urls import redact, url_problem, with_from_seq
+
+ALLOWED = ("wss://", "ws://127.0.0.1:")
+
+
+@pytest.mark.parametrize(("url", "fragment"), [
+    ("wss://feeds.example.com/a", None),
+    ("ws://127.0.0.1:9000/s/1", None),
+    (None, "missing"),
+    ("", "missing"),
+    ("ws://evil.example.com/", "not allowed"),
+    ("https://example.com/", "scheme"),
+    ("wss://", "no host"),
+    ("wss://host:99999/", "not a valid URL"),
+    ("wss://a b/", "whitespace"),
+    ("wss://" + "a" * 3000, "longer than"),
+])
+def test_url_problem(url: str | None, fragment: str | None) -> None:
+    problem = url_problem(url, ALLOWED)
+    if fragment is None:
+        assert problem is None
+    else:
+        assert problem is not None and fragment in problem
+
+
+def test_disallowed_url_message_hides_secrets() -> None:
+    problem = url_problem("ws://user:hunter2@evil.example.com/?token=s3cret", ALLOWED)
+    assert problem is not None and "hunter2" not in problem and "s3cret" not in problem
+
+
+@pytest.mark.parametrize(("url", "seq", "expected"), [
+    ("wss://h/p", 1, "wss://h/p?from_seq=1"),
+    ("wss://h/p?a=1&b=x%20y", 42, "wss://h/p?a=1&b=x+y&from_seq=42"),
+    ("wss://h/p?from_seq=9&a=1", 5, "wss://h/p?a=1&from_seq=5"),
+])
+def test_with_from_seq_keeps_other_parameters(url: str, seq: int, expected: str) -> None:
+    assert with_from_seq(url, seq) == expected
+
+
+def test_redact_removes_userinfo_and_query_values() -> None:
+    out = redact("wss://bob:pw@feeds.example.com:8443/x?token=abc&from_seq=3")
+    assert out == "wss://feeds.example.com:8443/x?token=***&from_seq=3"
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ('{"seq": 5, "v": 1}', Frame(5, '{"seq": 5, "v": 1}')),
+    (b'{"seq": 5}', Malformed("binary frame")),
+    ("not json", Malformed("not JSON")),
+    ("[1, 2]", Malformed("JSON list, not an object")),
+    ('{"v": 1}', Malformed("no integer seq")),
+    ('{"seq": "5"}', Malformed("no integer seq")),
+    ('{"seq": true}', Malformed("no integer seq")),
+    ('{"seq": 1.5}', Malformed("no integer seq")),
+    ('{"seq": 0}', Malformed("seq 0 out of range")),
+    ('{"seq": 99999999999999999999}', Malformed("seq 99999999999999999999 out of range")),
+    ("[" * 100_000, Malformed("not JSON")),
+])
+def test_parse_frame(data: str | bytes, expected: Frame | Malformed) -> None:
+    assert parse_frame(data) == expected
+
+
+def test_export_line_keeps_json_on_one_line() -> None:
+    assert export_line('{\n  "seq": 1\r\n}') == '{   "seq": 1  }'
+
+
+def rec(sid: str, **kw: object) -> StreamRecord:
+    base: dict[str, object] = {"stream_id": sid, "desired_state": "STARTED",
+                               "ws_url": "wss://h/" + sid, "lease_expires_at_ms": 0}
+    base.update(kw)
+    return StreamRecord(**base)  # type: ignore[arg-type]
+
+
+T = LeaseTimings(20, 5, 1, 2)
+
+
+def plan(cands: list[StreamRecord], held: set[str] | None = None, max_streams: int = 100,
+         per_cycle: int = 10, seed: int = 1) -> tuple[list[str], list[tuple[str, str]]]:
+    p = plan_cycle(cands, held=held or set(), max_streams=max_streams, per_cycle=per_cycle,
+                   now_wall_ms=1_000_000, timings=T, allowed_prefixes=("wss://",),
+                   rng=random.Random(seed))
+    return [r.stream_id for r in p.acquire], [(r.stream_id, why) for r, why in p.unservable]
+
+
+def test_plan_respects_capacity_and_per_cycle_cap() -> None:
+    cands = [rec(f"s{i}") for i in range(50)]
+    assert len(plan(cands, per_cycle=10)[0]) == 10
+    assert len(plan(cands, held={"x", "y"}, max_streams=5)[0]) == 3
+    assert plan(cands, held={f"h{i}" for i in range(5)}, max_streams=5)[0] == []
+
+
+def test_plan_shuffles_so_workers_spread_out() -> None:
+    cands = [rec(f"s{i}") for i in range(50)]
+    assert plan(cands, seed=1)[0] != plan(cands, seed=2)[0]
+
+
+def test_plan_skips_held_live_and_unservable_items() -> None:
+    cands = [
+        rec("held"), rec("live", lease_expires_at_ms=2_000_000),
+        rec("nourl", ws_url=None), rec("bad", ws_url="ws://plain/"),
+        rec("weird", desired_state="RUNNING"), rec("ok"),
+        rec("known", ws_url=None, last_error="ws_url is missing"),
+    ]
+    acquire, unservable = plan(cands, held={"held"})
+    assert acquire == ["ok"]
+    assert sorted(sid for sid, _ in unservable) == ["bad", "nourl", "weird"]
+
+
+def test_item_problem_reports_the_state_verbatim_but_bounded() -> None:
+    problem = item_problem(rec("x", desired_state="X" * 500), ("wss://",))
+    assert problem is not None and "is not STARTED or STOPPED" in problem and len(problem) < 120

@@ -1,0 +1,54 @@
+"""Configuration from the environment: defaults, fractional seconds, one error for all."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.config import SETTINGS, WorkerConfig
+from worker.errors import ConfigError
+
+
+def test_defaults_match_the_contract() -> None:
+    c = WorkerConfig.from_env({})
+    assert (c.table, c.events_table) == ("streamlease-streams", "streamlease-events")
+    assert (c.timings.lease_s, c.timings.heartbeat_s, c.reconcile_s) == (20, 5, 5)
+    assert (c.max_streams, c.shutdown_s, c.metrics_port) == (100, 25, 9108)
+    assert c.allowed_urls == ("wss://",) and c.log_format == "json"
+    assert c.timings.skew_margin_s == 1 and c.timings.safety_margin_s == pytest.approx(2.0)
+
+
+def test_fractional_seconds_for_sub_second_leases() -> None:
+    c = WorkerConfig.from_env({
+        "STREAMLEASE_LEASE_SECONDS": "0.6", "STREAMLEASE_HEARTBEAT_SECONDS": "0.15",
+        "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.1", "STREAMLEASE_RECONCILE_SECONDS": "0.2",
+        "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:, wss://",
+    })
+    assert c.timings.lease_s == 0.6 and c.timings.safety_margin_s == pytest.approx(0.06)
+    assert c.allowed_urls == ("ws://127.0.0.1:", "wss://")
+
+
+def test_every_problem_is_reported_at_once_naming_the_variable() -> None:
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({
+            "STREAMLEASE_LEASE_SECONDS": "abc", "STREAMLEASE_MAX_STREAMS": "0",
+            "STREAMLEASE_LOG_FORMAT": "xml", "STREAMLEASE_ALLOWED_URLS": "http://x",
+            "STREAMLEASE_METRICS_PORT": "70000", "STREAMLEASE_TABLE": "a b",
+        })
+    text = str(err.value)
+    for name in ("STREAMLEASE_LEASE_SECONDS", "STREAMLEASE_MAX_STREAMS", "STREAMLEASE_LOG_FORMAT",
+                 "STREAMLEASE_ALLOWED_URLS", "STREAMLEASE_METRICS_PORT", "STREAMLEASE_TABLE"):
+        assert name in text
+    assert len(err.value.problems) == 6
+
+
+def test_heartbeat_must_be_under_a_third_of_the_lease() -> None:
+    with pytest.raises(ConfigError, match="STREAMLEASE_HEARTBEAT_SECONDS"):
+        WorkerConfig.from_env({"STREAMLEASE_LEASE_SECONDS": "9",
+                               "STREAMLEASE_HEARTBEAT_SECONDS": "3"})
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    from pathlib import Path
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    missing = [s.name for s in SETTINGS if f"`{s.name}`" not in readme]
+    assert not missing

@@ -1,0 +1,311 @@
+"""The ``streamlease`` command: argparse front end. Parses, calls, prints; no logic.
+
+Exit codes (CONTRACT): 0 success; 2 bad usage or configuration, with one line on stderr
+naming what is wrong; 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn
+
+from worker.config import DEFAULT_EVENTS_TABLE, DEFAULT_TABLE, table_name_problem
+from worker.core.frames import export_line
+from worker.core.model import StreamRecord
+from worker.core.urls import redact, url_problem
+from worker.errors import ConfigError, StoreError, TableMissing
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+MAX_STREAM_ID = 1000
+
+
+class UsageError(Exception):
+    """Bad command-line input: exit 2 with one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _stream_id(value: str) -> str:
+    if not value or len(value) > MAX_STREAM_ID or not value.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"stream id must be 1-{MAX_STREAM_ID} printable characters, got {value!r}")
+    return value
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return number
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="streamlease", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("run", help="run one worker until SIGTERM/SIGINT")
+
+    table = sub.add_parser("table", help="manage the DynamoDB tables")
+    table_sub = table.add_subparsers(dest="table_command", required=True, parser_class=_Parser)
+    table_sub.add_parser("create", help="create both tables and the index (idempotent)")
+
+    ctl = sub.add_parser("ctl", help="operate streams")
+    ctl_sub = ctl.add_subparsers(dest="ctl_command", required=True, parser_class=_Parser)
+    start = ctl_sub.add_parser("start", help="upsert streams as STARTED")
+    start.add_argument("ids", nargs="+", type=_stream_id, metavar="ID")
+    start.add_argument("--url", required=True,
+                       help="upstream WebSocket URL; {id} is replaced by each stream id")
+    stop = ctl_sub.add_parser("stop", help="set streams STOPPED")
+    stop.add_argument("ids", nargs="+", type=_stream_id, metavar="ID")
+    listing = ctl_sub.add_parser("list", help="one row a stream")
+    listing.add_argument("--state", choices=["STARTED", "STOPPED"])
+    listing.add_argument("--owner")
+    listing.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    show = ctl_sub.add_parser("show", help="one stream in full (JSON)")
+    show.add_argument("id", type=_stream_id)
+    release = ctl_sub.add_parser("release", help="force a takeover: the holder is fenced out")
+    release.add_argument("id", type=_stream_id)
+    release.add_argument("--expect-owner", help="only if this worker holds it")
+    release.add_argument("--expect-fence", type=_non_negative_int,
+                         help="only if the fence is still this")
+    export = ctl_sub.add_parser("export", help="delivered messages in seq order, one a line")
+    export.add_argument("id", type=_stream_id)
+
+    dev = sub.add_parser("dev", help="local servers for development and tests")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True, parser_class=_Parser)
+    dev_sub.add_parser("dynamodb", help="embedded atomic DynamoDB-compatible server",
+                       add_help=False)
+    dev_sub.add_parser("upstream", help="the reference replaying upstream", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # The dev servers own their options: hand everything after `dev NAME` to them.
+    if len(args_list) >= 2 and args_list[0] == "dev" and args_list[1] in ("dynamodb", "upstream"):
+        return _dev(args_list[1], args_list[2:])
+    try:
+        args = build_parser().parse_args(args_list)
+        return _dispatch(args)
+    except UsageError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    except ConfigError as exc:
+        return _fail(EXIT_USAGE, f"streamlease: {exc}")
+    except TableMissing as exc:
+        return _fail(EXIT_FAILED, f"streamlease: {exc}")
+    except StoreError as exc:
+        return _fail(EXIT_FAILED, f"streamlease: DynamoDB: {exc}")
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(code: int, message: str) -> int:
+    print(message.replace("\n", " "), file=sys.stderr)
+    return code
+
+
+def _dev(name: str, rest: list[str]) -> int:
+    try:
+        if name == "dynamodb":
+            from worker.dev import dynamodb as module
+        else:
+            from worker.dev import upstream as module  # type: ignore[no-redef]
+    except ImportError as exc:
+        return _fail(EXIT_USAGE, f"streamlease dev {name}: needs the dev extra "
+                                 f"(pip install 'streamlease[dev]'): {exc}")
+    return int(module.main(rest))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from worker.app import run_worker
+        return run_worker()
+    tables = _tables_from_env()
+    if args.command == "table":
+        return _run(_table_create(*tables))
+    handlers: dict[str, Callable[..., Awaitable[int]]] = {
+        "start": _ctl_start, "stop": _ctl_stop, "list": _ctl_list, "show": _ctl_show,
+        "release": _ctl_release, "export": _ctl_export,
+    }
+    return _run(handlers[args.ctl_command](tables, args))
+
+
+def _tables_from_env() -> tuple[str, str]:
+    import os
+
+    problems = []
+    names = []
+    for var, default in (("STREAMLEASE_TABLE", DEFAULT_TABLE),
+                         ("STREAMLEASE_EVENTS_TABLE", DEFAULT_EVENTS_TABLE)):
+        name = os.environ.get(var, "").strip() or default
+        problem = table_name_problem(name)
+        if problem:
+            problems.append(f"{var}: {problem}")
+        names.append(name)
+    if problems:
+        raise ConfigError(problems)
+    return names[0], names[1]
+
+
+def _run(coro: Awaitable[int]) -> int:
+    async def wrapped() -> int:
+        return await coro
+    return asyncio.run(wrapped())
+
+
+def _store(tables: tuple[str, str]) -> Any:
+    from worker.store.dynamodb import DynamoStore
+    return DynamoStore.connect(*tables, max_connections=10)
+
+
+async def _table_create(streams: str, events: str) -> int:
+    async with _store((streams, events)) as store:
+        created = await store.create_tables()
+    for name in (streams, events):
+        print(f"{'created' if name in created else 'exists '} {name}")
+    return EXIT_OK
+
+
+async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
+    plans = []
+    for stream_id in args.ids:
+        url = args.url.replace("{id}", stream_id)
+        problem = url_problem(url, ("ws://", "wss://"))
+        if problem:
+            raise UsageError(f"streamlease ctl start: --url: {problem}")
+        plans.append((stream_id, url))
+    allowed = _allowed_from_env()
+    async with _store(tables) as store:
+        for stream_id, url in plans:
+            before = await store.get(stream_id)
+            record = await store.put_started(stream_id, url)
+            change = "created" if before is None else (
+                "unchanged" if before.started and before.ws_url == url else "updated")
+            print(f"{stream_id}: STARTED ({change}) url={redact(url)}")
+            if allowed and url_problem(url, allowed):
+                print(f"{stream_id}: warning: url is outside STREAMLEASE_ALLOWED_URLS in this "
+                      "environment; workers with the same setting will not serve it",
+                      file=sys.stderr)
+            del record
+    return EXIT_OK
+
+
+def _allowed_from_env() -> tuple[str, ...]:
+    import os
+    raw = os.environ.get("STREAMLEASE_ALLOWED_URLS", "")
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+async def _ctl_stop(tables: tuple[str, str], args: argparse.Namespace) -> int:
+    missing = 0
+    async with _store(tables) as store:
+        for stream_id in args.ids:
+            before = await store.get(stream_id)
+            record = await store.set_state(stream_id, "STOPPED")
+            if record is None:
+                print(f"{stream_id}: no such stream", file=sys.stderr)
+                missing += 1
+                continue
+            was = before.desired_state if before else None
+            print(f"{stream_id}: STOPPED (was {was})")
+    return EXIT_FAILED if missing else EXIT_OK
+
+
+def _lease_left_s(record: StreamRecord, now_ms: int) -> float | None:
+    if record.lease_expires_at_ms is None:
+        return None
+    return max(0.0, (record.lease_expires_at_ms - now_ms) / 1000)
+
+
+def record_json(record: StreamRecord, now_ms: int) -> dict[str, Any]:
+    return {
+        "stream": record.stream_id,
+        "desired_state": record.desired_state,
+        "ws_url": redact(record.ws_url) if record.ws_url else None,
+        "lease_owner": record.lease_owner,
+        "lease_expires_at_ms": record.lease_expires_at_ms,
+        "lease_left_s": _lease_left_s(record, now_ms),
+        "fence": record.fence,
+        "last_seq": record.last_seq,
+        "last_error": record.last_error,
+        "last_error_at_ms": record.last_error_at_ms,
+    }
+
+
+async def _ctl_list(tables: tuple[str, str], args: argparse.Namespace) -> int:
+    from worker.clock import SYSTEM_CLOCK
+    async with _store(tables) as store:
+        records = await store.list_streams()
+    now_ms = SYSTEM_CLOCK.wall_ms()
+    records = [r for r in records
+               if (args.state is None or r.desired_state == args.state)
+               and (args.owner is None or r.lease_owner == args.owner)]
+    if args.output == "json":
+        print(json.dumps([record_json(r, now_ms) for r in records], indent=2))
+        return EXIT_OK
+    rows = [("STREAM", "STATE", "OWNER", "LEASE LEFT", "FENCE", "LAST_SEQ", "LAST ERROR")]
+    for r in records:
+        left = _lease_left_s(r, now_ms)
+        rows.append((
+            r.stream_id, r.desired_state or "-", r.lease_owner or "-",
+            "-" if left is None else ("free" if left == 0 else f"{left:.1f}s"),
+            "-" if r.fence is None else str(r.fence),
+            "-" if r.last_seq is None else str(r.last_seq),
+            (r.last_error or "")[:60],
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+async def _ctl_show(tables: tuple[str, str], args: argparse.Namespace) -> int:
+    from worker.clock import SYSTEM_CLOCK
+    async with _store(tables) as store:
+        record = await store.get(args.id)
+    if record is None:
+        return _fail(EXIT_FAILED, f"streamlease: no stream {args.id!r}")
+    print(json.dumps(record_json(record, SYSTEM_CLOCK.wall_ms()), indent=2))
+    return EXIT_OK
+
+
+async def _ctl_release(tables: tuple[str, str], args: argparse.Namespace) -> int:
+    async with _store(tables) as store:
+        result = await store.force_release(args.id, args.expect_owner, args.expect_fence)
+    if result.changed:
+        assert result.record is not None
+        print(f"{args.id}: released; fence {result.record.fence} "
+              f"(the holder under fence {(result.record.fence or 1) - 1} is fenced out)")
+        return EXIT_OK
+    if result.record is None:
+        return _fail(EXIT_FAILED, f"streamlease: no stream {args.id!r}")
+    found = f"owner={result.record.lease_owner} fence={result.record.fence}"
+    return _fail(EXIT_FAILED, f"streamlease: not released: {args.id} is held as {found}, "
+                              f"expected owner={args.expect_owner} fence={args.expect_fence}")
+
+
+async def _ctl_export(tables: tuple[str, str], args: argparse.Namespace) -> int:
+    async with _store(tables) as store:
+        if await store.get(args.id) is None:
+            return _fail(EXIT_FAILED, f"streamlease: no stream {args.id!r}")
+        out = sys.stdout
+        async for frame in store.read_events(args.id):
+            out.write(export_line(frame.text))
+            out.write("\n")
+    out.flush()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

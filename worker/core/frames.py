@@ -1,0 +1,46 @@
+"""Upstream frames: parse the sequence number, reject what the contract calls malformed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# DynamoDB numbers hold 38 digits; sequence numbers stay well inside a signed 64-bit int.
+MAX_SEQ = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Frame:
+    seq: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Malformed:
+    reason: str
+
+
+def parse_frame(data: str | bytes) -> Frame | Malformed:
+    """A text frame holding a JSON object with an integer ``seq`` (1 .. 2**63-1)."""
+    if not isinstance(data, str):
+        return Malformed("binary frame")
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return Malformed("not JSON")
+    if not isinstance(obj, dict):
+        return Malformed(f"JSON {type(obj).__name__}, not an object")
+    seq = obj.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return Malformed("no integer seq")
+    if not 1 <= seq <= MAX_SEQ:
+        return Malformed(f"seq {seq} out of range")
+    return Frame(seq, data)
+
+
+def export_line(text: str) -> str:
+    """A delivered frame on one line. JSON cannot hold a raw newline inside a string,
+    so replacing line breaks between tokens with spaces keeps the object identical."""
+    if "\n" in text or "\r" in text:
+        return text.replace("\r", " ").replace("\n", " ")
+    return text

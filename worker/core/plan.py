@@ -1,0 +1,68 @@
+"""Reconcile planning: which orphaned streams to try to acquire this cycle."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from worker.core.lease import LeaseTimings, can_acquire
+from worker.core.model import StreamRecord
+from worker.core.urls import url_problem
+
+VALID_STATES = ("STARTED", "STOPPED")
+
+
+def item_problem(record: StreamRecord, allowed_prefixes: tuple[str, ...]) -> str | None:
+    """Why a STARTED-or-not item cannot be served as written, or None.
+
+    This is the CONTRACT's list: an unknown ``desired_state``, a missing ``ws_url``, or
+    one outside the allow-list. The text goes to ``last_error`` and the log.
+    """
+    if record.desired_state not in VALID_STATES:
+        shown = "missing" if record.desired_state is None else repr(record.desired_state)[:64]
+        return f"desired_state {shown} is not STARTED or STOPPED"
+    if record.started:
+        return url_problem(record.ws_url, allowed_prefixes)
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    acquire: list[StreamRecord] = field(default_factory=list)
+    unservable: list[tuple[StreamRecord, str]] = field(default_factory=list)
+
+
+def plan_cycle(
+    candidates: list[StreamRecord],
+    *,
+    held: set[str],
+    max_streams: int,
+    per_cycle: int,
+    now_wall_ms: int,
+    timings: LeaseTimings,
+    allowed_prefixes: tuple[str, ...],
+    rng: random.Random,
+) -> Plan:
+    """Pick the streams to try this cycle.
+
+    Candidates come from the orphan query and may be stale by the time we act; the
+    conditional acquire is the real arbiter, this only avoids pointless calls. Shuffling
+    spreads a fleet that wakes together over different streams, and the per-cycle cap
+    keeps one worker from grabbing everything a dead peer left behind.
+    """
+    free = max(0, max_streams - len(held))
+    budget = min(free, per_cycle)
+    acquirable: list[StreamRecord] = []
+    unservable: list[tuple[StreamRecord, str]] = []
+    for record in candidates:
+        if record.stream_id in held:
+            continue
+        problem = item_problem(record, allowed_prefixes)
+        if problem is not None:
+            if record.last_error != problem:
+                unservable.append((record, problem))
+            continue
+        if can_acquire(record, now_wall_ms, timings):
+            acquirable.append(record)
+    rng.shuffle(acquirable)
+    return Plan(acquire=acquirable[:budget], unservable=unservable)

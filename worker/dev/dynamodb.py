@@ -1,0 +1,212 @@
+"""An embedded DynamoDB-compatible server for development and tests (moto, served atomically).
+
+moto's DynamoDB backend checks a condition and then writes without a lock, so two
+concurrent requests can both pass the same conditional write: a lease store tested on
+it can see two owners that real DynamoDB would never allow. This server fixes both
+measured problems without forking moto:
+
+* **Atomicity.** Every request runs under one lock, so each request sees the state the
+  previous one left, as DynamoDB promises for single-item conditional writes and
+  transactions. Connections are still accepted concurrently.
+* **Transactions that stay fast.** moto deep-copies every table a transaction touches
+  (to roll back on failure), so a transaction costs O(table size). Here tables are
+  "copied" by reference and only the items the transaction touches are backed up and
+  restored, which gives the same all-or-nothing result in O(items touched).
+
+Loopback only, no persistence: state lives as long as the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    from moto.backends import get_backend
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.models.dynamo_type import DynamoType
+    from moto.dynamodb.models.table import Table
+    from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+    from werkzeug.serving import BaseWSGIServer, make_server
+except ImportError as exc:  # pragma: no cover - exercised by the CLI without the extra
+    raise ImportError(
+        "streamlease dev dynamodb needs the dev extra: pip install 'streamlease[dev]'") from exc
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+_PATCH_LOCK = threading.Lock()
+_patched = False
+_original_transact: Callable[..., Any] | None = None
+
+
+class SerializedApp:
+    """WSGI middleware that runs one request at a time (the whole request, body included)."""
+
+    def __init__(self, app: WSGIApp) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        with self.lock:
+            # Materialise the body inside the lock: a lazy iterable would run moto's
+            # handler after the lock is released.
+            return list(self.app(environ, start_response))
+
+
+@contextmanager
+def _tables_by_reference() -> Iterator[None]:
+    """While set, ``copy.deepcopy(table)`` returns the table itself (see module doc)."""
+    Table.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del Table.__deepcopy__  # type: ignore[attr-defined]
+
+
+def _touched_items(backend: Any, transact_items: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """(table, hash, range, backup) for every item a transaction may write."""
+    touched = []
+    for entry in transact_items:
+        if len(entry) != 1:
+            continue
+        op_type, op = next(iter(entry.items()))
+        table = backend.tables.get(op.get("TableName"))
+        if table is None:
+            continue
+        attrs = op.get("Item") if op_type == "Put" else op.get("Key")
+        if not isinstance(attrs, dict) or table.hash_key_attr not in attrs:
+            continue
+        hash_value = DynamoType(attrs[table.hash_key_attr])
+        range_value = None
+        if table.range_key_attr is not None:
+            if table.range_key_attr not in attrs:
+                continue
+            range_value = DynamoType(attrs[table.range_key_attr])
+        backup = copy.deepcopy(table.get_item(hash_value, range_value))
+        touched.append((table, hash_value, range_value, backup))
+    return touched
+
+
+def _restore(touched: list[tuple[Any, ...]]) -> None:
+    for table, hash_value, range_value, backup in reversed(touched):
+        if backup is None:
+            table.delete_item(hash_value, range_value)
+        elif range_value is not None:
+            table.items[hash_value][range_value] = backup
+        else:
+            table.items[hash_value] = backup
+
+
+def _fast_transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
+    assert _original_transact is not None
+    touched = _touched_items(self, transact_items)
+    with _tables_by_reference():
+        try:
+            _original_transact(self, transact_items)
+        except BaseException:
+            # moto's own rollback re-assigned each table to itself (a no-op here);
+            # put back exactly the items the transaction may have changed.
+            _restore(touched)
+            raise
+
+
+def install_fast_transactions() -> None:
+    """Patch moto (in this process) to back up touched items instead of whole tables."""
+    global _patched, _original_transact
+    with _PATCH_LOCK:
+        if _patched:
+            return
+        _original_transact = DynamoDBBackend.transact_write_items
+        DynamoDBBackend.transact_write_items = _fast_transact_write_items  # type: ignore[method-assign]
+        _patched = True
+
+
+class EmbeddedDynamoDB:
+    """A DynamoDB-compatible HTTP server on loopback, in a background thread."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.requested_port = port
+        self._server: BaseWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> EmbeddedDynamoDB:
+        install_fast_transactions()
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        app = SerializedApp(create_backend_app("dynamodb"))
+        MotoRequestHandler.protocol_version = "HTTP/1.1"  # keep-alive for SDK clients
+        self._server = make_server(self.host, self.requested_port, app, threaded=True,
+                                   request_handler=MotoRequestHandler)
+        self._server.daemon_threads = True  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="embedded-dynamodb", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() first"
+        return int(self._server.server_address[1])
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def backend(self, region: str = "us-east-1", account: str = "123456789012") -> Any:
+        """The moto backend behind this server (same process only; for seeding tests)."""
+        return get_backend("dynamodb")[account][region]
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> EmbeddedDynamoDB:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="streamlease dev dynamodb",
+        description="Serve an embedded, atomic DynamoDB-compatible API on loopback.")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help=argparse.SUPPRESS)  # tests: make thread races likely
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be 0-65535, got {args.port}")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        parser.error(f"--host must be a loopback address, got {args.host!r}")
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
+    server = EmbeddedDynamoDB(args.host, args.port)
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"streamlease dev dynamodb: cannot bind {args.host}:{args.port}: {exc}",
+              file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"listening on {server.endpoint_url}", flush=True)
+    stop.wait()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""One exception tree for the whole worker.
+
+Every class says whether retrying the same operation may succeed. Adapters translate
+their libraries' errors into these at the boundary (``raise ... from exc``); nothing
+above ``store`` sees botocore, nothing above ``pump`` sees websockets exceptions.
+
+A failed condition on a lease write is not an error: acquire, renew and release return
+result values. Only outcomes that abort an operation are exceptions.
+"""
+
+from __future__ import annotations
+
+
+class StreamleaseError(Exception):
+    """Base of every error raised by this package."""
+
+    retriable: bool = False
+
+
+class ConfigError(StreamleaseError):
+    """Configuration is invalid. Carries every problem found, not just the first."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class StoreError(StreamleaseError):
+    """A DynamoDB call failed in a way the caller cannot act on specifically."""
+
+
+class StoreUnavailable(StoreError):
+    """Timeout, connection failure or 5xx: the outcome of the call is unknown."""
+
+    retriable = True
+
+
+class StoreThrottled(StoreError):
+    """DynamoDB throttled the request; retry later with backoff."""
+
+    retriable = True
+
+
+class TableMissing(StoreError):
+    """A table this worker needs does not exist (run ``streamlease table create``)."""
+
+
+class StaleFence(StreamleaseError):
+    """The sink refused a batch: this holder's fence is no longer current.
+
+    The batch was not written. The holder must stop the stream at once.
+    """
+
+
+class SelfFenced(StreamleaseError):
+    """The holder passed its local lease deadline and must not write any more."""
+
+
+class SinkConflict(StoreError):
+    """The stream's checkpoint is not where this holder left it (not a stale fence).
+
+    Only possible if something outside the fencing protocol edited ``last_seq``.
+    """
+
+
+class BadStreamItem(StreamleaseError):
+    """A streams-table item cannot be served as written (bad state or URL)."""

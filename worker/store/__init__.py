@@ -1,0 +1,1 @@
+"""The only place that knows DynamoDB: codec (pure), schema, and the aioboto3 store."""

@@ -1,0 +1,267 @@
+"""Items <-> model values, attribute names, and the lease rules as DynamoDB expressions.
+
+Pure: no botocore, no I/O. Each expression here is the translation of one rule in
+``worker.core.lease``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from worker.core.frames import Frame
+from worker.core.model import StreamRecord, stream_id_from_key, stream_key
+
+# Streams table (CONTRACT).
+PK = "Pk"
+DESIRED_STATE = "desired_state"
+WS_URL = "ws_url"
+LEASE_OWNER = "lease_owner"
+LEASE_EXPIRES = "lease_expires_at_ms"
+FENCE = "fence"
+LAST_SEQ = "last_seq"
+LAST_ERROR = "last_error"
+LAST_ERROR_AT = "last_error_at_ms"
+INDEX_NAME = "desired_state-lease_expires_at_ms-index"
+
+# Events table (ours): one item holds a run of consecutive deliveries of one stream.
+EV_PK = "Pk"  # CONN#<stream_id>, as in the streams table
+EV_SK = "Sk"  # N: first seq in the item
+EV_LAST = "last"  # N: last seq in the item
+EV_FENCE = "fence"  # N: the fence the batch was written under
+EV_MSGS = "msgs"  # L of S: the frames as received, in seq order
+EV_SEQS = "seqs"  # L of N: their sequence numbers (seqs may skip: a gap)
+EV_AT = "at_ms"  # N: wall time of the write
+
+# DynamoDB limits that shape batches: 400 KB an item, 100 actions and 4 MB a transaction.
+ITEM_TEXT_BUDGET = 350_000
+TRANSACTION_BYTES_BUDGET = 3_500_000
+MAX_TRANSACT_ACTIONS = 100
+MAX_LAST_ERROR_CHARS = 1000
+
+Item = dict[str, Any]
+
+
+def s(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def n(value: int) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def key(stream_id: str) -> Item:
+    return {PK: s(stream_key(stream_id))}
+
+
+def _str(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    if isinstance(value, Mapping) and isinstance(value.get("S"), str):
+        return str(value["S"])
+    return None
+
+
+def _int(item: Mapping[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    if not isinstance(value, Mapping) or not isinstance(value.get("N"), str):
+        return None
+    try:
+        number = int(value["N"])
+    except ValueError:
+        try:
+            as_float = float(value["N"])
+        except ValueError:
+            return None
+        return int(as_float) if as_float.is_integer() else None
+    return number
+
+
+def decode_record(item: Mapping[str, Any]) -> StreamRecord | None:
+    """A streams item as a record; None if its key is not ``CONN#<id>``.
+
+    Attributes of the wrong type read as absent: the worker then reports the item as
+    unservable rather than crash on it.
+    """
+    pk = _str(item, PK)
+    stream_id = stream_id_from_key(pk) if pk is not None else None
+    if stream_id is None:
+        return None
+    return StreamRecord(
+        stream_id=stream_id,
+        desired_state=_raw_state(item),
+        ws_url=_str(item, WS_URL),
+        lease_owner=_str(item, LEASE_OWNER),
+        lease_expires_at_ms=_int(item, LEASE_EXPIRES),
+        fence=_int(item, FENCE),
+        last_seq=_int(item, LAST_SEQ),
+        last_error=_str(item, LAST_ERROR),
+        last_error_at_ms=_int(item, LAST_ERROR_AT),
+    )
+
+
+def _raw_state(item: Mapping[str, Any]) -> str | None:
+    value = item.get(DESIRED_STATE)
+    if value is None:
+        return None
+    if isinstance(value, Mapping) and isinstance(value.get("S"), str):
+        return str(value["S"])
+    return f"<{next(iter(value), 'unknown') if isinstance(value, Mapping) else 'unknown'} value>"
+
+
+@dataclass(frozen=True)
+class Expr:
+    """One condition/update expression with its names and values."""
+
+    condition: str
+    names: dict[str, str]
+    values: dict[str, Any]
+    update: str | None = None
+
+    def update_kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ConditionExpression": self.condition,
+            "ExpressionAttributeNames": self.names,
+        }
+        if self.values:
+            out["ExpressionAttributeValues"] = self.values
+        if self.update is not None:
+            out["UpdateExpression"] = self.update
+        return out
+
+
+NAMES = {
+    "#pk": PK, "#ds": DESIRED_STATE, "#url": WS_URL, "#owner": LEASE_OWNER,
+    "#exp": LEASE_EXPIRES, "#fence": FENCE, "#last": LAST_SEQ,
+    "#err": LAST_ERROR, "#errat": LAST_ERROR_AT,
+}
+
+
+def _names(*placeholders: str) -> dict[str, str]:
+    return {p: NAMES[p] for p in placeholders}
+
+
+def acquire_expr(owner: str, new_expiry_ms: int, threshold_ms: int) -> Expr:
+    """``can_acquire`` + ``next_fence``. ``attribute_exists(Pk)`` keeps an acquire from
+    creating an item an operator deleted (UpdateItem would otherwise upsert it)."""
+    return Expr(
+        condition=(
+            "attribute_exists(#pk) AND #ds = :started AND "
+            "(attribute_not_exists(#exp) OR #exp < :threshold)"
+        ),
+        update="SET #owner = :me, #exp = :exp, #fence = if_not_exists(#fence, :zero) + :one",
+        names=_names("#pk", "#ds", "#exp", "#owner", "#fence"),
+        values={
+            ":started": s("STARTED"), ":threshold": n(threshold_ms), ":me": s(owner),
+            ":exp": n(new_expiry_ms), ":zero": n(0), ":one": n(1),
+        },
+    )
+
+
+def renew_expr(owner: str, fence: int, new_expiry_ms: int) -> Expr:
+    """``holds``: never resurrects a lease someone else took or that was force released."""
+    return Expr(
+        condition="#owner = :me AND #fence = :fence",
+        update="SET #exp = :exp",
+        names=_names("#owner", "#fence", "#exp"),
+        values={":me": s(owner), ":fence": n(fence), ":exp": n(new_expiry_ms)},
+    )
+
+
+def release_expr(owner: str, fence: int) -> Expr:
+    """Expiry 0 (free now); owner and fence stay, so the history is kept (CONTRACT)."""
+    return Expr(
+        condition="#owner = :me AND #fence = :fence",
+        update="SET #exp = :zero",
+        names=_names("#owner", "#fence", "#exp"),
+        values={":me": s(owner), ":fence": n(fence), ":zero": n(0)},
+    )
+
+
+def force_release_expr(expect_owner: str | None, expect_fence: int | None) -> Expr:
+    """Expiry 0 and fence + 1 in one write: the old holder is fenced out on return."""
+    parts = ["attribute_exists(#pk)"]
+    names = _names("#pk", "#exp", "#fence")
+    values: dict[str, Any] = {":zero": n(0), ":one": n(1)}
+    if expect_owner is not None:
+        parts.append("#owner = :owner")
+        names.update(_names("#owner"))
+        values[":owner"] = s(expect_owner)
+    if expect_fence is not None:
+        parts.append("#fence = :fence")
+        values[":fence"] = n(expect_fence)
+    return Expr(
+        condition=" AND ".join(parts),
+        update="SET #exp = :zero, #fence = if_not_exists(#fence, :zero) + :one",
+        names=names,
+        values=values,
+    )
+
+
+def adopt_expr() -> Expr:
+    """Give a hand-written item ``lease_expires_at_ms = 0`` so the sparse index sees it."""
+    return Expr(
+        condition="attribute_exists(#pk) AND attribute_not_exists(#exp)",
+        update="SET #exp = :zero",
+        names=_names("#pk", "#exp"),
+        values={":zero": n(0)},
+    )
+
+
+def record_error_expr(message: str, at_ms: int) -> Expr:
+    return Expr(
+        condition="attribute_exists(#pk)",
+        update="SET #err = :err, #errat = :at",
+        names=_names("#pk", "#err", "#errat"),
+        values={":err": s(message[:MAX_LAST_ERROR_CHARS]), ":at": n(at_ms)},
+    )
+
+
+def checkpoint_expr(owner: str, fence: int, prev_seq: int, last_seq: int) -> Expr:
+    """The sink's lease check: this owner, this fence, and the checkpoint where this
+    holder left it. ``prev_seq`` 0 also matches an item that never had a ``last_seq``."""
+    if prev_seq == 0:
+        seq_cond = "(attribute_not_exists(#last) OR #last = :prev)"
+    else:
+        seq_cond = "#last = :prev"
+    return Expr(
+        condition=f"#owner = :me AND #fence = :fence AND {seq_cond}",
+        update="SET #last = :last",
+        names=_names("#owner", "#fence", "#last"),
+        values={":me": s(owner), ":fence": n(fence), ":prev": n(prev_seq), ":last": n(last_seq)},
+    )
+
+
+def chunk_frames(frames: Iterable[Frame], budget: int = ITEM_TEXT_BUDGET) -> list[list[Frame]]:
+    """Split a batch into runs that each fit one events item."""
+    chunks: list[list[Frame]] = []
+    current: list[Frame] = []
+    size = 0
+    for frame in frames:
+        cost = len(frame.text.encode()) + 32
+        if current and size + cost > budget:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(frame)
+        size += cost
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def event_item(stream_id: str, fence: int, frames: list[Frame], at_ms: int) -> Item:
+    return {
+        EV_PK: s(stream_key(stream_id)),
+        EV_SK: n(frames[0].seq),
+        EV_LAST: n(frames[-1].seq),
+        EV_FENCE: n(fence),
+        EV_SEQS: {"L": [n(f.seq) for f in frames]},
+        EV_MSGS: {"L": [s(f.text) for f in frames]},
+        EV_AT: n(at_ms),
+    }
+
+
+def decode_event_item(item: Mapping[str, Any]) -> list[Frame]:
+    seqs = item.get(EV_SEQS, {}).get("L", [])
+    msgs = item.get(EV_MSGS, {}).get("L", [])
+    return [Frame(int(sq["N"]), str(m["S"])) for sq, m in zip(seqs, msgs, strict=True)]
