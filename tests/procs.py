@@ -97,6 +97,13 @@ class Proc:
             t.join(2)
         return self.popen.returncode
 
+    def wait(self, timeout: float = 30.0) -> int:
+        """Wait for the process to exit by itself; its exit code."""
+        code = self.popen.wait(timeout)
+        for t in self._threads:
+            t.join(2)
+        return code
+
     def kill(self) -> None:
         if self.popen.poll() is None:
             self.popen.kill()

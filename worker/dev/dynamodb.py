@@ -131,16 +131,21 @@ def install_fast_transactions() -> None:
 class EmbeddedDynamoDB:
     """A DynamoDB-compatible HTTP server on loopback, in a background thread."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, serialize: bool = True,
+                 fast_transactions: bool = True) -> None:
         self.host = host
         self.requested_port = port
+        self.serialize = serialize
+        self.fast_transactions = fast_transactions
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> EmbeddedDynamoDB:
-        install_fast_transactions()
+        if self.fast_transactions:
+            install_fast_transactions()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        app = SerializedApp(create_backend_app("dynamodb"))
+        backend_app = create_backend_app("dynamodb")
+        app: WSGIApp = SerializedApp(backend_app) if self.serialize else backend_app
         MotoRequestHandler.protocol_version = "HTTP/1.1"  # keep-alive for SDK clients
         self._server = make_server(self.host, self.requested_port, app, threaded=True,
                                    request_handler=MotoRequestHandler)
@@ -183,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Serve an embedded, atomic DynamoDB-compatible API on loopback.")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
-    parser.add_argument("--switch-interval", type=float, default=None,
-                        help=argparse.SUPPRESS)  # tests: make thread races likely
+    # Test-only knobs: a tiny thread switch interval makes races likely, and --no-lock
+    # serves plain moto, so the tests can show the race they guard against is real.
+    parser.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-lock", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be 0-65535, got {args.port}")
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--host must be a loopback address, got {args.host!r}")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    server = EmbeddedDynamoDB(args.host, args.port)
+    server = EmbeddedDynamoDB(args.host, args.port, serialize=not args.no_lock)
     try:
         server.start()
     except OSError as exc:
