@@ -107,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(EXIT_FAILED, f"streamlease: DynamoDB: {exc}")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `ctl export ID | head`: the reader left; that is not an error.
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _fail(code: int, message: str) -> int:

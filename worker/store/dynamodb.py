@@ -116,13 +116,14 @@ class DynamoStore:
                       call_timeout_s: float = 10.0) -> AsyncIterator[DynamoStore]:
         """Open the one client this process uses. Raises ConfigError without a region."""
         session = aioboto3.Session()
-        if not session.region_name and not os.environ.get("AWS_DEFAULT_REGION"):
+        # botocore reads AWS_DEFAULT_REGION and profiles; AWS_REGION (what ECS and most
+        # tools set) is honoured here explicitly.
+        region = os.environ.get("AWS_REGION", "").strip() or session.region_name
+        if not region:
             raise ConfigError(["AWS_REGION: not set (the AWS region of the tables)"])
-        try:
-            async with session.client("dynamodb", config=client_config(max_connections)) as client:
-                yield cls(client, table, events_table, observe, call_timeout_s)
-        except NoRegionError as exc:
-            raise ConfigError(["AWS_REGION: not set (the AWS region of the tables)"]) from exc
+        config = client_config(max_connections)
+        async with session.client("dynamodb", region_name=region, config=config) as client:
+            yield cls(client, table, events_table, observe, call_timeout_s)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -183,6 +184,11 @@ class DynamoStore:
             await self._wait_active(name, wait_s)
             await self._check_schema(definition)
         return created
+
+    async def check_tables(self) -> None:
+        """Raise TableMissing (with the fix) unless both tables exist."""
+        for name in (self.table, self.events_table):
+            await self._call("describe_table", TableName=name)
 
     async def _wait_active(self, name: str, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s

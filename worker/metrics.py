@@ -1,0 +1,147 @@
+"""Every metric name lives here, behind domain verbs. Only this module imports
+prometheus_client.
+
+No label carries a stream id or worker id (cardinality): the scrape target says which
+worker. Every labelled counter is exposed at 0 for each known label value from start-up,
+so ``rate()`` and alerts work before the first event.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from worker import __version__
+from worker.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
+
+RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big", "timeout")
+BAD_ITEM_REASONS = ("bad_state", "bad_url")
+DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
+                       "describe_table", "create_table")
+DYNAMODB_OUTCOMES = ("ok", "condition_failed", "cancelled", "throttled", "unavailable", "error")
+
+FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """The worker's metrics in one registry (a fresh one per instance, so tests can
+    make several)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        p = "streamlease_"
+        self._leases_held = Gauge(p + "leases_held", "Leases this worker holds now", registry=r)
+        self._acquired = Counter(p + "lease_acquired", "Leases acquired", registry=r)
+        self._lost = Counter(p + "lease_lost", "Leases lost without a release, by reason",
+                             ["reason"], registry=r)
+        self._released = Counter(p + "lease_released", "Leases released, by reason",
+                                 ["reason"], registry=r)
+        self._heartbeat = Histogram(p + "heartbeat_seconds", "Duration of one lease renewal",
+                                    buckets=FAST_BUCKETS, registry=r)
+        self._reconcile = Histogram(p + "reconcile_seconds", "Duration of one reconcile cycle",
+                                    buckets=FAST_BUCKETS, registry=r)
+        self._orphans = Counter(p + "orphans_found", "Orphaned streams seen by the reconciler",
+                                registry=r)
+        self._delivered = Counter(p + "messages_delivered",
+                                  "Messages durably written to the sink", registry=r)
+        self._stale = Counter(p + "stale_writes_rejected",
+                              "Sink batches refused because this holder's fence was stale",
+                              registry=r)
+        self._reconnects = Counter(p + "upstream_reconnects", "Upstream reconnects, by reason",
+                                   ["reason"], registry=r)
+        self._gaps = Counter(p + "sequence_gaps",
+                             "Connections whose first seq was above the one asked for",
+                             registry=r)
+        self._malformed = Counter(p + "malformed_frames",
+                                  "Upstream frames dropped as malformed", registry=r)
+        self._duplicates = Counter(p + "duplicate_frames",
+                                   "Upstream frames dropped as already delivered", registry=r)
+        self._bad_items = Counter(p + "bad_items", "Stream items that cannot be served, by reason",
+                                  ["reason"], registry=r)
+        self._takeover = Histogram(
+            p + "takeover_delay_seconds",
+            "How long a stream went unowned before this worker took it (from the stored expiry)",
+            buckets=TAKEOVER_BUCKETS, registry=r)
+        self._ddb_requests = Counter(p + "dynamodb_requests", "DynamoDB calls",
+                                     ["operation", "outcome"], registry=r)
+        self._ddb_seconds = Histogram(p + "dynamodb_request_seconds", "DynamoDB call duration",
+                                      ["operation"], buckets=FAST_BUCKETS, registry=r)
+        self._max_streams = Gauge(p + "max_streams", "STREAMLEASE_MAX_STREAMS", registry=r)
+        self._draining = Gauge(p + "draining", "1 while the worker shuts down", registry=r)
+        self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
+        self._build.labels(__version__).set(1)
+
+        for reason in LOST_REASONS:
+            self._lost.labels(reason.value)
+        for reason in RELEASE_REASONS:
+            self._released.labels(reason.value)
+        for name in RECONNECT_REASONS:
+            self._reconnects.labels(name)
+        for name in BAD_ITEM_REASONS:
+            self._bad_items.labels(name)
+        for op in DYNAMODB_OPERATIONS:
+            self._ddb_seconds.labels(op)
+            for outcome in DYNAMODB_OUTCOMES:
+                self._ddb_requests.labels(op, outcome)
+        # Hot path: cache the children touched per message.
+        self._delivered_inc = self._delivered.inc
+
+    # -- domain verbs -------------------------------------------------------------------
+
+    def set_capacity(self, max_streams: int) -> None:
+        self._max_streams.set(max_streams)
+
+    def set_leases_held(self, count: int) -> None:
+        self._leases_held.set(count)
+
+    def lease_acquired(self, takeover_delay_s: float | None) -> None:
+        self._acquired.inc()
+        if takeover_delay_s is not None:
+            self._takeover.observe(max(0.0, takeover_delay_s))
+
+    def lease_lost(self, reason: StopReason) -> None:
+        self._lost.labels(reason.value).inc()
+
+    def lease_released(self, reason: StopReason) -> None:
+        self._released.labels(reason.value).inc()
+
+    def heartbeat(self, seconds: float) -> None:
+        self._heartbeat.observe(seconds)
+
+    def reconcile(self, seconds: float) -> None:
+        self._reconcile.observe(seconds)
+
+    def orphans_found(self, count: int) -> None:
+        self._orphans.inc(count)
+
+    def delivered(self, count: int) -> None:
+        self._delivered_inc(count)
+
+    def stale_write_rejected(self) -> None:
+        self._stale.inc()
+
+    def reconnect(self, reason: str) -> None:
+        self._reconnects.labels(reason).inc()
+
+    def gap(self) -> None:
+        self._gaps.inc()
+
+    def malformed(self) -> None:
+        self._malformed.inc()
+
+    def duplicate(self) -> None:
+        self._duplicates.inc()
+
+    def bad_item(self, reason: str) -> None:
+        self._bad_items.labels(reason).inc()
+
+    def draining(self, on: bool) -> None:
+        self._draining.set(1 if on else 0)
+
+    def dynamodb_request(self, operation: str, outcome: str, seconds: float) -> None:
+        self._ddb_requests.labels(operation, outcome).inc()
+        self._ddb_seconds.labels(operation).observe(seconds)
+
+    def serve(self, port: int) -> None:
+        """Expose /metrics on ``port`` (all interfaces: the scraper is another host)."""
+        start_http_server(port, registry=self.registry)
