@@ -50,9 +50,11 @@ def resolve_worker_id(config: WorkerConfig) -> str:
 def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
     timings = config.timings
     call_timeout = max(1.0, min(10.0, timings.lease_s / 2))
+    # A sink write is not bounded by the lease: the fence, not a timeout, keeps a late
+    # write safe, and waiting for its answer tells a stale holder that it was refused.
     pump = PumpSettings(
         batch_max_messages=config.batch_max_messages, batch_max_s=config.batch_max_s,
-        max_frame_bytes=config.max_frame_bytes, call_timeout_s=call_timeout,
+        max_frame_bytes=config.max_frame_bytes, call_timeout_s=10.0,
         reconnect_cap_s=max(1.0, min(30.0, timings.lease_s)),
         stable_after_s=max(1.0, timings.lease_s / 4),
     )

@@ -93,6 +93,7 @@ class Pump:
         self._oldest_at = 0.0
         self._flush_lock = asyncio.Lock()
         self._stopping = False
+        self._aborted = False
         self._ws: ClientConnection | None = None
         self._reconnect_reason: str | None = None
         self._backoff = Backoff(settings.reconnect_base_s, settings.reconnect_cap_s,
@@ -114,6 +115,13 @@ class Pump:
         self._wake.set()
         if self._ws is not None:
             await self._ws.close()
+
+    async def abort(self) -> None:
+        """Ownership is gone: stop reading and start no new write. A write already in
+        flight is left to finish: it was sent, so the sink decides it either way, and its
+        answer (accepted before the takeover, or refused as stale) is worth knowing."""
+        self._aborted = True
+        await self.stop()
 
     async def reconnect(self, reason: str) -> None:
         """Close the connection; ``run`` flushes and connects again (e.g. a new URL)."""
@@ -195,6 +203,9 @@ class Pump:
             return "closed"
         except ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd else (exc.sent.code if exc.sent else None)
+            event(logging.INFO, "pump.disconnected", "upstream connection closed",
+                  stream=self.stream, fence=self.tenure.fence, code=code,
+                  reason=(exc.rcvd.reason if exc.rcvd else "")[:200], after_seq=self._seen)
             if code == CloseCode.MESSAGE_TOO_BIG:
                 event(logging.ERROR, "pump.frame_too_big",
                       "upstream frame exceeds STREAMLEASE_MAX_FRAME_BYTES",
@@ -236,7 +247,7 @@ class Pump:
     async def flush(self) -> None:
         """Write everything buffered, in order, one transaction at a time."""
         async with self._flush_lock:
-            while self._buffer:
+            while self._buffer and not self._aborted:
                 # The reader keeps appending while this batch is written: remove exactly
                 # the frames written, never "the first N", or later arrivals are lost.
                 batch = self._buffer[:self.settings.batch_max_messages]
@@ -250,8 +261,8 @@ class Pump:
         retry = Backoff(0.05, max(0.1, self.holding.timings.heartbeat_s))
         while True:
             now = self.clock.monotonic()
-            if not self.holding.may_write(now):
-                raise SelfFenced(f"stream {self.stream}: past the local lease deadline")
+            if self._aborted or not self.holding.may_write(now):
+                raise SelfFenced(f"stream {self.stream}: this tenure may not write any more")
             try:
                 await self.sink.write_batch(self.tenure, self.committed, batch,
                                             self.clock.wall_ms(),

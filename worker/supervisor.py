@@ -176,17 +176,20 @@ class Supervisor:
     async def _stop_pump(self) -> None:
         task = self._pump_task
         assert task is not None
-        if self.holding.state is HolderState.DRAINING and not task.done():
-            await self.pump.stop()
+        if not task.done():
+            if self.holding.state is HolderState.DRAINING:
+                await self.pump.stop()  # stop reading, flush, then return
+                budget = self.settings.drain_timeout_s
+            else:
+                await self.pump.abort()  # lost or self-fenced: no new write, no flush
+                budget = self.settings.pump.call_timeout_s
             try:
-                async with asyncio.timeout(self.settings.drain_timeout_s):
+                async with asyncio.timeout(budget):
                     await asyncio.shield(task)
             except TimeoutError:
-                event(logging.ERROR, "stream.drain_timeout", "flush did not finish in time",
-                      stream=self.stream, fence=self.tenure.fence)
+                event(logging.ERROR, "stream.stop_timeout", "pump did not stop in time",
+                      stream=self.stream, fence=self.tenure.fence, state=self.holding.state)
                 task.cancel()
-        elif not task.done():
-            task.cancel()  # lost or self-fenced: stop at once, write nothing more
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

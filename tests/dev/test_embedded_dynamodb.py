@@ -97,7 +97,7 @@ async def sink_rate(store: DynamoStore, prefix: str, count: int) -> float:
     tenure = acquired.tenure
     started = time.perf_counter()
     prev = 0
-    for i in range(count):
+    for _ in range(count):
         batch = [Frame(s, f'{{"seq":{s}}}') for s in range(prev + 1, prev + 11)]
         await store.write_batch(tenure, prev, batch, NOW)
         prev = batch[-1].seq

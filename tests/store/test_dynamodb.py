@@ -80,7 +80,9 @@ async def test_renew_returns_the_item_and_only_the_holder_can_renew(store: Dynam
     assert result.record is not None and result.record.ws_url == URL
     assert result.record.lease_expires_at_ms == NOW + 25_000
     before = await store.get("a")
-    for bad in (Tenure("a", "w2", tenure.fence, None, 0), Tenure("a", "w1", tenure.fence - 1, None, 0)):
+    other_owner = Tenure("a", "w2", tenure.fence, None, 0)
+    old_fence = Tenure("a", "w1", tenure.fence - 1, None, 0)
+    for bad in (other_owner, old_fence):
         assert (await store.renew(bad, NOW + 6000, T)).outcome is RenewOutcome.LOST
         assert await store.release(bad) is False
     assert await store.get("a") == before

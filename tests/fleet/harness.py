@@ -1,0 +1,273 @@
+"""A real fleet for tests: worker processes, the reference upstream, the embedded
+DynamoDB over HTTP, signals, a holdable TCP proxy, metric scrapes and a sink audit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import signal
+import socket
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.procs import Proc, local_aws_env, python
+from worker.core.model import StreamRecord
+from worker.dev.upstream import frame_for
+from worker.store import codec
+from worker.store.dynamodb import DynamoStore
+
+FAST_ENV = {
+    "STREAMLEASE_LEASE_SECONDS": "1.0",
+    "STREAMLEASE_HEARTBEAT_SECONDS": "0.25",
+    "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2",
+    "STREAMLEASE_SAFETY_MARGIN_SECONDS": "0.1",
+    "STREAMLEASE_RECONCILE_SECONDS": "0.3",
+    "STREAMLEASE_SWEEP_SECONDS": "2",
+    "STREAMLEASE_BATCH_MAX_SECONDS": "0.3",
+    "STREAMLEASE_SHUTDOWN_SECONDS": "10",
+    "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
+    "STREAMLEASE_LOG_FORMAT": "json",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float, what: str,
+                     interval: float = 0.05) -> float:
+    """Poll ``check`` until true; the seconds it took. Fails naming ``what``."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        if await check():
+            return time.monotonic() - started
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class Worker:
+    name: str
+    proc: Proc
+    metrics_port: int
+
+    def metrics(self) -> dict[str, float]:
+        """``name{label="v",...}`` -> value, from a real scrape of /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=5) as resp:
+            text = resp.read().decode()
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return out
+
+    def metric(self, key: str) -> float:
+        return self.metrics().get(key, 0.0)
+
+    def log_events(self, name: str) -> list[dict[str, object]]:
+        found = []
+        for line in self.proc.err_lines:
+            if line.startswith("{"):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("event") == name:
+                    found.append(record)
+        return found
+
+
+@dataclass
+class Fleet:
+    dynamodb: str
+    streams: int = 20
+    rate: float = 10.0
+    env: dict[str, str] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    upstream: Proc | None = None
+    upstream_url: str = ""
+    store: DynamoStore | None = None
+    _store_cm: object = None
+
+    def __post_init__(self) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.table = f"fleet-s-{suffix}"
+        self.events_table = f"fleet-e-{suffix}"
+        self.stream_ids = [f"s{i:03d}" for i in range(1, self.streams + 1)]
+
+    async def start(self, workers: int = 3) -> Fleet:
+        self.upstream = Proc(python("-m", "worker", "dev", "upstream", "--port", "0",
+                                    "--streams", str(self.streams), "--rate", str(self.rate)),
+                             name="upstream")
+        self.upstream_url = self.upstream.url()
+        cm = DynamoStore.connect(self.table, self.events_table, max_connections=50)
+        self._store_cm = cm
+        self.store = await cm.__aenter__()
+        await self.store.create_tables()
+        for sid in self.stream_ids:
+            await self.store.put_started(sid, self.stream_url(sid))
+        for i in range(1, workers + 1):
+            self.start_worker(f"w{i}")
+        return self
+
+    def stream_url(self, sid: str) -> str:
+        return f"{self.upstream_url}/streams/{sid}"
+
+    def start_worker(self, name: str, endpoint: str | None = None,
+                     env: Mapping[str, str] | None = None) -> Worker:
+        port = free_port()
+        full = {**local_aws_env(endpoint or self.dynamodb), **FAST_ENV, **self.env,
+                "STREAMLEASE_TABLE": self.table, "STREAMLEASE_EVENTS_TABLE": self.events_table,
+                "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_METRICS_PORT": str(port),
+                **(env or {})}
+        worker = Worker(name, Proc(python("-m", "worker", "run"), env=full, name=name), port)
+        self.workers[name] = worker
+        return worker
+
+    def control(self, path: str) -> dict[str, object]:
+        base = self.upstream_url.replace("ws://", "http://")
+        with urllib.request.urlopen(f"{base}{path}", timeout=5) as resp:
+            result: dict[str, object] = json.loads(resp.read())
+            return result
+
+    async def records(self) -> dict[str, StreamRecord]:
+        assert self.store is not None
+        return {r.stream_id: r for r in await self.store.list_streams()}
+
+    async def owners(self) -> dict[str, str | None]:
+        now = int(time.time() * 1000)
+        return {sid: (r.lease_owner if (r.lease_expires_at_ms or 0) > now else None)
+                for sid, r in (await self.records()).items()}
+
+    async def all_owned(self, by: set[str] | None = None, ids: list[str] | None = None) -> bool:
+        owners = await self.owners()
+        live = by if by is not None else {n for n, w in self.workers.items()
+                                          if w.proc.popen.poll() is None}
+        return all(owners.get(sid) in live for sid in (ids or self.stream_ids))
+
+    async def audit(self) -> dict[str, int]:
+        """Every stream's sink holds seq 1..last_seq exactly once, in order, byte-identical
+        to what the upstream sent, and fences never go backwards along the sequence."""
+        assert self.store is not None
+        delivered: dict[str, int] = {}
+        records = await self.records()
+        for sid in self.stream_ids:
+            # Workers may still be writing: the checkpoint read first is a floor, and the
+            # events read after it must be exactly 1..n for some n at or above it.
+            last = records[sid].last_seq or 0
+            frames = [f async for f in self.store.read_events(sid)]
+            seqs = [f.seq for f in frames]
+            assert seqs == list(range(1, len(seqs) + 1)), (
+                f"{sid}: not exactly 1..{len(seqs)}: "
+                f"{[(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1][:5]}")
+            assert len(seqs) >= last, f"{sid}: checkpoint {last} but only {len(seqs)} stored"
+            for f in frames:
+                assert f.text == frame_for(sid, f.seq), f"{sid} seq {f.seq}: content differs"
+            fences = await self._event_fences(sid)
+            assert fences == sorted(fences), f"{sid}: an older fence wrote after a newer one"
+            delivered[sid] = len(seqs)
+        return delivered
+
+    async def _event_fences(self, sid: str) -> list[int]:
+        assert self.store is not None
+        resp = await self.store._client.query(
+            TableName=self.events_table, KeyConditionExpression="#pk = :pk",
+            ExpressionAttributeNames={"#pk": codec.EV_PK},
+            ExpressionAttributeValues={":pk": codec.key(sid)[codec.PK]}, ConsistentRead=True)
+        return [int(i[codec.EV_FENCE]["N"]) for i in resp["Items"]]
+
+    async def close(self) -> None:
+        for worker in self.workers.values():
+            if worker.proc.popen.poll() is None:
+                worker.proc.signal(signal.SIGCONT)
+            worker.proc.stop(timeout=15)
+        if self.upstream is not None:
+            self.upstream.stop()
+        if self._store_cm is not None:
+            await self._store_cm.__aexit__(None, None, None)  # type: ignore[attr-defined]
+
+
+class HoldingProxy:
+    """A TCP proxy that can hold what clients send (their requests stay in flight) while
+    passing the server's answers through. Used to put a sink write "in flight" across a
+    SIGSTOP."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._hold = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: list[tuple[socket.socket, bytes]] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def hold(self) -> None:
+        self._hold.set()
+
+    def held_bytes(self) -> bytes:
+        with self._lock:
+            return b"".join(data for _, data in self._pending)
+
+    def release(self) -> None:
+        with self._lock:
+            for upstream, data in self._pending:
+                with contextlib.suppress(OSError):
+                    upstream.sendall(data)
+            self._pending.clear()
+            self._hold.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False),
+                             daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, holdable: bool) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                with self._lock:
+                    if holdable and self._hold.is_set():
+                        self._pending.append((dst, data))
+                        continue
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)

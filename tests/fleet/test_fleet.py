@@ -1,0 +1,276 @@
+"""Fleet behaviour with real processes: 3 workers, 20 streams, sub-second leases, the
+embedded DynamoDB over HTTP, the reference upstream, real signals, and an audit of the
+sink at the end of every scenario."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+from tests.fleet.conftest import FleetFactory
+from tests.fleet.harness import FAST_ENV, HoldingProxy, wait_until
+
+pytestmark = pytest.mark.fleet
+
+LEASE = float(FAST_ENV["STREAMLEASE_LEASE_SECONDS"])
+RECONCILE = float(FAST_ENV["STREAMLEASE_RECONCILE_SECONDS"])
+SKEW = float(FAST_ENV["STREAMLEASE_SKEW_MARGIN_SECONDS"])
+HEARTBEAT = float(FAST_ENV["STREAMLEASE_HEARTBEAT_SECONDS"])
+# A process on a loaded 2-core machine needs a moment to notice; the bound under test is
+# lease + reconcile (with its +20 % jitter) + skew margin.
+SLACK = 1.0
+
+
+async def delivering(fleet: object, ids: list[str], beyond: dict[str, int]) -> bool:
+    records = await fleet.records()  # type: ignore[attr-defined]
+    return all((records[s].last_seq or 0) > beyond.get(s, 0) for s in ids)
+
+
+async def test_every_stream_has_exactly_one_owner_and_kill_9_fails_over(
+        make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet(streams=20).start(workers=3)
+    await wait_until(fleet.all_owned, 30, "all 20 streams owned")
+    await wait_until(lambda: delivering(fleet, fleet.stream_ids, {}), 30, "all delivering")
+
+    async def one_owner_each() -> bool:
+        held = sum(w.metric("streamlease_leases_held") for w in fleet.workers.values())
+        return held == 20 and await fleet.all_owned()
+    await wait_until(one_owner_each, 10, "leases_held summed over workers == 20")
+    owners = await fleet.owners()
+    assert len({o for o in owners.values()}) >= 2, f"work did not spread: {owners}"
+
+    victim = max(fleet.workers, key=lambda n: sum(o == n for o in owners.values()))
+    victim_streams = [s for s, o in owners.items() if o == victim]
+    before = {s: r.last_seq or 0 for s, r in (await fleet.records()).items()}
+    survivors = set(fleet.workers) - {victim}
+    acquired_before = {n: fleet.workers[n].metric("streamlease_lease_acquired_total")
+                       for n in survivors}
+    fleet.workers[victim].proc.kill()
+    killed_at = time.monotonic()
+
+    async def resumed() -> bool:
+        return (await fleet.all_owned(by=survivors, ids=victim_streams)
+                and await delivering(fleet, victim_streams, before))
+    await wait_until(resumed, 30, "the victim's streams resumed elsewhere")
+    failover = time.monotonic() - killed_at
+    bound = LEASE + RECONCILE * 1.2 + SKEW
+    print(f"kill -9 failover: {len(victim_streams)} streams resumed in {failover:.2f} s "
+          f"(bound {bound:.2f} s)")
+    assert failover <= bound + SLACK
+    moved = sum(fleet.workers[n].metric("streamlease_lease_acquired_total") - acquired_before[n]
+                for n in survivors)
+    assert moved >= len(victim_streams)
+    orphans = sum(fleet.workers[n].metric("streamlease_orphans_found_total") for n in survivors)
+    assert orphans >= len(victim_streams)
+    delays = sum(fleet.workers[n].metric("streamlease_takeover_delay_seconds_count")
+                 for n in survivors)
+    assert delays >= len(victim_streams)
+    await fleet.audit()
+
+
+async def test_sigterm_hands_over_well_before_the_lease_would_expire(
+        make_fleet: FleetFactory) -> None:
+    # A long lease makes "well before expiry" visible: the hand-over must not wait for it.
+    fleet = make_fleet(streams=12, env={"STREAMLEASE_LEASE_SECONDS": "8",
+                                              "STREAMLEASE_HEARTBEAT_SECONDS": "1",
+                                              "STREAMLEASE_SAFETY_MARGIN_SECONDS": "0.5"})
+    await fleet.start(workers=3)
+    await wait_until(fleet.all_owned, 30, "all streams owned")
+    owners = await fleet.owners()
+    victim = max(fleet.workers, key=lambda n: sum(o == n for o in owners.values()))
+    victim_streams = [s for s, o in owners.items() if o == victim]
+    assert victim_streams
+    before = {s: r.last_seq or 0 for s, r in (await fleet.records()).items()}
+    survivors = set(fleet.workers) - {victim}
+    fleet.workers[victim].proc.signal(signal.SIGTERM)
+    sent_at = time.monotonic()
+    assert fleet.workers[victim].proc.wait(timeout=10) == 0
+
+    async def handed_over() -> bool:
+        return (await fleet.all_owned(by=survivors, ids=victim_streams)
+                and await delivering(fleet, victim_streams, before))
+    await wait_until(handed_over, 30, "SIGTERM'd worker's streams taken over")
+    handover = time.monotonic() - sent_at
+    print(f"SIGTERM hand-over: {len(victim_streams)} streams in {handover:.2f} s (lease 8 s)")
+    assert handover < 8 / 2
+    released = fleet.workers[victim].log_events("lease.released")
+    assert {r["stream"] for r in released} == set(victim_streams)
+    assert all(r["reason"] == "shutdown" for r in released)
+    await fleet.audit()
+
+
+async def pause_scenario(make_fleet: FleetFactory, batch_in_flight: bool) -> dict[str, float]:
+    """Stop the holder past its lease, let another worker take over and write, resume it."""
+    fleet = make_fleet(streams=3, rate=20)
+    await fleet.start(workers=0)
+    proxy = HoldingProxy(int(fleet.dynamodb.rsplit(":", 1)[1]))
+    try:
+        old = fleet.start_worker("old", endpoint=proxy.endpoint)
+        await wait_until(lambda: fleet.all_owned(by={"old"}), 30, "old holds every stream")
+        await wait_until(lambda: delivering(fleet, fleet.stream_ids, {}), 30, "delivering")
+        new = fleet.start_worker("new")
+        await wait_until(lambda: asyncio.sleep(0, bool(new.proc.err_lines)), 30, "new is up")
+        if batch_in_flight:
+            proxy.hold()
+            await wait_until(lambda: asyncio.sleep(0, b"TransactWriteItems" in proxy.held_bytes()),
+                             10, "a sink write in flight")
+        old.proc.signal(signal.SIGSTOP)
+        before = {s: r.last_seq or 0 for s, r in (await fleet.records()).items()}
+        await wait_until(lambda: fleet.all_owned(by={"new"}), 30, "new took over")
+        await wait_until(lambda: delivering(fleet, fleet.stream_ids, before), 30, "new writes")
+        proxy.release()  # the old holder's write reaches DynamoDB only now
+        old.proc.signal(signal.SIGCONT)
+
+        async def old_stopped() -> bool:
+            return old.metric("streamlease_leases_held") == 0
+        await wait_until(old_stopped, 30, "old holder stopped its streams")
+        records = await fleet.records()
+        assert all(r.lease_owner == "new" for r in records.values())
+        mid = {s: r.last_seq or 0 for s, r in records.items()}
+        await wait_until(lambda: delivering(fleet, fleet.stream_ids, mid), 30, "still delivering")
+        await fleet.audit()
+        return old.metrics()
+    finally:
+        proxy.release()
+        proxy.close()
+
+
+async def test_paused_holder_self_fences_on_its_local_deadline(make_fleet: FleetFactory) -> None:
+    metrics = await pause_scenario(make_fleet, batch_in_flight=False)
+    fenced = metrics['streamlease_lease_lost_total{reason="deadline"}']
+    rejected = metrics["streamlease_stale_writes_rejected_total"]
+    assert fenced + rejected >= 1
+    assert fenced >= 1, "with nothing in flight the holder stops itself before writing"
+
+
+async def test_paused_holder_with_a_batch_in_flight_is_rejected_by_the_sink(
+        make_fleet: FleetFactory) -> None:
+    metrics = await pause_scenario(make_fleet, batch_in_flight=True)
+    assert metrics["streamlease_stale_writes_rejected_total"] >= 1
+
+
+async def test_stopped_stream_is_released_within_a_heartbeat_and_resumes(
+        make_fleet: FleetFactory) -> None:
+    fleet = make_fleet(streams=6)
+    await fleet.start(workers=2)
+    await wait_until(fleet.all_owned, 30, "all owned")
+    assert fleet.store is not None
+    await fleet.store.set_state("s001", "STOPPED")
+    flipped = time.monotonic()
+
+    async def released() -> bool:
+        r = (await fleet.records())["s001"]
+        return r.lease_expires_at_ms == 0
+    took = await wait_until(released, 10, "s001 released")
+    print(f"STOPPED -> released in {time.monotonic() - flipped:.2f} s")
+    assert took <= HEARTBEAT + 2
+    stopped_at = (await fleet.records())["s001"].last_seq or 0
+    # Nobody picks a STOPPED stream up again.
+    await asyncio.sleep(RECONCILE * 3)
+    record = (await fleet.records())["s001"]
+    assert record.lease_expires_at_ms == 0 and (record.last_seq or 0) == stopped_at
+    await fleet.store.set_state("s001", "STARTED")
+    await wait_until(lambda: delivering(fleet, ["s001"], {"s001": stopped_at}), 15, "resumed")
+    await fleet.audit()
+
+
+async def test_upstream_drops_reconnect_and_resume_without_a_gap(
+        make_fleet: FleetFactory) -> None:
+    fleet = make_fleet(streams=4, rate=30)
+    await fleet.start(workers=2)
+    await wait_until(fleet.all_owned, 30, "all owned")
+    await wait_until(lambda: delivering(fleet, fleet.stream_ids, {}), 15, "delivering")
+    total_dropped = 0
+
+    async def all_connected() -> bool:
+        streams = fleet.control("/stats")["streams"]
+        assert isinstance(streams, dict)
+        return all(streams[s]["connections"] >= 1 for s in fleet.stream_ids)
+    for _ in range(3):
+        await wait_until(all_connected, 15, "every stream connected upstream")
+        dropped = fleet.control("/control/drop")["dropped"]
+        assert dropped == len(fleet.stream_ids)
+        total_dropped += dropped
+        await wait_until(all_connected, 15, "every stream reconnected")
+        after = {s: r.last_seq or 0 for s, r in (await fleet.records()).items()}
+        await wait_until(lambda a=after: delivering(fleet, fleet.stream_ids, a), 15,
+                         "delivering after the drop")
+    reconnects = sum(
+        w.metric('streamlease_upstream_reconnects_total{reason="closed"}')
+        + w.metric('streamlease_upstream_reconnects_total{reason="error"}')
+        for w in fleet.workers.values())
+    assert reconnects >= total_dropped >= 3
+    assert sum(w.metric("streamlease_sequence_gaps_total") for w in fleet.workers.values()) == 0
+    await fleet.audit()
+
+
+async def test_hostile_frames_are_counted_and_dropped(make_fleet: FleetFactory) -> None:
+    fleet = make_fleet(streams=2, rate=20)
+    await fleet.start(workers=1)
+    await wait_until(fleet.all_owned, 30, "all owned")
+    for kind in ("notjson", "noseq", "badseq", "binary", "array"):
+        fleet.control(f"/control/malformed?stream=s001&count=2&kind={kind}")
+    worker = fleet.workers["w1"]
+
+    async def counted() -> bool:
+        return worker.metric("streamlease_malformed_frames_total") >= 10
+    await wait_until(counted, 15, "10 malformed frames counted")
+    assert worker.log_events("pump.malformed_frame")
+    mid = {s: r.last_seq or 0 for s, r in (await fleet.records()).items()}
+    await wait_until(lambda: delivering(fleet, fleet.stream_ids, mid), 15, "still delivering")
+    await fleet.audit()
+
+
+async def test_hand_written_item_is_picked_up_and_bad_items_are_skipped(
+        make_fleet: FleetFactory) -> None:
+    fleet = make_fleet(streams=3)
+    await fleet.start(workers=2)
+    await wait_until(fleet.all_owned, 30, "all owned")
+    assert fleet.store is not None
+    client = fleet.store._client
+    table = fleet.table
+    hand = {"Pk": {"S": "CONN#hand"}, "desired_state": {"S": "STARTED"},
+            "ws_url": {"S": fleet.stream_url("hand")}}
+    bad_items = {
+        "nourl": {"Pk": {"S": "CONN#nourl"}, "desired_state": {"S": "STARTED"}},
+        "evil": {"Pk": {"S": "CONN#evil"}, "desired_state": {"S": "STARTED"},
+                 "ws_url": {"S": "ws://user:hunter2@evil.example.com/x?token=s3cret"}},
+        "weird": {"Pk": {"S": "CONN#weird"}, "desired_state": {"S": "RUNNING"},
+                  "ws_url": {"S": fleet.stream_url("weird")}},
+        "numstate": {"Pk": {"S": "CONN#numstate"}, "desired_state": {"N": "1"},
+                     "ws_url": {"S": fleet.stream_url("numstate")}},
+    }
+    for item in (hand, *bad_items.values()):
+        await client.put_item(TableName=table, Item=item)
+    written = time.monotonic()
+
+    async def hand_delivering() -> bool:
+        r = (await fleet.records())["hand"]
+        return (r.last_seq or 0) > 0
+    await wait_until(hand_delivering, 60, "the hand-written item started")
+    print(f"hand-written item delivering after {time.monotonic() - written:.2f} s")
+
+    async def errors_recorded() -> bool:
+        records = await fleet.records()
+        return all(records[s].last_error for s in bad_items)
+    await wait_until(errors_recorded, 30, "last_error on every bad item")
+    records = await fleet.records()
+    assert "missing" in (records["nourl"].last_error or "")
+    assert "not allowed" in (records["evil"].last_error or "")
+    assert "RUNNING" in (records["weird"].last_error or "")
+    assert records["numstate"].last_error
+    for sid in bad_items:
+        assert records[sid].lease_owner is None and records[sid].last_seq is None
+    assert sum(w.metric('streamlease_bad_items_total{reason="bad_url"}')
+               + w.metric('streamlease_bad_items_total{reason="bad_state"}')
+               for w in fleet.workers.values()) >= len(bad_items)
+    for worker in fleet.workers.values():
+        logs = "\n".join(worker.proc.err_lines)
+        assert "hunter2" not in logs and "s3cret" not in logs
+    fleet.stream_ids.append("hand")
+    mid = {s: r.last_seq or 0 for s, r in records.items()}
+    await wait_until(lambda: delivering(fleet, fleet.stream_ids, mid), 15, "all still delivering")
+    await fleet.audit()
