@@ -125,7 +125,7 @@ async def _run_until_drained(reconciler: Reconciler, shutdown_s: float, owner: s
         stop_task = tg.create_task(reconciler.stopping.wait())
         await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_task.cancel()
-        if run_task.done():
+        if run_task.done() and not reconciler.stopping.is_set():
             event(logging.ERROR, "worker.failed", "the reconciler stopped by itself")
             return 1
         try:

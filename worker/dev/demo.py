@@ -1,0 +1,236 @@
+"""``make run``: a whole fleet on loopback, with a live view of who owns what.
+
+Starts the embedded DynamoDB, the reference upstream with a dozen streams, registers
+them, and runs several ``streamlease run`` worker processes. Every second it prints the
+streams table (state, owner, fence, last_seq, messages/s, lease left) and the
+takeovers since the last refresh. ``--kill-every N`` kills a random worker with SIGKILL
+every N seconds and starts a replacement, so self-healing happens in front of you.
+Ctrl-C (or ``--duration``) stops the workers with SIGTERM first, so they release their
+leases, then the servers. Needs no AWS account and no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from worker.core.model import StreamRecord
+from worker.store.dynamodb import DynamoStore
+
+TIMINGS = {
+    "STREAMLEASE_LEASE_SECONDS": "3",
+    "STREAMLEASE_HEARTBEAT_SECONDS": "0.75",
+    "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.5",
+    "STREAMLEASE_RECONCILE_SECONDS": "1",
+    # Workers that start together would otherwise let the first one take ten streams at
+    # once; a small per-cycle cap spreads a dozen streams over three workers.
+    "STREAMLEASE_ACQUIRE_PER_CYCLE": "3",
+    "STREAMLEASE_SWEEP_SECONDS": "10",
+    "STREAMLEASE_SHUTDOWN_SECONDS": "10",
+    "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
+    "STREAMLEASE_METRICS_PORT": "0",
+    "STREAMLEASE_LOG_FORMAT": "text",
+}
+LOCAL_AWS = {
+    "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+class Child:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log_path = log
+        self._log = log.open("ab")
+        self.popen = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=self._log,
+                                      start_new_session=True)
+
+    def listening_url(self, timeout: float = 30.0) -> str:
+        assert self.popen.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.popen.stdout.readline().decode()
+            if line.startswith("listening on "):
+                return line.split("listening on ", 1)[1].strip()
+            if not line and self.popen.poll() is not None:
+                break
+        raise RuntimeError(f"{self.name} did not start; see {self.log_path}")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        if self.alive():
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.logs = Path(args.log_dir)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, **LOCAL_AWS, "PYTHONUNBUFFERED": "1"}
+        self.servers: list[Child] = []
+        self.workers: dict[str, Child] = {}
+        self.counter = 0
+        self.events: list[str] = []
+        self.rng = random.Random()
+
+    def python(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "worker", *args]
+
+    def start_servers(self) -> str:
+        ddb = Child("dynamodb", self.python("dev", "dynamodb", "--port", "0"), self.env,
+                    self.logs / "dynamodb.log")
+        self.servers.append(ddb)
+        self.env["AWS_ENDPOINT_URL_DYNAMODB"] = ddb.listening_url()
+        os.environ.update({k: self.env[k] for k in (*LOCAL_AWS, "AWS_ENDPOINT_URL_DYNAMODB")})
+        up = Child("upstream", self.python("dev", "upstream", "--port", "0", "--streams",
+                                           str(self.args.streams), "--rate", str(self.args.rate)),
+                   self.env, self.logs / "upstream.log")
+        self.servers.append(up)
+        return up.listening_url()
+
+    def start_worker(self) -> None:
+        self.counter += 1
+        name = f"worker-{self.counter}"
+        env = {**self.env, **TIMINGS, "STREAMLEASE_WORKER_ID": name}
+        self.workers[name] = Child(name, self.python("run"), env, self.logs / f"{name}.log")
+        self.note(f"started {name}")
+
+    def note(self, text: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')}  {text}")
+        del self.events[:-8]
+
+    async def run(self) -> int:
+        upstream = self.start_servers()
+        async with DynamoStore.connect("streamlease-streams", "streamlease-events") as store:
+            await store.create_tables()
+            ids = [f"s{i:03d}" for i in range(1, self.args.streams + 1)]
+            for sid in ids:
+                await store.put_started(sid, f"{upstream}/streams/{sid}")
+            for _ in range(self.args.workers):
+                self.start_worker()
+            await self.watch(store)
+        return 0
+
+    async def watch(self, store: DynamoStore) -> None:
+        previous: dict[str, StreamRecord] = {}
+        last_at = time.monotonic()
+        started = last_at
+        next_kill = started + self.args.kill_every if self.args.kill_every else None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        while not stop.is_set():
+            now = time.monotonic()
+            if self.args.duration and now - started >= self.args.duration:
+                break
+            if next_kill is not None and now >= next_kill:
+                next_kill = now + self.args.kill_every
+                victim = self.rng.choice(sorted(self.workers))
+                self.workers.pop(victim).stop(signal.SIGKILL)
+                self.note(f"kill -9 {victim}")
+                self.start_worker()
+            records = {r.stream_id: r for r in await store.list_streams()}
+            self.track_takeovers(previous, records)
+            self.render(records, previous, now - last_at)
+            previous, last_at = records, now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+        stopped = set(self.workers)
+        self.stop_workers()
+        records = {r.stream_id: r for r in await store.list_streams()}
+        held = [s for s, r in records.items()
+                if r.lease_owner in stopped and (r.lease_expires_at_ms or 0) > 0]
+        print(f"\nstopped {len(stopped)} workers; leases they still hold: {len(held)} "
+              f"(0: every lease was released); logs in {self.logs}/")
+
+    def track_takeovers(self, before: dict[str, StreamRecord],
+                        after: dict[str, StreamRecord]) -> None:
+        for sid, rec in after.items():
+            old = before.get(sid)
+            if old is not None and rec.fence != old.fence and rec.lease_owner:
+                self.note(f"{sid}: {old.lease_owner or '-'} -> {rec.lease_owner} "
+                          f"(fence {rec.fence}, resumes after seq {rec.last_seq or 0})")
+
+    def render(self, records: dict[str, StreamRecord], before: dict[str, StreamRecord],
+               dt: float) -> None:
+        now_ms = time.time_ns() // 1_000_000
+        lines = [f"streamlease fleet: {len(self.workers)} workers, {len(records)} streams "
+                 f"(Ctrl-C to stop; logs in {self.logs}/)", ""]
+        lines.append(f"{'STREAM':<8} {'STATE':<8} {'OWNER':<10} {'FENCE':>5} {'LAST_SEQ':>9} "
+                     f"{'MSG/S':>6} {'LEASE LEFT':>10}")
+        for sid, r in sorted(records.items()):
+            prev = before.get(sid)
+            rate = ((r.last_seq or 0) - (prev.last_seq or 0)) / dt if prev and dt > 0 else 0.0
+            left = ((r.lease_expires_at_ms or 0) - now_ms) / 1000
+            lease = f"{left:.1f}s" if left > 0 else "free"
+            lines.append(f"{sid:<8} {r.desired_state or '-':<8} {r.lease_owner or '-':<10} "
+                         f"{r.fence or 0:>5} {r.last_seq or 0:>9} {rate:>6.1f} {lease:>10}")
+        lines += ["", "recent events:"] + [f"  {e}" for e in self.events]
+        if sys.stdout.isatty() and not self.args.headless:
+            sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+        else:
+            owned = sum(1 for r in records.values() if (r.lease_expires_at_ms or 0) > now_ms)
+            sys.stdout.write(f"{time.strftime('%H:%M:%S')} owned {owned}/{len(records)} "
+                             f"delivered {sum(r.last_seq or 0 for r in records.values())}\n")
+        sys.stdout.flush()
+
+    def stop_workers(self) -> None:
+        for name, worker in self.workers.items():
+            if worker.alive():
+                code = worker.stop(signal.SIGTERM)
+                print(f"{name} exited {code}")
+        self.workers.clear()
+
+    def shutdown(self) -> None:
+        self.stop_workers()
+        for server in reversed(self.servers):
+            if server.alive():
+                server.stop()
+        self.servers.clear()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make run", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
+    parser.add_argument("--streams", type=int, default=12, help="streams (default 12)")
+    parser.add_argument("--rate", type=float, default=5.0, help="messages/s per stream")
+    parser.add_argument("--kill-every", type=float, default=0.0,
+                        help="kill -9 a random worker every N seconds (and start a new one)")
+    parser.add_argument("--duration", type=float, default=0.0,
+                        help="stop by itself after N seconds (0: run until Ctrl-C)")
+    parser.add_argument("--headless", action="store_true",
+                        help="one summary line a second instead of the live table")
+    parser.add_argument("--log-dir", default=".run", help="worker and server logs")
+    args = parser.parse_args(argv)
+    if not 1 <= args.workers <= 20 or not 1 <= args.streams <= 200 or args.rate <= 0:
+        parser.error("--workers 1-20, --streams 1-200 and a positive --rate")
+    demo = Demo(args)
+    try:
+        return asyncio.run(demo.run())
+    finally:
+        demo.shutdown()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
