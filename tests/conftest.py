@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 import uvloop
 
+from tests.fleet.harness import Fleet
 from tests.procs import Proc, local_aws_env, python
 from worker.store.dynamodb import DynamoStore
 
@@ -48,3 +49,18 @@ async def store(dynamodb_endpoint: str, table_names: tuple[str, str]) -> AsyncIt
     async with DynamoStore.connect(*table_names, max_connections=100) as s:
         await s.create_tables()
         yield s
+
+
+@pytest.fixture
+async def make_fleet(dynamodb_endpoint: str) -> AsyncIterator[Callable[..., Fleet]]:
+    """Build fleets; every one is torn down (workers SIGCONT'ed and stopped) at the end."""
+    fleets: list[Fleet] = []
+
+    def factory(**kwargs: object) -> Fleet:
+        fleet = Fleet(dynamodb_endpoint, **kwargs)  # type: ignore[arg-type]
+        fleets.append(fleet)
+        return fleet
+
+    yield factory
+    for fleet in fleets:
+        await fleet.close()

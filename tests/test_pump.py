@@ -1,0 +1,223 @@
+"""The pump against a real loopback upstream and a sink that can be slow or refuse."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+
+from worker.clock import SYSTEM_CLOCK
+from worker.core.frames import Frame
+from worker.core.lease import Holding, LeaseTimings
+from worker.core.model import Tenure
+from worker.dev.upstream import UpstreamServer, frame_for
+from worker.errors import SelfFenced, StaleFence
+from worker.metrics import Metrics
+from worker.pump import Pump, PumpSettings
+
+LONG = LeaseTimings(lease_s=60, heartbeat_s=5, skew_margin_s=1, safety_margin_s=2)
+
+
+class FakeSink:
+    """Records what it is given; can be slow, or refuse as a stale fence."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.batches: list[list[Frame]] = []
+        self.prevs: list[int] = []
+        self.stale = False
+        self.buffer_sizes: list[int] = []
+        self.pump: Pump | None = None
+        self.calls = 0
+
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> Any:
+        self.calls += 1
+        if self.pump is not None:
+            self.buffer_sizes.append(len(self.pump._buffer))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.stale:
+            raise StaleFence("fence moved on")
+        self.prevs.append(prev_seq)
+        self.batches.append(list(frames))
+        return None
+
+    @property
+    def seqs(self) -> list[int]:
+        return [f.seq for b in self.batches for f in b]
+
+
+def make_pump(url: str, sink: FakeSink, last_seq: int | None = None,
+              timings: LeaseTimings = LONG, sent_at: float | None = None,
+              **settings: Any) -> tuple[Pump, Metrics]:
+    tenure = Tenure("s001", "w1", 1, last_seq, 0)
+    holding = Holding(tenure, url, SYSTEM_CLOCK.monotonic() if sent_at is None else sent_at,
+                      timings)
+    metrics = Metrics()
+    defaults: dict[str, Any] = {"batch_max_messages": 50, "batch_max_s": 0.05,
+                                "reconnect_base_s": 0.02, "reconnect_cap_s": 0.1}
+    defaults.update(settings)
+    pump = Pump(tenure, holding, sink, SYSTEM_CLOCK, metrics, PumpSettings(**defaults))
+    sink.pump = pump
+    return pump, metrics
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+
+async def until(check: Any, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():  # noqa: ASYNC110 - a poll with a deadline on outside state
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[UpstreamServer]:
+    async with UpstreamServer(streams=2, rate=200.0) as up:
+        yield up
+
+
+async def run_until(pump: Pump, check: Any, timeout: float = 10.0) -> None:
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(pump.run())
+        try:
+            await until(check, timeout)
+        finally:
+            await pump.stop()
+            async with asyncio.timeout(5):  # a drain must never hang
+                await asyncio.shield(task)
+
+
+def contiguous(seqs: list[int], first: int) -> bool:
+    return seqs == list(range(first, first + len(seqs)))
+
+
+async def test_resumes_from_last_seq_plus_one_in_order(upstream: UpstreamServer) -> None:
+    sink = FakeSink()
+    pump, metrics = make_pump(upstream.url_for("s001"), sink, last_seq=10)
+    await run_until(pump, lambda: len(sink.seqs) >= 120)
+    assert sink.seqs[0] == 11 and contiguous(sink.seqs, 11)
+    assert all(f.text == frame_for("s001", f.seq) for b in sink.batches for f in b)
+    assert sink.prevs[0] == 10 and pump.committed == sink.seqs[-1]
+    assert value(metrics, "streamlease_messages_delivered_total") == len(sink.seqs)
+    assert max(len(b) for b in sink.batches) <= 50
+
+
+async def test_a_slow_sink_stops_the_reading_instead_of_buffering() -> None:
+    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=5_000) as up:
+        sink = FakeSink(delay=0.05)
+        pump, _ = make_pump(up.url_for("s001"), sink, batch_max_messages=100)
+        await run_until(pump, lambda: sink.calls >= 15)
+    # 5,000 frames were ready at once and the sink took 100 per 50 ms: the pump held at
+    # most a batch being written plus one being filled; the rest waited in the socket.
+    assert max(sink.buffer_sizes) <= 2 * 100
+    assert contiguous(sink.seqs, 1)
+
+
+async def test_a_gap_is_counted_and_logged_never_hidden() -> None:
+    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=200, retention=50) as up:
+        sink = FakeSink()
+        pump, metrics = make_pump(up.url_for("s001"), sink, last_seq=0)
+        await run_until(pump, lambda: len(sink.seqs) >= 50)
+    assert sink.seqs[0] == 151 and contiguous(sink.seqs, 151)
+    assert value(metrics, "streamlease_sequence_gaps_total") == 1
+
+
+async def test_hostile_frames_are_dropped_and_counted(upstream: UpstreamServer) -> None:
+    for kind in ("notjson", "noseq", "badseq", "binary", "array"):
+        upstream.inject_malformed("s001", 1, kind)
+    sink = FakeSink()
+    pump, metrics = make_pump(upstream.url_for("s001"), sink)
+    await run_until(pump, lambda: len(sink.seqs) >= 100)
+    assert contiguous(sink.seqs, 1)
+    assert value(metrics, "streamlease_malformed_frames_total") == 5
+
+
+async def test_reconnects_after_a_drop_without_gap_or_duplicate(upstream: UpstreamServer) -> None:
+    sink = FakeSink()
+    pump, metrics = make_pump(upstream.url_for("s001"), sink)
+
+    async def drops() -> None:
+        for _ in range(3):
+            await until(lambda: pump.connected)
+            assert upstream.drop("s001") == 1
+            await until(lambda: not pump.connected)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(pump.run())
+        await drops()
+        n = len(sink.seqs)
+        await until(lambda: len(sink.seqs) >= n + 100)
+        await pump.stop()
+        await task
+    assert contiguous(sink.seqs, 1)
+    assert value(metrics, "streamlease_upstream_reconnects_total", reason="error") == 3
+    assert value(metrics, "streamlease_sequence_gaps_total") == 0
+
+
+async def test_past_the_local_deadline_nothing_is_written(upstream: UpstreamServer) -> None:
+    sink = FakeSink()
+    short = LeaseTimings(lease_s=0.3, heartbeat_s=0.05, skew_margin_s=0.05, safety_margin_s=0.05)
+    pump, _ = make_pump(upstream.url_for("s001"), sink, timings=short,
+                        sent_at=SYSTEM_CLOCK.monotonic() - 1.0)
+    with pytest.raises(ExceptionGroup) as err:
+        async with asyncio.timeout(5):
+            await pump.run()
+    assert err.group_contains(SelfFenced)
+    assert sink.batches == []
+
+
+async def test_a_stale_fence_stops_the_pump_after_one_refused_batch(
+        upstream: UpstreamServer) -> None:
+    sink = FakeSink()
+    sink.stale = True
+    pump, _ = make_pump(upstream.url_for("s001"), sink)
+    with pytest.raises(ExceptionGroup) as err:
+        async with asyncio.timeout(5):
+            await pump.run()
+    assert err.group_contains(StaleFence)
+    assert sink.calls == 1 and sink.batches == []
+
+
+async def test_abort_writes_nothing_more(upstream: UpstreamServer) -> None:
+    sink = FakeSink(delay=0.1)
+    pump, _ = make_pump(upstream.url_for("s001"), sink, batch_max_messages=10)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(pump.run())
+        await until(lambda: sink.calls >= 1)
+        await pump.abort()
+        async with asyncio.timeout(5):
+            await task
+    assert sink.calls == 1  # the write in flight finished; no new one started, no flush
+
+
+async def test_a_frame_over_the_size_cap_is_reported_and_retried_with_backoff() -> None:
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send('{"seq": 1, "pad": "' + "x" * 4000 + '"}')
+        await ws.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        sink = FakeSink()
+        pump, metrics = make_pump(f"ws://127.0.0.1:{port}/", sink, max_frame_bytes=1024)
+        await run_until(pump, lambda: value(
+            metrics, "streamlease_upstream_reconnects_total", reason="too_big") >= 2)
+    assert sink.batches == []
+
+
+async def test_stop_during_a_fast_backlog_drains_quickly() -> None:
+    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=200_000) as up:
+        sink = FakeSink()
+        pump, _ = make_pump(up.url_for("s001"), sink, batch_max_messages=200)
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(pump.run())
+            await until(lambda: len(sink.seqs) >= 1000)
+            await pump.stop()
+            async with asyncio.timeout(1.5):  # well under websockets' close_timeout path
+                await task
+    assert contiguous(sink.seqs, 1) and pump.committed == sink.seqs[-1]
+    assert pump._buffer == []
