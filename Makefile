@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest lock clean
+.PHONY: run test lint typecheck pytest bench lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -27,6 +27,11 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Benchmarks: print figures, assert nothing.
+bench: $(STAMP)
+	$(BIN)/python -m loadtest.bench_store
+	$(BIN)/python -m loadtest.bench_worker
 
 # Re-resolve the lock after changing dependencies in pyproject.toml.
 lock: $(STAMP)

@@ -221,3 +221,37 @@ async def test_stop_during_a_fast_backlog_drains_quickly() -> None:
                 await task
     assert contiguous(sink.seqs, 1) and pump.committed == sink.seqs[-1]
     assert pump._buffer == []
+
+
+async def test_stop_behind_a_slow_sink_reads_no_further() -> None:
+    """Stopping mid-backlog while a slow write is in flight: the pump drops what arrives
+    during the close instead of buffering and writing it (that would hold the close
+    handshake up for websockets' close_timeout)."""
+    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=100_000) as up:
+        sink = FakeSink(delay=0.3)
+        pump, _ = make_pump(up.url_for("s001"), sink, batch_max_messages=200)
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(pump.run())
+            await until(lambda: sink.calls >= 2)
+            calls_at_stop = sink.calls
+            await pump.stop()
+            async with asyncio.timeout(10):
+                await task
+    # The write in flight, then one final flush of what was buffered before the stop.
+    assert sink.calls <= calls_at_stop + 2
+    assert contiguous(sink.seqs, 1)
+
+
+async def test_a_url_change_reconnects_to_the_new_url(upstream: UpstreamServer) -> None:
+    sink = FakeSink()
+    pump, metrics = make_pump(upstream.url_for("s001"), sink)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(pump.run())
+        await until(lambda: len(sink.seqs) >= 20)
+        pump.holding.ws_url = upstream.url_for("s002")
+        await pump.reconnect("url_changed")
+        await until(lambda: any("s002" in f.text for b in sink.batches for f in b))
+        await pump.stop()
+        await task
+    assert value(metrics, "streamlease_upstream_reconnects_total", reason="url_changed") == 1
+    assert contiguous(sink.seqs, 1)  # the new URL resumes from committed + 1

@@ -137,6 +137,10 @@ async def _run_until_drained(reconciler: Reconciler, shutdown_s: float, owner: s
                   leases=len(reconciler.supervisors))
             run_task.cancel()
             return 1
+    if reconciler.unreleased:
+        event(logging.ERROR, "worker.stopped", "exiting; some leases could not be released "
+              "and will expire", unreleased=reconciler.unreleased)
+        return 1
     event(logging.INFO, "worker.stopped", "every lease released; exiting")
     return 0
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from worker import __version__
 from worker.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
 
-RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big", "timeout")
+RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big")
 BAD_ITEM_REASONS = ("bad_state", "bad_url")
 DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
                        "describe_table", "create_table")

@@ -47,7 +47,9 @@ class Sink(Protocol):
 @dataclass(frozen=True)
 class PumpSettings:
     batch_max_messages: int = 200
-    batch_max_bytes: int = 1_000_000
+    # Counted in characters; even at 4 bytes each a batch stays under DynamoDB's 4 MB
+    # transaction limit.
+    batch_max_bytes: int = 800_000
     batch_max_s: float = 0.2
     max_frame_bytes: int = 262_144
     call_timeout_s: float = 10.0
@@ -99,7 +101,8 @@ class Pump:
         self._backoff = Backoff(settings.reconnect_base_s, settings.reconnect_cap_s,
                                 rng or random.Random())
         self._malformed_log = _RateLimited(clock)
-        self._wake = asyncio.Event()
+        self._control = asyncio.Event()  # wakes the control task (close, timed flush)
+        self._wake = asyncio.Event()  # ends a reconnect backoff early
         self._on_delivered = on_delivered
         self.connected = False
 
@@ -110,11 +113,13 @@ class Pump:
     # -- control from the supervisor ------------------------------------------------------
 
     async def stop(self) -> None:
-        """Graceful: stop reading; ``run`` then flushes what it holds and returns."""
+        """Graceful: stop reading; ``run`` then flushes what it holds and returns.
+
+        Never waits for the connection to close: the pump's own control task does that,
+        so a caller (the heartbeat loop) is not held up by a slow close handshake."""
         self._stopping = True
         self._wake.set()
-        if self._ws is not None:
-            await self._ws.close()
+        self._control.set()
 
     async def abort(self) -> None:
         """Ownership is gone: stop reading and start no new write. A write already in
@@ -126,8 +131,11 @@ class Pump:
     async def reconnect(self, reason: str) -> None:
         """Close the connection; ``run`` flushes and connects again (e.g. a new URL)."""
         self._reconnect_reason = reason
-        if self._ws is not None:
-            await self._ws.close()
+        self._wake.set()
+        self._control.set()
+
+    def _closing(self) -> bool:
+        return self._stopping or self._reconnect_reason is not None
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -135,7 +143,7 @@ class Pump:
         """Read until stopped. Raises StaleFence, SelfFenced or SinkConflict when the
         tenure can no longer write; the supervisor handles those."""
         async with asyncio.TaskGroup() as tg:
-            flusher = tg.create_task(self._flush_timer())
+            flusher = tg.create_task(self._control_loop())
             try:
                 await self._connect_loop()
                 await self.flush()
@@ -175,15 +183,22 @@ class Pump:
                   stream=self.stream, fence=self.tenure.fence, url=redact(url),
                   error=_describe(exc))
             return "connect_failed"
+        if self._closing():
+            # Stopped, or the URL changed, while the handshake was in flight.
+            await ws.close()
+            return "closed"
         self._ws = ws
         self.connected = True
         event(logging.INFO, "pump.connected", "connected to upstream", stream=self.stream,
               fence=self.tenure.fence, url=redact(url), from_seq=asked)
         first = True
         try:
-            if self._stopping:
-                return "closed"
             async for data in ws:
+                if self._closing():
+                    # Closing: keep reading (and drop) until the close handshake ends, or
+                    # a backlog queued behind it would stall the close for close_timeout.
+                    # Nothing is lost: the next connection asks for committed + 1.
+                    continue
                 frame = parse_frame(data)
                 if isinstance(frame, Malformed):
                     self._on_malformed(frame, data)
@@ -237,12 +252,26 @@ class Pump:
                 or self._buffer_bytes >= self.settings.batch_max_bytes):
             await self.flush()  # backpressure: no reading while a full batch is written
 
-    async def _flush_timer(self) -> None:
+    async def _control_loop(self) -> None:
+        """Close the connection when asked, and flush a batch that waited long enough.
+
+        The event is only a hint: it is cleared first and the state checked after, so a
+        request made while this task was busy is never missed."""
         period = self.settings.batch_max_s
+        closed: ClientConnection | None = None
         while True:
-            await self.clock.sleep(period / 2)
+            self._control.clear()
+            ws = self._ws
+            if ws is not None and ws is not closed and self._closing():
+                closed = ws
+                await ws.close()
+                continue
             if self._buffer and self.clock.monotonic() - self._oldest_at >= period:
                 await self.flush()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(period / 2):
+                    await self._control.wait()
 
     async def flush(self) -> None:
         """Write everything buffered, in order, one transaction at a time."""

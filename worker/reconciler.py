@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from worker.clock import Clock
 from worker.core.backoff import jittered
-from worker.core.lease import StopReason, takeover_threshold_ms
+from worker.core.lease import HolderState, StopReason, takeover_threshold_ms
 from worker.core.model import StreamRecord
 from worker.core.plan import VALID_STATES, item_problem, plan_cycle
 from worker.errors import StoreError
@@ -59,10 +59,14 @@ class Reconciler:
         self._reported: set[tuple[str, str]] = set()
         self._on_delivered = on_delivered
         self._tg: asyncio.TaskGroup | None = None
+        self.unreleased = 0  # shutdown drains whose release did not go through
 
     def stop(self) -> None:
-        """Stop acquiring; every supervisor then drains (flush and release)."""
+        """Stop acquiring and drain every supervisor now (flush and release), without
+        waiting for a reconcile cycle in progress to finish."""
         self._stop.set()
+        for supervisor in list(self.supervisors.values()):
+            supervisor.request_drain(StopReason.SHUTDOWN)
 
     @property
     def stopping(self) -> asyncio.Event:
@@ -156,7 +160,12 @@ class Reconciler:
         if got is None:
             return  # someone else won, or the item changed: not an error
         if self._stop.is_set() or len(self.supervisors) >= self.settings.max_streams:
-            await self.store.release(got.tenure)
+            try:
+                await self.store.release(got.tenure)
+            except StoreError as exc:
+                event(logging.WARNING, "lease.release_failed",
+                      "release after a late acquire failed; the lease will expire",
+                      stream=got.tenure.stream_id, fence=got.tenure.fence, error=str(exc))
             return
         expired = candidate.lease_expires_at_ms
         delay = (now_ms - expired) / 1000 if expired else None
@@ -175,6 +184,9 @@ class Reconciler:
     async def _supervise(self, supervisor: Supervisor) -> None:
         try:
             await supervisor.run()
+            if supervisor.holding.reason is StopReason.SHUTDOWN and \
+                    supervisor.holding.state is not HolderState.RELEASED:
+                self.unreleased += 1
         finally:
             if self.supervisors.get(supervisor.stream) is supervisor:
                 del self.supervisors[supervisor.stream]

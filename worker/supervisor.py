@@ -126,11 +126,13 @@ class Supervisor:
         while self.holding.state is HolderState.HOLDING:
             now = self.clock.monotonic()
             wait = min(next_renew, self.holding.deadline) - now
-            if wait > 0:
-                self._wake.clear()
+            # Check the flags before sleeping and clear the event only after: a drain
+            # requested or a pump ended while a renew was in flight is never missed.
+            if wait > 0 and self._drain_reason is None and not self._pump_done:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await self._wake.wait()
+            self._wake.clear()
             now = self.clock.monotonic()
             if self._drain_reason is not None:
                 self.holding.begin_drain(self._drain_reason)
@@ -190,8 +192,14 @@ class Supervisor:
                 event(logging.ERROR, "stream.stop_timeout", "pump did not stop in time",
                       stream=self.stream, fence=self.tenure.fence, state=self.holding.state)
                 task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            # The pump's own cancellation is expected; ours (the shutdown budget ran out)
+            # must propagate, or the process outlives STREAMLEASE_SHUTDOWN_SECONDS.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
 
     async def _finish(self, problem: str | None) -> None:
         holding = self.holding

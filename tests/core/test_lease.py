@@ -11,6 +11,7 @@ from worker.core.lease import (
     RenewOutcome,
     StopReason,
     can_acquire,
+    can_renew,
     expiry_for,
     holds,
     local_deadline,
@@ -61,6 +62,12 @@ def test_threshold_and_expiry_use_the_margins() -> None:
 def test_renew_release_and_sink_rule(name: str, record: StreamRecord | None, owner: str,
                                      fence: int, expected: bool) -> None:
     assert holds(record, owner, fence) is expected, name
+
+
+def test_renew_also_refuses_a_released_lease() -> None:
+    assert can_renew(rec(lease_owner="w1", fence=4, lease_expires_at_ms=NOW), "w1", 4)
+    assert not can_renew(rec(lease_owner="w1", fence=4, lease_expires_at_ms=0), "w1", 4)
+    assert not can_renew(rec(lease_owner="w1", fence=3, lease_expires_at_ms=NOW), "w1", 4)
 
 
 def test_fence_increments_from_zero() -> None:

@@ -105,6 +105,8 @@ async def test_release_frees_now_and_keeps_owner_and_fence(store: DynamoStore) -
     record = await store.get("a")
     assert record is not None
     assert (record.lease_expires_at_ms, record.lease_owner, record.fence) == (0, "w1", 1)
+    # A late renew never resurrects a released lease.
+    assert (await store.renew(got.tenure, NOW + 1, T)).outcome is RenewOutcome.LOST
     again = await store.acquire("a", "w2", NOW + 1, T)  # free at once, no waiting for expiry
     assert again is not None and again.tenure.fence == 2
 

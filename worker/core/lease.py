@@ -114,6 +114,12 @@ def holds(record: StreamRecord | None, owner: str, fence: int) -> bool:
     return record is not None and record.lease_owner == owner and record.fence == fence
 
 
+def can_renew(record: StreamRecord | None, owner: str, fence: int) -> bool:
+    """Renew rule: ``holds`` and not released (expiry 0 means free now, CONTRACT)."""
+    return holds(record, owner, fence) and record is not None and \
+        record.lease_expires_at_ms != 0
+
+
 def next_fence(record: StreamRecord) -> int:
     """Fence after an acquisition or a force release: +1, starting from 0."""
     return (record.fence or 0) + 1

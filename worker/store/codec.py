@@ -159,12 +159,13 @@ def acquire_expr(owner: str, new_expiry_ms: int, threshold_ms: int) -> Expr:
 
 
 def renew_expr(owner: str, fence: int, new_expiry_ms: int) -> Expr:
-    """``holds``: never resurrects a lease someone else took or that was force released."""
+    """``holds`` and not released: never resurrects a lease someone else took, one that
+    was force released, or one released (expiry 0, by this holder or an operator)."""
     return Expr(
-        condition="#owner = :me AND #fence = :fence",
+        condition="#owner = :me AND #fence = :fence AND #exp <> :zero",
         update="SET #exp = :exp",
         names=_names("#owner", "#fence", "#exp"),
-        values={":me": s(owner), ":fence": n(fence), ":exp": n(new_expiry_ms)},
+        values={":me": s(owner), ":fence": n(fence), ":exp": n(new_expiry_ms), ":zero": n(0)},
     )
 
 

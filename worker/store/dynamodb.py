@@ -254,6 +254,11 @@ class DynamoStore:
             return RenewResult(RenewOutcome.THROTTLED, error=str(exc))
         except StoreUnavailable as exc:
             return RenewResult(RenewOutcome.UNKNOWN, error=str(exc))
+        except StoreError as exc:
+            # Not retriable as such (access denied, a validation error, a table gone):
+            # ownership cannot be proven, so it counts as unknown and the local deadline
+            # decides. The supervisor then still drains and releases in order.
+            return RenewResult(RenewOutcome.UNKNOWN, error=str(exc))
         return RenewResult(RenewOutcome.RENEWED, codec.decode_record(resp["Attributes"]), expiry)
 
     async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:

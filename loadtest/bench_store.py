@@ -1,0 +1,77 @@
+"""Operations per second of the lease store against the embedded DynamoDB (moto).
+
+    python -m loadtest.bench_store [--runs 5] [--ops 300]
+
+Acquire (a conditional update on a free item), renew (conditional on owner and fence)
+and one sink transaction of 10 messages, each issued one at a time from one client,
+median of several runs. The embedded server handles one request at a time, so these are
+its limits, not DynamoDB's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+
+import uvloop
+
+from loadtest.common import Server, use_local_dynamodb
+from worker.core.frames import Frame
+from worker.core.lease import LeaseTimings
+from worker.store.dynamodb import DynamoStore
+
+T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
+
+
+async def one_run(ops: int) -> dict[str, float]:
+    suffix = uuid.uuid4().hex[:8]
+    async with DynamoStore.connect(f"bench-s-{suffix}", f"bench-e-{suffix}") as store:
+        await store.create_tables()
+        ids = [f"b{i}" for i in range(ops)]
+        for sid in ids:
+            await store.put_started(sid, "wss://bench/")
+        now = int(time.time() * 1000)
+        started = time.perf_counter()
+        tenures = []
+        for sid in ids:
+            got = await store.acquire(sid, "bench", now, T)
+            assert got is not None
+            tenures.append(got.tenure)
+        acquire = ops / (time.perf_counter() - started)
+        started = time.perf_counter()
+        for tenure in tenures:
+            await store.renew(tenure, now + 1, T)
+        renew = ops / (time.perf_counter() - started)
+        tenure, prev = tenures[0], 0
+        started = time.perf_counter()
+        for _ in range(ops):
+            seqs = range(prev + 1, prev + 11)
+            batch = [Frame(s, f'{{"seq":{s},"v":"{"x" * 80}"}}') for s in seqs]
+            await store.write_batch(tenure, prev, batch, now)
+            prev = batch[-1].seq
+        sink = ops / (time.perf_counter() - started)
+    return {"acquire": acquire, "renew": renew, "sink_tx_10_msgs": sink}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--ops", type=int, default=300)
+    args = parser.parse_args()
+    server = Server("dynamodb", "--port", "0")
+    try:
+        use_local_dynamodb(server.url)
+        results = [uvloop.run(one_run(args.ops)) for _ in range(args.runs)]
+    finally:
+        server.stop()
+    print(f"store ops/s against the embedded DynamoDB, {args.runs} runs x {args.ops} ops:")
+    for name in results[0]:
+        values = sorted(r[name] for r in results)
+        print(f"  {name:<16} median {statistics.median(values):7.0f}/s  "
+              f"(min {values[0]:.0f}, max {values[-1]:.0f})")
+
+
+if __name__ == "__main__":
+    main()
