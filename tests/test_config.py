@@ -52,3 +52,9 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     missing = [s.name for s in SETTINGS if f"`{s.name}`" not in readme]
     assert not missing
+
+
+def test_sweep_plus_reconcile_keeps_the_one_minute_promise() -> None:
+    assert WorkerConfig.from_env({"STREAMLEASE_SWEEP_SECONDS": "40"}).sweep_s == 40
+    with pytest.raises(ConfigError, match="STREAMLEASE_SWEEP_SECONDS"):
+        WorkerConfig.from_env({"STREAMLEASE_SWEEP_SECONDS": "48"})

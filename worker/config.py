@@ -49,7 +49,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a holder stops writing this long before its lease could expire "
             "(default: a tenth of the lease)"),
     Setting("STREAMLEASE_SWEEP_SECONDS", "30",
-            "interval of the scan for hand-written items without lease fields"),
+            "interval of the scan for hand-written items without lease fields; "
+            "1.2 x (sweep + reconcile) must stay under 60"),
     Setting("STREAMLEASE_ACQUIRE_PER_CYCLE", "10",
             "acquisitions one reconcile cycle tries at most"),
     Setting("STREAMLEASE_BATCH_MAX_MESSAGES", "200", "messages in one sink transaction at most"),
@@ -165,10 +166,12 @@ class WorkerConfig:
             batch_max_s=seconds("STREAMLEASE_BATCH_MAX_SECONDS", 0.2),
             max_frame_bytes=count("STREAMLEASE_MAX_FRAME_BYTES", 262144, 1024, 300_000),
         )
-        if config.sweep_s > 50:
+        # Both intervals are jittered up to +20 %; a hand-written item must start within 60 s.
+        if 1.2 * (config.sweep_s + config.reconcile_s) >= 60:
             problems.append(
-                "STREAMLEASE_SWEEP_SECONDS: must be at most 50 so hand-written items are "
-                f"found within 60 s, got {config.sweep_s:g}")
+                "STREAMLEASE_SWEEP_SECONDS: with its jitter plus one reconcile interval it "
+                "must stay under 60 s, so hand-written items start within a minute; got "
+                f"{config.sweep_s:g} + {config.reconcile_s:g}")
         if problems:
             raise ConfigError(problems)
         return config

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import signal
 import socket
 import threading
@@ -180,7 +181,22 @@ class Fleet:
             fences = await self._event_fences(sid)
             assert fences == sorted(fences), f"{sid}: an older fence wrote after a newer one"
             delivered[sid] = len(seqs)
+        # What operators see: `ctl export` prints the same, one object a line, in order.
+        sid = self.stream_ids[0]
+        lines = await self.ctl("export", sid)
+        n = len(lines)
+        assert n >= delivered[sid] and lines == [frame_for(sid, i) for i in range(1, n + 1)]
         return delivered
+
+    async def ctl(self, *args: str) -> list[str]:
+        env = {**os.environ, **local_aws_env(self.dynamodb), "STREAMLEASE_TABLE": self.table,
+               "STREAMLEASE_EVENTS_TABLE": self.events_table}
+        proc = await asyncio.create_subprocess_exec(
+            *python("-m", "worker", "ctl", *args), env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        return out.decode().splitlines()
 
     async def _event_fences(self, sid: str) -> list[int]:
         assert self.store is not None
