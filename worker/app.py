@@ -19,9 +19,11 @@ import urllib.request
 import uvloop
 
 from worker import __version__
+from worker import health as http
 from worker.clock import SYSTEM_CLOCK, Clock
 from worker.config import WorkerConfig, default_worker_id
 from worker.errors import ConfigError, StoreError
+from worker.health import HealthState
 from worker.logs import CONTEXT, event, setup
 from worker.metrics import Metrics
 from worker.pump import PumpSettings
@@ -72,9 +74,10 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
 async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -> int:
     metrics = Metrics()
     metrics.set_capacity(config.max_streams)
+    health = HealthState(config.timings.lease_s)
     if config.metrics_port:
         try:
-            metrics.serve(config.metrics_port)
+            http.serve(config.metrics_port, health, metrics.exposition)
         except OSError as exc:
             print(f"streamlease: STREAMLEASE_METRICS_PORT: cannot listen on "
                   f"{config.metrics_port}: {exc}", file=sys.stderr)
@@ -88,7 +91,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
     ) as store:
         # Fail fast, with a clear line, if the tables are missing or unreachable.
         await store.check_tables()
-        reconciler = Reconciler(store, clock, metrics, settings)
+        reconciler = Reconciler(store, clock, metrics, settings, health=health)
         loop = asyncio.get_running_loop()
         signals_seen = 0
 
@@ -102,6 +105,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
             event(logging.INFO, "worker.draining", "draining: releasing every lease",
                   signal=signal.Signals(signum).name, leases=len(reconciler.supervisors))
             metrics.draining(True)
+            health.draining = True
             reconciler.stop()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,6 +119,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
               reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
               max_streams=config.max_streams, metrics_port=config.metrics_port,
               allowed_urls=list(config.allowed_urls))
+        health.started = True
         return await _run_until_drained(reconciler, config.shutdown_s, owner)
 
 

@@ -54,6 +54,9 @@ def build_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     sub.add_parser("run", help="run one worker until SIGTERM/SIGINT")
+    check = sub.add_parser("healthcheck",
+                           help="exit 0 if the local worker's /healthz says live (containers)")
+    check.add_argument("--timeout", type=float, default=3.0)
 
     table = sub.add_parser("table", help="manage the DynamoDB tables")
     table_sub = table.add_subparsers(dest="table_command", required=True, parser_class=_Parser)
@@ -135,6 +138,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from worker.app import run_worker
         return run_worker()
+    if args.command == "healthcheck":
+        return _healthcheck(args.timeout)
     tables = _tables_from_env()
     if args.command == "table":
         return _run(_table_create(*tables))
@@ -143,6 +148,27 @@ def _dispatch(args: argparse.Namespace) -> int:
         "release": _ctl_release, "export": _ctl_export,
     }
     return _run(handlers[args.ctl_command](tables, args))
+
+
+def _healthcheck(timeout: float) -> int:
+    """Liveness only: GET /healthz on this host's metrics port."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    raw = os.environ.get("STREAMLEASE_METRICS_PORT", "").strip() or "9108"
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError([f"STREAMLEASE_METRICS_PORT: the health endpoint needs a port, "
+                           f"got {raw!r}"])
+    url = f"http://127.0.0.1:{int(raw)}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            print(resp.read().decode().strip())
+            return EXIT_OK
+    except urllib.error.HTTPError as exc:
+        return _fail(EXIT_FAILED, f"unhealthy: {exc.read().decode().strip()}")
+    except OSError as exc:
+        return _fail(EXIT_FAILED, f"unhealthy: cannot reach {url}: {exc}")
 
 
 def _tables_from_env() -> tuple[str, str]:

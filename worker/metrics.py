@@ -8,7 +8,14 @@ so ``rate()`` and alerts work before the first event.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from worker import __version__
 from worker.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
@@ -142,6 +149,6 @@ class Metrics:
         self._ddb_requests.labels(operation, outcome).inc()
         self._ddb_seconds.labels(operation).observe(seconds)
 
-    def serve(self, port: int) -> None:
-        """Expose /metrics on ``port`` (all interfaces: the scraper is another host)."""
-        start_http_server(port, registry=self.registry)
+    def exposition(self) -> tuple[bytes, str]:
+        """The /metrics body and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

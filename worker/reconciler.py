@@ -26,6 +26,7 @@ from worker.core.lease import HolderState, StopReason, takeover_threshold_ms
 from worker.core.model import StreamRecord
 from worker.core.plan import VALID_STATES, item_problem, plan_cycle
 from worker.errors import StoreError
+from worker.health import HealthState
 from worker.logs import event
 from worker.metrics import Metrics
 from worker.store.dynamodb import DynamoStore
@@ -47,7 +48,8 @@ class ReconcilerSettings:
 class Reconciler:
     def __init__(self, store: DynamoStore, clock: Clock, metrics: Metrics,
                  settings: ReconcilerSettings, rng: random.Random | None = None,
-                 on_delivered: Callable[[int], None] | None = None) -> None:
+                 on_delivered: Callable[[int], None] | None = None,
+                 health: HealthState | None = None) -> None:
         self.store = store
         self.clock = clock
         self.metrics = metrics
@@ -60,6 +62,7 @@ class Reconciler:
         self._on_delivered = on_delivered
         self._tg: asyncio.TaskGroup | None = None
         self.unreleased = 0  # shutdown drains whose release did not go through
+        self.health = health or HealthState(settings.supervisor.timings.lease_s)
 
     def stop(self) -> None:
         """Stop acquiring and drain every supervisor now (flush and release), without
@@ -175,7 +178,7 @@ class Reconciler:
               previous_owner=candidate.lease_owner, unowned_s=delay)
         supervisor = Supervisor(got.tenure, got.record, sent, self.store, self.clock,
                                 self.metrics, self.settings.supervisor, self.rng,
-                                self._on_delivered)
+                                self._on_delivered, self.health)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.metrics.set_leases_held(len(self.supervisors))
         assert self._tg is not None
@@ -190,4 +193,5 @@ class Reconciler:
         finally:
             if self.supervisors.get(supervisor.stream) is supervisor:
                 del self.supervisors[supervisor.stream]
+                self.health.dropped(supervisor.stream)
             self.metrics.set_leases_held(len(self.supervisors))

@@ -27,6 +27,7 @@ from worker.core.lease import HolderState, Holding, LeaseTimings, RenewOutcome, 
 from worker.core.model import StreamRecord, Tenure
 from worker.core.plan import item_problem
 from worker.errors import SelfFenced, SinkConflict, StaleFence, StoreError
+from worker.health import HealthState
 from worker.logs import event
 from worker.metrics import Metrics
 from worker.pump import Pump, PumpSettings
@@ -46,7 +47,8 @@ class Supervisor:
     def __init__(self, tenure: Tenure, record: StreamRecord, acquire_sent_at: float,
                  store: DynamoStore, clock: Clock, metrics: Metrics,
                  settings: SupervisorSettings, rng: random.Random | None = None,
-                 on_delivered: Callable[[int], None] | None = None) -> None:
+                 on_delivered: Callable[[int], None] | None = None,
+                 health: HealthState | None = None) -> None:
         self.tenure = tenure
         self.store = store
         self.clock = clock
@@ -61,6 +63,9 @@ class Supervisor:
         self._pump_task: asyncio.Task[None] | None = None
         self._pump_done = False
         self._failure: str | None = None
+        self._health = health
+        if health is not None:
+            health.renewed(tenure.stream_id, acquire_sent_at)
 
     @property
     def stream(self) -> str:
@@ -160,6 +165,8 @@ class Supervisor:
             problem = item_problem(result.record, self.settings.allowed_urls)
             self._record = result.record
         decision = self.holding.on_renew(result.outcome, sent, now, result.record, problem)
+        if result.outcome is RenewOutcome.RENEWED and self._health is not None:
+            self._health.renewed(self.stream, sent)
         if result.outcome in (RenewOutcome.UNKNOWN, RenewOutcome.THROTTLED):
             event(logging.WARNING, "lease.renew_failed", "renew outcome unknown; retrying",
                   stream=self.stream, fence=self.tenure.fence, outcome=result.outcome.value,
