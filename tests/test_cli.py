@@ -117,3 +117,31 @@ def test_no_region_is_a_configuration_error() -> None:
 def test_dev_dynamodb_rejects_bad_options() -> None:
     result = cli("dev", "dynamodb", "--host", "0.0.0.0")
     assert result.returncode == 2 and "loopback" in result.stderr
+
+
+async def test_owners_and_guarded_release(tables: dict[str, str]) -> None:
+    from worker.core.lease import LeaseTimings
+    from worker.store.dynamodb import DynamoStore
+
+    assert cli("ctl", "start", "a", "b", "c", "--url", "wss://x/{id}", env=tables).returncode == 0
+    timings = LeaseTimings(60, 5, 1, 2)
+    async with DynamoStore.connect(tables["STREAMLEASE_TABLE"],
+                                   tables["STREAMLEASE_EVENTS_TABLE"]) as store:
+        import time
+        now = int(time.time() * 1000)
+        for sid, owner in (("a", "w1"), ("b", "w1"), ("c", "w2")):
+            assert await store.acquire(sid, owner, now, timings) is not None
+    owners = json.loads(cli("ctl", "owners", "-o", "json", env=tables).stdout)
+    assert owners == {"owners": {"w1": ["a", "b"], "w2": ["c"]}, "unowned_started": []}
+    table = cli("ctl", "owners", env=tables).stdout.splitlines()
+    assert table[1].split() == ["w1", "2"] and table[2].split() == ["w2", "1"]
+    wrong_owner = cli("ctl", "release", "a", "--expect-owner", "w2", env=tables)
+    assert wrong_owner.returncode == 1
+    assert "owner=w1" in wrong_owner.stderr and len(wrong_owner.stderr.splitlines()) == 1
+    wrong_fence = cli("ctl", "release", "a", "--expect-owner", "w1", "--expect-fence", "7",
+                      env=tables)
+    assert wrong_fence.returncode == 1 and "fence=1" in wrong_fence.stderr
+    ok = cli("ctl", "release", "a", "--expect-owner", "w1", "--expect-fence", "1", env=tables)
+    assert ok.returncode == 0 and "fence 2" in ok.stdout
+    after = json.loads(cli("ctl", "owners", "-o", "json", env=tables).stdout)
+    assert after == {"owners": {"w1": ["b"], "w2": ["c"]}, "unowned_started": ["a"]}

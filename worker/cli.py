@@ -81,6 +81,8 @@ def build_parser() -> _Parser:
     release.add_argument("--expect-owner", help="only if this worker holds it")
     release.add_argument("--expect-fence", type=_non_negative_int,
                          help="only if the fence is still this")
+    owners = ctl_sub.add_parser("owners", help="live leases per worker")
+    owners.add_argument("-o", "--output", choices=["table", "json"], default="table")
     export = ctl_sub.add_parser("export", help="delivered messages in seq order, one a line")
     export.add_argument("id", type=_stream_id)
 
@@ -145,7 +147,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run(_table_create(*tables))
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
         "start": _ctl_start, "stop": _ctl_stop, "list": _ctl_list, "show": _ctl_show,
-        "release": _ctl_release, "export": _ctl_export,
+        "release": _ctl_release, "export": _ctl_export, "owners": _ctl_owners,
     }
     return _run(handlers[args.ctl_command](tables, args))
 
@@ -297,6 +299,30 @@ async def _ctl_list(tables: tuple[str, str], args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+async def _ctl_owners(tables: tuple[str, str], args: argparse.Namespace) -> int:
+    from worker.clock import SYSTEM_CLOCK
+    async with _store(tables) as store:
+        records = await store.list_streams()
+    now_ms = SYSTEM_CLOCK.wall_ms()
+    held: dict[str, list[str]] = {}
+    unowned = []
+    for r in records:
+        if r.lease_owner and (r.lease_expires_at_ms or 0) > now_ms:
+            held.setdefault(r.lease_owner, []).append(r.stream_id)
+        elif r.started:
+            unowned.append(r.stream_id)
+    if args.output == "json":
+        print(json.dumps({"owners": {w: sorted(s) for w, s in sorted(held.items())},
+                          "unowned_started": sorted(unowned)}, indent=2))
+        return EXIT_OK
+    width = max([len("WORKER"), *map(len, held)])
+    print(f"{'WORKER'.ljust(width)}  STREAMS")
+    for worker_id, streams in sorted(held.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"{worker_id.ljust(width)}  {len(streams)}")
+    print(f"{'(unowned STARTED)'.ljust(width)}  {len(unowned)}")
     return EXIT_OK
 
 

@@ -4,7 +4,10 @@ Starts the embedded DynamoDB, the reference upstream with a dozen streams, regis
 them, and runs several ``streamlease run`` worker processes. Every second it prints the
 streams table (state, owner, fence, last_seq, messages/s, lease left) and the
 takeovers since the last refresh. ``--kill-every N`` kills a random worker with SIGKILL
-every N seconds and starts a replacement, so self-healing happens in front of you.
+every N seconds and starts a replacement, so self-healing happens in front of you;
+``--flip-every N`` stops a random stream and restarts it a cycle later. In a terminal,
+keys act at once: ``k`` kill -9 a worker, ``+`` add one, ``-`` SIGTERM one, ``s`` stop a
+random stream, ``r`` restart every stopped stream, ``q`` quit.
 Ctrl-C (or ``--duration``) stops the workers with SIGTERM first, so they release their
 leases, then the servers. Needs no AWS account and no network.
 """
@@ -19,7 +22,9 @@ import random
 import signal
 import subprocess
 import sys
+import termios
 import time
+import tty
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,6 +97,8 @@ class Demo:
         self.counter = 0
         self.events: list[str] = []
         self.rng = random.Random()
+        self.keys: asyncio.Queue[str] = asyncio.Queue()
+        self.wake = asyncio.Event()  # a key, Ctrl-C or SIGTERM: redraw now
 
     def python(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "worker", *args]
@@ -131,31 +138,106 @@ class Demo:
             await self.watch(store)
         return 0
 
+    def interactive(self) -> bool:
+        return sys.stdin.isatty() and sys.stdout.isatty() and not self.args.headless
+
     async def watch(self, store: DynamoStore) -> None:
+        loop = asyncio.get_running_loop()
+        saved = None
+        if self.interactive():
+            fd = sys.stdin.fileno()
+            saved = termios.tcgetattr(fd)
+            tty.setcbreak(fd)
+            loop.add_reader(fd, self._read_key)
+        try:
+            await self._watch(store, loop)
+        finally:
+            if saved is not None:
+                loop.remove_reader(sys.stdin.fileno())
+                termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
+
+    def _read_key(self) -> None:
+        self.keys.put_nowait(sys.stdin.read(1))
+        self.wake.set()
+
+    def _on_signal(self, stop: asyncio.Event) -> None:
+        stop.set()
+        self.wake.set()
+
+    def kill_one(self, sig: int, replace: bool) -> None:
+        if not self.workers:
+            return
+        victim = self.rng.choice(sorted(self.workers))
+        code = self.workers.pop(victim).stop(sig)
+        self.note(f"{'kill -9' if sig == signal.SIGKILL else 'SIGTERM'} {victim} (exit {code})")
+        if replace:
+            self.start_worker()
+
+    async def flip(self, store: DynamoStore, records: dict[str, StreamRecord]) -> None:
+        stopped = [s for s, r in records.items() if r.stopped]
+        started = [s for s, r in records.items() if r.started]
+        for sid in stopped:
+            await store.set_state(sid, "STARTED")
+            self.note(f"{sid}: STARTED again")
+        if started:
+            sid = self.rng.choice(started)
+            await store.set_state(sid, "STOPPED")
+            self.note(f"{sid}: STOPPED")
+
+    async def on_key(self, key: str, store: DynamoStore,
+                     records: dict[str, StreamRecord]) -> bool:
+        """Apply one key; False to quit."""
+        if key == "q":
+            return False
+        if key == "k":
+            self.kill_one(signal.SIGKILL, replace=False)
+        elif key == "-":
+            self.kill_one(signal.SIGTERM, replace=False)
+        elif key == "+":
+            self.start_worker()
+        elif key == "s":
+            started = [s for s, r in records.items() if r.started]
+            if started:
+                sid = self.rng.choice(started)
+                await store.set_state(sid, "STOPPED")
+                self.note(f"{sid}: STOPPED")
+        elif key == "r":
+            for sid, r in records.items():
+                if r.stopped:
+                    await store.set_state(sid, "STARTED")
+                    self.note(f"{sid}: STARTED again")
+        return True
+
+    async def _watch(self, store: DynamoStore, loop: asyncio.AbstractEventLoop) -> None:
         previous: dict[str, StreamRecord] = {}
         last_at = time.monotonic()
         started = last_at
         next_kill = started + self.args.kill_every if self.args.kill_every else None
+        next_flip = started + self.args.flip_every if self.args.flip_every else None
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, self._on_signal, stop)
         while not stop.is_set():
             now = time.monotonic()
             if self.args.duration and now - started >= self.args.duration:
                 break
             if next_kill is not None and now >= next_kill:
                 next_kill = now + self.args.kill_every
-                victim = self.rng.choice(sorted(self.workers))
-                self.workers.pop(victim).stop(signal.SIGKILL)
-                self.note(f"kill -9 {victim}")
-                self.start_worker()
+                self.kill_one(signal.SIGKILL, replace=True)
             records = {r.stream_id: r for r in await store.list_streams()}
+            if next_flip is not None and now >= next_flip:
+                next_flip = now + self.args.flip_every
+                await self.flip(store, records)
+            while not self.keys.empty():
+                if not await self.on_key(self.keys.get_nowait(), store, records):
+                    stop.set()
             self.track_takeovers(previous, records)
             self.render(records, previous, now - last_at)
             previous, last_at = records, now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            self.wake.clear()
+            if self.keys.empty() and not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=1.0)
         stopped = set(self.workers)
         self.stop_workers()
         records = {r.stream_id: r for r in await store.list_streams()}
@@ -187,6 +269,9 @@ class Demo:
             lines.append(f"{sid:<8} {r.desired_state or '-':<8} {r.lease_owner or '-':<10} "
                          f"{r.fence or 0:>5} {r.last_seq or 0:>9} {rate:>6.1f} {lease:>10}")
         lines += ["", "recent events:"] + [f"  {e}" for e in self.events]
+        if self.interactive():
+            lines += ["", "keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
+                          "s stop a stream   r restart stopped   q quit"]
         if sys.stdout.isatty() and not self.args.headless:
             sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
         else:
@@ -217,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=5.0, help="messages/s per stream")
     parser.add_argument("--kill-every", type=float, default=0.0,
                         help="kill -9 a random worker every N seconds (and start a new one)")
+    parser.add_argument("--flip-every", type=float, default=0.0,
+                        help="stop a random stream every N seconds, restarting the last one")
     parser.add_argument("--duration", type=float, default=0.0,
                         help="stop by itself after N seconds (0: run until Ctrl-C)")
     parser.add_argument("--headless", action="store_true",
