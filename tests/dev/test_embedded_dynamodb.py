@@ -125,3 +125,25 @@ async def test_sink_transactions_stay_fast_as_the_events_table_grows(env_for: No
     # Plain moto copies the whole table per transaction: about 1/100 of the empty rate
     # at this size. A ratio, not a time: the machine's speed cancels out.
     assert ratio > 0.5
+
+
+async def test_a_wrongly_typed_index_key_is_refused_as_dynamodb_does(store: DynamoStore) -> None:
+    """moto alone stores it, and then every query of the index fails with HTTP 500."""
+    import aioboto3
+    from botocore.exceptions import ClientError
+
+    await store.put_started("good", "wss://x/")
+    bad = {"Pk": {"S": "CONN#bad"}, "desired_state": {"S": "STARTED"},
+           "ws_url": {"S": "wss://x/"}, "lease_expires_at_ms": {"S": "soon"}}
+    async with aioboto3.Session().client("dynamodb") as client:
+        with pytest.raises(ClientError, match="Type mismatch for Index Key lease_expires_at_ms"):
+            await client.put_item(TableName=store.table, Item=bad)
+        with pytest.raises(ClientError, match="Type mismatch"):
+            await client.update_item(
+                TableName=store.table, Key={"Pk": {"S": "CONN#good"}},
+                UpdateExpression="SET lease_expires_at_ms = :s",
+                ExpressionAttributeValues={":s": {"S": "later"}})
+    record = await store.get("good")
+    assert record is not None and record.lease_expires_at_ms == 0
+    assert await store.get("bad") is None
+    assert [r.stream_id for r in await store.orphans(NOW, 10)] == ["good"]

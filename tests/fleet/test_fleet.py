@@ -5,6 +5,8 @@ sink at the end of every scenario."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import signal
 import time
 
@@ -239,10 +241,16 @@ async def test_hand_written_item_is_picked_up_and_bad_items_are_skipped(
                  "ws_url": {"S": "ws://user:hunter2@evil.example.com/x?token=s3cret"}},
         "weird": {"Pk": {"S": "CONN#weird"}, "desired_state": {"S": "RUNNING"},
                   "ws_url": {"S": fleet.stream_url("weird")}},
-        "numstate": {"Pk": {"S": "CONN#numstate"}, "desired_state": {"N": "1"},
-                     "ws_url": {"S": fleet.stream_url("numstate")}},
+        # (a number in desired_state cannot be written: DynamoDB, and the embedded
+        # server, refuse a wrongly typed index key)
+        "badfence": {"Pk": {"S": "CONN#badfence"}, "desired_state": {"S": "STARTED"},
+                     "ws_url": {"S": fleet.stream_url("badfence")}, "fence": {"S": "seven"},
+                     "lease_expires_at_ms": {"N": "0"}},
     }
-    for item in (hand, *bad_items.values()):
+    # Served, with a secret in its query string that must never reach a log line.
+    secret = {"Pk": {"S": "CONN#tok"}, "desired_state": {"S": "STARTED"},
+              "ws_url": {"S": fleet.stream_url("tok") + "?token=t0ps3cret&x=1"}}
+    for item in (hand, secret, *bad_items.values()):
         await client.put_item(TableName=table, Item=item)
     written = time.monotonic()
 
@@ -260,16 +268,27 @@ async def test_hand_written_item_is_picked_up_and_bad_items_are_skipped(
     assert "missing" in (records["nourl"].last_error or "")
     assert "not allowed" in (records["evil"].last_error or "")
     assert "RUNNING" in (records["weird"].last_error or "")
-    assert records["numstate"].last_error
+    assert "fence is not a whole number" in (records["badfence"].last_error or "")
     for sid in bad_items:
         assert records[sid].lease_owner is None and records[sid].last_seq is None
     assert sum(w.metric('streamlease_bad_items_total{reason="bad_url"}')
                + w.metric('streamlease_bad_items_total{reason="bad_state"}')
                for w in fleet.workers.values()) >= len(bad_items)
+    await wait_until(lambda: delivering(fleet, ["tok"], {}), 30, "the stream with a token")
     for worker in fleet.workers.values():
         logs = "\n".join(worker.proc.err_lines)
-        assert "hunter2" not in logs and "s3cret" not in logs
-    fleet.stream_ids.append("hand")
+        assert "hunter2" not in logs and "s3cret" not in logs and "t0ps3cret" not in logs
+        for connected in worker.log_events("pump.connected"):
+            if connected["stream"] == "tok":
+                assert re.search(r"\?token=\*\*\*&x=\*\*\*&from_seq=\d+$", str(connected["url"]))
+        # One JSON object a line, each naming the worker and the event; stream events
+        # name the stream and fence.
+        for line in worker.proc.err_lines:
+            record = json.loads(line)
+            assert record["worker"] == worker.name and record["event"]
+            if record["event"].startswith(("lease.", "pump.")):
+                assert "stream" in record and "fence" in record, record
+    fleet.stream_ids.extend(["hand", "tok"])
     mid = {s: r.last_seq or 0 for s, r in records.items()}
     await wait_until(lambda: delivering(fleet, fleet.stream_ids, mid), 15, "all still delivering")
     await fleet.audit()

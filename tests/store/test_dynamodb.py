@@ -245,3 +245,19 @@ async def test_fifty_concurrent_acquirers_one_winner_twenty_rounds(store: Dynamo
         record = await store.get(sid)
         assert record is not None and record.fence == 1
         assert record.lease_owner == winners[0].tenure.owner
+
+
+def test_decode_reports_wrongly_typed_fields() -> None:
+    from worker.core.plan import item_problem
+
+    record = codec.decode_record({
+        "Pk": {"S": "CONN#x"}, "desired_state": {"S": "STARTED"}, "ws_url": {"N": "5"},
+        "fence": {"S": "seven"}, "last_seq": {"N": "1.5"}, "lease_expires_at_ms": {"N": "0"},
+    })
+    assert record is not None
+    assert record.bad_fields == ("ws_url is not a string", "fence is not a whole number",
+                                 "last_seq is not a whole number")
+    problem = item_problem(record, ("wss://",))
+    assert problem is not None and problem.startswith("wrong attribute type: ws_url")
+    fine = codec.decode_record({"Pk": {"S": "CONN#y"}, "desired_state": {"S": "STOPPED"}})
+    assert fine is not None and fine.bad_fields == () and item_problem(fine, ("wss://",)) is None

@@ -42,6 +42,7 @@ class StreamRecord:
     last_seq: int | None = None
     last_error: str | None = None
     last_error_at_ms: int | None = None
+    bad_fields: tuple[str, ...] = ()  # attributes present with the wrong type
 
     @property
     def started(self) -> bool:

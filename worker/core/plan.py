@@ -18,6 +18,8 @@ def item_problem(record: StreamRecord, allowed_prefixes: tuple[str, ...]) -> str
     This is the CONTRACT's list: an unknown ``desired_state``, a missing ``ws_url``, or
     one outside the allow-list. The text goes to ``last_error`` and the log.
     """
+    if record.bad_fields:
+        return "wrong attribute type: " + ", ".join(record.bad_fields)
     if record.desired_state not in VALID_STATES:
         shown = "missing" if record.desired_state is None else repr(record.desired_state)[:64]
         return f"desired_state {shown} is not STARTED or STOPPED"

@@ -8,6 +8,10 @@ measured problems without forking moto:
 * **Atomicity.** Every request runs under one lock, so each request sees the state the
   previous one left, as DynamoDB promises for single-item conditional writes and
   transactions. Connections are still accepted concurrently.
+* **Index keys typed as DynamoDB types them.** DynamoDB refuses a write that puts, say,
+  a string into a number-typed index key; moto stores it, and every later query of that
+  index then fails with HTTP 500. Here such a write is refused with DynamoDB's
+  ValidationException and the item is left as it was.
 * **Transactions that stay fast.** moto deep-copies every table a transaction touches
   (to roll back on failure), so a transaction costs O(table size). Here tables are
   "copied" by reference and only the items the transaction touches are backed up and
@@ -30,6 +34,7 @@ from typing import Any
 
 try:
     from moto.backends import get_backend
+    from moto.dynamodb.exceptions import MockValidationException
     from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.models.dynamo_type import DynamoType
     from moto.dynamodb.models.table import Table
@@ -44,6 +49,8 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 _PATCH_LOCK = threading.Lock()
 _patched = False
 _original_transact: Callable[..., Any] | None = None
+_original_put: Callable[..., Any] | None = None
+_original_update: Callable[..., Any] | None = None
 
 
 class SerializedApp:
@@ -117,6 +124,56 @@ def _fast_transact_write_items(self: Any, transact_items: list[dict[str, Any]]) 
             raise
 
 
+def _index_key_mismatch(table: Any, attrs: dict[str, Any]) -> str | None:
+    """DynamoDB's message if ``attrs`` (wire format) gives an index key the wrong type."""
+    declared = {a["AttributeName"]: a["AttributeType"] for a in table.attr}
+    for index in table.global_indexes:
+        for key in index.schema:
+            name = key["AttributeName"]
+            value = attrs.get(name)
+            if isinstance(value, dict) and value and name in declared:
+                actual = next(iter(value))
+                if actual != declared[name]:
+                    return (f"One or more parameter values were invalid: Type mismatch for "
+                            f"Index Key {name} Expected: {declared[name]} Actual: {actual} "
+                            f"IndexName: {index.name}")
+    return None
+
+
+def _typed_put_item(self: Any, table_name: str, item_attrs: dict[str, Any],
+                    *args: Any, **kwargs: Any) -> Any:
+    assert _original_put is not None
+    problem = _index_key_mismatch(self.get_table(table_name), item_attrs)
+    if problem:
+        raise MockValidationException(problem)
+    return _original_put(self, table_name, item_attrs, *args, **kwargs)
+
+
+def _typed_update_item(self: Any, table_name: str, key: dict[str, Any],
+                       *args: Any, **kwargs: Any) -> Any:
+    assert _original_update is not None
+    table = self.get_table(table_name)
+    touched = _touched_items(self, [{"Update": {"TableName": table_name, "Key": key}}])
+    item = _original_update(self, table_name, key, *args, **kwargs)
+    problem = _index_key_mismatch(table, item.to_json()["Attributes"])
+    if problem:
+        _restore(touched)
+        raise MockValidationException(problem)
+    return item
+
+
+def install_typed_index_keys() -> None:
+    """Patch moto (in this process) to refuse wrongly typed index keys like DynamoDB."""
+    global _original_put, _original_update
+    with _PATCH_LOCK:
+        if _original_put is not None:
+            return
+        _original_put = DynamoDBBackend.put_item
+        _original_update = DynamoDBBackend.update_item
+        DynamoDBBackend.put_item = _typed_put_item  # type: ignore[method-assign]
+        DynamoDBBackend.update_item = _typed_update_item  # type: ignore[method-assign]
+
+
 def install_fast_transactions() -> None:
     """Patch moto (in this process) to back up touched items instead of whole tables."""
     global _patched, _original_transact
@@ -141,6 +198,7 @@ class EmbeddedDynamoDB:
         self._thread: threading.Thread | None = None
 
     def start(self) -> EmbeddedDynamoDB:
+        install_typed_index_keys()
         if self.fast_transactions:
             install_fast_transactions()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)

@@ -87,6 +87,11 @@ def decode_record(item: Mapping[str, Any]) -> StreamRecord | None:
     stream_id = stream_id_from_key(pk) if pk is not None else None
     if stream_id is None:
         return None
+    bad = tuple(
+        f"{name} is not {'a string' if kind == 'S' else 'a whole number'}"
+        for name, kind in FIELD_TYPES
+        if name in item and (_str(item, name) if kind == "S" else _int(item, name)) is None
+    )
     return StreamRecord(
         stream_id=stream_id,
         desired_state=_raw_state(item),
@@ -97,7 +102,13 @@ def decode_record(item: Mapping[str, Any]) -> StreamRecord | None:
         last_seq=_int(item, LAST_SEQ),
         last_error=_str(item, LAST_ERROR),
         last_error_at_ms=_int(item, LAST_ERROR_AT),
+        bad_fields=bad,
     )
+
+
+# Attributes whose type the worker relies on; ``desired_state`` is reported verbatim.
+FIELD_TYPES = ((WS_URL, "S"), (LEASE_OWNER, "S"), (LEASE_EXPIRES, "N"), (FENCE, "N"),
+               (LAST_SEQ, "N"))
 
 
 def _raw_state(item: Mapping[str, Any]) -> str | None:
