@@ -120,16 +120,27 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
               max_streams=config.max_streams, metrics_port=config.metrics_port,
               allowed_urls=list(config.allowed_urls))
         health.started = True
-        return await _run_until_drained(reconciler, config.shutdown_s, owner)
+        return await _run_until_drained(reconciler, config.shutdown_s, metrics, clock)
 
 
-async def _run_until_drained(reconciler: Reconciler, shutdown_s: float, owner: str) -> int:
+async def _watch_loop_lag(metrics: Metrics, clock: Clock, period: float = 0.5) -> None:
+    """Sample how late the loop wakes a timer: a busy or blocked loop shows here first."""
+    while True:
+        before = clock.monotonic()
+        await clock.sleep(period)
+        metrics.loop_lag(clock.monotonic() - before - period)
+
+
+async def _run_until_drained(reconciler: Reconciler, shutdown_s: float, metrics: Metrics,
+                             clock: Clock) -> int:
     """Run the reconciler until a signal; then give the drain ``shutdown_s`` seconds."""
     async with asyncio.TaskGroup() as tg:
+        lag_task = tg.create_task(_watch_loop_lag(metrics, clock))
         run_task = tg.create_task(reconciler.run())
         stop_task = tg.create_task(reconciler.stopping.wait())
         await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_task.cancel()
+        lag_task.cancel()
         if run_task.done() and not reconciler.stopping.is_set():
             event(logging.ERROR, "worker.failed", "the reconciler stopped by itself")
             return 1

@@ -26,8 +26,14 @@ DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "
                        "describe_table", "create_table")
 DYNAMODB_OUTCOMES = ("ok", "condition_failed", "cancelled", "throttled", "unavailable", "error")
 
+RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
+FLEET_STATES = ("STARTED", "STOPPED", "invalid")
+FLEET_LEASES = ("live", "expired", "none")
+
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+HOLD_BUCKETS = (1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Metrics:
@@ -73,6 +79,22 @@ class Metrics:
                                      ["operation", "outcome"], registry=r)
         self._ddb_seconds = Histogram(p + "dynamodb_request_seconds", "DynamoDB call duration",
                                       ["operation"], buckets=FAST_BUCKETS, registry=r)
+        self._renewals = Counter(p + "renewals", "Lease renewals, by outcome", ["outcome"],
+                                 registry=r)
+        self._hold = Histogram(p + "lease_hold_seconds",
+                               "How long a lease was held, observed when it ends",
+                               buckets=HOLD_BUCKETS, registry=r)
+        self._sink_batch = Histogram(p + "sink_batch_seconds",
+                                     "Duration of one fenced sink write, retries included",
+                                     buckets=FAST_BUCKETS, registry=r)
+        self._connected = Gauge(p + "upstream_connected_streams",
+                                "Streams with an open upstream connection", registry=r)
+        self._loop_lag = Gauge(p + "event_loop_lag_seconds",
+                               "How late the event loop ran a timer, last sample", registry=r)
+        self._streams = Gauge(
+            p + "streams",
+            "Streams in the table by desired_state and lease (the fleet view, from the sweep)",
+            ["desired_state", "lease"], registry=r)
         self._max_streams = Gauge(p + "max_streams", "STREAMLEASE_MAX_STREAMS", registry=r)
         self._draining = Gauge(p + "draining", "1 while the worker shuts down", registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
@@ -86,6 +108,8 @@ class Metrics:
             self._reconnects.labels(name)
         for name in BAD_ITEM_REASONS:
             self._bad_items.labels(name)
+        for name in RENEW_OUTCOMES:
+            self._renewals.labels(name)
         for op in DYNAMODB_OPERATIONS:
             self._ddb_seconds.labels(op)
             for outcome in DYNAMODB_OUTCOMES:
@@ -112,8 +136,27 @@ class Metrics:
     def lease_released(self, reason: StopReason) -> None:
         self._released.labels(reason.value).inc()
 
-    def heartbeat(self, seconds: float) -> None:
+    def heartbeat(self, seconds: float, outcome: str) -> None:
         self._heartbeat.observe(seconds)
+        self._renewals.labels(outcome).inc()
+
+    def lease_ended(self, held_s: float) -> None:
+        self._hold.observe(max(0.0, held_s))
+
+    def sink_batch(self, seconds: float) -> None:
+        self._sink_batch.observe(seconds)
+
+    def upstream_connected(self, delta: int) -> None:
+        self._connected.inc(delta)
+
+    def loop_lag(self, seconds: float) -> None:
+        self._loop_lag.set(max(0.0, seconds))
+
+    def fleet_view(self, counts: dict[tuple[str, str], int]) -> None:
+        """Set every (desired_state, lease) cell, zero where absent."""
+        for state in FLEET_STATES:
+            for lease in FLEET_LEASES:
+                self._streams.labels(state, lease).set(counts.get((state, lease), 0))
 
     def reconcile(self, seconds: float) -> None:
         self._reconcile.observe(seconds)

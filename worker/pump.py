@@ -189,6 +189,7 @@ class Pump:
             return "closed"
         self._ws = ws
         self.connected = True
+        self.metrics.upstream_connected(1)
         event(logging.INFO, "pump.connected", "connected to upstream", stream=self.stream,
               fence=self.tenure.fence, url=redact(url), from_seq=asked)
         first = True
@@ -230,6 +231,7 @@ class Pump:
             return "error"
         finally:
             self.connected = False
+            self.metrics.upstream_connected(-1)
             self._ws = None
             with contextlib.suppress(Exception):
                 await ws.close()
@@ -288,6 +290,7 @@ class Pump:
     async def _write(self, batch: list[Frame]) -> None:
         """One batch, retried on throttling and unknown outcomes until the deadline."""
         retry = Backoff(0.05, max(0.1, self.holding.timings.heartbeat_s))
+        started = self.clock.monotonic()
         while True:
             now = self.clock.monotonic()
             if self._aborted or not self.holding.may_write(now):
@@ -304,6 +307,7 @@ class Pump:
                 await self.clock.sleep(delay)
                 continue
             self.committed = batch[-1].seq
+            self.metrics.sink_batch(self.clock.monotonic() - started)
             self.metrics.delivered(len(batch))
             if self._on_delivered is not None:
                 self._on_delivered(len(batch))

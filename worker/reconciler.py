@@ -24,7 +24,13 @@ from worker.clock import Clock
 from worker.core.backoff import jittered
 from worker.core.lease import HolderState, StopReason, takeover_threshold_ms
 from worker.core.model import StreamRecord
-from worker.core.plan import VALID_STATES, item_problem, plan_cycle
+from worker.core.plan import (
+    VALID_STATES,
+    fleet_view,
+    invisible_to_index,
+    item_problem,
+    plan_cycle,
+)
 from worker.errors import StoreError
 from worker.health import HealthState
 from worker.logs import event
@@ -125,7 +131,12 @@ class Reconciler:
         self.metrics.set_leases_held(len(self.supervisors))
 
     async def _sweep(self) -> None:
-        for record in await self.store.unindexed():
+        """One paginated Scan of the streams table: adopt hand-written items, report
+        items with an invalid state, and publish the fleet view metric. (A filtered Scan
+        costs the same read capacity as a full one, so the view comes for free.)"""
+        records = await self.store.list_streams()
+        self.metrics.fleet_view(fleet_view(records, self.clock.wall_ms()))
+        for record in filter(invisible_to_index, records):
             if record.desired_state not in VALID_STATES:
                 problem = item_problem(record, self.settings.supervisor.allowed_urls)
                 if problem is not None and record.last_error != problem:

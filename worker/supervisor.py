@@ -64,6 +64,7 @@ class Supervisor:
         self._pump_done = False
         self._failure: str | None = None
         self._health = health
+        self._acquired_at = acquire_sent_at
         if health is not None:
             health.renewed(tenure.stream_id, acquire_sent_at)
 
@@ -159,7 +160,7 @@ class Supervisor:
         timeout = max(0.05, min(timings.heartbeat_s, self.holding.deadline - sent))
         result = await self.store.renew(self.tenure, self.clock.wall_ms(), timings, timeout)
         now = self.clock.monotonic()
-        self.metrics.heartbeat(now - sent)
+        self.metrics.heartbeat(now - sent, result.outcome.value)
         problem = None
         if result.record is not None:
             problem = item_problem(result.record, self.settings.allowed_urls)
@@ -213,6 +214,7 @@ class Supervisor:
         reason = holding.reason
         fields: dict[str, Any] = {"stream": self.stream, "fence": self.tenure.fence,
                   "last_seq": self.pump.committed}
+        self.metrics.lease_ended(self.clock.monotonic() - self._acquired_at)
         if holding.state is HolderState.LOST or holding.state is HolderState.SELF_FENCED:
             assert reason is not None
             self.metrics.lease_lost(reason)

@@ -9,7 +9,7 @@ import pytest
 from worker.core.frames import Frame, Malformed, export_line, parse_frame
 from worker.core.lease import LeaseTimings
 from worker.core.model import StreamRecord
-from worker.core.plan import item_problem, plan_cycle
+from worker.core.plan import fleet_view, item_problem, plan_cycle
 from worker.core.urls import redact, url_problem, with_from_seq
 
 ALLOWED = ("wss://", "ws://127.0.0.1:")
@@ -115,6 +115,16 @@ def test_plan_skips_held_live_and_unservable_items() -> None:
     acquire, unservable = plan(cands, held={"held"})
     assert acquire == ["ok"]
     assert sorted(sid for sid, _ in unservable) == ["bad", "nourl", "weird"]
+
+
+def test_fleet_view_counts_every_state_and_lease() -> None:
+    records = [rec("a", lease_expires_at_ms=2_000_000), rec("b", lease_expires_at_ms=999),
+               rec("c", lease_expires_at_ms=0), rec("d", lease_expires_at_ms=None),
+               rec("e", desired_state="STOPPED", lease_expires_at_ms=2_000_000),
+               rec("f", desired_state="??", lease_expires_at_ms=0)]
+    assert fleet_view(records, 1_000_000) == {
+        ("STARTED", "live"): 1, ("STARTED", "expired"): 1, ("STARTED", "none"): 2,
+        ("STOPPED", "live"): 1, ("invalid", "none"): 1}
 
 
 def test_item_problem_reports_the_state_verbatim_but_bounded() -> None:

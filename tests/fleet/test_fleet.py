@@ -41,6 +41,11 @@ async def test_every_stream_has_exactly_one_owner_and_kill_9_fails_over(
         held = sum(w.metric("streamlease_leases_held") for w in fleet.workers.values())
         return held == 20 and await fleet.all_owned()
     await wait_until(one_owner_each, 10, "leases_held summed over workers == 20")
+
+    async def fleet_view_settled() -> bool:
+        key = 'streamlease_streams{desired_state="STARTED",lease="live"}'
+        return all(w.metric(key) == 20 for w in fleet.workers.values())
+    await wait_until(fleet_view_settled, 15, "every worker's fleet view: 20 STARTED, live")
     owners = await fleet.owners()
     assert len({o for o in owners.values()}) >= 2, f"work did not spread: {owners}"
 

@@ -305,18 +305,6 @@ class DynamoStore:
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
         return found[:limit]
 
-    async def unindexed(self, timeout: float | None = None,
-                        page_size: int = 500) -> list[StreamRecord]:
-        """Items the orphan query cannot see: no ``lease_expires_at_ms`` (written by hand)
-        or a ``desired_state`` that is neither STARTED nor STOPPED. A paginated Scan."""
-        return await self._scan(
-            timeout, page_size,
-            FilterExpression="attribute_not_exists(#exp) OR NOT (#ds IN (:started, :stopped))",
-            ExpressionAttributeNames={"#exp": codec.LEASE_EXPIRES, "#ds": codec.DESIRED_STATE},
-            ExpressionAttributeValues={":started": codec.s("STARTED"),
-                                       ":stopped": codec.s("STOPPED")},
-        )
-
     async def list_streams(self, page_size: int = 500) -> list[StreamRecord]:
         records = await self._scan(None, page_size)
         return sorted(records, key=lambda r: r.stream_id)
