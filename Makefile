@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench lock clean
+.PHONY: run test lint typecheck pytest promtool bench lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -25,8 +25,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) promtool
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The alert rule tests need promtool, from Debian's prometheus package.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+		echo "installing promtool (Debian package prometheus)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 # Benchmarks: print figures, assert nothing.
 bench: $(STAMP)

@@ -14,6 +14,8 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -42,6 +44,9 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        if registry is None:
+            ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, fds
+            PlatformCollector(registry=r)  # python_info
         p = "streamlease_"
         self._leases_held = Gauge(p + "leases_held", "Leases this worker holds now", registry=r)
         self._acquired = Counter(p + "lease_acquired", "Leases acquired", registry=r)
