@@ -1,0 +1,66 @@
+"""Metrics: the contract's names, labelled counters at 0 from start-up, no id labels."""
+
+from __future__ import annotations
+
+from worker.core.lease import LOST_REASONS, RELEASE_REASONS
+from worker.metrics import RECONNECT_REASONS, RENEW_OUTCOMES, Metrics
+
+CONTRACT = {
+    "streamlease_leases_held": "gauge",
+    "streamlease_lease_acquired": "counter",
+    "streamlease_lease_lost": "counter",
+    "streamlease_lease_released": "counter",
+    "streamlease_heartbeat_seconds": "histogram",
+    "streamlease_reconcile_seconds": "histogram",
+    "streamlease_orphans_found": "counter",
+    "streamlease_messages_delivered": "counter",
+    "streamlease_stale_writes_rejected": "counter",
+    "streamlease_upstream_reconnects": "counter",
+    "streamlease_sequence_gaps": "counter",
+    "streamlease_malformed_frames": "counter",
+}
+
+
+def samples(m: Metrics) -> dict[str, float]:
+    out = {}
+    for family in m.registry.collect():
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_contract_metrics_exist_with_their_types() -> None:
+    families = {f.name: f.type for f in Metrics().registry.collect()}
+    for name, kind in CONTRACT.items():
+        assert families.get(name) == kind, name
+
+
+def test_labelled_counters_start_at_zero_for_every_known_value() -> None:
+    s = samples(Metrics())
+    for reason in LOST_REASONS:
+        assert s[f"streamlease_lease_lost_total{{reason={reason.value}}}"] == 0
+    for reason in RELEASE_REASONS:
+        assert s[f"streamlease_lease_released_total{{reason={reason.value}}}"] == 0
+    for reason in RECONNECT_REASONS:
+        assert s[f"streamlease_upstream_reconnects_total{{reason={reason}}}"] == 0
+    for outcome in RENEW_OUTCOMES:
+        assert s[f"streamlease_renewals_total{{outcome={outcome}}}"] == 0
+
+
+def test_no_label_names_a_stream_or_a_worker() -> None:
+    m = Metrics()
+    m.fleet_view({("STARTED", "live"): 3})
+    for family in m.registry.collect():
+        for sample in family.samples:
+            assert not {"stream", "stream_id", "worker", "owner"} & set(sample.labels)
+
+
+def test_fleet_view_sets_every_cell() -> None:
+    m = Metrics()
+    m.fleet_view({("STARTED", "live"): 3, ("STOPPED", "none"): 1})
+    s = samples(m)
+    assert s["streamlease_streams{desired_state=STARTED,lease=live}"] == 3
+    assert s["streamlease_streams{desired_state=invalid,lease=expired}"] == 0
+    m.fleet_view({})
+    assert samples(m)["streamlease_streams{desired_state=STARTED,lease=live}"] == 0
