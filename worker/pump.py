@@ -276,14 +276,19 @@ class Pump:
                     await self._control.wait()
 
     async def flush(self) -> None:
-        """Write everything buffered, in order, one transaction at a time."""
+        """Write what is buffered now, in order, one transaction per batch.
+
+        Frames that arrive while this runs wait for the next trigger (size, age, stop):
+        chasing them would turn one timed flush into a stream of tiny transactions."""
         async with self._flush_lock:
-            while self._buffer and not self._aborted:
+            pending = len(self._buffer)
+            while pending > 0 and self._buffer and not self._aborted:
                 # The reader keeps appending while this batch is written: remove exactly
                 # the frames written, never "the first N", or later arrivals are lost.
-                batch = self._buffer[:self.settings.batch_max_messages]
+                batch = self._buffer[:min(pending, self.settings.batch_max_messages)]
                 await self._write(batch)
                 del self._buffer[:len(batch)]
+                pending -= len(batch)
                 self._buffer_bytes -= sum(len(f.text) for f in batch)
                 self._oldest_at = self.clock.monotonic()
 

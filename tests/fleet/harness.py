@@ -22,7 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.procs import Proc, local_aws_env, python
 from worker.core.model import StreamRecord
 from worker.dev.upstream import frame_for
-from worker.store import codec
 from worker.store.dynamodb import DynamoStore
 
 FAST_ENV = {
@@ -178,7 +177,7 @@ class Fleet:
             assert len(seqs) >= last, f"{sid}: checkpoint {last} but only {len(seqs)} stored"
             for f in frames:
                 assert f.text == frame_for(sid, f.seq), f"{sid} seq {f.seq}: content differs"
-            fences = await self._event_fences(sid)
+            fences = await self.store.event_fences(sid)
             assert fences == sorted(fences), f"{sid}: an older fence wrote after a newer one"
             delivered[sid] = len(seqs)
         # What operators see: `ctl export` prints the same, one object a line, in order.
@@ -197,14 +196,6 @@ class Fleet:
         out, err = await proc.communicate()
         assert proc.returncode == 0, err.decode()
         return out.decode().splitlines()
-
-    async def _event_fences(self, sid: str) -> list[int]:
-        assert self.store is not None
-        resp = await self.store._client.query(
-            TableName=self.events_table, KeyConditionExpression="#pk = :pk",
-            ExpressionAttributeNames={"#pk": codec.EV_PK},
-            ExpressionAttributeValues={":pk": codec.key(sid)[codec.PK]}, ConsistentRead=True)
-        return [int(i[codec.EV_FENCE]["N"]) for i in resp["Items"]]
 
     async def close(self) -> None:
         for worker in self.workers.values():

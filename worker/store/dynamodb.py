@@ -433,6 +433,15 @@ class DynamoStore:
 
     async def read_events(self, stream_id: str) -> AsyncIterator[Frame]:
         """Delivered frames of one stream in seq order (paginated, consistent reads)."""
+        async for item in self._event_items(stream_id):
+            for frame in codec.decode_event_item(item):
+                yield frame
+
+    async def event_fences(self, stream_id: str) -> list[int]:
+        """The fence of each events item in seq order (for audits: never decreasing)."""
+        return [int(item[codec.EV_FENCE]["N"]) async for item in self._event_items(stream_id)]
+
+    async def _event_items(self, stream_id: str) -> AsyncIterator[dict[str, Any]]:
         kwargs: dict[str, Any] = {
             "TableName": self.events_table, "ConsistentRead": True,
             "KeyConditionExpression": "#pk = :pk",
@@ -442,8 +451,7 @@ class DynamoStore:
         while True:
             resp = await self._call("query", **kwargs)
             for item in resp.get("Items", []):
-                for frame in codec.decode_event_item(item):
-                    yield frame
+                yield item
             if "LastEvaluatedKey" not in resp:
                 return
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
