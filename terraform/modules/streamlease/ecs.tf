@@ -1,0 +1,223 @@
+# ECS on Fargate: cluster, log group, task definition, service.
+
+locals {
+  container_name = "worker"
+
+  # SIGTERM -> the worker drains for up to STREAMLEASE_SHUTDOWN_SECONDS, then exits; ECS
+  # sends SIGKILL stopTimeout seconds after SIGTERM. The margin covers what happens
+  # outside the drain budget: signal delivery through the init process, the last release
+  # calls finishing, the HTTP client closing and the interpreter exiting.
+  stop_timeout_margin_seconds = 10
+
+  # Every worker setting, as the environment the worker reads (worker/config.py SETTINGS).
+  # STREAMLEASE_WORKER_ID is left out on purpose: the worker then uses its ECS task id.
+  # A null value (safety margin not set) leaves the variable out, so the worker's own
+  # default (a tenth of the lease) applies.
+  worker_settings = {
+    STREAMLEASE_TABLE                 = aws_dynamodb_table.streams.name
+    STREAMLEASE_EVENTS_TABLE          = aws_dynamodb_table.events.name
+    STREAMLEASE_LEASE_SECONDS         = tostring(var.lease_seconds)
+    STREAMLEASE_HEARTBEAT_SECONDS     = tostring(var.heartbeat_seconds)
+    STREAMLEASE_RECONCILE_SECONDS     = tostring(var.reconcile_seconds)
+    STREAMLEASE_MAX_STREAMS           = tostring(var.max_streams)
+    STREAMLEASE_SHUTDOWN_SECONDS      = tostring(var.shutdown_seconds)
+    STREAMLEASE_METRICS_PORT          = tostring(var.metrics_port)
+    STREAMLEASE_ALLOWED_URLS          = join(",", var.allowed_urls)
+    STREAMLEASE_LOG_FORMAT            = var.log_format
+    STREAMLEASE_SKEW_MARGIN_SECONDS   = tostring(var.skew_margin_seconds)
+    STREAMLEASE_SAFETY_MARGIN_SECONDS = var.safety_margin_seconds == null ? null : tostring(var.safety_margin_seconds)
+    STREAMLEASE_SWEEP_SECONDS         = tostring(var.sweep_seconds)
+    STREAMLEASE_ACQUIRE_PER_CYCLE     = tostring(var.acquire_per_cycle)
+    STREAMLEASE_BATCH_MAX_MESSAGES    = tostring(var.batch_max_messages)
+    STREAMLEASE_BATCH_MAX_SECONDS     = tostring(var.batch_max_seconds)
+    STREAMLEASE_MAX_FRAME_BYTES       = tostring(var.max_frame_bytes)
+    STREAMLEASE_LOG_LEVEL             = var.log_level
+    AWS_REGION                        = data.aws_region.current.name
+  }
+  container_environment = [for k, v in local.worker_settings : { name = k, value = v } if v != null]
+}
+
+resource "aws_cloudwatch_log_group" "worker" {
+  name              = "/ecs/${var.name}"
+  retention_in_days = var.log_retention_days
+  kms_key_id        = var.log_kms_key_arn
+  tags              = var.tags
+}
+
+resource "aws_ecs_cluster" "this" {
+  name = var.name
+
+  setting {
+    name  = "containerInsights"
+    value = var.container_insights
+  }
+
+  tags = var.tags
+}
+
+resource "aws_ecs_cluster_capacity_providers" "this" {
+  cluster_name       = aws_ecs_cluster.this.name
+  capacity_providers = ["FARGATE", "FARGATE_SPOT"]
+
+  default_capacity_provider_strategy {
+    capacity_provider = "FARGATE"
+    weight            = 1
+    base              = 0
+  }
+}
+
+resource "aws_ecs_task_definition" "worker" {
+  family                   = var.name
+  requires_compatibilities = ["FARGATE"]
+  network_mode             = "awsvpc"
+  cpu                      = var.cpu
+  memory                   = var.memory
+  task_role_arn            = aws_iam_role.task.arn
+  execution_role_arn       = aws_iam_role.execution.arn
+
+  runtime_platform {
+    operating_system_family = "LINUX"
+    cpu_architecture        = var.cpu_architecture
+  }
+
+  # Scratch space on a read-only root filesystem: a task-local volume (Fargate ephemeral
+  # storage, no host path). The worker itself writes nothing to disk.
+  volume {
+    name = "tmp"
+  }
+
+  container_definitions = jsonencode([{
+    name      = local.container_name
+    image     = var.image
+    essential = true
+    command   = ["run"]
+
+    # The image's user is non-root (Dockerfile); nothing needs to write outside /tmp.
+    readonlyRootFilesystem = true
+    stopTimeout            = var.stop_timeout_seconds
+
+    linuxParameters = {
+      # An init process as PID 1 forwards SIGTERM to the worker and reaps children
+      # (the image's tini then runs beneath it as a subreaper).
+      initProcessEnabled = true
+      capabilities       = { add = [], drop = ["ALL"] }
+    }
+
+    portMappings = [{
+      name          = "metrics"
+      containerPort = var.metrics_port
+      protocol      = "tcp"
+    }]
+
+    environment = local.container_environment
+
+    mountPoints = [{
+      sourceVolume  = "tmp"
+      containerPath = "/tmp"
+      readOnly      = false
+    }]
+
+    # Liveness only: /healthz fails once a held stream went unrenewed for longer than the
+    # lease. Readiness (/readyz) is not a reason to restart a draining worker.
+    healthCheck = {
+      command     = ["CMD", "streamlease", "healthcheck", "--timeout", "3"]
+      interval    = 15
+      timeout     = 5
+      retries     = 3
+      startPeriod = 30
+    }
+
+    # JSON log lines (STREAMLEASE_LOG_FORMAT=json) to CloudWatch. non-blocking: a slow
+    # log endpoint must not stall the event loop that renews leases; the buffer drops
+    # lines rather than leases when it is full.
+    logConfiguration = {
+      logDriver = "awslogs"
+      options = {
+        "awslogs-group"         = aws_cloudwatch_log_group.worker.name
+        "awslogs-region"        = data.aws_region.current.name
+        "awslogs-stream-prefix" = local.container_name
+        "mode"                  = "non-blocking"
+        "max-buffer-size"       = "25m"
+      }
+    }
+  }])
+
+  tags = var.tags
+
+  lifecycle {
+    # Rules between settings, as worker/config.py checks them at start-up (a task that
+    # breaks one would exit 2 and crash-loop); the messages name the variable as the
+    # worker does.
+    precondition {
+      condition     = var.heartbeat_seconds < var.lease_seconds / 3
+      error_message = "STREAMLEASE_HEARTBEAT_SECONDS: heartbeat_seconds must be under a third of lease_seconds."
+    }
+    precondition {
+      condition     = var.skew_margin_seconds < var.lease_seconds
+      error_message = "STREAMLEASE_SKEW_MARGIN_SECONDS: skew_margin_seconds must be smaller than lease_seconds."
+    }
+    precondition {
+      condition     = coalesce(var.safety_margin_seconds, var.lease_seconds / 10) < var.lease_seconds / 3
+      error_message = "STREAMLEASE_SAFETY_MARGIN_SECONDS: safety_margin_seconds must be under a third of lease_seconds."
+    }
+    precondition {
+      condition     = 1.2 * (var.sweep_seconds + var.reconcile_seconds) < 60
+      error_message = "STREAMLEASE_SWEEP_SECONDS: 1.2 x (sweep_seconds + reconcile_seconds) must stay under 60, so hand-written items start within a minute."
+    }
+    # Deployment rules.
+    precondition {
+      condition     = var.stop_timeout_seconds >= var.shutdown_seconds + local.stop_timeout_margin_seconds
+      error_message = "stop_timeout_seconds must exceed shutdown_seconds by at least 10 s, or ECS kills the worker before it has released its leases (and Fargate allows at most 120: lower shutdown_seconds if needed)."
+    }
+    precondition {
+      condition     = var.metrics_port >= 1024
+      error_message = "metrics_port: the ECS health check needs /healthz, so 0 (off) is not allowed here, and a non-root container cannot listen below 1024."
+    }
+  }
+}
+
+resource "aws_ecs_service" "worker" {
+  name             = var.name
+  cluster          = aws_ecs_cluster.this.id
+  task_definition  = aws_ecs_task_definition.worker.arn
+  desired_count    = var.desired_count
+  platform_version = var.platform_version
+
+  # New tasks start before old ones stop; the old ones release their leases on SIGTERM
+  # and the new ones pick the streams up at their next reconcile.
+  deployment_minimum_healthy_percent = 100
+  deployment_maximum_percent         = 200
+
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
+
+  dynamic "capacity_provider_strategy" {
+    for_each = var.capacity_provider_strategy
+    content {
+      capacity_provider = capacity_provider_strategy.value.capacity_provider
+      weight            = capacity_provider_strategy.value.weight
+      base              = capacity_provider_strategy.value.base
+    }
+  }
+
+  network_configuration {
+    subnets          = var.subnet_ids
+    security_groups  = [aws_security_group.worker.id]
+    assign_public_ip = false
+  }
+
+  enable_execute_command  = false
+  enable_ecs_managed_tags = true
+  propagate_tags          = "SERVICE"
+  tags                    = var.tags
+
+  # The strategy needs the capacity providers on the cluster; the first tasks need
+  # their permissions.
+  depends_on = [
+    aws_ecs_cluster_capacity_providers.this,
+    aws_iam_role_policy.task,
+    aws_iam_role_policy.execution,
+  ]
+}

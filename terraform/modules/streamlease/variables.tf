@@ -1,0 +1,480 @@
+# Inputs of the streamlease module.
+#
+# Worker settings (the STREAMLEASE_* section below) carry the defaults of
+# worker/config.py and the same per-setting validation; the rules that relate two
+# settings (heartbeat under a third of the lease, ...) are preconditions on the task
+# definition in ecs.tf, because a variable validation may only reference other
+# variables from terraform 1.9 on. tests/infra/test_terraform.py checks both against
+# WorkerConfig.from_env.
+
+# --- naming and placement --------------------------------------------------------------
+
+variable "name" {
+  description = "Name and prefix of every resource (cluster, service, roles, log group, security group)."
+  type        = string
+  default     = "streamlease"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,31}$", var.name))
+    error_message = "name: 1-32 characters of lower-case letters, digits and '-', starting with a letter."
+  }
+}
+
+variable "tags" {
+  description = "Tags added to every resource that takes tags."
+  type        = map(string)
+  default     = {}
+}
+
+variable "image" {
+  description = "Worker image, pinned: `repo:tag` (not `latest`) or `repo@sha256:digest`."
+  type        = string
+
+  validation {
+    condition = (
+      can(regex("^[^\\s]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[a-f0-9]{64})$", var.image))
+      && !endswith(var.image, ":latest")
+    )
+    error_message = "image: give an explicit tag other than `latest`, or a sha256 digest."
+  }
+}
+
+variable "ecr_repository_arn" {
+  description = "ARN of the ECR repository the image is pulled from. null: derived from `image` when it is an ECR image (ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO), else no ECR permissions."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.ecr_repository_arn == null ? true : can(regex("^arn:aws[a-z-]*:ecr:[a-z0-9-]+:[0-9]{12}:repository/.+$", var.ecr_repository_arn))
+    error_message = "ecr_repository_arn: an ECR repository ARN (arn:aws:ecr:REGION:ACCOUNT:repository/NAME) or null."
+  }
+}
+
+variable "vpc_id" {
+  description = "VPC of the worker tasks."
+  type        = string
+
+  validation {
+    condition     = can(regex("^vpc-[0-9a-f]+$", var.vpc_id))
+    error_message = "vpc_id: a VPC id (vpc-...)."
+  }
+}
+
+variable "subnet_ids" {
+  description = "Private subnets of the worker tasks (no public IP is assigned: they need a NAT gateway or VPC endpoints to reach AWS APIs and the upstreams)."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.subnet_ids) > 0 && alltrue([for s in var.subnet_ids : can(regex("^subnet-[0-9a-f]+$", s))])
+    error_message = "subnet_ids: at least one subnet id (subnet-...)."
+  }
+}
+
+# --- network access ---------------------------------------------------------------------
+
+variable "scraper_security_group_id" {
+  description = "Security group of the Prometheus scraper (or ADOT collector) allowed to reach the metrics port; null: nobody."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.scraper_security_group_id == null ? true : can(regex("^sg-[0-9a-f]+$", var.scraper_security_group_id))
+    error_message = "scraper_security_group_id: a security group id (sg-...) or null."
+  }
+}
+
+variable "aws_api_egress_cidr_blocks" {
+  description = "IPv4 CIDRs the tasks may reach on 443 for AWS APIs: DynamoDB, and on Fargate the image pull (ECR, S3) and CloudWatch Logs. Narrow it to your interface endpoints' subnets when you have them."
+  type        = list(string)
+  default     = ["0.0.0.0/0"]
+
+  validation {
+    condition     = alltrue([for c in var.aws_api_egress_cidr_blocks : can(cidrnetmask(c))])
+    error_message = "aws_api_egress_cidr_blocks: IPv4 CIDR blocks."
+  }
+}
+
+variable "dynamodb_prefix_list_id" {
+  description = "Prefix list of a DynamoDB gateway VPC endpoint (pl-...); when set, the tasks may also reach it on 443."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.dynamodb_prefix_list_id == null ? true : can(regex("^pl-[0-9a-f]+$", var.dynamodb_prefix_list_id))
+    error_message = "dynamodb_prefix_list_id: a prefix list id (pl-...) or null."
+  }
+}
+
+variable "upstream_egress" {
+  description = "Where the upstream WebSocket servers are: IPv4 CIDRs and a port range each. The default, 443 anywhere, suits public wss:// upstreams; STREAMLEASE_ALLOWED_URLS is the URL-level allow-list."
+  type = list(object({
+    description = string
+    cidr_blocks = list(string)
+    from_port   = number
+    to_port     = number
+  }))
+  default = [{
+    description = "WebSocket upstreams over TLS (wss)"
+    cidr_blocks = ["0.0.0.0/0"]
+    from_port   = 443
+    to_port     = 443
+  }]
+
+  validation {
+    condition = alltrue([
+      for r in var.upstream_egress :
+      length(r.cidr_blocks) > 0
+      && alltrue([for c in r.cidr_blocks : can(cidrnetmask(c))])
+      && r.from_port >= 1 && r.to_port <= 65535 && r.from_port <= r.to_port
+      && can(regex("^[A-Za-z0-9 ._:/()#,@+=&;{}!$*-]{1,200}$", r.description))
+    ])
+    error_message = "upstream_egress: each rule needs IPv4 CIDRs, 1 <= from_port <= to_port <= 65535 and a description of up to 200 characters allowed in security group rules."
+  }
+}
+
+# --- ECS ---------------------------------------------------------------------------------
+
+variable "desired_count" {
+  description = "Worker tasks. Each holds at most max_streams streams; run enough that the fleet keeps every stream when one task is lost."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = floor(var.desired_count) == var.desired_count && var.desired_count >= 0 && var.desired_count <= 1000
+    error_message = "desired_count: a whole number from 0 to 1000."
+  }
+}
+
+variable "cpu" {
+  description = "Task CPU units (Fargate sizes)."
+  type        = number
+  default     = 512
+
+  validation {
+    condition     = contains([256, 512, 1024, 2048, 4096, 8192, 16384], var.cpu)
+    error_message = "cpu: one of 256, 512, 1024, 2048, 4096, 8192, 16384."
+  }
+}
+
+variable "memory" {
+  description = "Task memory in MiB; must be a size Fargate allows for the chosen cpu."
+  type        = number
+  default     = 1024
+
+  validation {
+    condition     = floor(var.memory) == var.memory && var.memory >= 512 && var.memory <= 122880
+    error_message = "memory: whole MiB from 512 to 122880."
+  }
+}
+
+variable "cpu_architecture" {
+  description = "X86_64 or ARM64 (Graviton); the image must be built for it."
+  type        = string
+  default     = "X86_64"
+
+  validation {
+    condition     = contains(["X86_64", "ARM64"], var.cpu_architecture)
+    error_message = "cpu_architecture: X86_64 or ARM64."
+  }
+}
+
+variable "capacity_provider_strategy" {
+  description = "How tasks are spread over FARGATE and FARGATE_SPOT. Spot tasks get SIGTERM two minutes before reclaim, and release their leases like on a deploy."
+  type = list(object({
+    capacity_provider = string
+    weight            = number
+    base              = optional(number, 0)
+  }))
+  default = [{ capacity_provider = "FARGATE", weight = 1, base = 0 }]
+
+  validation {
+    condition = (
+      length(var.capacity_provider_strategy) > 0
+      && alltrue([for s in var.capacity_provider_strategy : contains(["FARGATE", "FARGATE_SPOT"], s.capacity_provider) && s.weight >= 0 && s.base >= 0])
+      && length(distinct([for s in var.capacity_provider_strategy : s.capacity_provider])) == length(var.capacity_provider_strategy)
+      && anytrue([for s in var.capacity_provider_strategy : s.weight > 0])
+      && length([for s in var.capacity_provider_strategy : s if s.base > 0]) <= 1
+    )
+    error_message = "capacity_provider_strategy: FARGATE and/or FARGATE_SPOT, each at most once, weights >= 0 with at least one above 0, and a base on one provider at most."
+  }
+}
+
+variable "platform_version" {
+  description = "Fargate platform version."
+  type        = string
+  default     = "LATEST"
+
+  validation {
+    condition     = can(regex("^(LATEST|1\\.4\\.0)$", var.platform_version))
+    error_message = "platform_version: LATEST or 1.4.0 (older versions lack what the task definition uses)."
+  }
+}
+
+variable "container_insights" {
+  description = "CloudWatch Container Insights on the cluster: enabled or disabled."
+  type        = string
+  default     = "enabled"
+
+  validation {
+    condition     = contains(["enabled", "disabled"], var.container_insights)
+    error_message = "container_insights: enabled or disabled."
+  }
+}
+
+variable "stop_timeout_seconds" {
+  description = "ECS stopTimeout: seconds between SIGTERM and SIGKILL. Must exceed shutdown_seconds by at least 10 s (see ecs.tf); Fargate allows at most 120."
+  type        = number
+  default     = 40
+
+  validation {
+    condition     = floor(var.stop_timeout_seconds) == var.stop_timeout_seconds && var.stop_timeout_seconds >= 2 && var.stop_timeout_seconds <= 120
+    error_message = "stop_timeout_seconds: a whole number from 2 to 120 (the Fargate maximum)."
+  }
+}
+
+variable "log_retention_days" {
+  description = "Retention of the worker's CloudWatch log group, in days."
+  type        = number
+  default     = 365
+
+  validation {
+    condition     = contains([1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.log_retention_days)
+    error_message = "log_retention_days: one of the values CloudWatch Logs accepts (1, 3, 5, 7, 14, 30, 60, 90, ... 365, ... 3653)."
+  }
+}
+
+variable "log_kms_key_arn" {
+  description = "Customer managed KMS key for the log group; null: CloudWatch Logs' own encryption. The key policy must allow logs.REGION.amazonaws.com."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.log_kms_key_arn == null ? true : can(regex("^arn:aws[a-z-]*:kms:", var.log_kms_key_arn))
+    error_message = "log_kms_key_arn: a KMS key ARN or null."
+  }
+}
+
+# --- DynamoDB ----------------------------------------------------------------------------
+
+variable "dynamodb_kms_key_arn" {
+  description = "Customer managed KMS key for both tables; null: the AWS managed key (aws/dynamodb). The key policy must allow use through DynamoDB (kms:ViaService) by the task role and operators."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.dynamodb_kms_key_arn == null ? true : can(regex("^arn:aws[a-z-]*:kms:", var.dynamodb_kms_key_arn))
+    error_message = "dynamodb_kms_key_arn: a KMS key ARN or null."
+  }
+}
+
+variable "deletion_protection" {
+  description = "DynamoDB deletion protection on both tables."
+  type        = bool
+  default     = true
+}
+
+# --- worker settings (STREAMLEASE_*; defaults and rules of worker/config.py) --------------
+# STREAMLEASE_WORKER_ID is deliberately not an input: left unset, each task uses its ECS
+# task id, so no two tasks can share an identity (two holders under one id would renew
+# each other's leases).
+
+variable "table_name" {
+  description = "STREAMLEASE_TABLE: the streams table."
+  type        = string
+  default     = "streamlease-streams"
+
+  validation {
+    condition     = can(regex("^[a-zA-Z0-9_.-]{3,255}$", var.table_name))
+    error_message = "table_name: 3-255 characters of letters, digits, '_', '-' and '.'."
+  }
+}
+
+variable "events_table_name" {
+  description = "STREAMLEASE_EVENTS_TABLE: the sink table."
+  type        = string
+  default     = "streamlease-events"
+
+  validation {
+    condition     = can(regex("^[a-zA-Z0-9_.-]{3,255}$", var.events_table_name))
+    error_message = "events_table_name: 3-255 characters of letters, digits, '_', '-' and '.'."
+  }
+}
+
+variable "lease_seconds" {
+  description = "STREAMLEASE_LEASE_SECONDS: lease time to live."
+  type        = number
+  default     = 20
+
+  validation {
+    condition     = var.lease_seconds > 0
+    error_message = "lease_seconds: must be a positive number of seconds."
+  }
+}
+
+variable "heartbeat_seconds" {
+  description = "STREAMLEASE_HEARTBEAT_SECONDS: renewal interval; must be under a third of the lease."
+  type        = number
+  default     = 5
+
+  validation {
+    condition     = var.heartbeat_seconds > 0
+    error_message = "heartbeat_seconds: must be a positive number of seconds."
+  }
+}
+
+variable "reconcile_seconds" {
+  description = "STREAMLEASE_RECONCILE_SECONDS: orphan query interval, jittered +/-20 %."
+  type        = number
+  default     = 5
+
+  validation {
+    condition     = var.reconcile_seconds > 0
+    error_message = "reconcile_seconds: must be a positive number of seconds."
+  }
+}
+
+variable "max_streams" {
+  description = "STREAMLEASE_MAX_STREAMS: streams one worker holds at most."
+  type        = number
+  default     = 100
+
+  validation {
+    condition     = floor(var.max_streams) == var.max_streams && var.max_streams >= 1 && var.max_streams <= 100000
+    error_message = "max_streams: a whole number from 1 to 100000."
+  }
+}
+
+variable "shutdown_seconds" {
+  description = "STREAMLEASE_SHUTDOWN_SECONDS: budget for flush and release on SIGTERM."
+  type        = number
+  default     = 25
+
+  validation {
+    condition     = var.shutdown_seconds > 0
+    error_message = "shutdown_seconds: must be a positive number of seconds."
+  }
+}
+
+variable "metrics_port" {
+  description = "STREAMLEASE_METRICS_PORT: /metrics, /healthz and /readyz. The worker accepts 0 (off), but on ECS the liveness health check needs it, so the task definition requires 1024-65535."
+  type        = number
+  default     = 9108
+
+  validation {
+    condition     = floor(var.metrics_port) == var.metrics_port && var.metrics_port >= 0 && var.metrics_port <= 65535
+    error_message = "metrics_port: a whole number from 0 to 65535."
+  }
+}
+
+variable "allowed_urls" {
+  description = "STREAMLEASE_ALLOWED_URLS: URL prefixes (plain string prefixes) a worker may dial; joined with commas."
+  type        = list(string)
+  default     = ["wss://"]
+
+  validation {
+    condition = length(var.allowed_urls) > 0 && alltrue([
+      for p in var.allowed_urls :
+      (startswith(p, "ws://") || startswith(p, "wss://")) && !strcontains(p, ",") && trimspace(p) == p
+    ])
+    error_message = "allowed_urls: at least one prefix; each starts with ws:// or wss:// and has no comma or surrounding spaces."
+  }
+}
+
+variable "log_format" {
+  description = "STREAMLEASE_LOG_FORMAT: json (one object a line, what CloudWatch Logs Insights reads) or text."
+  type        = string
+  default     = "json"
+
+  validation {
+    condition     = contains(["json", "text"], lower(var.log_format))
+    error_message = "log_format: json or text."
+  }
+}
+
+variable "skew_margin_seconds" {
+  description = "STREAMLEASE_SKEW_MARGIN_SECONDS: clock skew tolerated between workers; must be under the lease."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.skew_margin_seconds > 0
+    error_message = "skew_margin_seconds: must be a positive number of seconds."
+  }
+}
+
+variable "safety_margin_seconds" {
+  description = "STREAMLEASE_SAFETY_MARGIN_SECONDS: a holder stops writing this long before its lease could expire; null: a tenth of the lease. Under a third of the lease."
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.safety_margin_seconds == null ? true : var.safety_margin_seconds > 0
+    error_message = "safety_margin_seconds: must be a positive number of seconds, or null."
+  }
+}
+
+variable "sweep_seconds" {
+  description = "STREAMLEASE_SWEEP_SECONDS: interval of the Scan for hand-written items; 1.2 x (sweep + reconcile) must stay under 60."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.sweep_seconds > 0
+    error_message = "sweep_seconds: must be a positive number of seconds."
+  }
+}
+
+variable "acquire_per_cycle" {
+  description = "STREAMLEASE_ACQUIRE_PER_CYCLE: acquisitions one reconcile cycle tries at most."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = floor(var.acquire_per_cycle) == var.acquire_per_cycle && var.acquire_per_cycle >= 1 && var.acquire_per_cycle <= 10000
+    error_message = "acquire_per_cycle: a whole number from 1 to 10000."
+  }
+}
+
+variable "batch_max_messages" {
+  description = "STREAMLEASE_BATCH_MAX_MESSAGES: messages in one sink transaction at most."
+  type        = number
+  default     = 200
+
+  validation {
+    condition     = floor(var.batch_max_messages) == var.batch_max_messages && var.batch_max_messages >= 1 && var.batch_max_messages <= 1000
+    error_message = "batch_max_messages: a whole number from 1 to 1000."
+  }
+}
+
+variable "batch_max_seconds" {
+  description = "STREAMLEASE_BATCH_MAX_SECONDS: longest a received message waits before a flush."
+  type        = number
+  default     = 0.2
+
+  validation {
+    condition     = var.batch_max_seconds > 0
+    error_message = "batch_max_seconds: must be a positive number of seconds."
+  }
+}
+
+variable "max_frame_bytes" {
+  description = "STREAMLEASE_MAX_FRAME_BYTES: largest upstream frame accepted."
+  type        = number
+  default     = 262144
+
+  validation {
+    condition     = floor(var.max_frame_bytes) == var.max_frame_bytes && var.max_frame_bytes >= 1024 && var.max_frame_bytes <= 300000
+    error_message = "max_frame_bytes: a whole number from 1024 to 300000."
+  }
+}
+
+variable "log_level" {
+  description = "STREAMLEASE_LOG_LEVEL: DEBUG, INFO, WARNING or ERROR."
+  type        = string
+  default     = "INFO"
+
+  validation {
+    condition     = contains(["DEBUG", "INFO", "WARNING", "ERROR"], upper(var.log_level))
+    error_message = "log_level: DEBUG, INFO, WARNING or ERROR."
+  }
+}
