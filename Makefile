@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# checkov pins boto3 and ships its own hcl2 module: it gets an environment of its own
+# (.gitignore'd).
+CHECKOV_VENV  := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: run test lint typecheck pytest promtool bench lock clean
+.PHONY: run test lint typecheck pytest promtool bench loadtest lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -13,6 +17,12 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# The checkov environment for tests/infra, exactly as requirements-checkov.lock says.
+$(CHECKOV_STAMP): requirements-checkov.lock
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements-checkov.lock
+	touch $(CHECKOV_STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m worker.dev.demo $(ARGS)
@@ -25,7 +35,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) promtool
+pytest: $(STAMP) $(CHECKOV_STAMP) promtool
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The alert rule tests need promtool, from Debian's prometheus package.
@@ -35,16 +45,18 @@ promtool:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-# Benchmarks: print figures, assert nothing.
+# Benchmarks: print figures; only the load test's correctness figures can fail it.
 bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_store
-	$(BIN)/python -m loadtest.bench_worker
+
+loadtest: $(STAMP)
+	$(BIN)/python -m loadtest.chaos $(ARGS)
 
 # Re-resolve the lock after changing dependencies in pyproject.toml.
 lock: $(STAMP)
 	$(BIN)/python -m pip install --quiet pip-tools
-	$(BIN)/pip-compile --quiet --extra test --generate-hashes --allow-unsafe --strip-extras \
+	$(BIN)/pip-compile --quiet --extra test --extra loadtest --generate-hashes --allow-unsafe --strip-extras \
 		--output-file requirements.lock pyproject.toml build-requirements.in
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache

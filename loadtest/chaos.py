@@ -58,6 +58,7 @@ class WorkerProc:
     popen: subprocess.Popen[bytes]
     port: int
     metrics: dict[str, float] = field(default_factory=dict)  # last scrape
+    paused: bool = False  # SIGSTOPped: its HTTP endpoint cannot answer
 
     def scrape(self) -> None:
         try:
@@ -178,8 +179,10 @@ class Run:
                         continue
                     if (r.last_seq or 0) > fault.before[sid] and r.lease_owner != fault.worker:
                         fault.recovered[sid] = t - fault.at
-            for w in self.workers.values():
-                w.scrape()
+            # Scrape off the loop, and never a stopped worker: a blocked scrape would stall
+            # the sampler and distort every time it measures.
+            live = [w for w in self.workers.values() if not w.paused]
+            await asyncio.gather(*(asyncio.to_thread(w.scrape) for w in live))
             await asyncio.sleep(0.25)
 
     def held_by(self, name: str) -> tuple[list[str], dict[str, int]]:
@@ -211,9 +214,11 @@ class Run:
             victim = self.rng.choice(sorted(self.workers))
             worker = self.workers[victim]
             self.fault("pause", victim)
+            worker.paused = True
             worker.popen.send_signal(signal.SIGSTOP)
             await asyncio.sleep(p["lease"] + p["skew"] + p["reconcile"] * 2 + 1)
             worker.popen.send_signal(signal.SIGCONT)
+            worker.paused = False
             await asyncio.sleep(gap)
 
             for sid in self.rng.sample(sorted(self.records), k=min(4, len(self.records))):
