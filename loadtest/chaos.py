@@ -351,6 +351,9 @@ class Run:
             "failover": failover,
             "failover_targets_s": bound,
             "requests_per_stream_minute": {k: round(v, 2) for k, v in per_min.items()},
+            # 1.0 is one renew per held stream per heartbeat interval; above it, retries.
+            "renewals_per_heartbeat_interval": round(per_min["heartbeat"] * p["heartbeat"] / 60,
+                                                     3),
             "dynamodb_requests_per_s": round(ddb_rate, 1),
             "store_was_bottleneck": self.store_limited,
             "cost_per_1000_streams_month_usd": cost,

@@ -71,6 +71,9 @@ def markdown(r: dict[str, Any]) -> str:
         "|" + "---|" * len(rpm),
         "| " + " | ".join(f"{v:.2f}" for v in rpm.values()) + " |",
         "",
+        f"Renewals per stream per heartbeat interval: {r['renewals_per_heartbeat_interval']} "
+        "(1.0 is exactly one; more would be retry storms).",
+        "",
         f"Implied on-demand cost per 1,000 streams per month, at this run's settings: "
         f"**${cost['total']:,.2f}** (lease upkeep ${cost['lease_overhead']:,.2f}, sink "
         f"${cost['sink']:,.2f}). At the default settings (5 s heartbeat, 0.2 s batches): "

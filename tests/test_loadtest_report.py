@@ -29,6 +29,7 @@ def sample_result() -> dict[str, object]:
         "msgs_per_s_during_chaos": 40.0, "failover": failover,
         "failover_targets_s": {"kill9": 3.9, "sigterm": 1.6},
         "requests_per_stream_minute": per_min, "dynamodb_requests_per_s": 50.0,
+        "renewals_per_heartbeat_interval": 1.0,
         "store_was_bottleneck": False,
         "cost_per_1000_streams_month_usd": _cost(per_min, profile, batch_s=0.5),
         "cost_at_defaults_usd": _cost(per_min, profile, batch_s=0.2),

@@ -221,7 +221,7 @@ async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
     async with _store(tables) as store:
         for stream_id, url in plans:
             before = await store.get(stream_id)
-            record = await store.put_started(stream_id, url)
+            await store.put_started(stream_id, url)
             change = "created" if before is None else (
                 "unchanged" if before.started and before.ws_url == url else "updated")
             print(f"{stream_id}: STARTED ({change}) url={redact(url)}")
@@ -229,7 +229,6 @@ async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
                 print(f"{stream_id}: warning: url is outside STREAMLEASE_ALLOWED_URLS in this "
                       "environment; workers with the same setting will not serve it",
                       file=sys.stderr)
-            del record
     return EXIT_OK
 
 

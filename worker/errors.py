@@ -62,6 +62,3 @@ class SinkConflict(StoreError):
     Only possible if something outside the fencing protocol edited ``last_seq``.
     """
 
-
-class BadStreamItem(StreamleaseError):
-    """A streams-table item cannot be served as written (bad state or URL)."""

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -335,5 +335,3 @@ def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:300]
 
-
-SleepFn = Callable[[float], Awaitable[None]]

@@ -36,7 +36,6 @@ EV_AT = "at_ms"  # N: wall time of the write
 
 # DynamoDB limits that shape batches: 400 KB an item, 100 actions and 4 MB a transaction.
 ITEM_TEXT_BUDGET = 350_000
-TRANSACTION_BYTES_BUDGET = 3_500_000
 MAX_TRANSACT_ACTIONS = 100
 MAX_LAST_ERROR_CHARS = 1000
 
