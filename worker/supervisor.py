@@ -5,7 +5,7 @@ The supervisor feeds renew results to ``Holding`` (pure) and applies its decisio
 * lost (condition failed) or past the local deadline -> cancel the pump at once; no
   flush, no further write under this tenure;
 * ``STOPPED``, shutdown, an item that can no longer be served -> stop reading, flush,
-  release (the release runs in ``finally``, shielded, under its own timeout);
+  release (shielded, under its own timeout; if it fails the lease simply expires);
 * a changed ``ws_url`` -> reconnect.
 
 A supervisor never lets an exception escape: one stream's failure never takes down
