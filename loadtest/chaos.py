@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.common import LOCAL_AWS, Server
+from loadtest.common import Server
 from loadtest.report import write_reports
 from loadtest.throughput import measure_throughput
+from worker.dev import local_aws_env
 from worker.dev.upstream import frame_for
 from worker.store.dynamodb import DynamoStore
 
@@ -120,9 +121,9 @@ class Run:
         if self.args.dynamodb == "embedded":
             ddb = Server("dynamodb", "--port", "0")
             self.servers.append(ddb)
-            self.env.update(LOCAL_AWS)
-            self.env["AWS_ENDPOINT_URL_DYNAMODB"] = ddb.url
-            os.environ.update({k: self.env[k] for k in (*LOCAL_AWS, "AWS_ENDPOINT_URL_DYNAMODB")})
+            local = local_aws_env(ddb.url)
+            self.env.update(local)
+            os.environ.update(local)  # for this process's own DynamoStore
         up = Server("upstream", "--port", "0", "--streams", str(self.profile["streams"]),
                     "--rate", str(self.profile["rate"]))
         self.servers.append(up)

@@ -11,7 +11,8 @@ import pytest
 import uvloop
 
 from tests.fleet.harness import Fleet
-from tests.procs import Proc, local_aws_env, python
+from tests.procs import Proc, python
+from worker.dev import local_aws_env
 from worker.store.dynamodb import DynamoStore
 
 

@@ -14,20 +14,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def local_aws_env(endpoint: str | None = None) -> dict[str, str]:
-    """AWS settings for a local endpoint: a region and dummy credentials, no real account."""
-    env = {
-        "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    if endpoint:
-        env["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
-    return env
-
-
 class Proc:
     """A child process whose stdout/stderr are collected by a reader thread."""
 

@@ -16,7 +16,8 @@ import pytest
 
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import HoldingProxy, wait_until
-from tests.procs import ROOT, local_aws_env
+from tests.procs import ROOT
+from worker.dev import local_aws_env
 
 
 def run_once(env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
-from worker.config import DEFAULT_EVENTS_TABLE, DEFAULT_TABLE, table_name_problem
+from worker.config import WorkerConfig, allowed_prefixes, table_names
 from worker.core.frames import export_line
 from worker.core.model import StreamRecord
 from worker.core.urls import redact, url_problem
@@ -142,7 +142,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_worker()
     if args.command == "healthcheck":
         return _healthcheck(args.timeout)
-    tables = _tables_from_env()
+    tables = table_names()
     if args.command == "table":
         return _run(_table_create(*tables))
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
@@ -154,15 +154,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _healthcheck(timeout: float) -> int:
     """Liveness only: GET /healthz on this host's metrics port."""
-    import os
     import urllib.error
     import urllib.request
 
-    raw = os.environ.get("STREAMLEASE_METRICS_PORT", "").strip() or "9108"
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ConfigError([f"STREAMLEASE_METRICS_PORT: the health endpoint needs a port, "
-                           f"got {raw!r}"])
-    url = f"http://127.0.0.1:{int(raw)}/healthz"
+    port = WorkerConfig.from_env().metrics_port  # the worker's own settings, validated alike
+    if port == 0:
+        raise ConfigError(["STREAMLEASE_METRICS_PORT: is 0, so the health endpoint is off"])
+    url = f"http://127.0.0.1:{port}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             print(resp.read().decode().strip())
@@ -171,23 +169,6 @@ def _healthcheck(timeout: float) -> int:
         return _fail(EXIT_FAILED, f"unhealthy: {exc.read().decode().strip()}")
     except OSError as exc:
         return _fail(EXIT_FAILED, f"unhealthy: cannot reach {url}: {exc}")
-
-
-def _tables_from_env() -> tuple[str, str]:
-    import os
-
-    problems = []
-    names = []
-    for var, default in (("STREAMLEASE_TABLE", DEFAULT_TABLE),
-                         ("STREAMLEASE_EVENTS_TABLE", DEFAULT_EVENTS_TABLE)):
-        name = os.environ.get(var, "").strip() or default
-        problem = table_name_problem(name)
-        if problem:
-            problems.append(f"{var}: {problem}")
-        names.append(name)
-    if problems:
-        raise ConfigError(problems)
-    return names[0], names[1]
 
 
 def _run(coro: Awaitable[int]) -> int:
@@ -217,7 +198,7 @@ async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
         if problem:
             raise UsageError(f"streamlease ctl start: --url: {problem}")
         plans.append((stream_id, url))
-    allowed = _allowed_from_env()
+    allowed = allowed_prefixes()
     async with _store(tables) as store:
         for stream_id, url in plans:
             before = await store.get(stream_id)
@@ -230,12 +211,6 @@ async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
                       "environment; workers with the same setting will not serve it",
                       file=sys.stderr)
     return EXIT_OK
-
-
-def _allowed_from_env() -> tuple[str, ...]:
-    import os
-    raw = os.environ.get("STREAMLEASE_ALLOWED_URLS", "")
-    return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
 async def _ctl_stop(tables: tuple[str, str], args: argparse.Namespace) -> int:

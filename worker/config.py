@@ -1,4 +1,4 @@
-"""Worker configuration. ``WorkerConfig.from_env`` is the only reader of ``os.environ``.
+"""Worker configuration: the only module that reads the ``STREAMLEASE_*`` environment.
 
 Every variable is validated before any I/O and every problem is reported at once in a
 single ``ConfigError``; ``streamlease run`` turns that into exit code 2.
@@ -120,7 +120,7 @@ class WorkerConfig:
                                  "STREAMLEASE_SKEW", "STREAMLEASE_SAFETY")) for p in problems):
             problems.extend(timings.problems())
 
-        allowed = tuple(p.strip() for p in get("STREAMLEASE_ALLOWED_URLS").split(",") if p.strip())
+        allowed = parse_prefixes(get("STREAMLEASE_ALLOWED_URLS"))
         if not allowed:
             problems.append("STREAMLEASE_ALLOWED_URLS: needs at least one URL prefix")
         for prefix in allowed:
@@ -140,13 +140,7 @@ class WorkerConfig:
         if worker_id is not None and (len(worker_id) > 256 or not worker_id.isprintable()):
             problems.append("STREAMLEASE_WORKER_ID: must be 1-256 printable characters")
 
-        table = get("STREAMLEASE_TABLE")
-        events_table = get("STREAMLEASE_EVENTS_TABLE")
-        for name, value in (("STREAMLEASE_TABLE", table),
-                            ("STREAMLEASE_EVENTS_TABLE", events_table)):
-            problem = table_name_problem(value)
-            if problem:
-                problems.append(f"{name}: {problem}")
+        table, events_table = _tables(source, problems)
 
         config = cls(
             table=table,
@@ -175,6 +169,35 @@ class WorkerConfig:
         if problems:
             raise ConfigError(problems)
         return config
+
+
+def table_names(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """STREAMLEASE_TABLE and STREAMLEASE_EVENTS_TABLE alone (for ``ctl``); ConfigError."""
+    problems: list[str] = []
+    names = _tables(os.environ if env is None else env, problems)
+    if problems:
+        raise ConfigError(problems)
+    return names
+
+
+def allowed_prefixes(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """STREAMLEASE_ALLOWED_URLS as set, unvalidated; empty when unset (``ctl`` warnings)."""
+    return parse_prefixes((os.environ if env is None else env).get("STREAMLEASE_ALLOWED_URLS", ""))
+
+
+def parse_prefixes(raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def _tables(source: Mapping[str, str], problems: list[str]) -> tuple[str, str]:
+    names = []
+    for var in ("STREAMLEASE_TABLE", "STREAMLEASE_EVENTS_TABLE"):
+        name = source.get(var, "").strip() or DEFAULTS[var]
+        problem = table_name_problem(name)
+        if problem:
+            problems.append(f"{var}: {problem}")
+        names.append(name)
+    return names[0], names[1]
 
 
 def table_name_problem(name: str) -> str | None:

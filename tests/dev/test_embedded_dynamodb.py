@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.procs import Proc, local_aws_env, python
+from tests.procs import Proc, python
 from worker.core.frames import Frame
 from worker.core.lease import LeaseTimings
+from worker.dev import local_aws_env
 from worker.dev.dynamodb import EmbeddedDynamoDB
 from worker.store import codec
 from worker.store.dynamodb import DynamoStore

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.procs import Proc, local_aws_env, python
+from tests.procs import Proc, python
 from worker.core.model import StreamRecord
+from worker.dev import local_aws_env
 from worker.dev.upstream import frame_for
 from worker.store.dynamodb import DynamoStore
 

@@ -20,7 +20,6 @@ import contextlib
 import os
 import random
 import signal
-import subprocess
 import sys
 import termios
 import time
@@ -29,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from worker.core.model import StreamRecord
+from worker.dev import local_aws_env
+from worker.dev.procs import Child
 from worker.store.dynamodb import DynamoStore
 
 TIMINGS = {
@@ -45,45 +46,6 @@ TIMINGS = {
     "STREAMLEASE_METRICS_PORT": "0",
     "STREAMLEASE_LOG_FORMAT": "text",
 }
-LOCAL_AWS = {
-    "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
-
-
-class Child:
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.name = name
-        self.log_path = log
-        self._log = log.open("ab")
-        self.popen = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=self._log,
-                                      start_new_session=True)
-
-    def listening_url(self, timeout: float = 30.0) -> str:
-        assert self.popen.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.popen.stdout.readline().decode()
-            if line.startswith("listening on "):
-                return line.split("listening on ", 1)[1].strip()
-            if not line and self.popen.poll() is not None:
-                break
-        raise RuntimeError(f"{self.name} did not start; see {self.log_path}")
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
-        if self.alive():
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-        self._log.close()
-        return self.popen.returncode
 
 
 class Demo:
@@ -91,7 +53,7 @@ class Demo:
         self.args = args
         self.logs = Path(args.log_dir)
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, **LOCAL_AWS, "PYTHONUNBUFFERED": "1"}
+        self.env = {**os.environ, **local_aws_env(), "PYTHONUNBUFFERED": "1"}
         self.servers: list[Child] = []
         self.workers: dict[str, Child] = {}
         self.counter = 0
@@ -107,8 +69,9 @@ class Demo:
         ddb = Child("dynamodb", self.python("dev", "dynamodb", "--port", "0"), self.env,
                     self.logs / "dynamodb.log")
         self.servers.append(ddb)
-        self.env["AWS_ENDPOINT_URL_DYNAMODB"] = ddb.listening_url()
-        os.environ.update({k: self.env[k] for k in (*LOCAL_AWS, "AWS_ENDPOINT_URL_DYNAMODB")})
+        local = local_aws_env(ddb.listening_url())
+        self.env.update(local)
+        os.environ.update(local)  # for this process's own DynamoStore
         up = Child("upstream", self.python("dev", "upstream", "--port", "0", "--streams",
                                            str(self.args.streams), "--rate", str(self.args.rate)),
                    self.env, self.logs / "upstream.log")
