@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from pathlib import Path
+
 import pytest
 
 from worker.config import SETTINGS, WorkerConfig
@@ -47,11 +51,39 @@ def test_heartbeat_must_be_under_a_third_of_the_lease() -> None:
                                "STREAMLEASE_HEARTBEAT_SECONDS": "3"})
 
 
-def test_every_setting_is_documented_in_the_readme() -> None:
-    from pathlib import Path
+def test_every_setting_is_documented_in_the_readme_with_its_default() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    missing = [s.name for s in SETTINGS if f"`{s.name}`" not in readme]
-    assert not missing
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(STREAMLEASE_\w+)` \| ([^|]+) \|", readme,
+                                           re.MULTILINE)}
+    for setting in SETTINGS:
+        assert setting.name in rows, f"{setting.name} is not in the README's table"
+        if setting.default:
+            assert rows[setting.name].strip() == f"`{setting.default}`", setting.name
+
+
+def test_one_table_of_defaults() -> None:
+    # Every WorkerConfig field is filled from SETTINGS (timings from four of them); no
+    # field carries a default of its own that could drift from the table.
+    fields = {f.name: f for f in dataclasses.fields(WorkerConfig)}
+    lease_parts = {"lease_s", "heartbeat_s", "skew_margin_s", "safety_margin_s"}
+    assert set(fields) - {"timings"} == {s.attr for s in SETTINGS} - lease_parts
+    assert all(f.default is dataclasses.MISSING for f in fields.values())
+    assert all(f.default_factory is dataclasses.MISSING for f in fields.values())
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("STREAMLEASE_BATCH_MAX_SECONDS", "1e-6"),  # a flush loop that spins
+    ("STREAMLEASE_LEASE_SECONDS", "1e40"),  # overflows every deadline computed from it
+    ("STREAMLEASE_RECONCILE_SECONDS", "0"),
+    ("STREAMLEASE_HEARTBEAT_SECONDS", "inf"),
+    ("STREAMLEASE_SHUTDOWN_SECONDS", "nan"),
+    ("STREAMLEASE_SWEEP_SECONDS", "-5"),
+])
+def test_intervals_that_spin_or_overflow_are_refused(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({name: value})
+    assert err.value.problems[0].startswith(f"{name}: ")
+    assert "between" in err.value.problems[0]
 
 
 def test_sweep_plus_reconcile_keeps_the_one_minute_promise() -> None:
