@@ -20,36 +20,36 @@ import uvloop
 from loadtest.common import Server, use_local_dynamodb
 from worker.core.frames import Frame
 from worker.core.lease import LeaseTimings
-from worker.store.dynamodb import DynamoStore
+from worker.store import dynamodb
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 
 
 async def one_run(ops: int) -> dict[str, float]:
     suffix = uuid.uuid4().hex[:8]
-    async with DynamoStore.connect(f"bench-s-{suffix}", f"bench-e-{suffix}") as store:
-        await store.create_tables()
+    async with dynamodb.connect(f"bench-s-{suffix}", f"bench-e-{suffix}") as stores:
+        await stores.admin.create_tables()
         ids = [f"b{i}" for i in range(ops)]
         for sid in ids:
-            await store.put_started(sid, "wss://bench/")
+            await stores.admin.put_started(sid, "wss://bench/")
         now = int(time.time() * 1000)
         started = time.perf_counter()
         tenures = []
         for sid in ids:
-            got = await store.acquire(sid, "bench", now, T)
+            got = await stores.leases.acquire(sid, "bench", now, T)
             assert got is not None
             tenures.append(got.tenure)
         acquire = ops / (time.perf_counter() - started)
         started = time.perf_counter()
         for tenure in tenures:
-            await store.renew(tenure, now + 1, T)
+            await stores.leases.renew(tenure, now + 1, T)
         renew = ops / (time.perf_counter() - started)
         tenure, prev = tenures[0], 0
         started = time.perf_counter()
         for _ in range(ops):
             seqs = range(prev + 1, prev + 11)
             batch = [Frame(s, f'{{"seq":{s},"v":"{"x" * 80}"}}') for s in seqs]
-            await store.write_batch(tenure, prev, batch, now)
+            await stores.sink.write_batch(tenure, prev, batch, now)
             prev = batch[-1].seq
         sink = ops / (time.perf_counter() - started)
     return {"acquire": acquire, "renew": renew, "sink_tx_10_msgs": sink}

@@ -38,7 +38,7 @@ from loadtest.report import write_reports
 from loadtest.throughput import measure_throughput
 from worker.dev import local_aws_env
 from worker.dev.upstream import frame_for
-from worker.store.dynamodb import DynamoStore
+from worker.store.dynamodb import DynamoAdmin, connect_admin
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -108,7 +108,7 @@ class Run:
         self.servers: list[Server] = []
         self.upstream_url = ""
         self.env: dict[str, str] = dict(os.environ)
-        self.store: DynamoStore | None = None
+        self.store: DynamoAdmin | None = None
         self.records: dict[str, Any] = {}
         self.store_limited = False
 
@@ -123,7 +123,7 @@ class Run:
             self.servers.append(ddb)
             local = local_aws_env(ddb.url)
             self.env.update(local)
-            os.environ.update(local)  # for this process's own DynamoStore
+            os.environ.update(local)  # for this process's own store
         up = Server("upstream", "--port", "0", "--streams", str(self.profile["streams"]),
                     "--rate", str(self.profile["rate"]))
         self.servers.append(up)
@@ -242,7 +242,7 @@ class Run:
     async def main(self) -> dict[str, Any]:
         p = self.profile
         self.start_servers()
-        async with DynamoStore.connect(self.table, self.events, max_connections=50) as store:
+        async with connect_admin(self.table, self.events, connections=50) as store:
             self.store = store
             await store.create_tables()
             ids = [f"s{i:03d}" for i in range(1, p["streams"] + 1)]

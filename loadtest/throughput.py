@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from loadtest.common import Server
-from worker.store.dynamodb import DynamoStore
+from worker.store.dynamodb import connect_admin
 
 BACKLOG = 400_000
 
@@ -54,7 +54,7 @@ async def _worker_phase(env: dict[str, str], upstream: str, streams: int, second
     """Run one worker over ``streams`` fresh streams; delivered msgs/s, CPU, RSS."""
     suffix = uuid.uuid4().hex[:8]
     table, events = f"tp-s-{suffix}", f"tp-e-{suffix}"
-    async with DynamoStore.connect(table, events) as store:
+    async with connect_admin(table, events) as store:
         await store.create_tables()
         for i in range(streams):
             await store.put_started(f"t{i:04d}", f"{upstream}/streams/t{i:04d}")

@@ -13,7 +13,9 @@ import uvloop
 from tests.fleet.harness import Fleet
 from tests.procs import Proc, python
 from worker.dev import local_aws_env
-from worker.store.dynamodb import DynamoStore
+from worker.store import dynamodb
+from worker.store.memory import MemoryStore
+from worker.store.protocols import Stores
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
@@ -46,10 +48,28 @@ def table_names() -> tuple[str, str]:
 
 
 @pytest.fixture
-async def store(dynamodb_endpoint: str, table_names: tuple[str, str]) -> AsyncIterator[DynamoStore]:
-    async with DynamoStore.connect(*table_names, max_connections=100) as s:
-        await s.create_tables()
-        yield s
+async def dynamo(dynamodb_endpoint: str, table_names: tuple[str, str]) -> AsyncIterator[Stores]:
+    """The DynamoDB stores on fresh tables of the embedded server."""
+    async with dynamodb.connect(*table_names, sink_connections=100,
+                                control_connections=100) as stores:
+        await stores.admin.create_tables()
+        yield stores
+
+
+@pytest.fixture(params=["dynamodb", "memory"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
+    """Each backend in turn: the store contract holds for both."""
+    if request.param == "memory":
+        memory = MemoryStore()
+        await memory.create_tables()
+        yield memory.stores()
+        return
+    request.getfixturevalue("dynamodb_endpoint")
+    names: tuple[str, str] = request.getfixturevalue("table_names")
+    async with dynamodb.connect(*names, sink_connections=100,
+                                control_connections=100) as found:
+        await found.admin.create_tables()
+        yield found
 
 
 @pytest.fixture

@@ -121,16 +121,16 @@ def test_dev_dynamodb_rejects_bad_options() -> None:
 
 async def test_owners_and_guarded_release(tables: dict[str, str]) -> None:
     from worker.core.lease import LeaseTimings
-    from worker.store.dynamodb import DynamoStore
+    from worker.store import dynamodb
 
     assert cli("ctl", "start", "a", "b", "c", "--url", "wss://x/{id}", env=tables).returncode == 0
     timings = LeaseTimings(60, 5, 1, 2)
-    async with DynamoStore.connect(tables["STREAMLEASE_TABLE"],
-                                   tables["STREAMLEASE_EVENTS_TABLE"]) as store:
+    async with dynamodb.connect(tables["STREAMLEASE_TABLE"],
+                                tables["STREAMLEASE_EVENTS_TABLE"]) as stores:
         import time
         now = int(time.time() * 1000)
         for sid, owner in (("a", "w1"), ("b", "w1"), ("c", "w2")):
-            assert await store.acquire(sid, owner, now, timings) is not None
+            assert await stores.leases.acquire(sid, owner, now, timings) is not None
     owners = json.loads(cli("ctl", "owners", "-o", "json", env=tables).stdout)
     assert owners == {"owners": {"w1": ["a", "b"], "w2": ["c"]}, "unowned_started": []}
     table = cli("ctl", "owners", env=tables).stdout.splitlines()

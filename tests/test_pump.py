@@ -164,10 +164,9 @@ async def test_past_the_local_deadline_nothing_is_written(upstream: UpstreamServ
     short = LeaseTimings(lease_s=0.3, heartbeat_s=0.05, skew_margin_s=0.05, safety_margin_s=0.05)
     pump, _ = make_pump(upstream.url_for("s001"), sink, timings=short,
                         sent_at=SYSTEM_CLOCK.monotonic() - 1.0)
-    with pytest.raises(ExceptionGroup) as err:
+    with pytest.raises(SelfFenced):  # a plain exception, not a group
         async with asyncio.timeout(5):
             await pump.run()
-    assert err.group_contains(SelfFenced)
     assert sink.batches == []
 
 
@@ -176,10 +175,9 @@ async def test_a_stale_fence_stops_the_pump_after_one_refused_batch(
     sink = FakeSink()
     sink.stale = True
     pump, _ = make_pump(upstream.url_for("s001"), sink)
-    with pytest.raises(ExceptionGroup) as err:
+    with pytest.raises(StaleFence):
         async with asyncio.timeout(5):
             await pump.run()
-    assert err.group_contains(StaleFence)
     assert sink.calls == 1 and sink.batches == []
 
 

@@ -28,7 +28,7 @@ from worker.logs import CONTEXT, event, setup
 from worker.metrics import Metrics
 from worker.pump import PumpSettings
 from worker.reconciler import Reconciler, ReconcilerSettings
-from worker.store.dynamodb import DynamoStore
+from worker.store import dynamodb
 from worker.supervisor import SupervisorSettings
 
 
@@ -83,15 +83,19 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   f"{config.metrics_port}: {exc}", file=sys.stderr)
             return 1
     settings = build_settings(config, owner)
-    async with DynamoStore.connect(
+    async with dynamodb.connect(
         config.table, config.events_table,
-        max_connections=min(1000, 2 * config.max_streams + 10),
+        # One sink transaction in flight per stream at most; the control plane has its
+        # own pool, so renewals and releases never queue behind sink batches.
+        sink_connections=min(1000, config.max_streams + 10),
+        control_connections=min(200, config.max_streams + 10),
         observe=metrics.dynamodb_request,
         call_timeout_s=settings.supervisor.release_timeout_s,
-    ) as store:
+    ) as stores:
         # Fail fast, with a clear line, if the tables are missing or unreachable.
-        await store.check_tables()
-        reconciler = Reconciler(store, clock, metrics, settings, health=health)
+        await stores.admin.check_tables()
+        reconciler = Reconciler(stores.leases, stores.sink, clock, metrics, settings,
+                                health=health)
         loop = asyncio.get_running_loop()
         signals_seen = 0
 
@@ -106,7 +110,8 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   signal=signal.Signals(signum).name, leases=len(reconciler.supervisors))
             metrics.draining(True)
             health.draining = True
-            reconciler.stop()
+            # Releases are retried until shortly before the shutdown budget runs out.
+            reconciler.stop(release_by=clock.monotonic() + config.shutdown_s * 0.9)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)

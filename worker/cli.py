@@ -178,8 +178,8 @@ def _run(coro: Awaitable[int]) -> int:
 
 
 def _store(tables: tuple[str, str]) -> Any:
-    from worker.store.dynamodb import DynamoStore
-    return DynamoStore.connect(*tables, max_connections=10)
+    from worker.store.dynamodb import connect_admin
+    return connect_admin(*tables)
 
 
 async def _table_create(streams: str, events: str) -> int:

@@ -26,7 +26,8 @@ RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_bi
 BAD_ITEM_REASONS = ("bad_state", "bad_url")
 DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
                        "describe_table", "create_table")
-DYNAMODB_OUTCOMES = ("ok", "condition_failed", "cancelled", "throttled", "unavailable", "error")
+DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "timeout", "cancelled",
+                     "error")
 
 RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
 FLEET_STATES = ("STARTED", "STOPPED", "invalid")
@@ -102,6 +103,13 @@ class Metrics:
             ["desired_state", "lease"], registry=r)
         self._max_streams = Gauge(p + "max_streams", "STREAMLEASE_MAX_STREAMS", registry=r)
         self._draining = Gauge(p + "draining", "1 while the worker shuts down", registry=r)
+        self._admitting = Gauge(p + "admitting",
+                                "1 while this worker acquires streams; 0 while its own "
+                                "renewals fail or are slow (admission control)", registry=r)
+        self._admitting.set(1)
+        self._rewound = Counter(p + "checkpoint_rewound",
+                                "Acquisitions that found the item's checkpoint or fence behind "
+                                "the sink and resumed after the sink", registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -189,6 +197,12 @@ class Metrics:
 
     def bad_item(self, reason: str) -> None:
         self._bad_items.labels(reason).inc()
+
+    def admission(self, admitting: bool) -> None:
+        self._admitting.set(1 if admitting else 0)
+
+    def checkpoint_rewound(self) -> None:
+        self._rewound.inc()
 
     def draining(self, on: bool) -> None:
         self._draining.set(1 if on else 0)

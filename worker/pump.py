@@ -142,13 +142,16 @@ class Pump:
     async def run(self) -> None:
         """Read until stopped. Raises StaleFence, SelfFenced or SinkConflict when the
         tenure can no longer write; the supervisor handles those."""
-        async with asyncio.TaskGroup() as tg:
-            flusher = tg.create_task(self._control_loop())
-            try:
-                await self._connect_loop()
-                await self.flush()
-            finally:
-                flusher.cancel()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                flusher = tg.create_task(self._control_loop())
+                try:
+                    await self._connect_loop()
+                    await self.flush()
+                finally:
+                    flusher.cancel()
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from group
 
     async def _connect_loop(self) -> None:
         while not self._stopping:

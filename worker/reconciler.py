@@ -1,10 +1,14 @@
 """The fleet loop: find orphaned streams, take them up to capacity, supervise them.
 
 Every ``reconcile_s`` (+/-20 % jitter) it queries the index for STARTED streams whose
-lease expired before ``now - skew_margin``; every ``sweep_s`` it also scans for items
-the index cannot see (written by hand without lease fields, or with an unknown state).
-Candidates are shuffled and capped per cycle so a fleet that wakes together spreads
-over different streams; the conditional acquire is the only arbiter.
+lease expired before ``now - skew_margin``. Candidates are shuffled and capped per cycle
+so a fleet that wakes together spreads over different streams; the conditional acquire
+is the only arbiter. A worker whose own renewals are failing or slow acquires nothing
+until they recover (admission control), so an overloaded store is not fed more work.
+
+The sweep (a paginated Scan for items the index cannot see: written by hand without lease
+fields, or with an unknown state) runs as a task of its own every ``sweep_s``, so a slow
+Scan never delays a takeover.
 
 Supervisors live in this object's TaskGroup: when the reconciler stops, intake stops
 first, then every supervisor drains, then the group exits.
@@ -17,13 +21,14 @@ import contextlib
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from worker.clock import Clock
 from worker.core.backoff import jittered
-from worker.core.lease import HolderState, StopReason, takeover_threshold_ms
-from worker.core.model import StreamRecord
+from worker.core.lease import HolderState, StopReason, resume_point, takeover_threshold_ms
+from worker.core.model import StreamRecord, error_text
 from worker.core.plan import (
     VALID_STATES,
     fleet_view,
@@ -35,10 +40,11 @@ from worker.errors import StoreError
 from worker.health import HealthState
 from worker.logs import event
 from worker.metrics import Metrics
-from worker.store.dynamodb import DynamoStore
-from worker.supervisor import Supervisor, SupervisorSettings
+from worker.store.protocols import Acquired, LeaseStore, Sink
+from worker.supervisor import LeaseHealth, PumpFactory, Supervisor, SupervisorSettings
 
 ORPHAN_QUERY_LIMIT = 1000
+REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
 
 
 @dataclass(frozen=True)
@@ -52,30 +58,38 @@ class ReconcilerSettings:
 
 
 class Reconciler:
-    def __init__(self, store: DynamoStore, clock: Clock, metrics: Metrics,
+    def __init__(self, leases: LeaseStore, sink: Sink, clock: Clock, metrics: Metrics,
                  settings: ReconcilerSettings, rng: random.Random | None = None,
                  on_delivered: Callable[[int], None] | None = None,
-                 health: HealthState | None = None) -> None:
-        self.store = store
+                 health: HealthState | None = None,
+                 pump_factory: PumpFactory | None = None) -> None:
+        self.leases = leases
+        self.sink = sink
         self.clock = clock
         self.metrics = metrics
         self.settings = settings
         self.rng = rng or random.Random()
         self.supervisors: dict[str, Supervisor] = {}
+        timings = settings.supervisor.timings
+        self.lease_health = LeaseHealth(clock, slow_s=timings.heartbeat_s / 2,
+                                        window_s=2 * timings.heartbeat_s)
         self._stop = asyncio.Event()
-        self._next_sweep = 0.0
-        self._reported: set[tuple[str, str]] = set()
+        self._release_by: float | None = None
+        self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._on_delivered = on_delivered
+        self._pump_factory = pump_factory
         self._tg: asyncio.TaskGroup | None = None
+        self._admitting = True
         self.unreleased = 0  # shutdown drains whose release did not go through
-        self.health = health or HealthState(settings.supervisor.timings.lease_s)
+        self.health = health or HealthState(timings.lease_s)
 
-    def stop(self) -> None:
-        """Stop acquiring and drain every supervisor now (flush and release), without
-        waiting for a reconcile cycle in progress to finish."""
+    def stop(self, release_by: float | None = None) -> None:
+        """Stop acquiring and drain every supervisor now (flush and release, the release
+        retried until ``release_by``), without waiting for a cycle in progress."""
         self._stop.set()
+        self._release_by = release_by
         for supervisor in list(self.supervisors.values()):
-            supervisor.request_drain(StopReason.SHUTDOWN)
+            supervisor.request_drain(StopReason.SHUTDOWN, release_by)
 
     @property
     def stopping(self) -> asyncio.Event:
@@ -84,8 +98,7 @@ class Reconciler:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            # Sweep at start-up: a fresh fleet picks up hand-written items at once.
-            self._next_sweep = self.clock.monotonic()
+            sweeper = tg.create_task(self._sweep_loop(), name="sweep")
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
@@ -97,25 +110,26 @@ class Reconciler:
                     event(logging.ERROR, "reconcile.crashed", "reconcile cycle crashed",
                           exc_info=True)
                 self.metrics.reconcile(time.perf_counter() - started)
-                delay = jittered(self.settings.reconcile_s, 0.2, self.rng)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._stop.wait()
+                await self._pause(jittered(self.settings.reconcile_s, 0.2, self.rng))
+            sweeper.cancel()
             for supervisor in list(self.supervisors.values()):
-                supervisor.request_drain(StopReason.SHUTDOWN)
+                supervisor.request_drain(StopReason.SHUTDOWN, self._release_by)
         self._tg = None
 
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
+
     async def _cycle(self) -> None:
-        now_mono = self.clock.monotonic()
-        if now_mono >= self._next_sweep:
-            self._next_sweep = now_mono + jittered(self.settings.sweep_s, 0.2, self.rng)
-            await self._sweep()
         if len(self.supervisors) >= self.settings.max_streams:
+            return
+        if not self._admits():
             return
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
-        candidates = await self.store.orphans(takeover_threshold_ms(now_ms, timings),
-                                              ORPHAN_QUERY_LIMIT)
+        candidates = await self.leases.orphans(takeover_threshold_ms(now_ms, timings),
+                                               ORPHAN_QUERY_LIMIT)
         orphans = [c for c in candidates if c.stream_id not in self.supervisors]
         if orphans:
             self.metrics.orphans_found(len(orphans))
@@ -127,35 +141,64 @@ class Reconciler:
         for record, problem in plan.unservable:
             await self._report_unservable(record, problem)
         if plan.acquire and not self._stop.is_set():
-            await asyncio.gather(*(self._acquire(r) for r in plan.acquire))
+            async with asyncio.TaskGroup() as tg:
+                for record in plan.acquire:
+                    tg.create_task(self._acquire(record))
         self.metrics.set_leases_held(len(self.supervisors))
+
+    def _admits(self) -> bool:
+        """Admission control: no new streams while this worker's renewals are failing."""
+        admits = self.lease_health.admits()
+        if admits != self._admitting:
+            self._admitting = admits
+            event(logging.WARNING if not admits else logging.INFO,
+                  "reconcile.admission", "renewals failing or slow: not acquiring" if not admits
+                  else "renewals healthy again: acquiring", admitting=admits)
+            self.metrics.admission(admits)
+        return admits
+
+    async def _sweep_loop(self) -> None:
+        """Scan at start-up (a fresh fleet picks up hand-written items at once), then
+        every ``sweep_s`` (+/-20 %)."""
+        while not self._stop.is_set():
+            try:
+                await self._sweep()
+            except StoreError as exc:
+                event(logging.WARNING, "sweep.failed", "sweep failed", error=str(exc))
+            except Exception:
+                event(logging.ERROR, "sweep.crashed", "sweep crashed", exc_info=True)
+            await self._pause(jittered(self.settings.sweep_s, 0.2, self.rng))
 
     async def _sweep(self) -> None:
         """One paginated Scan of the streams table: adopt hand-written items, report
         items with an invalid state, and publish the fleet view metric. (A filtered Scan
         costs the same read capacity as a full one, so the view comes for free.)"""
-        records = await self.store.list_streams()
+        records = await self.leases.scan()
         self.metrics.fleet_view(fleet_view(records, self.clock.wall_ms()))
         for record in filter(invisible_to_index, records):
             if record.desired_state not in VALID_STATES:
                 problem = item_problem(record, self.settings.supervisor.allowed_urls)
-                if problem is not None and record.last_error != problem:
+                if problem is not None and record.last_error != error_text(problem):
                     await self._report_unservable(record, problem)
                 continue
-            if record.lease_expires_at_ms is None and await self.store.adopt(record.stream_id):
+            if record.lease_expires_at_ms is None and await self.leases.adopt(record.stream_id):
                 event(logging.INFO, "stream.adopted",
                       "hand-written item given lease fields; it is now visible to the fleet",
                       stream=record.stream_id)
 
     async def _report_unservable(self, record: StreamRecord, problem: str) -> None:
         key = (record.stream_id, problem)
-        if key not in self._reported:
-            self._reported.add(key)
+        if key in self._reported:
+            self._reported.move_to_end(key)
+        else:
+            self._reported[key] = None
+            if len(self._reported) > REPORTED_LIMIT:
+                self._reported.popitem(last=False)
             self.metrics.bad_item("bad_state" if "desired_state" in problem else "bad_url")
             event(logging.WARNING, "stream.unservable", "stream cannot be served; not dialled",
                   stream=record.stream_id, problem=problem)
         try:
-            await self.store.record_error(record.stream_id, problem, self.clock.wall_ms())
+            await self.leases.record_error(record.stream_id, problem, self.clock.wall_ms())
         except StoreError as exc:
             event(logging.WARNING, "stream.record_error_failed", "could not record last_error",
                   stream=record.stream_id, error=str(exc))
@@ -165,8 +208,10 @@ class Reconciler:
         sent = self.clock.monotonic()
         now_ms = self.clock.wall_ms()
         try:
-            got = await self.store.acquire(candidate.stream_id, self.settings.owner, now_ms,
-                                           timings, timeout=timings.heartbeat_s)
+            got = await self.leases.acquire(candidate.stream_id, self.settings.owner, now_ms,
+                                            timings, timeout=timings.heartbeat_s)
+            if got is not None:
+                got = await self._resume_where_the_sink_is(got)
         except StoreError as exc:
             event(logging.WARNING, "lease.acquire_failed", "acquire failed", error=str(exc),
                   stream=candidate.stream_id)
@@ -175,7 +220,7 @@ class Reconciler:
             return  # someone else won, or the item changed: not an error
         if self._stop.is_set() or len(self.supervisors) >= self.settings.max_streams:
             try:
-                await self.store.release(got.tenure)
+                await self.leases.release(got.tenure)
             except StoreError as exc:
                 event(logging.WARNING, "lease.release_failed",
                       "release after a late acquire failed; the lease will expire",
@@ -187,13 +232,31 @@ class Reconciler:
         event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
               fence=got.tenure.fence, last_seq=got.tenure.last_seq,
               previous_owner=candidate.lease_owner, unowned_s=delay)
-        supervisor = Supervisor(got.tenure, got.record, sent, self.store, self.clock,
-                                self.metrics, self.settings.supervisor, self.rng,
-                                self._on_delivered, self.health)
+        supervisor = Supervisor(got.tenure, got.record, sent, self.leases, self.sink,
+                                self.clock, self.metrics, self.settings.supervisor, self.rng,
+                                self._on_delivered, self.health, self.lease_health,
+                                self._pump_factory)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.metrics.set_leases_held(len(self.supervisors))
         assert self._tg is not None
-        self._tg.create_task(self._supervise(supervisor))
+        self._tg.create_task(self._supervise(supervisor), name=f"supervise {supervisor.stream}")
+
+    async def _resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
+        """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
+        a backup), move this tenure to where the sink already is before pumping."""
+        newest = await self.sink.newest_event(got.tenure.stream_id)
+        point = resume_point(got.tenure, newest)
+        if point is None:
+            return got
+        fence, last_seq = point
+        event(logging.WARNING, "stream.checkpoint_rewound",
+              "the item's checkpoint or fence is behind the sink; resuming after the sink",
+              stream=got.tenure.stream_id, fence=got.tenure.fence,
+              item_last_seq=got.tenure.last_seq, sink_last_seq=newest.last_seq if newest else None,
+              sink_fence=newest.fence if newest else None, new_fence=fence, new_last_seq=last_seq)
+        self.metrics.checkpoint_rewound()
+        tenure = await self.leases.advance(got.tenure, fence, last_seq)
+        return None if tenure is None else Acquired(tenure, got.record)
 
     async def _supervise(self, supervisor: Supervisor) -> None:
         try:

@@ -2,10 +2,13 @@
 
 The supervisor feeds renew results to ``Holding`` (pure) and applies its decisions:
 
-* lost (condition failed) or past the local deadline -> cancel the pump at once; no
+* lost (condition failed) or past the local deadline -> abort the pump at once; no
   flush, no further write under this tenure;
-* ``STOPPED``, shutdown, an item that can no longer be served -> stop reading, flush,
-  release (shielded, under its own timeout; if it fails the lease simply expires);
+* ``STOPPED``, shutdown, rebalancing, an item that can no longer be served -> stop
+  reading, flush, then release. Heartbeats go on while the pump flushes, so a long final
+  flush never outlives the lease; the release is retried with backoff until its budget
+  runs out (the shutdown deadline, or the tenure's own deadline, after which the lease
+  frees itself);
 * a changed ``ws_url`` -> reconnect.
 
 A supervisor never lets an exception escape: one stream's failure never takes down
@@ -18,20 +21,23 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from worker.clock import Clock
+from worker.core.backoff import Backoff
 from worker.core.lease import HolderState, Holding, LeaseTimings, RenewOutcome, StopReason
-from worker.core.model import StreamRecord, Tenure
+from worker.core.model import StreamRecord, Tenure, error_text
 from worker.core.plan import item_problem
 from worker.errors import SelfFenced, SinkConflict, StaleFence, StoreError
 from worker.health import HealthState
 from worker.logs import event
 from worker.metrics import Metrics
 from worker.pump import Pump, PumpSettings
-from worker.store.dynamodb import DynamoStore
+from worker.store.protocols import LeaseStore, Sink
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,31 +45,69 @@ class SupervisorSettings:
     timings: LeaseTimings
     allowed_urls: tuple[str, ...]
     pump: PumpSettings
-    release_timeout_s: float = 5.0
-    drain_timeout_s: float = 10.0
+    release_timeout_s: float = 5.0  # one release call at most
+    drain_timeout_s: float = 10.0  # the pump's final flush at most
+
+
+class PumpLike(Protocol):
+    committed: int
+
+    async def run(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def abort(self) -> None: ...
+
+    async def reconnect(self, reason: str) -> None: ...
+
+
+PumpFactory = Callable[..., PumpLike]
+
+
+class LeaseHealth:
+    """Recent renewal outcomes of this worker, for admission control: a worker whose
+    renewals fail or are slow takes no new streams until they recover (overload must not
+    feed itself)."""
+
+    def __init__(self, clock: Clock, slow_s: float, window_s: float) -> None:
+        self.clock = clock
+        self.slow_s = slow_s
+        self.window_s = window_s
+        self._bad_until = 0.0
+
+    def record(self, outcome: RenewOutcome, seconds: float) -> None:
+        if outcome in (RenewOutcome.UNKNOWN, RenewOutcome.THROTTLED) or seconds > self.slow_s:
+            self._bad_until = self.clock.monotonic() + self.window_s
+
+    def admits(self) -> bool:
+        return self.clock.monotonic() >= self._bad_until
 
 
 class Supervisor:
     def __init__(self, tenure: Tenure, record: StreamRecord, acquire_sent_at: float,
-                 store: DynamoStore, clock: Clock, metrics: Metrics,
+                 leases: LeaseStore, sink: Sink, clock: Clock, metrics: Metrics,
                  settings: SupervisorSettings, rng: random.Random | None = None,
                  on_delivered: Callable[[int], None] | None = None,
-                 health: HealthState | None = None) -> None:
+                 health: HealthState | None = None,
+                 lease_health: LeaseHealth | None = None,
+                 pump_factory: PumpFactory | None = None) -> None:
         self.tenure = tenure
-        self.store = store
+        self.leases = leases
         self.clock = clock
         self.metrics = metrics
         self.settings = settings
+        self.rng = rng or random.Random()
         self.holding = Holding(tenure, record.ws_url or "", acquire_sent_at, settings.timings)
-        self.pump = Pump(tenure, self.holding, store, clock, metrics, settings.pump, rng,
-                         on_delivered)
+        self.pump: PumpLike = (pump_factory or Pump)(
+            tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered)
         self._record = record
         self._wake = asyncio.Event()
         self._drain_reason: StopReason | None = None
-        self._pump_task: asyncio.Task[None] | None = None
+        self._release_by: float | None = None  # monotonic deadline for the release
         self._pump_done = False
         self._failure: str | None = None
         self._health = health
+        self._lease_health = lease_health
         self._acquired_at = acquire_sent_at
         if health is not None:
             health.renewed(tenure.stream_id, acquire_sent_at)
@@ -72,10 +116,12 @@ class Supervisor:
     def stream(self) -> str:
         return self.tenure.stream_id
 
-    def request_drain(self, reason: StopReason) -> None:
-        """Ask the supervisor to flush and release (shutdown, rebalancing)."""
+    def request_drain(self, reason: StopReason, release_by: float | None = None) -> None:
+        """Flush and release (shutdown, STOPPED seen elsewhere, rebalancing); the release
+        is retried until ``release_by`` (monotonic), or the tenure's deadline."""
         if self._drain_reason is None:
             self._drain_reason = reason
+            self._release_by = release_by
         self._wake.set()
 
     async def run(self) -> None:
@@ -94,77 +140,92 @@ class Supervisor:
             self.holding.begin_drain(StopReason.BAD_ITEM)
             await self._finish(problem)
             return
-        async with asyncio.TaskGroup() as tg:
-            self._pump_task = tg.create_task(self._run_pump())
-            await self._heartbeat_loop()
-            await self._stop_pump()
+        pump_task = asyncio.create_task(self._run_pump(), name=f"pump {self.stream}")
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"heartbeat {self.stream}")
+        try:
+            await self._wait_until_stopping()
+            await self._stop_pump(pump_task)
+        finally:
+            # Heartbeats ran through the drain; the flush is over (or abandoned) now.
+            heartbeat.cancel()
+            for task in (pump_task, heartbeat):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(pump_task, heartbeat, return_exceptions=True)
         await self._finish(self._failure)
+
+    async def _wait_until_stopping(self) -> None:
+        """Until a drain is asked for, the pump ends, or the heartbeat ends the tenure."""
+        while True:
+            self._wake.clear()
+            if self._drain_reason is not None:
+                self.holding.begin_drain(self._drain_reason)
+            if self.holding.state is not HolderState.HOLDING:
+                return
+            if self._pump_done:
+                self._fail("pump stopped unexpectedly")
+                return
+            await self._wake.wait()
 
     async def _run_pump(self) -> None:
         try:
             await self.pump.run()
-        except* StaleFence:
+        except StaleFence:
             self.metrics.stale_write_rejected()
             self.holding.on_stale_write()
             event(logging.WARNING, "sink.stale_fence", "sink refused a batch: fence is stale",
                   stream=self.stream, fence=self.tenure.fence)
-        except* SelfFenced:
+        except SelfFenced:
             self.holding.check_deadline(self.clock.monotonic())
-        except* SinkConflict as group:
-            self._fail(f"sink conflict: {group.exceptions[0]}")
-        except* StoreError as group:
-            self._fail(f"sink error: {group.exceptions[0]}")
-        except* Exception as group:
+        except SinkConflict as exc:
+            self._fail(f"sink conflict: {exc}")
+        except StoreError as exc:
+            self._fail(f"sink error: {exc}")
+        except Exception as exc:
             event(logging.ERROR, "pump.crashed", "pump failed", stream=self.stream,
-                  fence=self.tenure.fence, error=repr(group.exceptions[0]))
-            self._fail(f"pump failed: {group.exceptions[0]!r}")
+                  fence=self.tenure.fence, error=repr(exc))
+            self._fail(f"pump failed: {exc!r}")
         finally:
             self._pump_done = True
             self._wake.set()
 
     def _fail(self, message: str) -> None:
-        self._failure = message[:500]
+        if self._failure is None:
+            self._failure = message[:500]
         self.holding.begin_drain(StopReason.ERROR)
 
     async def _heartbeat_loop(self) -> None:
+        """Renew every heartbeat while holding or draining; retry sooner after a failure;
+        self-fence at the local deadline. Ends the tenure's HOLDING/DRAINING life by
+        waking the main task when the state turns terminal."""
         timings = self.settings.timings
         next_renew = self.clock.monotonic() + timings.heartbeat_s
-        while self.holding.state is HolderState.HOLDING:
-            now = self.clock.monotonic()
-            wait = min(next_renew, self.holding.deadline) - now
-            # Check the flags before sleeping and clear the event only after: a drain
-            # requested or a pump ended while a renew was in flight is never missed.
-            if wait > 0 and self._drain_reason is None and not self._pump_done:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await self._wake.wait()
-            self._wake.clear()
-            now = self.clock.monotonic()
-            if self._drain_reason is not None:
-                self.holding.begin_drain(self._drain_reason)
-                break
-            if self.holding.check_deadline(now) or self.holding.state is not HolderState.HOLDING:
-                break
-            if self._pump_done:
-                # The pump ended by itself without a terminal error: treat as a failure.
-                if self.holding.state is HolderState.HOLDING:
-                    self._fail("pump stopped unexpectedly")
-                break
-            if now < next_renew:
-                continue
+        while not self.holding.terminal:
+            wait = min(next_renew, self.holding.deadline) - self.clock.monotonic()
+            if wait > 0:
+                await self.clock.sleep(wait)
+            if self.holding.check_deadline(self.clock.monotonic()):
+                self._wake.set()
+                return
             next_renew = await self._renew_once()
+            if self.holding.terminal or self.holding.state is HolderState.DRAINING:
+                self._wake.set()
 
     async def _renew_once(self) -> float:
         timings = self.settings.timings
         sent = self.clock.monotonic()
+        # The call may not outlive the deadline: past it, its answer changes nothing.
         timeout = max(0.05, min(timings.heartbeat_s, self.holding.deadline - sent))
-        result = await self.store.renew(self.tenure, self.clock.wall_ms(), timings, timeout)
+        result = await self.leases.renew(self.tenure, self.clock.wall_ms(), timings, timeout)
         now = self.clock.monotonic()
         self.metrics.heartbeat(now - sent, result.outcome.value)
+        if self._lease_health is not None:
+            self._lease_health.record(result.outcome, now - sent)
         problem = None
         if result.record is not None:
             problem = item_problem(result.record, self.settings.allowed_urls)
             self._record = result.record
+        was_holding = self.holding.state is HolderState.HOLDING
         decision = self.holding.on_renew(result.outcome, sent, now, result.record, problem)
         if result.outcome is RenewOutcome.RENEWED and self._health is not None:
             self._health.renewed(self.stream, sent)
@@ -173,49 +234,38 @@ class Supervisor:
                   stream=self.stream, fence=self.tenure.fence, outcome=result.outcome.value,
                   error=result.error, retry_in_s=decision.retry_in,
                   deadline_in_s=round(self.holding.deadline - now, 3))
-        if decision.reconnect:
+        if decision.reconnect and decision.state is HolderState.HOLDING:
             event(logging.INFO, "stream.url_changed", "ws_url changed; reconnecting",
                   stream=self.stream, fence=self.tenure.fence)
             await self.pump.reconnect("url_changed")
-        if problem is not None and decision.state is HolderState.DRAINING:
+        if problem is not None and was_holding and decision.state is HolderState.DRAINING:
             self._failure = problem
         if decision.retry_in is not None:
             return now + decision.retry_in
         return sent + timings.heartbeat_s
 
-    async def _stop_pump(self) -> None:
-        task = self._pump_task
-        assert task is not None
-        if not task.done():
-            if self.holding.state is HolderState.DRAINING:
-                await self.pump.stop()  # stop reading, flush, then return
-                budget = self.settings.drain_timeout_s
-            else:
-                await self.pump.abort()  # lost or self-fenced: no new write, no flush
-                budget = self.settings.pump.call_timeout_s
-            try:
-                async with asyncio.timeout(budget):
-                    await asyncio.shield(task)
-            except TimeoutError:
-                event(logging.ERROR, "stream.stop_timeout", "pump did not stop in time",
-                      stream=self.stream, fence=self.tenure.fence, state=self.holding.state)
-                task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            # The pump's own cancellation is expected; ours (the shutdown budget ran out)
-            # must propagate, or the process outlives STREAMLEASE_SHUTDOWN_SECONDS.
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
+    async def _stop_pump(self, task: asyncio.Task[None]) -> None:
+        if task.done():
+            return
+        if self.holding.state is HolderState.DRAINING:
+            await self.pump.stop()  # stop reading, flush, then return
+            budget = self.settings.drain_timeout_s
+        else:
+            await self.pump.abort()  # lost or self-fenced: no new write, no flush
+            budget = self.settings.pump.call_timeout_s
+        done, _ = await asyncio.wait({task}, timeout=budget)
+        if not done:
+            event(logging.ERROR, "stream.stop_timeout", "pump did not stop in time",
+                  stream=self.stream, fence=self.tenure.fence, state=self.holding.state)
+            self._fail("pump did not stop in time")
 
     async def _finish(self, problem: str | None) -> None:
         holding = self.holding
         reason = holding.reason
         fields: dict[str, Any] = {"stream": self.stream, "fence": self.tenure.fence,
-                  "last_seq": self.pump.committed}
+                                  "last_seq": self.pump.committed}
         self.metrics.lease_ended(self.clock.monotonic() - self._acquired_at)
-        if holding.state is HolderState.LOST or holding.state is HolderState.SELF_FENCED:
+        if holding.state in (HolderState.LOST, HolderState.SELF_FENCED):
             assert reason is not None
             self.metrics.lease_lost(reason)
             event(logging.WARNING, "lease.lost", "lease lost; stream stopped",
@@ -233,29 +283,65 @@ class Supervisor:
         await self._release(reason, fields, log=True)
 
     async def _release(self, reason: StopReason, fields: dict[str, Any], log: bool) -> None:
-        released = False
-        try:
-            async with asyncio.timeout(self.settings.release_timeout_s):
-                released = await asyncio.shield(self.store.release(self.tenure))
-        except (TimeoutError, StoreError) as exc:
-            event(logging.WARNING, "lease.release_failed", "release failed; lease will expire",
-                  error=str(exc), **fields)
-            return
+        """Release, retried with backoff until the budget: the shutdown deadline if one was
+        given, else the tenure's own deadline (after it the lease frees itself)."""
+        by = self._release_by if self._release_by is not None else self.holding.deadline
+        retry = Backoff(0.05, 1.0, self.rng)
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = by - self.clock.monotonic()
+            timeout = max(0.05, min(self.settings.release_timeout_s, remaining))
+            try:
+                released = await shielded(self.leases.release(self.tenure, timeout), timeout,
+                                          f"release {self.stream}")
+                break
+            except (TimeoutError, StoreError) as exc:
+                delay = retry.next_delay()
+                if self.clock.monotonic() + delay >= by:
+                    event(logging.WARNING, "lease.release_failed",
+                          "release failed; the lease will expire", error=str(exc) or "timeout",
+                          attempts=attempt, **fields)
+                    return
+                await self.clock.sleep(delay)
         self.holding.on_released()
         if released and log:
             self.metrics.lease_released(reason)
             event(logging.INFO, "lease.released", "lease released", reason=reason.value,
-                  **fields)
+                  attempts=attempt, **fields)
         elif log:
             self.metrics.lease_lost(StopReason.CONDITION_FAILED)
             event(logging.WARNING, "lease.lost", "lease had moved on before release",
                   reason=StopReason.CONDITION_FAILED.value, **fields)
 
     async def _record_error(self, problem: str) -> None:
-        if self._record.last_error == problem:
+        if self._record.last_error == error_text(problem):
             return
         with contextlib.suppress(StoreError, TimeoutError):
-            async with asyncio.timeout(self.settings.release_timeout_s):
-                await self.store.record_error(self.stream, problem, self.clock.wall_ms())
+            await shielded(self.leases.record_error(self.stream, problem, self.clock.wall_ms()),
+                           self.settings.release_timeout_s, f"record_error {self.stream}")
         event(logging.WARNING, "stream.unservable", "stream cannot be served", problem=problem,
               stream=self.stream, fence=self.tenure.fence)
+
+
+async def shielded(call: Awaitable[T], timeout: float, name: str) -> T:
+    """Await ``call`` for at most ``timeout`` seconds, shielded from our own cancellation
+    (a release in flight should land even if the shutdown budget cancels us). If we stop
+    waiting, the call goes on, and its outcome is still retrieved and logged."""
+    task = asyncio.ensure_future(call)
+    try:
+        async with asyncio.timeout(timeout):
+            return await asyncio.shield(task)
+    except BaseException:
+        if not task.done():
+            task.add_done_callback(lambda t: _log_orphaned(t, name))
+        raise
+
+
+def _log_orphaned(task: asyncio.Future[Any], name: str) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        event(logging.WARNING, "store.call_failed_late", "a call given up on failed later",
+              call=name, error=str(exc) or type(exc).__name__)

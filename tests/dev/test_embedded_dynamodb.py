@@ -20,8 +20,8 @@ from worker.core.frames import Frame
 from worker.core.lease import LeaseTimings
 from worker.dev import local_aws_env
 from worker.dev.dynamodb import EmbeddedDynamoDB
-from worker.store import codec
-from worker.store.dynamodb import DynamoStore
+from worker.store import codec, dynamodb
+from worker.store.protocols import Stores
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 NOW = 1_700_000_000_000
@@ -38,12 +38,13 @@ def env_for() -> AsyncIterator[None]:
 async def rounds_with_several_winners(endpoint: str, rounds: int, stop_at_first: bool) -> int:
     os.environ.update(local_aws_env(endpoint))
     bad = 0
-    async with DynamoStore.connect("race-streams", "race-events", max_connections=60) as store:
-        await store.create_tables()
+    async with dynamodb.connect("race-streams", "race-events", control_connections=60) as stores:
+        await stores.admin.create_tables()
         for r in range(rounds):
             sid = f"r{r}"
-            await store.put_started(sid, "wss://x/")
-            got = await asyncio.gather(*(store.acquire(sid, f"w{i}", NOW, T) for i in range(50)))
+            await stores.admin.put_started(sid, "wss://x/")
+            got = await asyncio.gather(
+                *(stores.leases.acquire(sid, f"w{i}", NOW, T) for i in range(50)))
             if sum(g is not None for g in got) > 1:
                 bad += 1
                 if stop_at_first:
@@ -74,7 +75,9 @@ async def test_plain_moto_really_races(env_for: None) -> None:
         server.stop()
 
 
-async def test_two_processes_racing_for_the_same_streams(store: DynamoStore) -> None:
+async def test_two_processes_racing_for_the_same_streams(dynamo: Stores) -> None:
+    store = dynamo.admin
+    assert isinstance(store, dynamodb.DynamoAdmin)
     ids = [f"p{i}" for i in range(40)]
     for sid in ids:
         await store.put_started(sid, "wss://x/")
@@ -92,15 +95,15 @@ async def test_two_processes_racing_for_the_same_streams(store: DynamoStore) -> 
         assert sid in won[0 if record.lease_owner == "proc-a" else 1]
 
 
-async def sink_rate(store: DynamoStore, prefix: str, count: int) -> float:
-    acquired = await store.acquire(prefix, "w1", NOW, T)
+async def sink_rate(stores: Stores, prefix: str, count: int) -> float:
+    acquired = await stores.leases.acquire(prefix, "w1", NOW, T)
     assert acquired is not None
     tenure = acquired.tenure
     started = time.perf_counter()
     prev = 0
     for _ in range(count):
         batch = [Frame(s, f'{{"seq":{s}}}') for s in range(prev + 1, prev + 11)]
-        await store.write_batch(tenure, prev, batch, NOW)
+        await stores.sink.write_batch(tenure, prev, batch, NOW)
         prev = batch[-1].seq
     return count / (time.perf_counter() - started)
 
@@ -108,11 +111,11 @@ async def sink_rate(store: DynamoStore, prefix: str, count: int) -> float:
 async def test_sink_transactions_stay_fast_as_the_events_table_grows(env_for: None) -> None:
     with EmbeddedDynamoDB() as server:
         os.environ.update(local_aws_env(server.endpoint_url))
-        async with DynamoStore.connect("perf-streams", "perf-events") as store:
-            await store.create_tables()
-            await store.put_started("empty", "wss://x/")
-            await store.put_started("full", "wss://x/")
-            empty_rate = await sink_rate(store, "empty", 150)
+        async with dynamodb.connect("perf-streams", "perf-events") as stores:
+            await stores.admin.create_tables()
+            await stores.admin.put_started("empty", "wss://x/")
+            await stores.admin.put_started("full", "wss://x/")
+            empty_rate = await sink_rate(stores, "empty", 150)
             backend = server.backend()
             for i in range(50_000):
                 backend.put_item("perf-events", {
@@ -120,7 +123,7 @@ async def test_sink_transactions_stay_fast_as_the_events_table_grows(env_for: No
                     codec.EV_LAST: {"N": str(i)}, codec.EV_MSGS: {"L": [{"S": "{}"}]},
                 })
             assert len(backend.get_table("perf-events")) >= 50_000
-            full_rate = await sink_rate(store, "full", 150)
+            full_rate = await sink_rate(stores, "full", 150)
     ratio = full_rate / empty_rate
     print(f"sink tx/s: empty {empty_rate:.0f}, 50k items {full_rate:.0f}, ratio {ratio:.2f}")
     # Plain moto copies the whole table per transaction: about 1/100 of the empty rate
@@ -128,11 +131,13 @@ async def test_sink_transactions_stay_fast_as_the_events_table_grows(env_for: No
     assert ratio > 0.5
 
 
-async def test_a_wrongly_typed_index_key_is_refused_as_dynamodb_does(store: DynamoStore) -> None:
+async def test_a_wrongly_typed_index_key_is_refused_as_dynamodb_does(dynamo: Stores) -> None:
     """moto alone stores it, and then every query of the index fails with HTTP 500."""
     import aioboto3
     from botocore.exceptions import ClientError
 
+    store = dynamo.admin
+    assert isinstance(store, dynamodb.DynamoAdmin)
     await store.put_started("good", "wss://x/")
     bad = {"Pk": {"S": "CONN#bad"}, "desired_state": {"S": "STARTED"},
            "ws_url": {"S": "wss://x/"}, "lease_expires_at_ms": {"S": "soon"}}
@@ -147,4 +152,4 @@ async def test_a_wrongly_typed_index_key_is_refused_as_dynamodb_does(store: Dyna
     record = await store.get("good")
     assert record is not None and record.lease_expires_at_ms == 0
     assert await store.get("bad") is None
-    assert [r.stream_id for r in await store.orphans(NOW, 10)] == ["good"]
+    assert [r.stream_id for r in await dynamo.leases.orphans(NOW, 10)] == ["good"]

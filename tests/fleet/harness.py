@@ -23,7 +23,7 @@ from tests.procs import Proc, python
 from worker.core.model import StreamRecord
 from worker.dev import local_aws_env
 from worker.dev.upstream import frame_for
-from worker.store.dynamodb import DynamoStore
+from worker.store.dynamodb import DynamoAdmin, connect_admin
 
 FAST_ENV = {
     "STREAMLEASE_LEASE_SECONDS": "1.0",
@@ -101,7 +101,7 @@ class Fleet:
     workers: dict[str, Worker] = field(default_factory=dict)
     upstream: Proc | None = None
     upstream_url: str = ""
-    store: DynamoStore | None = None
+    store: DynamoAdmin | None = None
     _store_cm: object = None
 
     def __post_init__(self) -> None:
@@ -115,7 +115,7 @@ class Fleet:
                                     "--streams", str(self.streams), "--rate", str(self.rate)),
                              name="upstream")
         self.upstream_url = self.upstream.url()
-        cm = DynamoStore.connect(self.table, self.events_table, max_connections=50)
+        cm = connect_admin(self.table, self.events_table, connections=50)
         self._store_cm = cm
         self.store = await cm.__aenter__()
         await self.store.create_tables()

@@ -236,8 +236,7 @@ async def test_hand_written_item_is_picked_up_and_bad_items_are_skipped(
     await fleet.start(workers=2)
     await wait_until(fleet.all_owned, 30, "all owned")
     assert fleet.store is not None
-    client = fleet.store._client
-    table = fleet.table
+    admin = fleet.store
     hand = {"Pk": {"S": "CONN#hand"}, "desired_state": {"S": "STARTED"},
             "ws_url": {"S": fleet.stream_url("hand")}}
     bad_items = {
@@ -256,7 +255,7 @@ async def test_hand_written_item_is_picked_up_and_bad_items_are_skipped(
     secret = {"Pk": {"S": "CONN#tok"}, "desired_state": {"S": "STARTED"},
               "ws_url": {"S": fleet.stream_url("tok") + "?token=t0ps3cret&x=1"}}
     for item in (hand, secret, *bad_items.values()):
-        await client.put_item(TableName=table, Item=item)
+        await admin.put_item(item)
     written = time.monotonic()
 
     async def hand_delivering() -> bool:

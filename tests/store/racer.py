@@ -11,17 +11,17 @@ import time
 import uvloop
 
 from worker.core.lease import LeaseTimings
-from worker.store.dynamodb import DynamoStore
+from worker.store import dynamodb
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 
 
 async def race(table: str, events: str, owner: str, start_at: float, ids: list[str]) -> None:
-    async with DynamoStore.connect(table, events, max_connections=len(ids) + 5) as store:
-        await store.get(ids[0])  # open a connection before the start line
+    async with dynamodb.connect(table, events, control_connections=len(ids) + 5) as stores:
+        await stores.admin.get(ids[0])  # open a connection before the start line
         await asyncio.sleep(max(0.0, start_at - time.time()))
         now = int(time.time() * 1000)
-        results = await asyncio.gather(*(store.acquire(i, owner, now, T) for i in ids))
+        results = await asyncio.gather(*(stores.leases.acquire(i, owner, now, T) for i in ids))
     print(json.dumps([r.tenure.stream_id for r in results if r is not None]), flush=True)
 
 

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from worker.core.model import StreamRecord, Tenure
+from worker.core.model import EventMark, StreamRecord, Tenure
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,24 @@ def can_renew(record: StreamRecord | None, owner: str, fence: int) -> bool:
 def next_fence(record: StreamRecord) -> int:
     """Fence after an acquisition or a force release: +1, starting from 0."""
     return (record.fence or 0) + 1
+
+
+def resume_point(tenure: Tenure, newest: EventMark | None) -> tuple[int, int] | None:
+    """The (fence, last_seq) a fresh tenure must move to, or None if it is consistent.
+
+    The item's checkpoint and fence are the truth unless someone rewrote the item by hand
+    or restored it from a backup: then the sink already holds seqs above ``last_seq`` or
+    batches written under a fence at or above this one. Resuming from there would write
+    seqs twice (or collide with an existing events item forever), and an older-looking
+    fence would follow a newer one in the sink. So the tenure moves to a fence above every
+    fence in the sink and resumes after the newest seq it holds.
+    """
+    if newest is None:
+        return None
+    last = tenure.last_seq or 0
+    if newest.last_seq <= last and newest.fence < tenure.fence:
+        return None
+    return max(tenure.fence, newest.fence + 1), max(last, newest.last_seq)
 
 
 # --- the holder's local deadline ------------------------------------------------------

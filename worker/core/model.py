@@ -6,6 +6,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 KEY_PREFIX = "CONN#"
+MAX_LAST_ERROR_CHARS = 1000
+
+
+def error_text(message: str) -> str:
+    """``last_error`` as stored. Compare with this, not the full message, or a long
+    message looks changed on every pass and is rewritten forever."""
+    return message[:MAX_LAST_ERROR_CHARS]
 
 
 class DesiredState(StrEnum):
@@ -71,3 +78,11 @@ class Tenure:
     def next_seq(self) -> int:
         """The first sequence number not yet durably delivered."""
         return (self.last_seq or 0) + 1
+
+
+@dataclass(frozen=True)
+class EventMark:
+    """Where a stream's sink already is: its newest events item's last seq and fence."""
+
+    last_seq: int
+    fence: int

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 from worker.core.lease import LeaseTimings, can_acquire
-from worker.core.model import StreamRecord
+from worker.core.model import StreamRecord, error_text
 from worker.core.urls import url_problem
 
 VALID_STATES = ("STARTED", "STOPPED")
@@ -79,7 +79,7 @@ def plan_cycle(
             continue
         problem = item_problem(record, allowed_prefixes)
         if problem is not None:
-            if record.last_error != problem:
+            if record.last_error != error_text(problem):
                 unservable.append((record, problem))
             continue
         if can_acquire(record, now_wall_ms, timings):

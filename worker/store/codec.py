@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.core.frames import Frame
-from worker.core.model import StreamRecord, stream_id_from_key, stream_key
+from worker.core.model import (
+    EventMark,
+    StreamRecord,
+    Tenure,
+    error_text,
+    stream_id_from_key,
+    stream_key,
+)
+from worker.errors import SinkConflict, StaleFence
+from worker.store.protocols import SinkOutcome
 
 # Streams table (CONTRACT).
 PK = "Pk"
@@ -37,7 +46,6 @@ EV_AT = "at_ms"  # N: wall time of the write
 # DynamoDB limits that shape batches: 400 KB an item, 100 actions and 4 MB a transaction.
 ITEM_TEXT_BUDGET = 350_000
 MAX_TRANSACT_ACTIONS = 100
-MAX_LAST_ERROR_CHARS = 1000
 
 Item = dict[str, Any]
 
@@ -224,7 +232,19 @@ def record_error_expr(message: str, at_ms: int) -> Expr:
         condition="attribute_exists(#pk)",
         update="SET #err = :err, #errat = :at",
         names=_names("#pk", "#err", "#errat"),
-        values={":err": s(message[:MAX_LAST_ERROR_CHARS]), ":at": n(at_ms)},
+        values={":err": s(error_text(message)), ":at": n(at_ms)},
+    )
+
+
+def advance_expr(owner: str, fence: int, new_fence: int, last_seq: int) -> Expr:
+    """``resume_point`` applied: this tenure's fence and checkpoint move forward together,
+    only while the item still names this owner and fence."""
+    return Expr(
+        condition="#owner = :me AND #fence = :fence",
+        update="SET #fence = :newfence, #last = :last",
+        names=_names("#owner", "#fence", "#last"),
+        values={":me": s(owner), ":fence": n(fence), ":newfence": n(new_fence),
+                ":last": n(last_seq)},
     )
 
 
@@ -276,3 +296,32 @@ def decode_event_item(item: Mapping[str, Any]) -> list[Frame]:
     seqs = item.get(EV_SEQS, {}).get("L", [])
     msgs = item.get(EV_MSGS, {}).get("L", [])
     return [Frame(int(sq["N"]), str(m["S"])) for sq, m in zip(seqs, msgs, strict=True)]
+
+
+def decode_event_mark(item: Mapping[str, Any]) -> EventMark | None:
+    last, fence = _int(item, EV_LAST), _int(item, EV_FENCE)
+    return None if last is None or fence is None else EventMark(last, fence)
+
+
+def refused_batch(codes: list[str], old: StreamRecord | None, tenure: Tenure,
+                  first: int, last: int) -> SinkOutcome:
+    """What a cancelled sink transaction means, from its reasons (one per action: the
+    checkpoint Update first, then the events Puts) and the streams item as it was.
+
+    A re-sent batch that already landed returns ALREADY_COMMITTED; a stale fence raises
+    StaleFence; anything else (a checkpoint or events item moved by something outside the
+    protocol) raises SinkConflict.
+    """
+    if not codes or codes[0] != "ConditionalCheckFailed":
+        if "ConditionalCheckFailed" in codes[1:]:
+            raise SinkConflict(f"stream {tenure.stream_id}: an events item of batch "
+                               f"{first}..{last} already exists")
+        raise SinkConflict(f"sink transaction cancelled: {codes}")
+    if old is None or old.lease_owner != tenure.owner or old.fence != tenure.fence:
+        found = "missing" if old is None else f"owner={old.lease_owner} fence={old.fence}"
+        raise StaleFence(f"stream {tenure.stream_id}: fence {tenure.fence} is stale ({found})")
+    if old.last_seq is not None and old.last_seq >= last:
+        return SinkOutcome.ALREADY_COMMITTED
+    raise SinkConflict(
+        f"stream {tenure.stream_id}: checkpoint is {old.last_seq}, batch {first}..{last} "
+        "does not follow it")

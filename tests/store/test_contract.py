@@ -1,0 +1,321 @@
+"""The store contract, run against both backends: DynamoDB (the embedded server over
+HTTP) and the in-memory store. What one promises, the other must too."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aioboto3
+import pytest
+
+from worker.core.frames import Frame
+from worker.core.lease import LeaseTimings, RenewOutcome
+from worker.core.model import MAX_LAST_ERROR_CHARS, EventMark, Tenure
+from worker.core.plan import invisible_to_index
+from worker.errors import SinkConflict, StaleFence, StoreError
+from worker.store import codec
+from worker.store.dynamodb import DynamoAdmin
+from worker.store.memory import MemoryStore
+from worker.store.protocols import SinkOutcome, Stores
+
+T = LeaseTimings(lease_s=20.0, heartbeat_s=5.0, skew_margin_s=1.0, safety_margin_s=2.0)
+NOW = 1_700_000_000_000
+URL = "wss://feeds.example.com/a"
+
+
+def frames(first: int, last: int, pad: str = "") -> list[Frame]:
+    return [Frame(i, f'{{"seq":{i},"p":"{pad}"}}') for i in range(first, last + 1)]
+
+
+async def exported(stores: Stores, sid: str) -> list[int]:
+    return [f.seq async for f in stores.admin.read_events(sid)]
+
+
+async def delete_stream(stores: Stores, sid: str) -> None:
+    """An operator deleting an item (a write no store role offers)."""
+    admin = stores.admin
+    if isinstance(admin, MemoryStore):
+        del admin.items[f"CONN#{sid}"]
+        return
+    assert isinstance(admin, DynamoAdmin)
+    async with aioboto3.Session().client("dynamodb") as client:
+        await client.delete_item(TableName=admin.table, Key=codec.key(sid))
+
+
+async def acquired(stores: Stores, sid: str, owner: str = "w1", now: int = NOW) -> Tenure:
+    got = await stores.leases.acquire(sid, owner, now, T)
+    assert got is not None
+    return got.tenure
+
+
+async def test_acquire_returns_a_new_fence_and_the_item(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    got = await stores.leases.acquire("a", "w1", NOW, T)
+    assert got is not None
+    assert (got.tenure.fence, got.tenure.owner, got.tenure.expires_at_ms) == (1, "w1", NOW + 20_000)
+    assert got.record.ws_url == URL and got.record.started
+    assert await stores.leases.acquire("a", "w2", NOW + 1000, T) is None  # live lease
+
+
+async def test_fences_strictly_increase_across_takeovers(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    fences = []
+    now = NOW
+    for i in range(5):
+        fences.append((await acquired(stores, "a", f"w{i % 2}", now)).fence)
+        now += 20_000 + 1_001  # past expiry and the skew margin
+    assert fences == [1, 2, 3, 4, 5]
+    assert await stores.leases.acquire("a", "w9", now - 1_001, T) is None  # inside the margin
+
+
+async def test_renew_returns_the_item_and_only_the_holder_can_renew(stores: Stores) -> None:
+    leases, admin = stores.leases, stores.admin
+    await admin.put_started("a", URL)
+    tenure = await acquired(stores, "a")
+    result = await leases.renew(tenure, NOW + 5000, T)
+    assert result.outcome is RenewOutcome.RENEWED
+    assert result.record is not None and result.record.ws_url == URL
+    assert result.record.lease_expires_at_ms == NOW + 25_000
+    before = await admin.get("a")
+    other_owner = Tenure("a", "w2", tenure.fence, None, 0)
+    old_fence = Tenure("a", "w1", tenure.fence - 1, None, 0)
+    for bad in (other_owner, old_fence):
+        assert (await leases.renew(bad, NOW + 6000, T)).outcome is RenewOutcome.LOST
+        assert await leases.release(bad) is False
+    assert await admin.get("a") == before
+
+
+async def test_renew_carries_desired_state_changes(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    tenure = await acquired(stores, "a")
+    await stores.admin.set_state("a", "STOPPED")
+    result = await stores.leases.renew(tenure, NOW + 1, T)
+    assert result.record is not None and result.record.stopped
+
+
+async def test_release_frees_now_and_keeps_owner_and_fence(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    tenure = await acquired(stores, "a")
+    assert await stores.leases.release(tenure) is True
+    record = await stores.admin.get("a")
+    assert record is not None
+    assert (record.lease_expires_at_ms, record.lease_owner, record.fence) == (0, "w1", 1)
+    # A late renew never resurrects a released lease.
+    assert (await stores.leases.renew(tenure, NOW + 1, T)).outcome is RenewOutcome.LOST
+    again = await acquired(stores, "a", "w2", NOW + 1)  # free at once, no waiting for expiry
+    assert again.fence == 2
+
+
+async def test_force_release_fences_out_the_holder(stores: Stores) -> None:
+    admin = stores.admin
+    await admin.put_started("a", URL)
+    tenure = await acquired(stores, "a")
+    refused = await admin.force_release("a", expect_owner="w2")
+    assert not refused.changed and refused.record is not None and refused.record.fence == 1
+    refused = await admin.force_release("a", expect_fence=7)
+    assert not refused.changed
+    done = await admin.force_release("a", expect_owner="w1", expect_fence=1)
+    assert done.changed and done.record is not None
+    assert (done.record.fence, done.record.lease_expires_at_ms) == (2, 0)
+    assert (await stores.leases.renew(tenure, NOW + 1, T)).outcome is RenewOutcome.LOST
+    with pytest.raises(StaleFence):
+        await stores.sink.write_batch(tenure, 0, frames(1, 3), NOW)
+    assert await exported(stores, "a") == []
+    missing = await admin.force_release("nope")
+    assert not missing.changed and missing.record is None
+
+
+async def test_acquire_never_resurrects_a_deleted_item(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    await delete_stream(stores, "a")
+    assert await stores.leases.acquire("a", "w1", NOW, T) is None
+    assert await stores.admin.get("a") is None
+    assert await stores.admin.set_state("a", "STARTED") is None
+    assert await stores.admin.get("a") is None
+
+
+async def test_acquire_refuses_stopped_and_unknown_states(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    await stores.admin.set_state("a", "STOPPED")
+    assert await stores.leases.acquire("a", "w1", NOW, T) is None
+    await stores.admin.set_state("a", "PAUSED")
+    assert await stores.leases.acquire("a", "w1", NOW, T) is None
+
+
+async def test_orphan_query_filters_and_limits(stores: Stores) -> None:
+    for i in range(30):
+        await stores.admin.put_started(f"s{i:02d}", URL)
+    await acquired(stores, "s00")
+    await stores.admin.set_state("s01", "STOPPED")
+    found = await stores.leases.orphans(NOW, limit=1000)
+    assert sorted(r.stream_id for r in found) == [f"s{i:02d}" for i in range(2, 30)]
+    assert len(await stores.leases.orphans(NOW, limit=5)) == 5
+
+
+async def test_sweep_finds_hand_written_and_bad_items(stores: Stores) -> None:
+    leases, admin = stores.leases, stores.admin
+    for i in range(12):
+        await admin.put_item({"Pk": {"S": f"CONN#hand{i}"}, "desired_state": {"S": "STARTED"},
+                              "ws_url": {"S": URL}})
+    await admin.put_item({"Pk": {"S": "CONN#weird"}, "desired_state": {"S": "RUNNING"},
+                          "lease_expires_at_ms": {"N": "0"}})
+    await admin.put_item({"Pk": {"S": "OTHER#x"}})
+    await admin.put_started("normal", URL)
+    everything = await leases.scan()
+    assert len(everything) == 14  # the OTHER#x item is not a stream
+    found = [r for r in everything if invisible_to_index(r)]
+    assert sorted(r.stream_id for r in found) == sorted([f"hand{i}" for i in range(12)] + ["weird"])
+    assert await leases.orphans(NOW, 100) == [await admin.get("normal")]
+    assert await leases.adopt("hand0") is True
+    assert await leases.adopt("hand0") is False
+    assert "hand0" in {r.stream_id for r in await leases.orphans(NOW, 100)}
+    got = await leases.acquire("hand1", "w1", NOW, T)  # acquirable without adoption too
+    assert got is not None and got.tenure.fence == 1
+
+
+async def test_a_wrongly_typed_index_key_is_refused(stores: Stores) -> None:
+    with pytest.raises(StoreError, match="Type mismatch"):
+        await stores.admin.put_item({"Pk": {"S": "CONN#bad"}, "desired_state": {"S": "STARTED"},
+                                     "lease_expires_at_ms": {"S": "soon"}})
+    assert await stores.admin.get("bad") is None
+
+
+async def test_sink_commits_in_order_and_moves_the_checkpoint(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    t = await acquired(stores, "a")
+    assert await stores.sink.write_batch(t, 0, frames(1, 10), NOW) is SinkOutcome.COMMITTED
+    assert await stores.sink.write_batch(t, 10, frames(11, 12), NOW) is SinkOutcome.COMMITTED
+    record = await stores.admin.get("a")
+    assert record is not None and record.last_seq == 12
+    assert await exported(stores, "a") == list(range(1, 13))
+    texts = [f.text async for f in stores.admin.read_events("a")]
+    assert texts[0] == '{"seq":1,"p":""}'
+    assert await stores.sink.newest_event("a") == EventMark(12, 1)
+    assert await stores.sink.newest_event("never") is None
+
+
+async def test_a_resent_batch_cannot_duplicate(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    t = await acquired(stores, "a")
+    assert await stores.sink.write_batch(t, 0, frames(1, 5), NOW) is SinkOutcome.COMMITTED
+    again = await stores.sink.write_batch(t, 0, frames(1, 5), NOW + 7)
+    assert again is SinkOutcome.ALREADY_COMMITTED
+    assert await exported(stores, "a") == [1, 2, 3, 4, 5]
+
+
+async def test_stale_fence_rejects_the_whole_batch(stores: Stores) -> None:
+    sink = stores.sink
+    await stores.admin.put_started("a", URL)
+    old = await acquired(stores, "a")
+    await sink.write_batch(old, 0, frames(1, 3), NOW)
+    new = await acquired(stores, "a", "w2", NOW + 30_000)
+    assert new.fence == 2 and new.last_seq == 3
+    big = frames(4, 200, pad="x" * 3000)  # several events items in one transaction
+    assert len(codec.chunk_frames(big)) > 1
+    with pytest.raises(StaleFence):
+        await sink.write_batch(old, 3, big, NOW + 30_001)
+    assert await exported(stores, "a") == [1, 2, 3]
+    record = await stores.admin.get("a")
+    assert record is not None and record.last_seq == 3
+    assert await sink.write_batch(new, 3, big, NOW + 30_002) is SinkOutcome.COMMITTED
+    assert await exported(stores, "a") == list(range(1, 201))
+    assert await stores.admin.event_fences("a") == [1] + [2] * len(codec.chunk_frames(big))
+
+
+async def test_last_seq_never_moves_backwards(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    t = await acquired(stores, "a")
+    await stores.sink.write_batch(t, 0, frames(1, 10), NOW)
+    with pytest.raises(SinkConflict):
+        await stores.sink.write_batch(t, 5, frames(6, 12), NOW)
+    record = await stores.admin.get("a")
+    assert record is not None and record.last_seq == 10
+    assert await exported(stores, "a") == list(range(1, 11))
+
+
+async def rewind(stores: Stores, sid: str, **attrs: Any) -> None:
+    """Rewrite a stream item by hand (as a PutItem or a restore from backup would)."""
+    record = await stores.admin.get(sid)
+    assert record is not None and record.ws_url is not None
+    item = {"Pk": {"S": f"CONN#{sid}"}, "desired_state": {"S": "STARTED"},
+            "ws_url": {"S": record.ws_url}, "lease_expires_at_ms": {"N": "0"}}
+    item.update({k: {"N": str(v)} for k, v in attrs.items()})
+    await stores.admin.put_item(item)
+
+
+async def test_advance_moves_a_rewound_tenure_past_the_sink(stores: Stores) -> None:
+    sink, leases = stores.sink, stores.leases
+    await stores.admin.put_started("a", URL)
+    first = await acquired(stores, "a")
+    for f in (1, 2, 3):  # three takeovers' worth of history in the sink
+        await leases.release(first)
+        first = await acquired(stores, "a", f"w{f}", NOW + f)
+    await sink.write_batch(first, 0, frames(1, 10), NOW)
+    mark = await sink.newest_event("a")
+    assert mark == EventMark(10, first.fence)
+    await rewind(stores, "a")  # checkpoint and fence gone: both restart
+    fresh = await acquired(stores, "a", "w9", NOW + 10)
+    assert (fresh.fence, fresh.last_seq) == (1, None)
+    # Without advancing, the rewound tenure would write seqs 1.. again (here its first
+    # events item collides with the one already there; another start would duplicate).
+    with pytest.raises(SinkConflict, match="already exists"):
+        await sink.write_batch(fresh, 0, frames(1, 2), NOW)
+    moved = await leases.advance(fresh, mark.fence + 1, 10)
+    assert moved is not None and (moved.fence, moved.last_seq) == (mark.fence + 1, 10)
+    assert await sink.write_batch(moved, 10, frames(11, 12), NOW) is SinkOutcome.COMMITTED
+    assert await exported(stores, "a") == list(range(1, 13))
+    fences = await stores.admin.event_fences("a")
+    assert fences == sorted(fences)
+    # advance is conditional on the tenure it moves: a stale one moves nothing.
+    assert await leases.advance(fresh, 99, 99) is None
+
+
+async def test_record_error_is_truncated_as_stored(stores: Stores) -> None:
+    await stores.admin.put_started("a", URL)
+    long = "x" * (MAX_LAST_ERROR_CHARS + 500)
+    await stores.leases.record_error("a", long, NOW)
+    record = await stores.admin.get("a")
+    assert record is not None and record.last_error == long[:MAX_LAST_ERROR_CHARS]
+    assert record.last_error_at_ms == NOW
+    await stores.leases.record_error("missing", "x", NOW)  # never creates an item
+    assert await stores.admin.get("missing") is None
+
+
+async def test_fifty_concurrent_acquirers_one_winner_twenty_rounds(stores: Stores) -> None:
+    for round_no in range(20):
+        sid = f"race{round_no}"
+        await stores.admin.put_started(sid, URL)
+        results = await asyncio.gather(
+            *(stores.leases.acquire(sid, f"w{i}", NOW, T) for i in range(50)))
+        winners = [r for r in results if r is not None]
+        assert len(winners) == 1, f"round {round_no}: {len(winners)} winners"
+        record = await stores.admin.get(sid)
+        assert record is not None and record.fence == 1
+        assert record.lease_owner == winners[0].tenure.owner
+
+
+async def test_dynamodb_pages_through_the_index_and_the_table(dynamo: Stores) -> None:
+    leases, admin = dynamo.leases, dynamo.admin
+    for i in range(30):
+        await admin.put_started(f"s{i:02d}", URL)
+    assert len(await leases.orphans(NOW, limit=1000, page_size=7)) == 30  # type: ignore[call-arg]
+    assert len(await leases.orphans(NOW, limit=5, page_size=2)) == 5  # type: ignore[call-arg]
+    assert len(await leases.scan(page_size=4)) == 30  # type: ignore[call-arg]
+    assert len(await admin.list_streams(page_size=4)) == 30  # type: ignore[call-arg]
+
+
+def test_decode_reports_wrongly_typed_fields() -> None:
+    from worker.core.plan import item_problem
+
+    record = codec.decode_record({
+        "Pk": {"S": "CONN#x"}, "desired_state": {"S": "STARTED"}, "ws_url": {"N": "5"},
+        "fence": {"S": "seven"}, "last_seq": {"N": "1.5"}, "lease_expires_at_ms": {"N": "0"},
+    })
+    assert record is not None
+    assert record.bad_fields == ("ws_url is not a string", "fence is not a whole number",
+                                 "last_seq is not a whole number")
+    problem = item_problem(record, ("wss://",))
+    assert problem is not None and problem.startswith("wrong attribute type: ws_url")
+    fine = codec.decode_record({"Pk": {"S": "CONN#y"}, "desired_state": {"S": "STOPPED"}})
+    assert fine is not None and fine.bad_fields == () and item_problem(fine, ("wss://",)) is None

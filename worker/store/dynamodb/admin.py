@@ -1,0 +1,166 @@
+"""``Admin`` on DynamoDB: what ``table create``, ``ctl`` and the test harnesses do."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from worker.core.frames import Frame
+from worker.core.model import StreamRecord
+from worker.errors import StoreError
+from worker.store import codec, schema
+from worker.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
+from worker.store.protocols import ForceReleased
+
+
+class DynamoAdmin(DynamoTable):
+    def __init__(self, client: DynamoClient, table: str, events_table: str) -> None:
+        super().__init__(client)
+        self.table = table
+        self.events_table = events_table
+
+    # -- tables -----------------------------------------------------------------------
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return [schema.streams_table(self.table), schema.events_table(self.events_table)]
+
+    async def create_tables(self, wait_s: float = 300.0) -> list[str]:
+        """Create every table if missing and wait until active. Returns those created."""
+        created: list[str] = []
+        for definition in self.definitions():
+            name = definition["TableName"]
+            try:
+                await self._call("create_table", **definition)
+                created.append(name)
+            except StoreError as exc:
+                if "ResourceInUseException" not in str(exc):
+                    raise
+            await self._wait_active(name, wait_s)
+            await self._check_schema(definition)
+        return created
+
+    async def check_tables(self) -> None:
+        """Raise TableMissing (with the fix) unless every table exists."""
+        for definition in self.definitions():
+            await self._call("describe_table", TableName=definition["TableName"])
+
+    async def _wait_active(self, name: str, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            desc = (await self._call("describe_table", TableName=name))["Table"]
+            indexes = desc.get("GlobalSecondaryIndexes", [])
+            if desc.get("TableStatus") == "ACTIVE" and all(
+                i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise StoreError(f"table {name} not ACTIVE after {wait_s:g} s")
+            await asyncio.sleep(2)
+
+    async def _check_schema(self, definition: dict[str, Any]) -> None:
+        name = definition["TableName"]
+        desc = (await self._call("describe_table", TableName=name))["Table"]
+        if _key_schema(desc["KeySchema"]) != _key_schema(definition["KeySchema"]):
+            raise StoreError(f"table {name} exists with a different key schema")
+        found = {i["IndexName"]: i for i in desc.get("GlobalSecondaryIndexes", [])}
+        for index in definition.get("GlobalSecondaryIndexes", []):
+            have = found.get(index["IndexName"])
+            if have is None or _key_schema(have["KeySchema"]) != _key_schema(index["KeySchema"]):
+                raise StoreError(f"table {name} lacks index {index['IndexName']} as specified")
+
+    # -- streams ----------------------------------------------------------------------
+
+    async def get(self, stream_id: str) -> StreamRecord | None:
+        resp = await self._call("get_item", TableName=self.table, Key=codec.key(stream_id),
+                                ConsistentRead=True)
+        item = resp.get("Item")
+        return codec.decode_record(item) if item else None
+
+    async def list_streams(self, page_size: int = 500) -> list[StreamRecord]:
+        found: list[StreamRecord] = []
+        kwargs: dict[str, Any] = {"TableName": self.table, "Limit": page_size}
+        while True:
+            resp = await self._call("scan", **kwargs)
+            found.extend(r for r in map(codec.decode_record, resp.get("Items", [])) if r)
+            if "LastEvaluatedKey" not in resp:
+                return sorted(found, key=lambda r: r.stream_id)
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord:
+        """Upsert as STARTED; a new item gets ``lease_expires_at_ms`` 0 (free now)."""
+        resp = await self._call(
+            "update_item", TableName=self.table, Key=codec.key(stream_id), ReturnValues="ALL_NEW",
+            UpdateExpression="SET #ds = :started, #url = :url, #exp = if_not_exists(#exp, :zero)",
+            ExpressionAttributeNames={"#ds": codec.DESIRED_STATE, "#url": codec.WS_URL,
+                                      "#exp": codec.LEASE_EXPIRES},
+            ExpressionAttributeValues={":started": codec.s("STARTED"), ":url": codec.s(ws_url),
+                                       ":zero": codec.n(0)},
+        )
+        record = codec.decode_record(resp["Attributes"])
+        assert record is not None
+        return record
+
+    async def set_state(self, stream_id: str, state: str) -> StreamRecord | None:
+        """Set ``desired_state`` on an existing item; None if there is no such stream."""
+        try:
+            resp = await self._call(
+                "update_item", TableName=self.table, Key=codec.key(stream_id),
+                ReturnValues="ALL_NEW", ConditionExpression="attribute_exists(#pk)",
+                UpdateExpression="SET #ds = :state",
+                ExpressionAttributeNames={"#pk": codec.PK, "#ds": codec.DESIRED_STATE},
+                ExpressionAttributeValues={":state": codec.s(state)},
+            )
+        except ConditionFailed:
+            return None
+        return codec.decode_record(resp["Attributes"])
+
+    async def force_release(self, stream_id: str, expect_owner: str | None = None,
+                            expect_fence: int | None = None) -> ForceReleased:
+        expr = codec.force_release_expr(expect_owner, expect_fence)
+        try:
+            resp = await self._call(
+                "update_item", TableName=self.table, Key=codec.key(stream_id),
+                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **expr.update_kwargs(),
+            )
+        except ConditionFailed as failed:
+            old = codec.decode_record(failed.item) if failed.item else None
+            return ForceReleased(False, old)
+        return ForceReleased(True, codec.decode_record(resp["Attributes"]))
+
+    async def put_item(self, item: dict[str, Any]) -> None:
+        """A raw streams-table item, as an operator would write it by hand."""
+        await self._call("put_item", TableName=self.table, Item=item)
+
+    # -- the sink, read back ----------------------------------------------------------
+
+    async def read_events(self, stream_id: str) -> AsyncIterator[Frame]:
+        """Delivered frames of one stream in seq order (paginated, consistent reads)."""
+        async for item in self._event_items(stream_id):
+            for frame in codec.decode_event_item(item):
+                yield frame
+
+    async def event_fences(self, stream_id: str) -> list[int]:
+        """The fence of each events item in seq order (for audits: never decreasing)."""
+        return [int(item[codec.EV_FENCE]["N"]) async for item in self._event_items(stream_id)]
+
+    async def _event_items(self, stream_id: str) -> AsyncIterator[dict[str, Any]]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.events_table, "ConsistentRead": True,
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {"#pk": codec.EV_PK},
+            "ExpressionAttributeValues": {":pk": codec.key(stream_id)[codec.PK]},
+        }
+        while True:
+            resp = await self._call("query", **kwargs)
+            for item in resp.get("Items", []):
+                yield item
+            if "LastEvaluatedKey" not in resp:
+                return
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+
+def _key_schema(schema_list: Iterable[dict[str, str]]) -> list[tuple[str, str]]:
+    return sorted((k["AttributeName"], k["KeyType"]) for k in schema_list)

@@ -1,0 +1,288 @@
+"""The stores in memory, with DynamoDB's semantics: for fast tests and simulations.
+
+Items are kept in DynamoDB's own JSON form and read through ``worker.store.codec``, so
+wrongly typed attributes behave as they do in the table: a condition comparing a string
+with a number is false, and a write that gives an index key the wrong type is refused.
+Each method checks its condition and applies its write without awaiting in between, so on
+one event loop every call is atomic, and a sink batch is all or nothing.
+
+It has no failure modes of its own: tests wrap it to inject throttling, timeouts and
+lost answers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from worker.core.frames import Frame
+from worker.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
+from worker.core.model import EventMark, StreamRecord, Tenure, error_text, stream_key
+from worker.errors import StoreError, TableMissing
+from worker.store import codec
+from worker.store.protocols import (
+    Acquired,
+    ForceReleased,
+    RenewResult,
+    SinkOutcome,
+    Stores,
+)
+
+Item = dict[str, Any]
+INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N"}
+
+
+class MemoryStore:
+    """One object playing every role (``stores()`` hands it out as ``Stores``)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, Item] = {}  # Pk -> streams item
+        self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
+        self.tables_created = False
+        self.calls: list[str] = []  # method names, in call order (for tests)
+
+    def stores(self) -> Stores:
+        return Stores(leases=self, sink=self, admin=self)
+
+    # -- LeaseStore -------------------------------------------------------------------
+
+    async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
+                      timings: LeaseTimings, timeout: float | None = None) -> Acquired | None:
+        self._called("acquire")
+        item = self.items.get(stream_key(stream_id))
+        expiry = expiry_for(now_wall_ms, timings)
+        threshold = takeover_threshold_ms(now_wall_ms, timings)
+        if item is None or _s(item, codec.DESIRED_STATE) != "STARTED":
+            return None
+        if codec.LEASE_EXPIRES in item:
+            current = _n(item, codec.LEASE_EXPIRES)
+            if current is None or current >= threshold:
+                return _resent_acquire(item, owner, expiry)
+        fence = _n(item, codec.FENCE)
+        if codec.FENCE in item and fence is None:
+            raise StoreError("ValidationException: fence is not a number")
+        self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
+                         codec.FENCE: codec.n((fence or 0) + 1)})
+        record = _record(item)
+        return Acquired(Tenure(stream_id, owner, (fence or 0) + 1, record.last_seq, expiry),
+                        record)
+
+    async def renew(self, tenure: Tenure, now_wall_ms: int, timings: LeaseTimings,
+                    timeout: float | None = None) -> RenewResult:
+        self._called("renew")
+        item = self.items.get(stream_key(tenure.stream_id))
+        if not _holds(item, tenure) or _n(item, codec.LEASE_EXPIRES) == 0:
+            return RenewResult(RenewOutcome.LOST)
+        assert item is not None
+        expiry = expiry_for(now_wall_ms, timings)
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(expiry)})
+        return RenewResult(RenewOutcome.RENEWED, _record(item), expiry)
+
+    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
+        self._called("release")
+        item = self.items.get(stream_key(tenure.stream_id))
+        if not _holds(item, tenure):
+            return False
+        assert item is not None
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0)})
+        return True
+
+    async def advance(self, tenure: Tenure, fence: int, last_seq: int,
+                      timeout: float | None = None) -> Tenure | None:
+        self._called("advance")
+        item = self.items.get(stream_key(tenure.stream_id))
+        if not _holds(item, tenure):
+            return None
+        assert item is not None
+        self._set(item, {codec.FENCE: codec.n(fence), codec.LAST_SEQ: codec.n(last_seq)})
+        return Tenure(tenure.stream_id, tenure.owner, fence, last_seq, tenure.expires_at_ms)
+
+    async def orphans(self, threshold_ms: int, limit: int,
+                      timeout: float | None = None) -> list[StreamRecord]:
+        self._called("orphans")
+        found = []
+        for item in self.items.values():
+            expiry = _n(item, codec.LEASE_EXPIRES)
+            record = codec.decode_record(item)
+            if record is not None and record.started and expiry is not None \
+                    and expiry < threshold_ms:
+                found.append((expiry, record))
+        found.sort(key=lambda pair: pair[0])  # the index's range-key order
+        return [record for _, record in found[:limit]]
+
+    async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
+        self._called("scan")
+        return _records(self.items.values())
+
+    async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
+        self._called("adopt")
+        item = self.items.get(stream_key(stream_id))
+        if item is None or codec.LEASE_EXPIRES in item:
+            return False
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0)})
+        return True
+
+    async def record_error(self, stream_id: str, message: str, at_ms: int,
+                           timeout: float | None = None) -> None:
+        self._called("record_error")
+        item = self.items.get(stream_key(stream_id))
+        if item is not None:
+            self._set(item, {codec.LAST_ERROR: codec.s(error_text(message)),
+                             codec.LAST_ERROR_AT: codec.n(at_ms)})
+
+    # -- Sink -------------------------------------------------------------------------
+
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
+        self._called("write_batch")
+        if not frames:
+            return SinkOutcome.COMMITTED
+        chunks = codec.chunk_frames(frames)
+        if len(chunks) + 1 > codec.MAX_TRANSACT_ACTIONS:
+            raise ValueError(f"batch of {len(frames)} frames needs {len(chunks)} items")
+        first, last = frames[0].seq, frames[-1].seq
+        pk = stream_key(tenure.stream_id)
+        item = self.items.get(pk)
+        checkpoint_ok = _holds(item, tenure) and (
+            _n(item, codec.LAST_SEQ) == prev_seq if prev_seq
+            else (item is not None and (codec.LAST_SEQ not in item
+                                        or _n(item, codec.LAST_SEQ) == 0)))
+        existing = self.events.setdefault(pk, {})
+        codes = ["None" if checkpoint_ok else "ConditionalCheckFailed"]
+        codes += ["ConditionalCheckFailed" if c[0].seq in existing else "None" for c in chunks]
+        if any(code != "None" for code in codes):
+            old = _record(item) if item is not None else None
+            return codec.refused_batch(codes, old, tenure, first, last)
+        assert item is not None
+        self._set(item, {codec.LAST_SEQ: codec.n(last)})
+        for chunk in chunks:
+            existing[chunk[0].seq] = codec.event_item(tenure.stream_id, tenure.fence, chunk,
+                                                      now_wall_ms)
+        return SinkOutcome.COMMITTED
+
+    async def newest_event(self, stream_id: str,
+                           timeout: float | None = None) -> EventMark | None:
+        self._called("newest_event")
+        items = self.events.get(stream_key(stream_id))
+        if not items:
+            return None
+        return codec.decode_event_mark(items[max(items)])
+
+    # -- AdminStore -------------------------------------------------------------------
+
+    async def create_tables(self) -> list[str]:
+        created = [] if self.tables_created else ["streams", "events"]
+        self.tables_created = True
+        return created
+
+    async def check_tables(self) -> None:
+        if not self.tables_created:
+            raise TableMissing("ResourceNotFoundException (run `streamlease table create`)")
+
+    async def get(self, stream_id: str) -> StreamRecord | None:
+        item = self.items.get(stream_key(stream_id))
+        return _record(item) if item is not None else None
+
+    async def list_streams(self) -> list[StreamRecord]:
+        return sorted(_records(self.items.values()), key=lambda r: r.stream_id)
+
+    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord:
+        pk = stream_key(stream_id)
+        item = self.items.setdefault(pk, {codec.PK: codec.s(pk)})
+        changes = {codec.DESIRED_STATE: codec.s("STARTED"), codec.WS_URL: codec.s(ws_url)}
+        if codec.LEASE_EXPIRES not in item:
+            changes[codec.LEASE_EXPIRES] = codec.n(0)
+        self._set(item, changes)
+        return _record(item)
+
+    async def set_state(self, stream_id: str, state: str) -> StreamRecord | None:
+        item = self.items.get(stream_key(stream_id))
+        if item is None:
+            return None
+        self._set(item, {codec.DESIRED_STATE: codec.s(state)})
+        return _record(item)
+
+    async def force_release(self, stream_id: str, expect_owner: str | None = None,
+                            expect_fence: int | None = None) -> ForceReleased:
+        item = self.items.get(stream_key(stream_id))
+        if item is None:
+            return ForceReleased(False, None)
+        if (expect_owner is not None and _s(item, codec.LEASE_OWNER) != expect_owner) or \
+                (expect_fence is not None and _n(item, codec.FENCE) != expect_fence):
+            return ForceReleased(False, _record(item))
+        fence = _n(item, codec.FENCE) or 0
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1)})
+        return ForceReleased(True, _record(item))
+
+    async def put_item(self, item: dict[str, Any]) -> None:
+        _check_index_keys(item)
+        self.items[item[codec.PK]["S"]] = copy.deepcopy(item)
+
+    async def read_events(self, stream_id: str) -> AsyncIterator[Frame]:
+        for item in self._event_items(stream_id):
+            for frame in codec.decode_event_item(item):
+                yield frame
+
+    async def event_fences(self, stream_id: str) -> list[int]:
+        return [int(item[codec.EV_FENCE]["N"]) for item in self._event_items(stream_id)]
+
+    def _event_items(self, stream_id: str) -> Iterable[Item]:
+        items = self.events.get(stream_key(stream_id), {})
+        return [items[sk] for sk in sorted(items)]
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _called(self, name: str) -> None:
+        self.calls.append(name)
+
+    def _set(self, item: Item, changes: Item) -> None:
+        _check_index_keys({**item, **changes})
+        item.update(changes)
+
+
+def _s(item: Item | None, name: str) -> str | None:
+    value = (item or {}).get(name)
+    return value["S"] if isinstance(value, dict) and isinstance(value.get("S"), str) else None
+
+
+def _n(item: Item | None, name: str) -> int | None:
+    value = (item or {}).get(name)
+    if isinstance(value, dict) and isinstance(value.get("N"), str):
+        try:
+            return int(value["N"])
+        except ValueError:
+            return None
+    return None
+
+
+def _holds(item: Item | None, tenure: Tenure) -> bool:
+    return _s(item, codec.LEASE_OWNER) == tenure.owner and _n(item, codec.FENCE) == tenure.fence
+
+
+def _record(item: Item) -> StreamRecord:
+    record = codec.decode_record(item)
+    assert record is not None
+    return record
+
+
+def _records(items: Iterable[Item]) -> list[StreamRecord]:
+    """Stream items only (``CONN#<id>`` keys), as the Scan reads them."""
+    return [r for r in map(codec.decode_record, items) if r is not None]
+
+
+def _resent_acquire(item: Item, owner: str, expiry: int) -> Acquired | None:
+    """An acquire that already applied (its answer lost, the request sent again)."""
+    record = _record(item)
+    if record.lease_owner == owner and record.lease_expires_at_ms == expiry and record.fence:
+        return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry),
+                        record)
+    return None
+
+
+def _check_index_keys(item: Item) -> None:
+    for name, kind in INDEX_KEYS.items():
+        value = item.get(name)
+        if isinstance(value, dict) and value and next(iter(value)) != kind:
+            raise StoreError(f"ValidationException: Type mismatch for Index Key {name} "
+                             f"Expected: {kind}")

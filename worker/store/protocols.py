@@ -1,0 +1,126 @@
+"""What the worker needs from storage, as narrow protocols, and the values they return.
+
+Three roles, each a handful of methods, each with a DynamoDB implementation
+(``worker.store.dynamodb``) and an in-memory one with the same semantics
+(``worker.store.memory``); one contract suite (tests/store) runs against both.
+
+* ``LeaseStore`` — the control plane a worker runs on: acquire, renew, release, the
+  orphan query, the sweep, ``last_error``.
+* ``Sink`` — the fenced data plane: one transaction per batch, refused for a stale fence.
+* ``AdminStore`` — what operators and tests do: create tables, upsert and flip streams, force
+  releases, read the sink back.
+
+A failed condition is a value, not an exception: ``acquire`` returns None, ``renew``
+returns ``LOST``, ``release`` returns False. Everything else raises ``worker.errors``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from worker.core.frames import Frame
+from worker.core.lease import LeaseTimings, RenewOutcome
+from worker.core.model import EventMark, StreamRecord, Tenure
+
+
+@dataclass(frozen=True)
+class Acquired:
+    tenure: Tenure
+    record: StreamRecord
+
+
+@dataclass(frozen=True)
+class RenewResult:
+    outcome: RenewOutcome
+    record: StreamRecord | None = None
+    expires_at_ms: int | None = None
+    error: str | None = None
+
+
+class SinkOutcome(enum.Enum):
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already_committed"  # an earlier attempt of this batch landed
+
+
+@dataclass(frozen=True)
+class ForceReleased:
+    changed: bool
+    record: StreamRecord | None  # after the write if changed, else as found (None: missing)
+
+
+class LeaseStore(Protocol):
+    async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
+                      timings: LeaseTimings, timeout: float | None = None) -> Acquired | None:
+        """Take a free or expired lease (fence + 1). None if the condition failed."""
+
+    async def renew(self, tenure: Tenure, now_wall_ms: int, timings: LeaseTimings,
+                    timeout: float | None = None) -> RenewResult:
+        """Extend a lease this tenure still holds; the item as it now is."""
+
+    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
+        """Expiry 0, owner and fence kept. False if the lease had moved on."""
+
+    async def advance(self, tenure: Tenure, fence: int, last_seq: int,
+                      timeout: float | None = None) -> Tenure | None:
+        """Move a just-acquired tenure's fence and checkpoint forward (never back) to where
+        the sink already is. None if the lease moved on meanwhile."""
+
+    async def orphans(self, threshold_ms: int, limit: int,
+                      timeout: float | None = None) -> list[StreamRecord]:
+        """STARTED streams whose lease expired before ``threshold_ms`` (the index)."""
+
+    async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
+        """Every stream item, including those the index cannot see (the sweep)."""
+
+    async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
+        """Give a hand-written item ``lease_expires_at_ms = 0``. False if it had one."""
+
+    async def record_error(self, stream_id: str, message: str, at_ms: int,
+                           timeout: float | None = None) -> None:
+        """Write ``last_error`` (truncated, see ``codec.error_text``) and its time."""
+
+
+class Sink(Protocol):
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
+        """Deliver ``frames`` after ``prev_seq`` in one transaction, or raise StaleFence."""
+
+    async def newest_event(self, stream_id: str,
+                           timeout: float | None = None) -> EventMark | None:
+        """The highest seq and fence already in the sink for this stream."""
+
+
+class AdminStore(Protocol):
+    async def create_tables(self) -> list[str]: ...
+
+    async def check_tables(self) -> None: ...
+
+    async def get(self, stream_id: str) -> StreamRecord | None: ...
+
+    async def list_streams(self) -> list[StreamRecord]: ...
+
+    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord: ...
+
+    async def set_state(self, stream_id: str, state: str) -> StreamRecord | None: ...
+
+    async def force_release(self, stream_id: str, expect_owner: str | None = None,
+                            expect_fence: int | None = None) -> ForceReleased: ...
+
+    def read_events(self, stream_id: str) -> AsyncIterator[Frame]: ...
+
+    async def event_fences(self, stream_id: str) -> list[int]: ...
+
+    async def put_item(self, item: dict[str, Any]) -> None:
+        """A raw streams-table item (DynamoDB JSON), as an operator writes one by hand."""
+
+
+@dataclass(frozen=True)
+class Stores:
+    """One backend's three roles, as a worker or a command opens them."""
+
+    leases: LeaseStore
+    sink: Sink
+    admin: AdminStore
