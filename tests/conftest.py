@@ -12,6 +12,7 @@ import uvloop
 
 from tests.fleet.harness import Fleet
 from tests.procs import Proc, python
+from tests.virtual import VirtualTimeLoop
 from worker.dev import local_aws_env
 from worker.store import dynamodb
 from worker.store.memory import MemoryStore
@@ -19,7 +20,10 @@ from worker.store.protocols import Stores
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
-    """Every async test runs on uvloop, as the worker does."""
+    """Every async test runs on uvloop, as the worker does; those marked virtual_time on
+    a loop whose clock jumps to the next timer (tests/virtual.py)."""
+    if item.get_closest_marker("virtual_time"):
+        return {"virtual": VirtualTimeLoop}
     return {"uvloop": uvloop.new_event_loop}
 
 

@@ -1,0 +1,182 @@
+"""The reconciler in virtual time, on the in-memory store with a scripted pump."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from tests.fakes import FaultyStore, PumpScript
+from tests.virtual import LoopClock
+from worker.core.lease import LeaseTimings
+from worker.core.model import MAX_LAST_ERROR_CHARS
+from worker.metrics import Metrics
+from worker.pump import PumpSettings
+from worker.reconciler import REPORTED_LIMIT, Reconciler, ReconcilerSettings
+from worker.store.memory import MemoryStore
+from worker.supervisor import SupervisorSettings
+
+pytestmark = pytest.mark.virtual_time
+
+T = LeaseTimings(lease_s=10.0, heartbeat_s=2.0, skew_margin_s=1.0, safety_margin_s=1.0)
+URL = "wss://feeds.example.com/{}"
+
+
+@pytest.fixture(autouse=True)
+def info_logs(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="streamlease")
+
+
+class Fleet:
+    """One reconciler (a worker) over a shared in-memory table."""
+
+    def __init__(self, memory: MemoryStore | None = None, owner: str = "w1",
+                 **overrides: Any) -> None:
+        self.memory = memory or MemoryStore()
+        self.store = FaultyStore(self.memory)
+        self.clock = LoopClock()
+        self.metrics = Metrics()
+        self.script = PumpScript()
+        values: dict[str, Any] = {"reconcile_s": 1.0, "sweep_s": 10.0, "max_streams": 100,
+                                  "acquire_per_cycle": 10}
+        values.update(overrides)
+        self.reconciler = Reconciler(
+            self.store, self.store, self.clock, self.metrics,
+            ReconcilerSettings(owner=owner, supervisor=SupervisorSettings(
+                timings=T, allowed_urls=("wss://",), pump=PumpSettings(),
+                release_timeout_s=1.0, drain_timeout_s=5.0), **values),
+            pump_factory=self.script.factory())
+        self.task: asyncio.Task[None] | None = None
+
+    async def streams(self, *ids: str) -> None:
+        for sid in ids:
+            await self.memory.put_started(sid, URL.format(sid))
+
+    def start(self) -> Fleet:
+        self.task = asyncio.create_task(self.reconciler.run())
+        return self
+
+    async def stop(self) -> None:
+        assert self.task is not None
+        self.reconciler.stop(release_by=asyncio.get_running_loop().time() + 10)
+        await asyncio.wait_for(self.task, 60)
+
+    def held(self) -> set[str]:
+        return set(self.reconciler.supervisors)
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "sl_event", None) == name]
+
+
+async def test_takes_orphans_up_to_capacity_and_releases_all_on_stop() -> None:
+    fleet = Fleet(max_streams=3)
+    await fleet.streams("a", "b", "c", "d", "e")
+    fleet.start()
+    await asyncio.sleep(5)
+    assert len(fleet.held()) == 3
+    await fleet.stop()
+    records = await fleet.memory.list_streams()
+    assert all(r.lease_expires_at_ms == 0 for r in records)
+    assert fleet.reconciler.unreleased == 0
+
+
+async def test_no_new_streams_while_its_own_renewals_fail(
+        caplog: pytest.LogCaptureFixture) -> None:
+    fleet = Fleet(acquire_per_cycle=1)
+    await fleet.streams("a")
+    fleet.start()
+    await asyncio.sleep(3)
+    assert fleet.held() == {"a"}
+    fleet.store.fail("renew", times=-1)  # the store is struggling
+    await asyncio.sleep(T.heartbeat_s + 1)
+    await fleet.streams("b", "c")
+    await asyncio.sleep(3 * 1.2)  # three reconcile cycles
+    assert fleet.held() <= {"a"}, "acquired while its renewals were failing"
+    assert fleet.metrics.registry.get_sample_value("streamlease_admitting") == 0
+    assert events(caplog, "reconcile.admission")
+    fleet.store.heal()
+    await asyncio.sleep(T.heartbeat_s * 3 + 4)
+    assert {"b", "c"} <= fleet.held()
+    assert fleet.metrics.registry.get_sample_value("streamlease_admitting") == 1
+    await fleet.stop()
+
+
+async def test_a_slow_sweep_never_delays_a_takeover() -> None:
+    fleet = Fleet(sweep_s=5.0)
+    fleet.store.fail("scan", times=-1, delay=30.0)  # every Scan takes 30 s
+    fleet.start()
+    await asyncio.sleep(1)
+    await fleet.streams("a")
+    await asyncio.sleep(1.2 + 0.1)  # one reconcile interval with its jitter
+    assert fleet.held() == {"a"}
+    await fleet.stop()
+
+
+async def test_a_long_problem_is_written_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever produces it, a problem longer than last_error holds is stored truncated.
+    long_problem = "upstream refused: " + "x" * (2 * MAX_LAST_ERROR_CHARS)
+    monkeypatch.setattr("worker.core.plan.url_problem", lambda url, allowed: long_problem)
+    fleet = Fleet()
+    await fleet.memory.put_started("bad", "wss://feeds.example.com/bad")
+    fleet.start()
+    await asyncio.sleep(20)
+    # Reported on the first cycle; every later cycle sees the stored (truncated) text
+    # and leaves it alone, instead of rewriting it on every pass.
+    assert fleet.store.count("record_error") == 1
+    record = await fleet.memory.get("bad")
+    assert record is not None and record.last_error is not None
+    assert len(record.last_error) == MAX_LAST_ERROR_CHARS
+    await fleet.stop()
+
+
+async def test_the_memory_of_reported_problems_is_bounded() -> None:
+    fleet = Fleet()
+    from worker.core.model import StreamRecord
+    for i in range(REPORTED_LIMIT + 50):
+        record = StreamRecord(f"s{i}", "STARTED", "ws://x/")
+        await fleet.reconciler._report_unservable(record, "not allowed")
+    assert len(fleet.reconciler._reported) == REPORTED_LIMIT
+
+
+async def test_a_rewound_checkpoint_resumes_after_the_sink(
+        caplog: pytest.LogCaptureFixture) -> None:
+    memory = MemoryStore()
+    first = Fleet(memory, owner="w1")
+    await first.streams("a")
+    first.start()
+    await asyncio.sleep(6)
+    await first.stop()
+    written = (await memory.get("a")).last_seq  # type: ignore[union-attr]
+    fences = await memory.event_fences("a")
+    assert written and fences
+    # An operator rewrites the item by hand: checkpoint and fence are gone.
+    await memory.put_item({"Pk": {"S": "CONN#a"}, "desired_state": {"S": "STARTED"},
+                           "ws_url": {"S": URL.format("a")}, "lease_expires_at_ms": {"N": "0"}})
+    second = Fleet(memory, owner="w2").start()
+    await asyncio.sleep(6)
+    await second.stop()
+    assert events(caplog, "stream.checkpoint_rewound")
+    seqs = [f.seq async for f in memory.read_events("a")]
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > written
+    after = await memory.event_fences("a")
+    assert after == sorted(after) and after[-1] > max(fences)
+    assert second.metrics.registry.get_sample_value(
+        "streamlease_checkpoint_rewound_total") == 1
+
+
+async def test_every_crashed_acquisition_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    fleet = Fleet()
+    await fleet.streams("a", "b")
+    fleet.store.fail("acquire", times=1, error=RuntimeError("first bug"))
+    fleet.store.fail("acquire", times=1, error=ValueError("second bug"))
+    fleet.start()
+    await asyncio.sleep(0.5)
+    (crashed,) = events(caplog, "reconcile.crashed")
+    assert crashed.exc_text is not None
+    assert "first bug" in crashed.exc_text and "second bug" in crashed.exc_text
+    await asyncio.sleep(3)  # the next cycles take both
+    assert fleet.held() == {"a", "b"}
+    await fleet.stop()

@@ -1,0 +1,236 @@
+"""The supervisor in virtual time: the in-memory store (wrapped to fail on demand) and a
+scripted pump, so every ordering and timeout path runs in milliseconds, deterministically."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from typing import Any
+
+import pytest
+
+from tests.fakes import FaultyStore, PumpScript
+from tests.virtual import LoopClock
+from worker.core.lease import HolderState, LeaseTimings, StopReason
+from worker.errors import StoreUnavailable
+from worker.metrics import Metrics
+from worker.pump import PumpSettings
+from worker.store.memory import MemoryStore
+from worker.supervisor import Supervisor, SupervisorSettings
+
+pytestmark = pytest.mark.virtual_time
+
+
+@pytest.fixture(autouse=True)
+def info_logs(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="streamlease")
+
+T = LeaseTimings(lease_s=10.0, heartbeat_s=2.0, skew_margin_s=1.0, safety_margin_s=1.0)
+URL = "wss://feeds.example.com/a"
+
+
+class Rig:
+    def __init__(self, script: PumpScript | None = None, **settings: Any) -> None:
+        self.memory = MemoryStore()
+        self.store = FaultyStore(self.memory)
+        self.clock = LoopClock()
+        self.metrics = Metrics()
+        self.script = script or PumpScript()
+        self.settings = SupervisorSettings(
+            timings=T, allowed_urls=("wss://",), pump=PumpSettings(),
+            **{"release_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
+
+    async def holder(self, sid: str = "a") -> Supervisor:
+        await self.memory.put_started(sid, URL)
+        sent = self.clock.monotonic()
+        got = await self.memory.acquire(sid, "w1", self.clock.wall_ms(), T)
+        assert got is not None
+        return Supervisor(got.tenure, got.record, sent, self.store, self.store, self.clock,
+                          self.metrics, self.settings, pump_factory=self.script.factory())
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+    async def record(self, sid: str = "a") -> Any:
+        return await self.memory.get(sid)
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "sl_event", None) == name]
+
+
+async def run_for(supervisor: Supervisor, seconds: float) -> asyncio.Task[None]:
+    task = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(seconds)
+    return task
+
+
+async def test_renews_every_heartbeat_and_delivers() -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 60)
+    assert 29 <= rig.store.count("renew") <= 31  # one per 2 s heartbeat
+    assert not task.done() and sup.holding.state is HolderState.HOLDING
+    record = await rig.record()
+    assert record.last_seq == rig.script.pumps["a"].committed > 0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_renew_timeouts_come_from_the_deadline_that_remains() -> None:
+    rig = Rig()
+    rig.store.fail("renew", times=-1, hang=True)  # each attempt waits out its own timeout
+    sup = await rig.holder()
+    await asyncio.wait_for(sup.run(), 60)
+    deadline = T.lease_s - T.safety_margin_s  # from the acquire at t=0
+    timeouts = rig.store.timeouts("renew")
+    sent = [t for name, t in rig.store.sent_at if name == "renew"]
+    assert len(timeouts) >= 3
+    for timeout, at in zip(timeouts, sent, strict=True):
+        assert timeout is not None and timeout <= T.heartbeat_s
+        assert at + timeout <= deadline + 0.05  # never outlives the lease
+    assert timeouts[-1] < timeouts[0]  # shrinks as the deadline nears
+    assert sup.holding.reason is StopReason.DEADLINE
+
+
+async def test_a_lost_renew_aborts_the_pump_without_flushing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    await rig.memory.force_release("a")  # an operator fences the holder out
+    fenced_at = (await rig.record()).last_seq
+    await asyncio.wait_for(task, 10)
+    assert sup.holding.state is HolderState.LOST
+    # Stopped at once (aborted, or the pump saw may_write turn false first): no flush,
+    # and nothing written after the loss.
+    assert "a:stop" not in rig.script.log and "a:flushed" not in rig.script.log
+    assert (await rig.record()).last_seq == fenced_at
+    # Learnt from the renew (condition failed) or from the sink (stale fence): once.
+    assert rig.metric("streamlease_lease_lost_total", reason="condition_failed") + \
+        rig.metric("streamlease_lease_lost_total", reason="stale_fence") == 1
+    assert rig.store.count("release") == 0  # nothing to release: it is not ours
+
+
+async def test_drain_stops_reading_flushes_then_releases_in_that_order() -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 5)
+    sup.request_drain(StopReason.SHUTDOWN)
+    await asyncio.wait_for(task, 30)
+    assert rig.script.log[-3:] == ["a:stop", "a:flushed", "a:release"] or \
+        rig.script.log[-2:] == ["a:stop", "a:flushed"]
+    names = [n for n, _ in rig.store.calls]
+    assert names.index("release") > len(names) - 3  # the release came last
+    record = await rig.record()
+    assert record.lease_expires_at_ms == 0 and record.last_seq == rig.script.pumps["a"].committed
+    assert sup.holding.state is HolderState.RELEASED
+    assert rig.metric("streamlease_lease_released_total", reason="shutdown") == 1
+
+
+async def test_heartbeats_go_on_while_a_long_flush_drains() -> None:
+    # The final flush takes longer than the lease: without renewals during the drain the
+    # holder would self-fence mid-flush and the lease would lapse under it.
+    rig = Rig(PumpScript(flush_s=25.0), drain_timeout_s=60.0)
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    renewals_before = rig.store.count("renew")
+    sup.request_drain(StopReason.STOPPED)
+    await asyncio.wait_for(task, 120)
+    assert rig.store.count("renew") >= renewals_before + 10  # 25 s / 2 s heartbeat
+    assert "a:flushed" in rig.script.log
+    assert sup.holding.state is HolderState.RELEASED
+    assert rig.metric("streamlease_lease_lost_total", reason="deadline") == 0
+
+
+async def test_renewals_failing_until_the_deadline_self_fence(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig()
+    rig.store.fail("renew", times=-1)
+    sup = await rig.holder()
+    task = asyncio.create_task(sup.run())
+    await asyncio.wait_for(task, 60)
+    assert sup.holding.state in (HolderState.SELF_FENCED, HolderState.RELEASED)
+    assert rig.metric("streamlease_lease_lost_total", reason="deadline") == 1
+    assert "a:stop" not in rig.script.log and "a:flushed" not in rig.script.log
+    # Stopped at lease - safety margin after the acquire, not later.
+    assert asyncio.get_running_loop().time() <= 10 - 1 + 1.5
+
+
+async def test_a_release_that_fails_is_retried_until_it_lands(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    rig.store.fail("release", times=2)
+    rig.store.fail("release", times=1, hang=True)  # then one that times out
+    sup.request_drain(StopReason.SHUTDOWN, release_by=asyncio.get_running_loop().time() + 20)
+    await asyncio.wait_for(task, 60)
+    assert rig.store.count("release") == 4
+    assert (await rig.record()).lease_expires_at_ms == 0
+    (released,) = events(caplog, "lease.released")
+    assert released.sl_fields["attempts"] == 4  # type: ignore[attr-defined]
+
+
+async def test_a_release_gives_up_at_its_budget_and_nothing_goes_unretrieved(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    # Every release hangs past its timeout, then fails: the late failures must be
+    # retrieved (and logged), never left as "Task exception was never retrieved".
+    rig.store.fail("release", times=-1, delay=1.5, error=StoreUnavailable("late failure"))
+    started = loop.time()
+    sup.request_drain(StopReason.SHUTDOWN, release_by=started + 6)
+    await asyncio.wait_for(task, 60)
+    assert loop.time() - started <= 6 + 1.5
+    assert sup.holding.state is not HolderState.RELEASED
+    assert events(caplog, "lease.release_failed")
+    await asyncio.sleep(5)  # the given-up calls finish (and fail) in the background
+    gc.collect()
+    assert events(caplog, "store.call_failed_late")
+    assert unretrieved == []
+
+
+async def test_a_pump_that_will_not_stop_is_abandoned_after_the_drain_budget(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig(PumpScript(flush_s=None), drain_timeout_s=4.0)
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    sup.request_drain(StopReason.SHUTDOWN)
+    await asyncio.wait_for(task, 30)
+    assert events(caplog, "stream.stop_timeout")
+    assert (await rig.record()).lease_expires_at_ms == 0  # still released
+
+
+async def test_cancelling_a_supervisor_cancels_its_pump_and_heartbeat() -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    before = set(asyncio.all_tasks())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0)
+    left = {t for t in before - {task, asyncio.current_task()} if not t.done()}
+    assert left == set(), left
+    calls = rig.store.count("renew")
+    await asyncio.sleep(30)
+    assert rig.store.count("renew") == calls  # nothing renews a cancelled tenure
+
+
+async def test_a_stopped_item_drains_and_a_changed_url_reconnects() -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    await rig.memory.put_started("a", "wss://feeds.example.com/b")
+    await asyncio.sleep(T.heartbeat_s + 0.1)
+    assert "a:reconnect:url_changed" in rig.script.log
+    await rig.memory.set_state("a", "STOPPED")
+    await asyncio.wait_for(task, 10)
+    assert rig.metric("streamlease_lease_released_total", reason="stopped") == 1
