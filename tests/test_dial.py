@@ -116,7 +116,8 @@ async def test_dials_an_allowed_url_with_the_options_given() -> None:
     "ws://127.0.0.2:{other}/",
     "ws://127.0.0.1:{allowed}/#x",
 ])
-async def test_a_refused_url_is_never_dialled(template: str, elsewhere: Listener) -> None:
+async def test_a_refused_url_is_never_dialled(template: str, elsewhere: Listener,
+                                              settle: Settle) -> None:
     local = await Listener().start("127.0.0.1")
     try:
         rules = parse_allowed_urls(f"ws://127.0.0.1:{local.port}")
@@ -124,33 +125,31 @@ async def test_a_refused_url_is_never_dialled(template: str, elsewhere: Listener
         with pytest.raises(DialError) as err:
             await dial(url, rules, **OPTIONS)
         assert not err.value.retriable and "refused before dialling" in str(err.value)
-        # Give a stray connection time to land, then check that none did.
-        await asyncio.wait_for(_settle(), 1)
+        await settle()
         assert (local.accepted, elsewhere.accepted) == (0, 0)
     finally:
         local.close()
 
 
-async def _settle() -> None:
-    """One more round trip through the loop's I/O (an accept would be handled by now)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", _settle_port)
-    writer.close()
-    await writer.wait_closed()
-    del reader
+Settle = Callable[[], Awaitable[None]]
 
 
-_settle_port = 0
-
-
-@pytest.fixture(autouse=True)
-async def settle_target() -> AsyncIterator[None]:
-    global _settle_port
-
+@pytest.fixture
+async def settle() -> AsyncIterator[Settle]:
+    """A round trip through the loop's I/O: a stray connection made before it is accepted
+    (and counted) by the time it returns."""
     async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
     server = await asyncio.start_server(drop, "127.0.0.1", 0)
-    _settle_port = server.sockets[0].getsockname()[1]
-    yield
+    port = server.sockets[0].getsockname()[1]
+
+    async def round_trip() -> None:
+        async with asyncio.timeout(1):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            await reader.read()
+            writer.close()
+            await writer.wait_closed()
+    yield round_trip
     server.close()
 
 
@@ -174,7 +173,7 @@ async def test_a_redirect_to_an_allowed_target_is_followed() -> None:
     ("ws://127.0.0.2:{other}/#s3cret", "not a valid WebSocket URL"),
 ])
 async def test_a_redirect_to_a_refused_target_is_not_followed(
-        location: str, fragment: str, elsewhere: Listener) -> None:
+        location: str, fragment: str, elsewhere: Listener, settle: Settle) -> None:
     local = await Listener().start("127.0.0.1")  # same host, a port not allowed
     target = location.format(other=elsewhere.port, local=local.port)
     try:
@@ -182,7 +181,7 @@ async def test_a_redirect_to_a_refused_target_is_not_followed(
             rules = parse_allowed_urls(f"ws://127.0.0.1:{origin}")
             with pytest.raises(DialError) as err:
                 await dial(f"ws://127.0.0.1:{origin}/", rules, **OPTIONS)
-        await asyncio.wait_for(_settle(), 1)
+        await settle()
         assert (local.accepted, elsewhere.accepted) == (0, 0)
     finally:
         local.close()
