@@ -8,10 +8,15 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
+import boto3
 import pytest
 
 from tests.procs import ROOT
+from worker.core.urls import parse_allowed_urls, url_problem
+from worker.dial import dial
+from worker.errors import DialError
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -57,7 +62,8 @@ def test_start_list_show_stop_release(tables: dict[str, str]) -> None:
                                   env=tables).stdout)
     assert [r["stream"] for r in only_started] == ["a"]
     shown = json.loads(cli("ctl", "show", "b", env=tables).stdout)
-    assert shown["desired_state"] == "STOPPED" and shown["ws_url"].endswith("/b?token=***")
+    assert shown["desired_state"] == "STOPPED" and shown["ws_url"] == (
+        "wss://feeds.example.com/***?token=***")
     released = cli("ctl", "release", "a", env=tables)
     assert released.returncode == 0 and "fence 1" in released.stdout
     refused = cli("ctl", "release", "a", "--expect-fence", "0", env=tables)
@@ -145,3 +151,87 @@ async def test_owners_and_guarded_release(tables: dict[str, str]) -> None:
     assert ok.returncode == 0 and "fence 2" in ok.stdout
     after = json.loads(cli("ctl", "owners", "-o", "json", env=tables).stdout)
     assert after == {"owners": {"w1": ["b"], "w2": ["c"]}, "unowned_started": ["a"]}
+
+
+def dynamodb(endpoint: str) -> Any:
+    return boto3.client("dynamodb", endpoint_url=endpoint, region_name=os.environ["AWS_REGION"])
+
+
+def stored_url(endpoint: str, table: str, stream_id: str) -> str:
+    item = dynamodb(endpoint).get_item(TableName=table, Key={"Pk": {"S": f"CONN#{stream_id}"}})
+    return str(item["Item"]["ws_url"]["S"])
+
+
+@pytest.mark.parametrize(("stream_id", "expected"), [
+    ("a#b", "ws://127.0.0.1:9/s/a%23b?k=1"),
+    ("c?d=e", "ws://127.0.0.1:9/s/c%3Fd%3De?k=1"),
+    ("f/../g", "ws://127.0.0.1:9/s/f%2F..%2Fg?k=1"),
+    ("h%2F", "ws://127.0.0.1:9/s/h%252F?k=1"),
+    ("i@127.0.0.2", "ws://127.0.0.1:9/s/i%40127.0.0.2?k=1"),
+    ("j k", "ws://127.0.0.1:9/s/j%20k?k=1"),
+])
+def test_start_escapes_the_id_into_the_url(tables: dict[str, str], dynamodb_endpoint: str,
+                                           stream_id: str, expected: str) -> None:
+    result = cli("ctl", "start", stream_id, "--url", "ws://127.0.0.1:9/s/{id}?k=1", env=tables)
+    assert result.returncode == 0, result.stderr
+    assert stored_url(dynamodb_endpoint, tables["STREAMLEASE_TABLE"], stream_id) == expected
+
+
+@pytest.mark.parametrize(("url", "stream_id"), [
+    ("ws://{id}@127.0.0.1:9/", "a"),  # the id would become user info
+    ("ws://127.0.0.1:9/{id}#x", "a"),
+    ("ws://u:s3cret@127.0.0.1:9/{id}", "a"),
+    ("ws://127.0.0.1:{id}/", "9#x"),
+    ("ws://{id}/", "127.0.0.1:9@127.0.0.2"),  # escaped, so not a host and user info
+    ("ws://{id}/", "a b"),
+])
+def test_start_refuses_urls_that_are_not_plain_ws_urls(url: str, stream_id: str) -> None:
+    result = cli("ctl", "start", stream_id, "--url", url)
+    assert result.returncode == 2, result
+    assert len(result.stderr.strip().splitlines()) == 1 and "--url" in result.stderr
+    assert "s3cret" not in result.stderr
+
+
+SECRET = "s3cret"
+# URLs that carry a secret in every place a URL can.
+SECRET_URLS = {
+    "password": "ws://bob:{s}@127.0.0.1:{port}/v1",
+    "username": "ws://{s}@127.0.0.1:{port}/v1",
+    "fragment": "ws://127.0.0.1:{port}/v1#{s}",
+    "query": "ws://127.0.0.1:{port}/v1?token={s}&from_seq=1",
+    "path": "ws://127.0.0.1:{port}/v2/{s}",
+}
+
+
+async def test_url_secrets_reach_no_log_error_or_command_output(
+        tables: dict[str, str], dynamodb_endpoint: str) -> None:
+    """Each secret-carrying URL goes through dial (what the pump logs), url_problem (what a
+    worker writes to last_error) and ctl start, list and show; no output holds the secret."""
+    rules = parse_allowed_urls("ws://127.0.0.1")
+    client = dynamodb(dynamodb_endpoint)
+    outputs: list[str] = []
+    for kind, template in SECRET_URLS.items():
+        url = template.format(s=SECRET, port=9)  # nothing listens on 127.0.0.1:9
+        with pytest.raises(DialError) as err:
+            await dial(url, rules, open_timeout=5)
+        dial_text = f"{err.value} {err.value.url}"
+        problem = url_problem(url, rules)
+        assert (problem is None) == (kind in ("query", "path")), (kind, problem)
+        # A worker stores the refusal, or the dial error, as last_error.
+        last_error = problem or str(err.value)
+        client.put_item(TableName=tables["STREAMLEASE_TABLE"], Item={
+            "Pk": {"S": f"CONN#{kind}"}, "desired_state": {"S": "STARTED"},
+            "ws_url": {"S": url}, "lease_expires_at_ms": {"N": "0"},
+            "last_error": {"S": last_error}, "last_error_at_ms": {"N": "1"}})
+        started = cli("ctl", "start", f"{kind}-cli", "--url", url, env=tables)
+        assert started.returncode == (0 if kind in ("query", "path") else 2), started
+        shown = cli("ctl", "show", kind, env=tables)
+        assert shown.returncode == 0, shown.stderr
+        outputs += [dial_text, last_error, started.stdout, started.stderr, shown.stdout,
+                    shown.stderr]
+    for args in (("list",), ("list", "-o", "json")):
+        listed = cli("ctl", *args, env=tables)
+        assert listed.returncode == 0 and "password" in listed.stdout
+        outputs += [listed.stdout, listed.stderr]
+    for text in outputs:
+        assert SECRET not in text, text

@@ -17,7 +17,8 @@ def test_defaults_match_the_contract() -> None:
     assert (c.table, c.events_table) == ("streamlease-streams", "streamlease-events")
     assert (c.timings.lease_s, c.timings.heartbeat_s, c.reconcile_s) == (20, 5, 5)
     assert (c.max_streams, c.shutdown_s, c.metrics_port) == (100, 25, 9108)
-    assert c.allowed_urls == ("wss://",) and c.log_format == "json"
+    assert [str(r) for r in c.allowed_urls] == ["wss://"] and c.log_format == "json"
+    assert c.metrics_address == "0.0.0.0"
     assert c.timings.skew_margin_s == 1 and c.timings.safety_margin_s == pytest.approx(2.0)
 
 
@@ -28,7 +29,7 @@ def test_fractional_seconds_for_sub_second_leases() -> None:
         "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:, wss://",
     })
     assert c.timings.lease_s == 0.6 and c.timings.safety_margin_s == pytest.approx(0.06)
-    assert c.allowed_urls == ("ws://127.0.0.1:", "wss://")
+    assert [str(r) for r in c.allowed_urls] == ["ws://127.0.0.1:", "wss://"]
 
 
 def test_every_problem_is_reported_at_once_naming_the_variable() -> None:

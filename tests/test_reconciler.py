@@ -12,6 +12,7 @@ from tests.fakes import FaultyStore, PumpScript
 from tests.virtual import LoopClock
 from worker.core.lease import LeaseTimings
 from worker.core.model import MAX_LAST_ERROR_CHARS
+from worker.core.urls import parse_allowed_urls
 from worker.metrics import Metrics
 from worker.pump import PumpSettings
 from worker.reconciler import REPORTED_LIMIT, Reconciler, ReconcilerSettings
@@ -45,7 +46,7 @@ class Fleet:
         self.reconciler = Reconciler(
             self.store, self.store, self.clock, self.metrics,
             ReconcilerSettings(owner=owner, supervisor=SupervisorSettings(
-                timings=T, allowed_urls=("wss://",), pump=PumpSettings(),
+                timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
                 release_timeout_s=1.0, drain_timeout_s=5.0), **values),
             pump_factory=self.script.factory())
         self.task: asyncio.Task[None] | None = None

@@ -13,6 +13,7 @@ import pytest
 from tests.fakes import FaultyStore, PumpScript
 from tests.virtual import LoopClock
 from worker.core.lease import HolderState, LeaseTimings, StopReason
+from worker.core.urls import parse_allowed_urls
 from worker.errors import StoreUnavailable
 from worker.metrics import Metrics
 from worker.pump import PumpSettings
@@ -38,7 +39,7 @@ class Rig:
         self.metrics = Metrics()
         self.script = script or PumpScript()
         self.settings = SupervisorSettings(
-            timings=T, allowed_urls=("wss://",), pump=PumpSettings(),
+            timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
             **{"release_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
 
     async def holder(self, sid: str = "a") -> Supervisor:

@@ -77,7 +77,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
     health = HealthState(config.timings.lease_s)
     if config.metrics_port:
         try:
-            http.serve(config.metrics_port, health, metrics.exposition)
+            http.serve(config.metrics_address, config.metrics_port, health, metrics.exposition)
         except OSError as exc:
             print(f"streamlease: STREAMLEASE_METRICS_PORT: cannot listen on "
                   f"{config.metrics_port}: {exc}", file=sys.stderr)

@@ -12,11 +12,12 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 from worker.config import WorkerConfig, allowed_prefixes, table_names
 from worker.core.frames import export_line
 from worker.core.model import StreamRecord
-from worker.core.urls import redact, url_problem
+from worker.core.urls import ANY_WS_URL, AllowList, parse_allowed_urls, redact, url_problem
 from worker.errors import ConfigError, StoreError, TableMissing
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -157,10 +158,14 @@ def _healthcheck(timeout: float) -> int:
     import urllib.error
     import urllib.request
 
-    port = WorkerConfig.from_env().metrics_port  # the worker's own settings, validated alike
+    config = WorkerConfig.from_env()  # the worker's own settings, validated alike
+    port = config.metrics_port
     if port == 0:
         raise ConfigError(["STREAMLEASE_METRICS_PORT: is 0, so the health endpoint is off"])
-    url = f"http://127.0.0.1:{port}/healthz"
+    # The worker listens on every interface (0.0.0.0, ::) or on one address.
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(config.metrics_address,
+                                                   config.metrics_address)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             print(resp.read().decode().strip())
@@ -190,15 +195,34 @@ async def _table_create(streams: str, events: str) -> int:
     return EXIT_OK
 
 
+def stream_url(template: str, stream_id: str) -> str:
+    """``template`` with every ``{id}`` replaced by ``stream_id`` percent-encoded, so an
+    id holding ``/``, ``?``, ``#``, ``%`` or ``@`` stays one path or query value."""
+    return template.replace("{id}", quote(stream_id, safe=""))
+
+
+def _allowed_here() -> AllowList | None:
+    """STREAMLEASE_ALLOWED_URLS of this shell, for a warning only; None when unset."""
+    entries = allowed_prefixes()
+    if not entries:
+        return None
+    try:
+        return parse_allowed_urls(",".join(entries))
+    except ValueError as exc:
+        print(f"warning: STREAMLEASE_ALLOWED_URLS in this environment is invalid: {exc}",
+              file=sys.stderr)
+        return None
+
+
 async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
     plans = []
     for stream_id in args.ids:
-        url = args.url.replace("{id}", stream_id)
-        problem = url_problem(url, ("ws://", "wss://"))
+        url = stream_url(args.url, stream_id)
+        problem = url_problem(url, ANY_WS_URL)
         if problem:
             raise UsageError(f"streamlease ctl start: --url: {problem}")
         plans.append((stream_id, url))
-    allowed = allowed_prefixes()
+    allowed = _allowed_here()
     async with _store(tables) as store:
         for stream_id, url in plans:
             before = await store.get(stream_id)
@@ -206,7 +230,7 @@ async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
             change = "created" if before is None else (
                 "unchanged" if before.started and before.ws_url == url else "updated")
             print(f"{stream_id}: STARTED ({change}) url={redact(url)}")
-            if allowed and url_problem(url, allowed):
+            if allowed is not None and url_problem(url, allowed):
                 print(f"{stream_id}: warning: url is outside STREAMLEASE_ALLOWED_URLS in this "
                       "environment; workers with the same setting will not serve it",
                       file=sys.stderr)

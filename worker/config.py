@@ -11,6 +11,7 @@ single ``ConfigError``; ``streamlease run`` turns that into exit code 2.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import socket
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.core.lease import LeaseTimings
+from worker.core.urls import AllowList, parse_allowed_urls
 from worker.errors import ConfigError
 
 
@@ -78,14 +80,12 @@ def worker_id(text: str) -> str:
     return text
 
 
-def allowed_urls(text: str) -> tuple[str, ...]:
-    prefixes = parse_prefixes(text)
-    if not prefixes:
-        raise ValueError("needs at least one URL")
-    for prefix in prefixes:
-        if not prefix.startswith(("ws://", "wss://")):
-            raise ValueError(f"{prefix!r} must start with ws:// or wss://")
-    return prefixes
+def ip_literal(text: str) -> str:
+    """An IP address to bind to, written as one (no names: nothing is resolved)."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise ValueError("must be an IP address such as 0.0.0.0, 127.0.0.1 or ::") from None
 
 
 # The documented knobs, in the order the README lists them: the CONTRACT's first, then
@@ -108,8 +108,11 @@ SETTINGS: tuple[Setting, ...] = (
             "budget for flush and release on SIGTERM", seconds(0.1, 3600)),
     Setting("STREAMLEASE_METRICS_PORT", "metrics_port", "9108",
             "Prometheus /metrics port; 0 turns it off", count(0, 65535)),
+    Setting("STREAMLEASE_METRICS_ADDRESS", "metrics_address", "0.0.0.0",
+            "IP address /metrics and the health endpoints listen on", ip_literal),
     Setting("STREAMLEASE_ALLOWED_URLS", "allowed_urls", "wss://",
-            "comma-separated URLs a worker may dial", allowed_urls),
+            "comma-separated upstreams a worker may dial, matched on scheme, host, port "
+            "and path", parse_allowed_urls),
     Setting("STREAMLEASE_LOG_FORMAT", "log_format", "json", "json or text",
             choice("json", "text")),
     Setting("STREAMLEASE_SKEW_MARGIN_SECONDS", "skew_margin_s", "1",
@@ -148,7 +151,8 @@ class WorkerConfig:
     max_streams: int
     shutdown_s: float
     metrics_port: int
-    allowed_urls: tuple[str, ...]
+    metrics_address: str
+    allowed_urls: AllowList
     log_format: str
     log_level: str
     sweep_s: float

@@ -62,3 +62,23 @@ class SinkConflict(StoreError):
     Only possible if something outside the fencing protocol edited ``last_seq``.
     """
 
+
+
+class DialError(StreamleaseError):
+    """An upstream WebSocket could not be opened, or was refused before dialling.
+
+    The message is safe to log and to store: the failure's type, safe facts (an HTTP
+    status, an errno or TLS reason code) and the URL redacted (``url``); never the
+    library's own message, which can hold the whole URL with its credentials.
+    ``retriable`` is False when the URL itself is refused (the allow-list, a malformed
+    URL): dialling it again cannot succeed until the item changes.
+    """
+
+    retriable = True
+
+    def __init__(self, message: str, *, url: str, status: int | None = None,
+                 retriable: bool = True) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+        self.retriable = retriable

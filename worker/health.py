@@ -1,17 +1,40 @@
 """The worker's HTTP endpoints: ``/metrics``, ``/healthz`` (liveness), ``/readyz``.
 
-Served from a daemon thread so a stuck event loop cannot hide itself: the loop
+Served off the worker's event loop, so a stuck loop cannot hide itself: the loop
 publishes when each held stream was last renewed, and ``/healthz`` fails once any of
 them is older than the lease, whether because DynamoDB refuses or because the loop no
 longer runs. ``/readyz`` fails until the worker has started and while it drains.
+
+The server is a small asyncio HTTP/1.1 responder on its own thread with its own event
+loop, rather than a thread per connection: an idle connection then costs a socket and a
+few hundred bytes, not a thread, and every limit is a plain deadline. Bounds:
+
+- at most ``max_connections`` open at once; the next one closes the oldest (a flood of
+  idle connections cannot lock the health check out, and sockets stay bounded);
+- a request's line and headers must arrive within ``header_timeout_s`` of the accept
+  (answered 408 and closed otherwise: a slow-loris client is dropped) and fit in
+  ``MAX_HEAD_BYTES`` (431 otherwise);
+- a response must be taken by the client within ``write_timeout_s`` (then aborted);
+- one request a connection (``Connection: close``): nothing is held between requests.
+
+Only ``GET`` and ``HEAD`` are served; a request body is never read.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ipaddress
+import socket
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
+
+MAX_HEAD_BYTES = 8192
+MAX_CONNECTIONS = 64
+HEADER_TIMEOUT_S = 5.0
+WRITE_TIMEOUT_S = 10.0
 
 
 class HealthState:
@@ -48,33 +71,132 @@ class HealthState:
         return True, "ok"
 
 
-def serve(port: int, health: HealthState,
-          exposition: Callable[[], tuple[bytes, str]]) -> ThreadingHTTPServer:
-    """Listen on all interfaces (the scraper and the ECS agent are elsewhere)."""
+Exposition = Callable[[], tuple[bytes, str]]
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, content_type = exposition()
-                self._send(200, body, content_type)
-            elif path in ("/healthz", "/readyz"):
-                ok, text = health.live() if path == "/healthz" else health.ready()
-                self._send(200 if ok else 503, (text + "\n").encode(), "text/plain")
-            else:
-                self._send(404, b"not found\n", "text/plain")
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+class HealthServer:
+    """The listening server and its thread. ``address``/``port``: where it listens."""
 
-        def log_message(self, *args: object) -> None:
-            pass
+    def __init__(self, sock: socket.socket, health: HealthState, exposition: Exposition, *,
+                 max_connections: int, header_timeout_s: float,
+                 write_timeout_s: float) -> None:
+        self.address, self.port = sock.getsockname()[:2]
+        self.health = health
+        self.exposition = exposition
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self._sock = sock
+        self._open: dict[asyncio.StreamWriter, None] = {}  # oldest first
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
-    server = ThreadingHTTPServer(("", port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening, drop every connection, end the thread."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        self._server = loop.run_until_complete(asyncio.start_server(
+            self._handle, sock=self._sock, limit=MAX_HEAD_BYTES))
+        try:
+            loop.run_forever()
+        finally:
+            self._server.close()
+            for writer in list(self._open):
+                writer.transport.abort()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._open[writer] = None
+        if len(self._open) > self.max_connections:
+            oldest = next(iter(self._open))
+            del self._open[oldest]  # now, not when its handler wakes: evict each one once
+            oldest.transport.abort()
+        try:
+            await self._serve_one(reader, writer)
+        except Exception:  # a client can only ever cost its own connection
+            writer.transport.abort()
+        finally:
+            self._open.pop(writer, None)
+
+    async def _serve_one(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(self.header_timeout_s):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            await self._respond(writer, HTTPStatus.REQUEST_TIMEOUT, b"request timeout\n")
+            return
+        except asyncio.LimitOverrunError:
+            await self._respond(writer, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                                b"request header too large\n")
+            return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.transport.abort()
+            return
+        method, _, rest = head.partition(b" ")
+        path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
+        if method not in (b"GET", b"HEAD"):
+            await self._respond(writer, HTTPStatus.METHOD_NOT_ALLOWED, b"GET or HEAD only\n")
+            return
+        status, body, content_type = self._route(path)
+        await self._respond(writer, status, body, content_type, head_only=method == b"HEAD")
+
+    def _route(self, path: bytes) -> tuple[HTTPStatus, bytes, str]:
+        if path == b"/metrics":
+            body, content_type = self.exposition()
+            return HTTPStatus.OK, body, content_type
+        if path in (b"/healthz", b"/readyz"):
+            ok, text = self.health.live() if path == b"/healthz" else self.health.ready()
+            return (HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE,
+                    (text + "\n").encode(), "text/plain; charset=utf-8")
+        return HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8"
+
+    async def _respond(self, writer: asyncio.StreamWriter, status: HTTPStatus, body: bytes,
+                       content_type: str = "text/plain; charset=utf-8", *,
+                       head_only: bool = False) -> None:
+        head = (f"HTTP/1.1 {status.value} {status.phrase}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        writer.write(head if head_only else head + body)
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await writer.drain()
+        except (TimeoutError, ConnectionError):
+            writer.transport.abort()
+            return
+        writer.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.write_timeout_s):
+                await writer.wait_closed()
+
+
+def serve(address: str, port: int, health: HealthState, exposition: Exposition, *,
+          max_connections: int = MAX_CONNECTIONS, header_timeout_s: float = HEADER_TIMEOUT_S,
+          write_timeout_s: float = WRITE_TIMEOUT_S) -> HealthServer:
+    """Listen on ``address`` (an IP literal; ``0.0.0.0`` is every IPv4 interface, as the
+    scraper and the ECS agent are elsewhere) and serve from a thread of its own.
+
+    Binding happens here, so a port in use raises OSError to the caller."""
+    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    sock = socket.create_server((address, port), family=family, backlog=128)
+    server = HealthServer(sock, health, exposition, max_connections=max_connections,
+                          header_timeout_s=header_timeout_s, write_timeout_s=write_timeout_s)
+    server.start()
     return server

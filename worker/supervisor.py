@@ -30,6 +30,7 @@ from worker.core.backoff import Backoff
 from worker.core.lease import HolderState, Holding, LeaseTimings, RenewOutcome, StopReason
 from worker.core.model import StreamRecord, Tenure, error_text
 from worker.core.plan import item_problem
+from worker.core.urls import AllowList
 from worker.errors import SelfFenced, SinkConflict, StaleFence, StoreError
 from worker.health import HealthState
 from worker.logs import event
@@ -43,7 +44,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class SupervisorSettings:
     timings: LeaseTimings
-    allowed_urls: tuple[str, ...]
+    allowed_urls: AllowList
     pump: PumpSettings
     release_timeout_s: float = 5.0  # one release call at most
     drain_timeout_s: float = 10.0  # the pump's final flush at most

@@ -270,7 +270,7 @@ async def test_hand_written_item_is_picked_up_and_bad_items_are_skipped(
     await wait_until(errors_recorded, 30, "last_error on every bad item")
     records = await fleet.records()
     assert "missing" in (records["nourl"].last_error or "")
-    assert "not allowed" in (records["evil"].last_error or "")
+    assert "user info" in (records["evil"].last_error or "")
     assert "RUNNING" in (records["weird"].last_error or "")
     assert "fence is not a whole number" in (records["badfence"].last_error or "")
     for sid in bad_items:

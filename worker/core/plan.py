@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 from worker.core.lease import LeaseTimings, can_acquire
 from worker.core.model import StreamRecord, error_text
-from worker.core.urls import url_problem
+from worker.core.urls import AllowList, url_problem
 
 VALID_STATES = ("STARTED", "STOPPED")
 
 
-def item_problem(record: StreamRecord, allowed_prefixes: tuple[str, ...]) -> str | None:
+def item_problem(record: StreamRecord, allowed_urls: AllowList) -> str | None:
     """Why a STARTED-or-not item cannot be served as written, or None.
 
     This is the CONTRACT's list: an unknown ``desired_state``, a missing ``ws_url``, or
@@ -24,7 +24,7 @@ def item_problem(record: StreamRecord, allowed_prefixes: tuple[str, ...]) -> str
         shown = "missing" if record.desired_state is None else repr(record.desired_state)[:64]
         return f"desired_state {shown} is not STARTED or STOPPED"
     if record.started:
-        return url_problem(record.ws_url, allowed_prefixes)
+        return url_problem(record.ws_url, allowed_urls)
     return None
 
 
@@ -60,7 +60,7 @@ def plan_cycle(
     per_cycle: int,
     now_wall_ms: int,
     timings: LeaseTimings,
-    allowed_prefixes: tuple[str, ...],
+    allowed_prefixes: AllowList,
     rng: random.Random,
 ) -> Plan:
     """Pick the streams to try this cycle.
