@@ -27,7 +27,8 @@ T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 
 async def one_run(ops: int) -> dict[str, float]:
     suffix = uuid.uuid4().hex[:8]
-    async with dynamodb.connect(f"bench-s-{suffix}", f"bench-e-{suffix}") as stores:
+    async with dynamodb.connect(f"bench-s-{suffix}", f"bench-e-{suffix}",
+                                f"bench-f-{suffix}") as stores:
         await stores.admin.create_tables()
         ids = [f"b{i}" for i in range(ops)]
         for sid in ids:

@@ -99,6 +99,7 @@ class Run:
         self.rng = random.Random(args.seed)
         suffix = uuid.uuid4().hex[:8]
         self.table, self.events = f"chaos-s-{suffix}", f"chaos-e-{suffix}"
+        self.fleet = f"chaos-f-{suffix}"
         self.workers: dict[str, WorkerProc] = {}
         self.retired: list[WorkerProc] = []
         self.counter = 0
@@ -132,7 +133,8 @@ class Run:
     def worker_env(self, name: str, port: int) -> dict[str, str]:
         p = self.profile
         return {**self.env, "STREAMLEASE_TABLE": self.table,
-                "STREAMLEASE_EVENTS_TABLE": self.events, "STREAMLEASE_WORKER_ID": name,
+                "STREAMLEASE_EVENTS_TABLE": self.events, "STREAMLEASE_FLEET_TABLE": self.fleet,
+                "STREAMLEASE_WORKER_ID": name,
                 "STREAMLEASE_METRICS_PORT": str(port),
                 "STREAMLEASE_LEASE_SECONDS": str(p["lease"]),
                 "STREAMLEASE_HEARTBEAT_SECONDS": str(p["heartbeat"]),
@@ -242,7 +244,9 @@ class Run:
     async def main(self) -> dict[str, Any]:
         p = self.profile
         self.start_servers()
-        async with connect_admin(self.table, self.events, connections=50) as store:
+        async with connect_admin(self.table, self.events, self.fleet,
+                                 connections=50) as stores:
+            store = stores.admin
             self.store = store
             await store.create_tables()
             ids = [f"s{i:03d}" for i in range(1, p["streams"] + 1)]

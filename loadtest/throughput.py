@@ -54,11 +54,13 @@ async def _worker_phase(env: dict[str, str], upstream: str, streams: int, second
     """Run one worker over ``streams`` fresh streams; delivered msgs/s, CPU, RSS."""
     suffix = uuid.uuid4().hex[:8]
     table, events = f"tp-s-{suffix}", f"tp-e-{suffix}"
-    async with connect_admin(table, events) as store:
+    async with connect_admin(table, events, f"tp-f-{suffix}") as stores:
+        store = stores.admin
         await store.create_tables()
         for i in range(streams):
             await store.put_started(f"t{i:04d}", f"{upstream}/streams/t{i:04d}")
         worker_env = {**env, "STREAMLEASE_TABLE": table, "STREAMLEASE_EVENTS_TABLE": events,
+                      "STREAMLEASE_FLEET_TABLE": f"tp-f-{suffix}",
                       "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
                       "STREAMLEASE_METRICS_PORT": "0", "STREAMLEASE_WORKER_ID": "bench",
                       "STREAMLEASE_LOG_LEVEL": "WARNING",

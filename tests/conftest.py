@@ -46,13 +46,14 @@ def dynamodb_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
-def table_names() -> tuple[str, str]:
+def table_names() -> tuple[str, str, str]:
     suffix = uuid.uuid4().hex[:10]
-    return f"streams-{suffix}", f"events-{suffix}"
+    return f"streams-{suffix}", f"events-{suffix}", f"fleet-{suffix}"
 
 
 @pytest.fixture
-async def dynamo(dynamodb_endpoint: str, table_names: tuple[str, str]) -> AsyncIterator[Stores]:
+async def dynamo(dynamodb_endpoint: str,
+                 table_names: tuple[str, str, str]) -> AsyncIterator[Stores]:
     """The DynamoDB stores on fresh tables of the embedded server."""
     async with dynamodb.connect(*table_names, sink_connections=100,
                                 control_connections=100) as stores:
@@ -69,7 +70,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
         yield memory.stores()
         return
     request.getfixturevalue("dynamodb_endpoint")
-    names: tuple[str, str] = request.getfixturevalue("table_names")
+    names: tuple[str, str, str] = request.getfixturevalue("table_names")
     async with dynamodb.connect(*names, sink_connections=100,
                                 control_connections=100) as found:
         await found.admin.create_tables()

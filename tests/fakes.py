@@ -184,3 +184,13 @@ class ScriptedPump:
 
     async def reconnect(self, reason: str) -> None:
         self.note(f"reconnect:{reason}")
+
+
+class StaticMember:
+    """A membership that is always registered and alive (for reconciler unit tests)."""
+
+    epoch = 1
+    accepting = True
+
+    def may_write(self, now: float) -> bool:
+        return True

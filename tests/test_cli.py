@@ -29,17 +29,19 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 @pytest.fixture
 def tables(dynamodb_endpoint: str) -> Iterator[dict[str, str]]:
     suffix = uuid.uuid4().hex[:8]
-    env = {"STREAMLEASE_TABLE": f"cli-s-{suffix}", "STREAMLEASE_EVENTS_TABLE": f"cli-e-{suffix}"}
+    env = {"STREAMLEASE_TABLE": f"cli-s-{suffix}", "STREAMLEASE_EVENTS_TABLE": f"cli-e-{suffix}",
+           "STREAMLEASE_FLEET_TABLE": f"cli-f-{suffix}"}
     result = cli("table", "create", env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["created", env["STREAMLEASE_TABLE"],
-                                     "created", env["STREAMLEASE_EVENTS_TABLE"]]
+                                     "created", env["STREAMLEASE_EVENTS_TABLE"],
+                                     "created", env["STREAMLEASE_FLEET_TABLE"]]
     yield env
 
 
 def test_table_create_twice_says_exists(tables: dict[str, str]) -> None:
     again = cli("table", "create", env=tables)
-    assert again.returncode == 0 and again.stdout.count("exists") == 2
+    assert again.returncode == 0 and again.stdout.count("exists") == 3
 
 
 def test_start_list_show_stop_release(tables: dict[str, str]) -> None:
@@ -131,8 +133,8 @@ async def test_owners_and_guarded_release(tables: dict[str, str]) -> None:
 
     assert cli("ctl", "start", "a", "b", "c", "--url", "wss://x/{id}", env=tables).returncode == 0
     timings = LeaseTimings(60, 5, 1, 2)
-    async with dynamodb.connect(tables["STREAMLEASE_TABLE"],
-                                tables["STREAMLEASE_EVENTS_TABLE"]) as stores:
+    async with dynamodb.connect(tables["STREAMLEASE_TABLE"], tables["STREAMLEASE_EVENTS_TABLE"],
+                                tables["STREAMLEASE_FLEET_TABLE"]) as stores:
         import time
         now = int(time.time() * 1000)
         for sid, owner in (("a", "w1"), ("b", "w1"), ("c", "w2")):

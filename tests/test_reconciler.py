@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FaultyStore, PumpScript
+from tests.fakes import FaultyStore, PumpScript, StaticMember
 from tests.virtual import LoopClock
 from worker.core.lease import LeaseTimings
 from worker.core.model import MAX_LAST_ERROR_CHARS
@@ -40,15 +40,17 @@ class Fleet:
         self.clock = LoopClock()
         self.metrics = Metrics()
         self.script = PumpScript()
+        self.member = StaticMember()
         values: dict[str, Any] = {"reconcile_s": 1.0, "sweep_s": 10.0, "max_streams": 100,
+                                  "stopped_check_s": T.heartbeat_s,
                                   "acquire_per_cycle": 10}
         values.update(overrides)
         self.reconciler = Reconciler(
             self.store, self.store, self.clock, self.metrics,
             ReconcilerSettings(owner=owner, supervisor=SupervisorSettings(
                 timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
-                release_timeout_s=1.0, drain_timeout_s=5.0), **values),
-            pump_factory=self.script.factory())
+                call_timeout_s=1.0, drain_timeout_s=5.0), **values),
+            self.member, pump_factory=self.script.factory())
         self.task: asyncio.Task[None] | None = None
 
     async def streams(self, *ids: str) -> None:

@@ -87,7 +87,9 @@ async def held_worker(make_fleet: FleetFactory, shutdown_s: str) -> tuple[object
                                 env={"STREAMLEASE_SHUTDOWN_SECONDS": shutdown_s,
                                      "STREAMLEASE_LEASE_SECONDS": "30",
                                      "STREAMLEASE_HEARTBEAT_SECONDS": "5",
-                                     "STREAMLEASE_SAFETY_MARGIN_SECONDS": "1"})
+                                     "STREAMLEASE_SAFETY_MARGIN_SECONDS": "1",
+                                     "STREAMLEASE_STREAM_LEASE_SECONDS": "60",
+                                     "STREAMLEASE_STREAM_RENEW_SECONDS": "20"})
     await wait_until(lambda: fleet.all_owned(by={"w1"}), 30, "w1 holds both streams")
     proxy.hold()  # DynamoDB stops answering this worker: its drain cannot finish
     return worker, proxy

@@ -40,7 +40,7 @@ class Rig:
         self.script = script or PumpScript()
         self.settings = SupervisorSettings(
             timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
-            **{"release_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
+            **{"call_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
 
     async def holder(self, sid: str = "a") -> Supervisor:
         await self.memory.put_started(sid, URL)

@@ -22,9 +22,11 @@ from worker import __version__
 from worker import health as http
 from worker.clock import SYSTEM_CLOCK, Clock
 from worker.config import WorkerConfig, default_worker_id
+from worker.core.membership import MemberTimings
 from worker.errors import ConfigError, StoreError
 from worker.health import HealthState
 from worker.logs import CONTEXT, event, setup
+from worker.membership import Hooks, Membership, MembershipSettings
 from worker.metrics import Metrics
 from worker.pump import PumpSettings
 from worker.reconciler import Reconciler, ReconcilerSettings
@@ -61,20 +63,27 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         stable_after_s=max(1.0, timings.lease_s / 4),
     )
     supervisor = SupervisorSettings(
-        timings=timings, allowed_urls=config.allowed_urls, pump=pump,
-        release_timeout_s=call_timeout, drain_timeout_s=max(1.0, config.shutdown_s / 2),
+        timings=config.stream_timings, allowed_urls=config.allowed_urls, pump=pump,
+        call_timeout_s=call_timeout, drain_timeout_s=max(1.0, config.shutdown_s / 2),
+        check_s=config.stream_check_s,
     )
     return ReconcilerSettings(
         owner=owner, reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
         max_streams=config.max_streams, acquire_per_cycle=config.acquire_per_cycle,
-        supervisor=supervisor,
+        supervisor=supervisor, stopped_check_s=timings.heartbeat_s,
     )
+
+
+def member_timings(config: WorkerConfig) -> MemberTimings:
+    t = config.timings
+    return MemberTimings(t.lease_s, t.heartbeat_s, t.safety_margin_s)
 
 
 async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -> int:
     metrics = Metrics()
     metrics.set_capacity(config.max_streams)
-    health = HealthState(config.timings.lease_s)
+    # Live while the member heartbeat and every stream's check-in are recent.
+    health = HealthState(max(config.timings.lease_s, 3 * config.stream_check_s))
     if config.metrics_port:
         try:
             http.serve(config.metrics_address, config.metrics_port, health, metrics.exposition)
@@ -84,18 +93,36 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
             return 1
     settings = build_settings(config, owner)
     async with dynamodb.connect(
-        config.table, config.events_table,
+        config.table, config.events_table, config.fleet_table,
         # One sink transaction in flight per stream at most; the control plane has its
-        # own pool, so renewals and releases never queue behind sink batches.
+        # own pool, so heartbeats, renewals and releases never queue behind sink batches.
         sink_connections=min(1000, config.max_streams + 10),
-        control_connections=min(200, config.max_streams + 10),
+        control_connections=min(200, config.acquire_per_cycle + 40),
         observe=metrics.dynamodb_request,
-        call_timeout_s=settings.supervisor.release_timeout_s,
+        call_timeout_s=settings.supervisor.call_timeout_s,
     ) as stores:
         # Fail fast, with a clear line, if the tables are missing or unreachable.
         await stores.admin.check_tables()
+        reconciler: Reconciler | None = None
+
+        def held() -> int:
+            return len(reconciler.supervisors) if reconciler else 0
+
+        def member_proven(at: float) -> None:
+            health.renewed(MEMBER_HEALTH_KEY, at)
+
+        membership = Membership(
+            stores.fleet, stores.leases, clock, metrics,
+            MembershipSettings(owner, config.max_streams, member_timings(config)),
+            Hooks(held=held,
+                  fenced=lambda: reconciler.member_lost(True) if reconciler else None,
+                  self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
+                  fleet_changed=lambda: reconciler.poke() if reconciler else None,
+                  proven=member_proven))
         reconciler = Reconciler(stores.leases, stores.sink, clock, metrics, settings,
-                                health=health)
+                                membership, health=health)
+        await membership.register()
+        member_proven(clock.monotonic())
         loop = asyncio.get_running_loop()
         signals_seen = 0
 
@@ -106,10 +133,12 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                 event(logging.WARNING, "worker.exit_now", "second signal: exiting at once",
                       signal=signal.Signals(signum).name)
                 os._exit(1)
+            assert reconciler is not None
             event(logging.INFO, "worker.draining", "draining: releasing every lease",
                   signal=signal.Signals(signum).name, leases=len(reconciler.supervisors))
             metrics.draining(True)
             health.draining = True
+            membership.drain()  # peers see DRAINING at once: share 0, poll for releases
             # Releases are retried until shortly before the shutdown budget runs out.
             reconciler.stop(release_by=clock.monotonic() + config.shutdown_s * 0.9)
 
@@ -117,15 +146,22 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
             loop.add_signal_handler(sig, on_signal, sig)
         t = config.timings
         event(logging.INFO, "worker.started", "worker started", version=__version__,
-              table=config.table, events_table=config.events_table, lease_s=t.lease_s,
+              table=config.table, events_table=config.events_table,
+              fleet_table=config.fleet_table, epoch=membership.epoch, lease_s=t.lease_s,
               heartbeat_s=t.heartbeat_s, skew_margin_s=t.skew_margin_s,
               safety_margin_s=t.safety_margin_s,
               self_fence_after_s=round(t.lease_s - t.safety_margin_s, 3),
+              stream_lease_s=config.stream_lease_s, stream_renew_s=config.stream_renew_s,
+              stream_check_s=config.stream_check_s,
               reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
               max_streams=config.max_streams, metrics_port=config.metrics_port,
-              allowed_urls=list(config.allowed_urls))
+              allowed_urls=[str(rule) for rule in config.allowed_urls])
         health.started = True
-        return await _run_until_drained(reconciler, config.shutdown_s, metrics, clock)
+        return await _run_until_drained(reconciler, membership, config.shutdown_s, metrics,
+                                        clock)
+
+
+MEMBER_HEALTH_KEY = "(member heartbeat)"
 
 
 async def _watch_loop_lag(metrics: Metrics, clock: Clock, period: float = 0.5) -> None:
@@ -136,18 +172,23 @@ async def _watch_loop_lag(metrics: Metrics, clock: Clock, period: float = 0.5) -
         metrics.loop_lag(clock.monotonic() - before - period)
 
 
-async def _run_until_drained(reconciler: Reconciler, shutdown_s: float, metrics: Metrics,
-                             clock: Clock) -> int:
-    """Run the reconciler until a signal; then give the drain ``shutdown_s`` seconds."""
+async def _run_until_drained(reconciler: Reconciler, membership: Membership, shutdown_s: float,
+                             metrics: Metrics, clock: Clock) -> int:
+    """Run until a signal; then give the drain ``shutdown_s`` seconds: every stream flushes
+    and releases, then the member row is removed."""
     async with asyncio.TaskGroup() as tg:
         lag_task = tg.create_task(_watch_loop_lag(metrics, clock))
+        member_task = tg.create_task(membership.run())
         run_task = tg.create_task(reconciler.run())
         stop_task = tg.create_task(reconciler.stopping.wait())
-        await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({run_task, stop_task, member_task},
+                           return_when=asyncio.FIRST_COMPLETED)
         stop_task.cancel()
         lag_task.cancel()
-        if run_task.done() and not reconciler.stopping.is_set():
-            event(logging.ERROR, "worker.failed", "the reconciler stopped by itself")
+        if not reconciler.stopping.is_set():
+            event(logging.ERROR, "worker.failed", "the reconciler or membership stopped by itself")
+            reconciler.stop()
+            membership.stop()
             return 1
         try:
             async with asyncio.timeout(shutdown_s):
@@ -157,7 +198,11 @@ async def _run_until_drained(reconciler: Reconciler, shutdown_s: float, metrics:
                   "STREAMLEASE_SHUTDOWN_SECONDS ran out; remaining leases will expire",
                   leases=len(reconciler.supervisors))
             run_task.cancel()
+            membership.stop()
             return 1
+        if not reconciler.unreleased:
+            await membership.leave()
+        membership.stop()
     if reconciler.unreleased:
         event(logging.ERROR, "worker.stopped", "exiting; some leases could not be released "
               "and will expire", unreleased=reconciler.unreleased)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -19,6 +20,7 @@ from worker.core.frames import export_line
 from worker.core.model import StreamRecord
 from worker.core.urls import ANY_WS_URL, AllowList, parse_allowed_urls, redact, url_problem
 from worker.errors import ConfigError, StoreError, TableMissing
+from worker.store.protocols import AdminStore, Stores
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 MAX_STREAM_ID = 1000
@@ -145,7 +147,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _healthcheck(args.timeout)
     tables = table_names()
     if args.command == "table":
-        return _run(_table_create(*tables))
+        return _run(_table_create(tables))
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
         "start": _ctl_start, "stop": _ctl_stop, "list": _ctl_list, "show": _ctl_show,
         "release": _ctl_release, "export": _ctl_export, "owners": _ctl_owners,
@@ -182,16 +184,30 @@ def _run(coro: Awaitable[int]) -> int:
     return asyncio.run(wrapped())
 
 
-def _store(tables: tuple[str, str]) -> Any:
+Tables = tuple[str, str, str]  # streams, events, fleet
+
+
+@contextlib.asynccontextmanager
+async def _stores(tables: Tables) -> AsyncIterator[Stores]:
     from worker.store.dynamodb import connect_admin
-    return connect_admin(*tables)
+    async with connect_admin(*tables) as stores:
+        yield stores
 
 
-async def _table_create(streams: str, events: str) -> int:
-    async with _store((streams, events)) as store:
+@contextlib.asynccontextmanager
+async def _store(tables: Tables) -> AsyncIterator[AdminStore]:
+    async with _stores(tables) as stores:
+        yield stores.admin
+
+
+async def _table_create(tables: Tables) -> int:
+    async with _store(tables) as store:
         created = await store.create_tables()
-    for name in (streams, events):
+    for name in tables:
         print(f"{'created' if name in created else 'exists '} {name}")
+    for name in created:
+        if "/index/" in name:
+            print(f"added   {name}")
     return EXIT_OK
 
 
@@ -214,7 +230,7 @@ def _allowed_here() -> AllowList | None:
         return None
 
 
-async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
+async def _ctl_start(tables: Tables, args: argparse.Namespace) -> int:
     plans = []
     for stream_id in args.ids:
         url = stream_url(args.url, stream_id)
@@ -237,7 +253,7 @@ async def _ctl_start(tables: tuple[str, str], args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _ctl_stop(tables: tuple[str, str], args: argparse.Namespace) -> int:
+async def _ctl_stop(tables: Tables, args: argparse.Namespace) -> int:
     missing = 0
     async with _store(tables) as store:
         for stream_id in args.ids:
@@ -273,7 +289,7 @@ def record_json(record: StreamRecord, now_ms: int) -> dict[str, Any]:
     }
 
 
-async def _ctl_list(tables: tuple[str, str], args: argparse.Namespace) -> int:
+async def _ctl_list(tables: Tables, args: argparse.Namespace) -> int:
     from worker.clock import SYSTEM_CLOCK
     async with _store(tables) as store:
         records = await store.list_streams()
@@ -300,7 +316,7 @@ async def _ctl_list(tables: tuple[str, str], args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _ctl_owners(tables: tuple[str, str], args: argparse.Namespace) -> int:
+async def _ctl_owners(tables: Tables, args: argparse.Namespace) -> int:
     from worker.clock import SYSTEM_CLOCK
     async with _store(tables) as store:
         records = await store.list_streams()
@@ -324,7 +340,7 @@ async def _ctl_owners(tables: tuple[str, str], args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _ctl_show(tables: tuple[str, str], args: argparse.Namespace) -> int:
+async def _ctl_show(tables: Tables, args: argparse.Namespace) -> int:
     from worker.clock import SYSTEM_CLOCK
     async with _store(tables) as store:
         record = await store.get(args.id)
@@ -334,7 +350,7 @@ async def _ctl_show(tables: tuple[str, str], args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _ctl_release(tables: tuple[str, str], args: argparse.Namespace) -> int:
+async def _ctl_release(tables: Tables, args: argparse.Namespace) -> int:
     async with _store(tables) as store:
         result = await store.force_release(args.id, args.expect_owner, args.expect_fence)
     if result.changed:
@@ -349,7 +365,7 @@ async def _ctl_release(tables: tuple[str, str], args: argparse.Namespace) -> int
                               f"expected owner={args.expect_owner} fence={args.expect_fence}")
 
 
-async def _ctl_export(tables: tuple[str, str], args: argparse.Namespace) -> int:
+async def _ctl_export(tables: Tables, args: argparse.Namespace) -> int:
     async with _store(tables) as store:
         if await store.get(args.id) is None:
             return _fail(EXIT_FAILED, f"streamlease: no stream {args.id!r}")

@@ -113,6 +113,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_ALLOWED_URLS", "allowed_urls", "wss://",
             "comma-separated upstreams a worker may dial, matched on scheme, host, port "
             "and path", parse_allowed_urls),
+    Setting("STREAMLEASE_FLEET_TABLE", "fleet_table", "streamlease-fleet",
+            "fleet table (members, leader, jobs)", table_name),
     Setting("STREAMLEASE_LOG_FORMAT", "log_format", "json", "json or text",
             choice("json", "text")),
     Setting("STREAMLEASE_SKEW_MARGIN_SECONDS", "skew_margin_s", "1",
@@ -134,6 +136,15 @@ SETTINGS: tuple[Setting, ...] = (
             "largest upstream frame accepted", count(1024, 300_000)),
     Setting("STREAMLEASE_LOG_LEVEL", "log_level", "INFO", "DEBUG, INFO, WARNING or ERROR",
             choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True)),
+    Setting("STREAMLEASE_STREAM_LEASE_SECONDS", "stream_lease_s", "1800",
+            "time to live of each stream's own lease (the safety net under membership)",
+            seconds(0.1, 86400)),
+    Setting("STREAMLEASE_STREAM_RENEW_SECONDS", "stream_renew_s", "600",
+            "how often a holder renews a stream's lease; at most a third of it",
+            seconds(0.03, 28800)),
+    Setting("STREAMLEASE_STREAM_CHECK_SECONDS", "stream_check_s", "60",
+            "how often a holder reads its stream's item (ws_url changes, revocation)",
+            seconds(0.01, 3600)),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 DEFAULTS = {s.name: s.default for s in SETTINGS}
@@ -145,8 +156,9 @@ class WorkerConfig:
 
     table: str
     events_table: str
+    fleet_table: str
     worker_id: str | None  # None: resolved at start-up (ECS metadata, hostname-pid)
-    timings: LeaseTimings
+    timings: LeaseTimings  # the member lease: LEASE, HEARTBEAT, skew and safety margins
     reconcile_s: float
     max_streams: int
     shutdown_s: float
@@ -160,6 +172,17 @@ class WorkerConfig:
     batch_max_messages: int
     batch_max_s: float
     max_frame_bytes: int
+    stream_lease_s: float
+    stream_renew_s: float
+    stream_check_s: float
+
+    @property
+    def stream_timings(self) -> LeaseTimings:
+        """Each stream's own lease: renewed every ``stream_renew_s``; the holder's local
+        deadline and the takeover rule use the same margins as the member lease."""
+        t = self.timings
+        return LeaseTimings(self.stream_lease_s, self.stream_renew_s, t.skew_margin_s,
+                            t.safety_margin_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:
@@ -178,9 +201,32 @@ class WorkerConfig:
                 "STREAMLEASE_SWEEP_SECONDS: with its jitter plus one reconcile interval it "
                 "must stay under 60 s, so hand-written items start within a minute; got "
                 f"{values['sweep_s']:g} + {values['reconcile_s']:g}")
+        problems.extend(stream_timing_problems(values, timings))
         if problems:
             raise ConfigError(problems)
         return cls(timings=timings, **values)
+
+
+def stream_timing_problems(values: Mapping[str, Any], member: LeaseTimings) -> list[str]:
+    """The stream lease must outlast the member lease (a live member's streams never
+    expire under it) and get three renewals and one check-in per renewal interval."""
+    lease, renew, check = values["stream_lease_s"], values["stream_renew_s"], \
+        values["stream_check_s"]
+    found = []
+    if lease < member.lease_s:
+        found.append(f"STREAMLEASE_STREAM_LEASE_SECONDS: must be at least the member lease "
+                     f"(STREAMLEASE_LEASE_SECONDS {member.lease_s:g}), got {lease:g}")
+    if renew > lease / 3:
+        found.append(f"STREAMLEASE_STREAM_RENEW_SECONDS: must be at most a third of the stream "
+                     f"lease ({lease:g}/3 = {lease / 3:g}), got {renew:g}")
+    if check > renew:
+        found.append(f"STREAMLEASE_STREAM_CHECK_SECONDS: must be at most the renewal interval "
+                     f"({renew:g}), got {check:g}")
+    if member.skew_margin_s + member.safety_margin_s >= lease - renew:
+        found.append("STREAMLEASE_STREAM_LEASE_SECONDS: minus the renewal interval it must "
+                     "exceed the skew and safety margins, or a renewed stream could look "
+                     "expired to a peer")
+    return found
 
 
 def read_settings(settings: tuple[Setting, ...],
@@ -217,14 +263,14 @@ def setting_value(name: str, env: Mapping[str, str] | None = None) -> Any:
     return values[BY_NAME[name].attr]
 
 
-def table_names(env: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """STREAMLEASE_TABLE and STREAMLEASE_EVENTS_TABLE alone (for ``ctl``); ConfigError."""
+def table_names(env: Mapping[str, str] | None = None) -> tuple[str, str, str]:
+    """The streams, events and fleet table names alone (for ``ctl``); ConfigError."""
     values, problems = read_settings(
-        (BY_NAME["STREAMLEASE_TABLE"], BY_NAME["STREAMLEASE_EVENTS_TABLE"]),
-        os.environ if env is None else env)
+        (BY_NAME["STREAMLEASE_TABLE"], BY_NAME["STREAMLEASE_EVENTS_TABLE"],
+         BY_NAME["STREAMLEASE_FLEET_TABLE"]), os.environ if env is None else env)
     if problems:
         raise ConfigError(problems)
-    return values["table"], values["events_table"]
+    return values["table"], values["events_table"], values["fleet_table"]
 
 
 def allowed_prefixes(env: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -8,6 +8,8 @@ so ``rate()`` and alerts work before the first event.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -21,15 +23,19 @@ from prometheus_client import (
 
 from worker import __version__
 from worker.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
+from worker.core.membership import MemberRecord
 
 RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big")
 BAD_ITEM_REASONS = ("bad_state", "bad_url")
 DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
-                       "describe_table", "create_table")
+                       "delete_item", "put_item", "describe_table", "create_table",
+                       "update_table")
 DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "timeout", "cancelled",
                      "error")
 
 RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
+MEMBER_HEARTBEAT_OUTCOMES = ("renewed", "fenced", "unknown", "throttled")
+MEMBER_STATUSES = ("ACTIVE", "DRAINING", "DEAD", "UNRESPONSIVE")
 FLEET_STATES = ("STARTED", "STOPPED", "invalid")
 FLEET_LEASES = ("live", "expired", "none")
 
@@ -110,6 +116,24 @@ class Metrics:
         self._rewound = Counter(p + "checkpoint_rewound",
                                 "Acquisitions that found the item's checkpoint or fence behind "
                                 "the sink and resumed after the sink", registry=r)
+        self._members = Gauge(
+            p + "members",
+            "Fleet members as this worker last read them, by status (UNRESPONSIVE: observed "
+            "dead, not yet fenced)", ["status"], registry=r)
+        self._declared_dead = Counter(p + "members_declared_dead",
+                                      "Members this worker fenced after observing them dead",
+                                      registry=r)
+        self._on_behalf = Counter(p + "releases_on_behalf",
+                                  "Streams of dead members this worker released for them",
+                                  registry=r)
+        self._member_fenced = Counter(p + "member_fenced",
+                                      "Times this worker found its own epoch moved on",
+                                      registry=r)
+        self._member_hb = Histogram(p + "member_heartbeat_seconds",
+                                    "Duration of one member heartbeat", buckets=FAST_BUCKETS,
+                                    registry=r)
+        self._member_hbs = Counter(p + "member_heartbeats", "Member heartbeats, by outcome",
+                                   ["outcome"], registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -123,6 +147,10 @@ class Metrics:
             self._bad_items.labels(name)
         for name in RENEW_OUTCOMES:
             self._renewals.labels(name)
+        for name in MEMBER_HEARTBEAT_OUTCOMES:
+            self._member_hbs.labels(name)
+        for name in MEMBER_STATUSES:
+            self._members.labels(name)
         for op in DYNAMODB_OPERATIONS:
             self._ddb_seconds.labels(op)
             for outcome in DYNAMODB_OUTCOMES:
@@ -197,6 +225,29 @@ class Metrics:
 
     def bad_item(self, reason: str) -> None:
         self._bad_items.labels(reason).inc()
+
+    def member_heartbeat(self, seconds: float, outcome: str) -> None:
+        self._member_hb.observe(seconds)
+        self._heartbeat.observe(seconds)
+        self._member_hbs.labels(outcome).inc()
+
+    def member_fenced(self) -> None:
+        self._member_fenced.inc()
+
+    def members(self, members: Iterable[MemberRecord], observed_dead: Iterable[str]) -> None:
+        dead = set(observed_dead)
+        counts = dict.fromkeys(MEMBER_STATUSES, 0)
+        for member in members:
+            status = "UNRESPONSIVE" if member.worker_id in dead else member.status.value
+            counts[status] += 1
+        for status, value in counts.items():
+            self._members.labels(status).set(value)
+
+    def member_declared_dead(self) -> None:
+        self._declared_dead.inc()
+
+    def released_on_behalf(self, count: int) -> None:
+        self._on_behalf.inc(count)
 
     def admission(self, admitting: bool) -> None:
         self._admitting.set(1 if admitting else 0)

@@ -17,13 +17,13 @@ first, then every supervisor drains, then the group exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from worker.clock import Clock
 from worker.core.backoff import jittered
@@ -55,11 +55,25 @@ class ReconcilerSettings:
     max_streams: int
     acquire_per_cycle: int
     supervisor: SupervisorSettings
+    stopped_check_s: float = 5.0  # the held-STOPPED query (the member heartbeat interval)
+
+
+class MemberGate(Protocol):
+    """What the reconciler needs of this worker's membership."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def accepting(self) -> bool: ...
+
+    def may_write(self, now: float) -> bool: ...
 
 
 class Reconciler:
     def __init__(self, leases: LeaseStore, sink: Sink, clock: Clock, metrics: Metrics,
-                 settings: ReconcilerSettings, rng: random.Random | None = None,
+                 settings: ReconcilerSettings, membership: MemberGate,
+                 rng: random.Random | None = None,
                  on_delivered: Callable[[int], None] | None = None,
                  health: HealthState | None = None,
                  pump_factory: PumpFactory | None = None) -> None:
@@ -68,12 +82,16 @@ class Reconciler:
         self.clock = clock
         self.metrics = metrics
         self.settings = settings
+        self.membership = membership
         self.rng = rng or random.Random()
         self.supervisors: dict[str, Supervisor] = {}
         timings = settings.supervisor.timings
-        self.lease_health = LeaseHealth(clock, slow_s=timings.heartbeat_s / 2,
-                                        window_s=2 * timings.heartbeat_s)
+        # A renewal slower than half a member heartbeat is slow; one keeps intake off for
+        # two heartbeats.
+        self.lease_health = LeaseHealth(clock, slow_s=settings.stopped_check_s / 2,
+                                        window_s=2 * settings.stopped_check_s)
         self._stop = asyncio.Event()
+        self._poke = asyncio.Event()
         self._release_by: float | None = None
         self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._on_delivered = on_delivered
@@ -95,10 +113,20 @@ class Reconciler:
     def stopping(self) -> asyncio.Event:
         return self._stop
 
+    def poke(self) -> None:
+        """Run a cycle now (a peer died, drained or handed streams over)."""
+        self._poke.set()
+
+    def member_lost(self, fenced: bool) -> None:
+        """This worker's membership ended or lapsed: every stream stops at once."""
+        for supervisor in list(self.supervisors.values()):
+            supervisor.member_lost(fenced)
+
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             sweeper = tg.create_task(self._sweep_loop(), name="sweep")
+            stopped = tg.create_task(self._stopped_loop(), name="stopped streams")
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
@@ -110,27 +138,41 @@ class Reconciler:
                     event(logging.ERROR, "reconcile.crashed", "reconcile cycle crashed",
                           exc_info=True)
                 self.metrics.reconcile(time.perf_counter() - started)
-                await self._pause(jittered(self.settings.reconcile_s, 0.2, self.rng))
+                await self._pause(jittered(self.settings.reconcile_s, 0.2, self.rng),
+                                  self._poke)
             sweeper.cancel()
+            stopped.cancel()
             for supervisor in list(self.supervisors.values()):
                 supervisor.request_drain(StopReason.SHUTDOWN, self._release_by)
         self._tg = None
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._stop.wait()
+    async def _pause(self, seconds: float, also: asyncio.Event | None = None) -> None:
+        """Sleep, cut short by a stop (or by ``also``, which is then cleared)."""
+        waits = [asyncio.ensure_future(self._stop.wait())]
+        if also is not None:
+            waits.append(asyncio.ensure_future(also.wait()))
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        if also is not None:
+            also.clear()
 
     async def _cycle(self) -> None:
-        if len(self.supervisors) >= self.settings.max_streams:
-            return
-        if not self._admits():
-            return
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
         candidates = await self.leases.orphans(takeover_threshold_ms(now_ms, timings),
                                                ORPHAN_QUERY_LIMIT)
-        orphans = [c for c in candidates if c.stream_id not in self.supervisors]
+        orphans = []
+        for candidate in candidates:
+            held = self.supervisors.get(candidate.stream_id)
+            if held is None:
+                orphans.append(candidate)
+            else:
+                held.seen(candidate)  # released or taken from under us (a force release)
+        if len(self.supervisors) >= self.settings.max_streams or not self._admits():
+            return
         if orphans:
             self.metrics.orphans_found(len(orphans))
         plan = plan_cycle(
@@ -147,8 +189,9 @@ class Reconciler:
         self.metrics.set_leases_held(len(self.supervisors))
 
     def _admits(self) -> bool:
-        """Admission control: no new streams while this worker's renewals are failing."""
-        admits = self.lease_health.admits()
+        """Admission control: no new streams while this worker's renewals are failing,
+        and none while its membership is not proven (registering, self-fenced, draining)."""
+        admits = self.lease_health.admits() and self.membership.accepting
         if admits != self._admitting:
             self._admitting = admits
             event(logging.WARNING if not admits else logging.INFO,
@@ -156,6 +199,23 @@ class Reconciler:
                   else "renewals healthy again: acquiring", admitting=admits)
             self.metrics.admission(admits)
         return admits
+
+    async def _stopped_loop(self) -> None:
+        """Every member heartbeat: STOPPED streams whose lease is still live (the index
+        returns only those), so a holder releases within a heartbeat of the flip, though
+        it renews its own lease only every few minutes."""
+        while not self._stop.is_set():
+            try:
+                found = await self.leases.held_stopped(self.clock.wall_ms(), ORPHAN_QUERY_LIMIT,
+                                                       timeout=self.settings.stopped_check_s)
+                for record in found:
+                    held = self.supervisors.get(record.stream_id)
+                    if held is not None:
+                        held.seen(record)
+            except StoreError as exc:
+                event(logging.WARNING, "reconcile.stopped_query_failed",
+                      "cannot query for STOPPED streams", error=str(exc))
+            await self._pause(jittered(self.settings.stopped_check_s, 0.1, self.rng))
 
     async def _sweep_loop(self) -> None:
         """Scan at start-up (a fresh fleet picks up hand-written items at once), then
@@ -171,15 +231,19 @@ class Reconciler:
 
     async def _sweep(self) -> None:
         """One paginated Scan of the streams table: adopt hand-written items, report
-        items with an invalid state, and publish the fleet view metric. (A filtered Scan
+        items that cannot be served, and publish the fleet view metric. (A filtered Scan
         costs the same read capacity as a full one, so the view comes for free.)"""
         records = await self.leases.scan()
         self.metrics.fleet_view(fleet_view(records, self.clock.wall_ms()))
+        for record in records:
+            # Every problem the full item shows (the index does not hold every attribute,
+            # and items with an unknown state are not in it at all), written once.
+            problem = item_problem(record, self.settings.supervisor.allowed_urls)
+            if problem is not None and record.last_error != error_text(problem) and \
+                    record.stream_id not in self.supervisors:
+                await self._report_unservable(record, problem)
         for record in filter(invisible_to_index, records):
             if record.desired_state not in VALID_STATES:
-                problem = item_problem(record, self.settings.supervisor.allowed_urls)
-                if problem is not None and record.last_error != error_text(problem):
-                    await self._report_unservable(record, problem)
                 continue
             if record.lease_expires_at_ms is None and await self.leases.adopt(record.stream_id):
                 event(logging.INFO, "stream.adopted",
@@ -209,7 +273,8 @@ class Reconciler:
         now_ms = self.clock.wall_ms()
         try:
             got = await self.leases.acquire(candidate.stream_id, self.settings.owner, now_ms,
-                                            timings, timeout=timings.heartbeat_s)
+                                            timings, timeout=self.settings.stopped_check_s,
+                                            epoch=self.membership.epoch)
             if got is not None:
                 got = await self._resume_where_the_sink_is(got)
         except StoreError as exc:
@@ -235,7 +300,7 @@ class Reconciler:
         supervisor = Supervisor(got.tenure, got.record, sent, self.leases, self.sink,
                                 self.clock, self.metrics, self.settings.supervisor, self.rng,
                                 self._on_delivered, self.health, self.lease_health,
-                                self._pump_factory)
+                                self._pump_factory, self.membership.may_write)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.metrics.set_leases_held(len(self.supervisors))
         assert self._tg is not None

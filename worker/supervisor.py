@@ -26,8 +26,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from worker.clock import Clock
-from worker.core.backoff import Backoff
-from worker.core.lease import HolderState, Holding, LeaseTimings, RenewOutcome, StopReason
+from worker.core.backoff import Backoff, jittered
+from worker.core.lease import (
+    HolderState,
+    Holding,
+    LeaseTimings,
+    RenewDecision,
+    RenewOutcome,
+    StopReason,
+    always,
+)
 from worker.core.model import StreamRecord, Tenure, error_text
 from worker.core.plan import item_problem
 from worker.core.urls import AllowList
@@ -43,11 +51,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SupervisorSettings:
-    timings: LeaseTimings
+    timings: LeaseTimings  # the stream lease: renewed every ``heartbeat_s`` of these
     allowed_urls: AllowList
     pump: PumpSettings
-    release_timeout_s: float = 5.0  # one release call at most
+    call_timeout_s: float = 5.0  # one store call (renew, check, release) at most
     drain_timeout_s: float = 10.0  # the pump's final flush at most
+    check_s: float | None = None  # read the item this often (None: only when renewing)
 
 
 class PumpLike(Protocol):
@@ -91,14 +100,16 @@ class Supervisor:
                  on_delivered: Callable[[int], None] | None = None,
                  health: HealthState | None = None,
                  lease_health: LeaseHealth | None = None,
-                 pump_factory: PumpFactory | None = None) -> None:
+                 pump_factory: PumpFactory | None = None,
+                 member_alive: Callable[[float], bool] = always) -> None:
         self.tenure = tenure
         self.leases = leases
         self.clock = clock
         self.metrics = metrics
         self.settings = settings
         self.rng = rng or random.Random()
-        self.holding = Holding(tenure, record.ws_url or "", acquire_sent_at, settings.timings)
+        self.holding = Holding(tenure, record.ws_url or "", acquire_sent_at, settings.timings,
+                               member_alive)
         self.pump: PumpLike = (pump_factory or Pump)(
             tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered)
         self._record = record
@@ -116,6 +127,19 @@ class Supervisor:
     @property
     def stream(self) -> str:
         return self.tenure.stream_id
+
+    def member_lost(self, fenced: bool) -> None:
+        """This worker was fenced (or its membership lapsed): stop at once, no flush."""
+        self.holding.member_lost(fenced)
+        self._wake.set()
+
+    def seen(self, record: StreamRecord) -> None:
+        """The item as another read showed it (the orphan or STOPPED index): act on a
+        revocation or a STOPPED state without waiting for the next check-in."""
+        if record.lease_owner != self.tenure.owner or record.fence != self.tenure.fence \
+                or record.lease_expires_at_ms == 0 or record.stopped:
+            self.holding.on_check(record, item_problem(record, self.settings.allowed_urls))
+            self._wake.set()
 
     def request_drain(self, reason: StopReason, release_by: float | None = None) -> None:
         """Flush and release (shutdown, STOPPED seen elsewhere, rebalancing); the release
@@ -196,27 +220,66 @@ class Supervisor:
         self.holding.begin_drain(StopReason.ERROR)
 
     async def _heartbeat_loop(self) -> None:
-        """Renew every heartbeat while holding or draining; retry sooner after a failure;
-        self-fence at the local deadline. Ends the tenure's HOLDING/DRAINING life by
-        waking the main task when the state turns terminal."""
+        """Renew every renewal interval while holding or draining (retry sooner after a
+        failure), read the item every check interval in between, and self-fence at the
+        local deadline. Wakes the main task whenever the state changes."""
         timings = self.settings.timings
-        next_renew = self.clock.monotonic() + timings.heartbeat_s
+        check_s = self.settings.check_s or timings.heartbeat_s
+        now = self.clock.monotonic()
+        # Streams acquired together would otherwise renew and check in together forever.
+        next_renew = now + jittered(timings.heartbeat_s, 0.1, self.rng)
+        next_check = now + self.rng.uniform(0.5, 1.0) * check_s
         while not self.holding.terminal:
-            wait = min(next_renew, self.holding.deadline) - self.clock.monotonic()
+            wait = min(next_renew, next_check, self.holding.deadline) - self.clock.monotonic()
             if wait > 0:
                 await self.clock.sleep(wait)
-            if self.holding.check_deadline(self.clock.monotonic()):
+            now = self.clock.monotonic()
+            if self.holding.check_deadline(now):
                 self._wake.set()
                 return
-            next_renew = await self._renew_once()
-            if self.holding.terminal or self.holding.state is HolderState.DRAINING:
+            state = self.holding.state
+            if now >= next_renew:
+                next_renew = await self._renew_once()
+                next_check = max(next_check, self.clock.monotonic() + check_s)
+            elif now >= next_check:
+                await self._check_once()
+                next_check = self.clock.monotonic() + check_s
+            if self.holding.state is not state:
                 self._wake.set()
+
+    async def _check_once(self) -> None:
+        """A consistent read of the item: no write, no deadline change."""
+        try:
+            record = await self.leases.check(self.stream, timeout=self.settings.call_timeout_s)
+        except StoreError as exc:
+            event(logging.DEBUG, "stream.check_failed", "check-in read failed",
+                  stream=self.stream, fence=self.tenure.fence, error=str(exc))
+            return
+        problem = item_problem(record, self.settings.allowed_urls) if record else None
+        was_holding = self.holding.state is HolderState.HOLDING
+        decision = self.holding.on_check(record, problem)
+        if record is not None:
+            self._record = record
+        if decision.state in (HolderState.HOLDING, HolderState.DRAINING) and \
+                self._health is not None:
+            self._health.renewed(self.stream, self.clock.monotonic())
+        await self._apply(decision, problem, was_holding)
+
+    async def _apply(self, decision: RenewDecision, problem: str | None,
+                     was_holding: bool) -> None:
+        if decision.reconnect and decision.state is HolderState.HOLDING:
+            event(logging.INFO, "stream.url_changed", "ws_url changed; reconnecting",
+                  stream=self.stream, fence=self.tenure.fence)
+            await self.pump.reconnect("url_changed")
+        if problem is not None and was_holding and decision.state is HolderState.DRAINING:
+            self._failure = problem
 
     async def _renew_once(self) -> float:
         timings = self.settings.timings
         sent = self.clock.monotonic()
         # The call may not outlive the deadline: past it, its answer changes nothing.
-        timeout = max(0.05, min(timings.heartbeat_s, self.holding.deadline - sent))
+        timeout = max(0.05, min(self.settings.call_timeout_s, timings.heartbeat_s,
+                                self.holding.deadline - sent))
         result = await self.leases.renew(self.tenure, self.clock.wall_ms(), timings, timeout)
         now = self.clock.monotonic()
         self.metrics.heartbeat(now - sent, result.outcome.value)
@@ -235,12 +298,7 @@ class Supervisor:
                   stream=self.stream, fence=self.tenure.fence, outcome=result.outcome.value,
                   error=result.error, retry_in_s=decision.retry_in,
                   deadline_in_s=round(self.holding.deadline - now, 3))
-        if decision.reconnect and decision.state is HolderState.HOLDING:
-            event(logging.INFO, "stream.url_changed", "ws_url changed; reconnecting",
-                  stream=self.stream, fence=self.tenure.fence)
-            await self.pump.reconnect("url_changed")
-        if problem is not None and was_holding and decision.state is HolderState.DRAINING:
-            self._failure = problem
+        await self._apply(decision, problem, was_holding)
         if decision.retry_in is not None:
             return now + decision.retry_in
         return sent + timings.heartbeat_s
@@ -292,7 +350,7 @@ class Supervisor:
         while True:
             attempt += 1
             remaining = by - self.clock.monotonic()
-            timeout = max(0.05, min(self.settings.release_timeout_s, remaining))
+            timeout = max(0.05, min(self.settings.call_timeout_s, remaining))
             try:
                 released = await shielded(self.leases.release(self.tenure, timeout), timeout,
                                           f"release {self.stream}")
@@ -320,7 +378,7 @@ class Supervisor:
             return
         with contextlib.suppress(StoreError, TimeoutError):
             await shielded(self.leases.record_error(self.stream, problem, self.clock.wall_ms()),
-                           self.settings.release_timeout_s, f"record_error {self.stream}")
+                           self.settings.call_timeout_s, f"record_error {self.stream}")
         event(logging.WARNING, "stream.unservable", "stream cannot be served", problem=problem,
               stream=self.stream, fence=self.tenure.fence)
 

@@ -38,7 +38,8 @@ def env_for() -> AsyncIterator[None]:
 async def rounds_with_several_winners(endpoint: str, rounds: int, stop_at_first: bool) -> int:
     os.environ.update(local_aws_env(endpoint))
     bad = 0
-    async with dynamodb.connect("race-streams", "race-events", control_connections=60) as stores:
+    async with dynamodb.connect("race-streams", "race-events", "race-fleet",
+                                control_connections=60) as stores:
         await stores.admin.create_tables()
         for r in range(rounds):
             sid = f"r{r}"
@@ -82,7 +83,8 @@ async def test_two_processes_racing_for_the_same_streams(dynamo: Stores) -> None
     for sid in ids:
         await store.put_started(sid, "wss://x/")
     start_at = time.time() + 3.0
-    racers = [Proc(python("-m", "tests.store.racer", store.table, store.events_table, owner,
+    racers = [Proc(python("-m", "tests.store.racer", store.table, store.events_table,
+                          store.fleet_table, owner,
                           str(start_at), *ids), name=owner) for owner in ("proc-a", "proc-b")]
     won: list[list[str]] = []
     for racer in racers:
@@ -111,7 +113,7 @@ async def sink_rate(stores: Stores, prefix: str, count: int) -> float:
 async def test_sink_transactions_stay_fast_as_the_events_table_grows(env_for: None) -> None:
     with EmbeddedDynamoDB() as server:
         os.environ.update(local_aws_env(server.endpoint_url))
-        async with dynamodb.connect("perf-streams", "perf-events") as stores:
+        async with dynamodb.connect("perf-streams", "perf-events", "perf-fleet") as stores:
             await stores.admin.create_tables()
             await stores.admin.put_started("empty", "wss://x/")
             await stores.admin.put_started("full", "wss://x/")

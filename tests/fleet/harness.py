@@ -23,7 +23,8 @@ from tests.procs import Proc, python
 from worker.core.model import StreamRecord
 from worker.dev import local_aws_env
 from worker.dev.upstream import frame_for
-from worker.store.dynamodb import DynamoAdmin, connect_admin
+from worker.store.dynamodb import connect_admin
+from worker.store.protocols import AdminStore, Stores
 
 FAST_ENV = {
     "STREAMLEASE_LEASE_SECONDS": "1.0",
@@ -31,6 +32,9 @@ FAST_ENV = {
     "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2",
     "STREAMLEASE_SAFETY_MARGIN_SECONDS": "0.1",
     "STREAMLEASE_RECONCILE_SECONDS": "0.3",
+    "STREAMLEASE_STREAM_LEASE_SECONDS": "6",
+    "STREAMLEASE_STREAM_RENEW_SECONDS": "2",
+    "STREAMLEASE_STREAM_CHECK_SECONDS": "0.5",
     "STREAMLEASE_SWEEP_SECONDS": "2",
     "STREAMLEASE_BATCH_MAX_SECONDS": "0.3",
     "STREAMLEASE_SHUTDOWN_SECONDS": "10",
@@ -101,13 +105,15 @@ class Fleet:
     workers: dict[str, Worker] = field(default_factory=dict)
     upstream: Proc | None = None
     upstream_url: str = ""
-    store: DynamoAdmin | None = None
+    store: AdminStore | None = None
+    stores: Stores | None = None
     _store_cm: object = None
 
     def __post_init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]
         self.table = f"fleet-s-{suffix}"
         self.events_table = f"fleet-e-{suffix}"
+        self.fleet_table = f"fleet-f-{suffix}"
         self.stream_ids = [f"s{i:03d}" for i in range(1, self.streams + 1)]
 
     async def start(self, workers: int = 3) -> Fleet:
@@ -115,9 +121,10 @@ class Fleet:
                                     "--streams", str(self.streams), "--rate", str(self.rate)),
                              name="upstream")
         self.upstream_url = self.upstream.url()
-        cm = connect_admin(self.table, self.events_table, connections=50)
+        cm = connect_admin(self.table, self.events_table, self.fleet_table, connections=50)
         self._store_cm = cm
-        self.store = await cm.__aenter__()
+        self.stores = await cm.__aenter__()
+        self.store = self.stores.admin
         await self.store.create_tables()
         for sid in self.stream_ids:
             await self.store.put_started(sid, self.stream_url(sid))
@@ -133,6 +140,7 @@ class Fleet:
         port = free_port()
         full = {**local_aws_env(endpoint or self.dynamodb), **FAST_ENV, **self.env,
                 "STREAMLEASE_TABLE": self.table, "STREAMLEASE_EVENTS_TABLE": self.events_table,
+                "STREAMLEASE_FLEET_TABLE": self.fleet_table,
                 "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_METRICS_PORT": str(port),
                 **(env or {})}
         worker = Worker(name, Proc(python("-m", "worker", "run"), env=full, name=name), port)
@@ -190,7 +198,8 @@ class Fleet:
 
     async def ctl(self, *args: str) -> list[str]:
         env = {**os.environ, **local_aws_env(self.dynamodb), "STREAMLEASE_TABLE": self.table,
-               "STREAMLEASE_EVENTS_TABLE": self.events_table}
+               "STREAMLEASE_EVENTS_TABLE": self.events_table,
+               "STREAMLEASE_FLEET_TABLE": self.fleet_table}
         proc = await asyncio.create_subprocess_exec(
             *python("-m", "worker", "ctl", *args), env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -16,8 +16,9 @@ from worker.store import dynamodb
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 
 
-async def race(table: str, events: str, owner: str, start_at: float, ids: list[str]) -> None:
-    async with dynamodb.connect(table, events, control_connections=len(ids) + 5) as stores:
+async def race(table: str, events: str, fleet: str, owner: str, start_at: float,
+               ids: list[str]) -> None:
+    async with dynamodb.connect(table, events, fleet, control_connections=len(ids) + 5) as stores:
         await stores.admin.get(ids[0])  # open a connection before the start line
         await asyncio.sleep(max(0.0, start_at - time.time()))
         now = int(time.time() * 1000)
@@ -26,5 +27,5 @@ async def race(table: str, events: str, owner: str, start_at: float, ids: list[s
 
 
 if __name__ == "__main__":
-    table, events, owner, start_at, *ids = sys.argv[1:]
-    uvloop.run(race(table, events, owner, float(start_at), ids))
+    table, events, fleet, owner, start_at, *ids = sys.argv[1:]
+    uvloop.run(race(table, events, fleet, owner, float(start_at), ids))

@@ -25,14 +25,46 @@ async def test_table_create_is_idempotent_and_matches_the_contract(dynamo: Store
         desc = (await client.describe_table(TableName=admin.table))["Table"]
     assert desc["KeySchema"] == [{"AttributeName": "Pk", "KeyType": "HASH"}]
     assert desc["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
-    (index,) = desc["GlobalSecondaryIndexes"]
-    assert index["IndexName"] == "desired_state-lease_expires_at_ms-index"
+    indexes = {i["IndexName"]: i for i in desc["GlobalSecondaryIndexes"]}
+    index = indexes["desired_state-lease_expires_at_ms-index"]
     assert index["KeySchema"] == [
         {"AttributeName": "desired_state", "KeyType": "HASH"},
         {"AttributeName": "lease_expires_at_ms", "KeyType": "RANGE"},
     ]
+    # A checkpoint (last_seq) must not write the hot index: it is not projected.
+    assert index["Projection"]["ProjectionType"] == "INCLUDE"
+    assert "last_seq" not in index["Projection"]["NonKeyAttributes"]
+    owner = indexes["lease_owner-fence-index"]
+    assert owner["KeySchema"] == [{"AttributeName": "lease_owner", "KeyType": "HASH"},
+                                  {"AttributeName": "fence", "KeyType": "RANGE"}]
+    assert owner["Projection"] == {"ProjectionType": "KEYS_ONLY"}
     types = {a["AttributeName"]: a["AttributeType"] for a in desc["AttributeDefinitions"]}
-    assert types == {"Pk": "S", "desired_state": "S", "lease_expires_at_ms": "N"}
+    assert types == {"Pk": "S", "desired_state": "S", "lease_expires_at_ms": "N",
+                     "lease_owner": "S", "fence": "N"}
+    async with aioboto3.Session().client("dynamodb") as client:
+        fleet = (await client.describe_table(TableName=admin.fleet_table))["Table"]
+    assert fleet["KeySchema"] == [{"AttributeName": "Pk", "KeyType": "HASH"},
+                                  {"AttributeName": "Sk", "KeyType": "RANGE"}]
+
+
+async def test_table_create_adds_the_indexes_an_older_table_lacks(
+        dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
+    from worker.errors import TableMissing
+    from worker.store import dynamodb, schema
+
+    old = schema.streams_table(table_names[0])
+    # As the first release created it: one index, projecting everything.
+    old["GlobalSecondaryIndexes"] = old["GlobalSecondaryIndexes"][:1]
+    old["GlobalSecondaryIndexes"][0]["Projection"] = {"ProjectionType": "ALL"}
+    old["AttributeDefinitions"] = old["AttributeDefinitions"][:3]
+    async with aioboto3.Session().client("dynamodb") as client:
+        await client.create_table(**old)
+    async with dynamodb.connect(*table_names) as stores:
+        with pytest.raises(TableMissing, match="lease_owner-fence-index"):
+            await stores.admin.check_tables()  # a worker refuses to start on it
+        created = await stores.admin.create_tables()
+        assert f"{table_names[0]}/index/lease_owner-fence-index" in created
+        await stores.admin.check_tables()
 
 
 class SilentServer:

@@ -25,6 +25,7 @@ service), and anything about writes that bypass the fenced sink.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -179,11 +180,16 @@ class StopReason(StrEnum):
     CONDITION_FAILED = "condition_failed"  # renew refused: taken over or force released
     DEADLINE = "deadline"  # self-fenced: no renewal proven before the local deadline
     STALE_FENCE = "stale_fence"  # the sink refused a batch
+    MEMBER_FENCED = "member_fenced"  # this worker was declared dead: its epoch moved on
+    MEMBER_DEADLINE = "member_deadline"  # no member heartbeat proven before its deadline
+    REBALANCE = "rebalance"  # handed over to even out the fleet
     ERROR = "error"  # an unexpected failure in this stream's tasks
 
 
-LOST_REASONS = (StopReason.CONDITION_FAILED, StopReason.DEADLINE, StopReason.STALE_FENCE)
-RELEASE_REASONS = (StopReason.STOPPED, StopReason.SHUTDOWN, StopReason.BAD_ITEM, StopReason.ERROR)
+LOST_REASONS = (StopReason.CONDITION_FAILED, StopReason.DEADLINE, StopReason.STALE_FENCE,
+                StopReason.MEMBER_FENCED, StopReason.MEMBER_DEADLINE)
+RELEASE_REASONS = (StopReason.STOPPED, StopReason.SHUTDOWN, StopReason.BAD_ITEM,
+                   StopReason.REBALANCE, StopReason.ERROR)
 
 
 @dataclass(frozen=True)
@@ -197,18 +203,26 @@ class RenewDecision:
     retry_in: float | None = None  # renew again sooner than the regular heartbeat
 
 
+def always(now: float) -> bool:
+    return True
+
+
 class Holding:
     """The holder's view of one tenure: a small state machine, inputs in, decisions out.
 
-    It is fed renew outcomes and the current monotonic time; it never does I/O. The
-    supervisor applies what it decides and asks ``may_write`` before every sink write.
+    It is fed renew and check-in outcomes and the current monotonic time; it never does
+    I/O. The supervisor applies what it decides and asks ``may_write`` before every sink
+    write. ``member_alive`` is the worker's own membership rule (a pure function of the
+    monotonic time): a tenure writes only while its worker may.
     """
 
     def __init__(self, tenure: Tenure, ws_url: str, acquire_sent_at: float,
-                 timings: LeaseTimings) -> None:
+                 timings: LeaseTimings,
+                 member_alive: Callable[[float], bool] = always) -> None:
         self.tenure = tenure
         self.ws_url = ws_url
         self.timings = timings
+        self.member_alive = member_alive
         self.state = HolderState.HOLDING
         self.deadline = local_deadline(acquire_sent_at, timings)
         self.reason: StopReason | None = None
@@ -220,14 +234,21 @@ class Holding:
 
     def may_write(self, now: float) -> bool:
         """True while this tenure may still send a sink write (draining included)."""
-        return self.state in (HolderState.HOLDING, HolderState.DRAINING) and now < self.deadline
+        return self.state in (HolderState.HOLDING, HolderState.DRAINING) and \
+            now < self.deadline and self.member_alive(now)
 
     def check_deadline(self, now: float) -> bool:
-        """Self-fence if the deadline has passed. Returns True if it just did."""
-        if self.terminal or now < self.deadline:
+        """Self-fence if the tenure's deadline has passed, or its worker may no longer
+        write (its membership lapsed). Returns True if it just did."""
+        if self.terminal:
             return False
-        self._stop(HolderState.SELF_FENCED, StopReason.DEADLINE)
-        return True
+        if now >= self.deadline:
+            self._stop(HolderState.SELF_FENCED, StopReason.DEADLINE)
+            return True
+        if not self.member_alive(now):
+            self._stop(HolderState.SELF_FENCED, StopReason.MEMBER_DEADLINE)
+            return True
+        return False
 
     def on_renew(self, outcome: RenewOutcome, sent_at: float, now: float,
                  record: StreamRecord | None, url_problem: str | None = None) -> RenewDecision:
@@ -269,6 +290,37 @@ class Holding:
         retry_in = min(base * (2 ** (self._failed_renewals - 1)), self.timings.heartbeat_s)
         retry_in = max(0.0, min(retry_in, self.deadline - now))
         return RenewDecision(self.state, self.deadline, self.reason, retry_in=retry_in)
+
+    def on_check(self, record: StreamRecord | None,
+                 url_problem: str | None = None) -> RenewDecision:
+        """Apply a read of the item (a check-in, or the index showing it): the lease may
+        have moved on (force release, a peer releasing for a dead member), the state may
+        be STOPPED, the URL may have changed. Never extends the deadline."""
+        if self.terminal:
+            return self._decision()
+        if record is None or not holds(record, self.tenure.owner, self.tenure.fence) \
+                or record.lease_expires_at_ms == 0:
+            self._stop(HolderState.LOST, StopReason.CONDITION_FAILED)
+            return self._decision()
+        reconnect = False
+        if record.stopped:
+            self.begin_drain(StopReason.STOPPED)
+        elif not record.started or url_problem is not None:
+            self.begin_drain(StopReason.BAD_ITEM)
+        elif record.ws_url is not None and record.ws_url != self.ws_url:
+            self.ws_url = record.ws_url
+            reconnect = self.state is HolderState.HOLDING
+        return RenewDecision(self.state, self.deadline, self.reason, reconnect=reconnect)
+
+    def member_lost(self, fenced: bool) -> None:
+        """This worker's membership ended (fenced by a peer) or lapsed (its own deadline):
+        stop at once, no flush."""
+        if self.terminal:
+            return
+        if fenced:
+            self._stop(HolderState.LOST, StopReason.MEMBER_FENCED)
+        else:
+            self._stop(HolderState.SELF_FENCED, StopReason.MEMBER_DEADLINE)
 
     def begin_drain(self, reason: StopReason) -> None:
         """Stop reading and flush before releasing (STOPPED, shutdown, bad item)."""

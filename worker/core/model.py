@@ -49,6 +49,7 @@ class StreamRecord:
     last_seq: int | None = None
     last_error: str | None = None
     last_error_at_ms: int | None = None
+    lease_epoch: int | None = None  # the holder's member epoch when it acquired
     bad_fields: tuple[str, ...] = ()  # attributes present with the wrong type
 
     @property
@@ -73,11 +74,20 @@ class Tenure:
     fence: int
     last_seq: int | None
     expires_at_ms: int
+    epoch: int = 0  # the owner's member epoch when it acquired
 
     @property
     def next_seq(self) -> int:
         """The first sequence number not yet durably delivered."""
         return (self.last_seq or 0) + 1
+
+
+@dataclass(frozen=True)
+class OwnedStream:
+    """A stream some worker holds or last held, as the owner index shows it."""
+
+    stream_id: str
+    fence: int
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from pathlib import Path
 from worker.core.model import StreamRecord
 from worker.dev import local_aws_env
 from worker.dev.procs import Child
-from worker.store.dynamodb import DynamoAdmin, connect_admin
+from worker.store.dynamodb import connect_admin
+from worker.store.protocols import AdminStore
 
 TIMINGS = {
     "STREAMLEASE_LEASE_SECONDS": "3",
@@ -91,7 +92,9 @@ class Demo:
 
     async def run(self) -> int:
         upstream = self.start_servers()
-        async with connect_admin("streamlease-streams", "streamlease-events") as store:
+        async with connect_admin("streamlease-streams", "streamlease-events",
+                                 "streamlease-fleet") as stores:
+            store = stores.admin
             await store.create_tables()
             ids = [f"s{i:03d}" for i in range(1, self.args.streams + 1)]
             for sid in ids:
@@ -104,7 +107,7 @@ class Demo:
     def interactive(self) -> bool:
         return sys.stdin.isatty() and sys.stdout.isatty() and not self.args.headless
 
-    async def watch(self, store: DynamoAdmin) -> None:
+    async def watch(self, store: AdminStore) -> None:
         loop = asyncio.get_running_loop()
         saved = None
         if self.interactive():
@@ -136,7 +139,7 @@ class Demo:
         if replace:
             self.start_worker()
 
-    async def flip(self, store: DynamoAdmin, records: dict[str, StreamRecord]) -> None:
+    async def flip(self, store: AdminStore, records: dict[str, StreamRecord]) -> None:
         stopped = [s for s, r in records.items() if r.stopped]
         started = [s for s, r in records.items() if r.started]
         for sid in stopped:
@@ -147,7 +150,7 @@ class Demo:
             await store.set_state(sid, "STOPPED")
             self.note(f"{sid}: STOPPED")
 
-    async def on_key(self, key: str, store: DynamoAdmin,
+    async def on_key(self, key: str, store: AdminStore,
                      records: dict[str, StreamRecord]) -> bool:
         """Apply one key; False to quit."""
         if key == "q":
@@ -171,7 +174,7 @@ class Demo:
                     self.note(f"{sid}: STARTED again")
         return True
 
-    async def _watch(self, store: DynamoAdmin, loop: asyncio.AbstractEventLoop) -> None:
+    async def _watch(self, store: AdminStore, loop: asyncio.AbstractEventLoop) -> None:
         previous: dict[str, StreamRecord] = {}
         last_at = time.monotonic()
         started = last_at

@@ -32,7 +32,12 @@ FENCE = "fence"
 LAST_SEQ = "last_seq"
 LAST_ERROR = "last_error"
 LAST_ERROR_AT = "last_error_at_ms"
+LEASE_EPOCH = "lease_epoch"  # the holder's member epoch when it acquired the lease
 INDEX_NAME = "desired_state-lease_expires_at_ms-index"
+OWNER_INDEX_NAME = "lease_owner-fence-index"
+# What the orphan index holds besides its keys and Pk: enough to plan without reading the
+# item, and nothing that a checkpoint or a renewal alone changes.
+INDEX_PROJECTED = (WS_URL, LEASE_OWNER, FENCE, LEASE_EPOCH, LAST_ERROR)
 
 # Events table (ours): one item holds a run of consecutive deliveries of one stream.
 EV_PK = "Pk"  # CONN#<stream_id>, as in the streams table
@@ -109,13 +114,14 @@ def decode_record(item: Mapping[str, Any]) -> StreamRecord | None:
         last_seq=_int(item, LAST_SEQ),
         last_error=_str(item, LAST_ERROR),
         last_error_at_ms=_int(item, LAST_ERROR_AT),
+        lease_epoch=_int(item, LEASE_EPOCH),
         bad_fields=bad,
     )
 
 
 # Attributes whose type the worker relies on; ``desired_state`` is reported verbatim.
 FIELD_TYPES = ((WS_URL, "S"), (LEASE_OWNER, "S"), (LEASE_EXPIRES, "N"), (FENCE, "N"),
-               (LAST_SEQ, "N"))
+               (LAST_SEQ, "N"), (LEASE_EPOCH, "N"))
 
 
 def _raw_state(item: Mapping[str, Any]) -> str | None:
@@ -137,10 +143,10 @@ class Expr:
     update: str | None = None
 
     def update_kwargs(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "ConditionExpression": self.condition,
-            "ExpressionAttributeNames": self.names,
-        }
+        """Keyword arguments for UpdateItem/DeleteItem (no condition when it is empty)."""
+        out: dict[str, Any] = {"ExpressionAttributeNames": self.names}
+        if self.condition:
+            out["ConditionExpression"] = self.condition
         if self.values:
             out["ExpressionAttributeValues"] = self.values
         if self.update is not None:
@@ -151,7 +157,7 @@ class Expr:
 NAMES = {
     "#pk": PK, "#ds": DESIRED_STATE, "#url": WS_URL, "#owner": LEASE_OWNER,
     "#exp": LEASE_EXPIRES, "#fence": FENCE, "#last": LAST_SEQ,
-    "#err": LAST_ERROR, "#errat": LAST_ERROR_AT,
+    "#err": LAST_ERROR, "#errat": LAST_ERROR_AT, "#epoch": LEASE_EPOCH,
 }
 
 
@@ -159,19 +165,26 @@ def _names(*placeholders: str) -> dict[str, str]:
     return {p: NAMES[p] for p in placeholders}
 
 
-def acquire_expr(owner: str, new_expiry_ms: int, threshold_ms: int) -> Expr:
-    """``can_acquire`` + ``next_fence``. ``attribute_exists(Pk)`` keeps an acquire from
-    creating an item an operator deleted (UpdateItem would otherwise upsert it)."""
+def acquire_expr(owner: str, new_expiry_ms: int, threshold_ms: int, epoch: int) -> Expr:
+    """``can_acquire`` + ``next_fence``, stamping the holder's member epoch (so a peer
+    releasing a dead incarnation's streams never touches a newer incarnation's).
+    ``attribute_exists(Pk)`` keeps an acquire from creating an item an operator deleted
+    (UpdateItem would otherwise upsert it)."""
     return Expr(
         condition=(
             "attribute_exists(#pk) AND #ds = :started AND "
-            "(attribute_not_exists(#exp) OR #exp < :threshold)"
+            "(attribute_not_exists(#exp) OR #exp < :threshold) AND "
+            # The orphan index does not hold last_seq (so checkpoints never write it): a
+            # wrongly typed one is refused here instead; the sweep reports it.
+            "(attribute_not_exists(#last) OR attribute_type(#last, :number))"
         ),
-        update="SET #owner = :me, #exp = :exp, #fence = if_not_exists(#fence, :zero) + :one",
-        names=_names("#pk", "#ds", "#exp", "#owner", "#fence"),
+        update=("SET #owner = :me, #exp = :exp, #epoch = :epoch, "
+                "#fence = if_not_exists(#fence, :zero) + :one"),
+        names=_names("#pk", "#ds", "#exp", "#owner", "#fence", "#epoch", "#last"),
         values={
             ":started": s("STARTED"), ":threshold": n(threshold_ms), ":me": s(owner),
-            ":exp": n(new_expiry_ms), ":zero": n(0), ":one": n(1),
+            ":exp": n(new_expiry_ms), ":zero": n(0), ":one": n(1), ":epoch": n(epoch),
+            ":number": s("N"),
         },
     )
 
@@ -214,6 +227,20 @@ def force_release_expr(expect_owner: str | None, expect_fence: int | None) -> Ex
         update="SET #exp = :zero, #fence = if_not_exists(#fence, :zero) + :one",
         names=names,
         values=values,
+    )
+
+
+def release_for_expr(owner: str, fence: int, fenced_epoch: int) -> Expr:
+    """A peer releases a dead member's stream on its behalf: expiry 0 and fence + 1 in one
+    write, conditioned on the owner and fence it saw, on the lease being held, and on the
+    lease having been taken by an incarnation older than the fenced epoch."""
+    return Expr(
+        condition=("#owner = :owner AND #fence = :fence AND #exp <> :zero AND "
+                   "(attribute_not_exists(#epoch) OR #epoch < :epoch)"),
+        update="SET #exp = :zero, #fence = #fence + :one",
+        names=_names("#owner", "#fence", "#exp", "#epoch"),
+        values={":owner": s(owner), ":fence": n(fence), ":zero": n(0), ":one": n(1),
+                ":epoch": n(fenced_epoch)},
     )
 
 

@@ -13,24 +13,35 @@ lost answers.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Iterable
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from worker.core.frames import Frame
 from worker.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
-from worker.core.model import EventMark, StreamRecord, Tenure, error_text, stream_key
+from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
+from worker.core.model import (
+    EventMark,
+    OwnedStream,
+    StreamRecord,
+    Tenure,
+    error_text,
+    stream_key,
+)
 from worker.errors import StoreError, TableMissing
 from worker.store import codec
 from worker.store.protocols import (
     Acquired,
     ForceReleased,
+    HeartbeatResult,
     RenewResult,
     SinkOutcome,
     Stores,
 )
 
 Item = dict[str, Any]
-INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N"}
+INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N", codec.LEASE_OWNER: "S",
+              codec.FENCE: "N"}
 
 
 class MemoryStore:
@@ -39,16 +50,18 @@ class MemoryStore:
     def __init__(self) -> None:
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
+        self.members_by_id: dict[str, MemberRecord] = {}
         self.tables_created = False
         self.calls: list[str] = []  # method names, in call order (for tests)
 
     def stores(self) -> Stores:
-        return Stores(leases=self, sink=self, admin=self)
+        return Stores(leases=self, sink=self, admin=self, fleet=self)
 
     # -- LeaseStore -------------------------------------------------------------------
 
     async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
-                      timings: LeaseTimings, timeout: float | None = None) -> Acquired | None:
+                      timings: LeaseTimings, timeout: float | None = None,
+                      epoch: int = 0) -> Acquired | None:
         self._called("acquire")
         item = self.items.get(stream_key(stream_id))
         expiry = expiry_for(now_wall_ms, timings)
@@ -59,14 +72,17 @@ class MemoryStore:
             current = _n(item, codec.LEASE_EXPIRES)
             if current is None or current >= threshold:
                 return _resent_acquire(item, owner, expiry)
+        if codec.LAST_SEQ in item and _n(item, codec.LAST_SEQ) is None:
+            return None  # a wrongly typed checkpoint: the condition refuses it
         fence = _n(item, codec.FENCE)
         if codec.FENCE in item and fence is None:
             raise StoreError("ValidationException: fence is not a number")
         self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
-                         codec.FENCE: codec.n((fence or 0) + 1)})
+                         codec.FENCE: codec.n((fence or 0) + 1),
+                         codec.LEASE_EPOCH: codec.n(epoch)})
         record = _record(item)
-        return Acquired(Tenure(stream_id, owner, (fence or 0) + 1, record.last_seq, expiry),
-                        record)
+        return Acquired(Tenure(stream_id, owner, (fence or 0) + 1, record.last_seq, expiry,
+                               epoch), record)
 
     async def renew(self, tenure: Tenure, now_wall_ms: int, timings: LeaseTimings,
                     timeout: float | None = None) -> RenewResult:
@@ -96,20 +112,51 @@ class MemoryStore:
             return None
         assert item is not None
         self._set(item, {codec.FENCE: codec.n(fence), codec.LAST_SEQ: codec.n(last_seq)})
-        return Tenure(tenure.stream_id, tenure.owner, fence, last_seq, tenure.expires_at_ms)
+        return dataclasses.replace(tenure, fence=fence, last_seq=last_seq)
 
     async def orphans(self, threshold_ms: int, limit: int,
                       timeout: float | None = None) -> list[StreamRecord]:
         self._called("orphans")
+        return self._index("STARTED", lambda expiry: expiry < threshold_ms, limit)
+
+    async def held_stopped(self, now_wall_ms: int, limit: int,
+                           timeout: float | None = None) -> list[StreamRecord]:
+        self._called("held_stopped")
+        return self._index("STOPPED", lambda expiry: expiry > now_wall_ms, limit)
+
+    def _index(self, state: str, keep: Callable[[int], bool], limit: int) -> list[StreamRecord]:
         found = []
         for item in self.items.values():
             expiry = _n(item, codec.LEASE_EXPIRES)
             record = codec.decode_record(item)
-            if record is not None and record.started and expiry is not None \
-                    and expiry < threshold_ms:
+            if record is not None and record.desired_state == state and expiry is not None \
+                    and keep(expiry):
                 found.append((expiry, record))
         found.sort(key=lambda pair: pair[0])  # the index's range-key order
         return [record for _, record in found[:limit]]
+
+    async def check(self, stream_id: str, timeout: float | None = None) -> StreamRecord | None:
+        self._called("check")
+        item = self.items.get(stream_key(stream_id))
+        return _record(item) if item is not None else None
+
+    async def owned_by(self, owner: str, timeout: float | None = None) -> list[OwnedStream]:
+        self._called("owned_by")
+        return [OwnedStream(r.stream_id, r.fence) for r in _records(self.items.values())
+                if r.lease_owner == owner and r.fence is not None]
+
+    async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
+                          timeout: float | None = None) -> bool:
+        self._called("release_for")
+        item = self.items.get(stream_key(stream_id))
+        if item is None or _s(item, codec.LEASE_OWNER) != owner or \
+                _n(item, codec.FENCE) != fence or _n(item, codec.LEASE_EXPIRES) == 0:
+            return False
+        epoch = _n(item, codec.LEASE_EPOCH)
+        if codec.LEASE_EPOCH in item and (epoch is None or epoch >= fenced_epoch):
+            return False
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1)})
+        return True
 
     async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
         self._called("scan")
@@ -168,6 +215,62 @@ class MemoryStore:
         if not items:
             return None
         return codec.decode_event_mark(items[max(items)])
+
+    # -- FleetStore -------------------------------------------------------------------
+
+    async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       timeout: float | None = None) -> MemberRecord:
+        self._called("register")
+        old = self.members_by_id.get(worker_id)
+        record = MemberRecord(worker_id, (old.epoch if old else 0) + 1, 0, MemberStatus.ACTIVE,
+                              0, capacity, now_wall_ms)
+        self.members_by_id[worker_id] = record
+        return record
+
+    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
+                        capacity: int, handoffs: int, now_wall_ms: int,
+                        timeout: float | None = None) -> HeartbeatResult:
+        self._called("heartbeat")
+        old = self.members_by_id.get(worker_id)
+        if old is None or old.epoch != epoch:
+            return HeartbeatResult(HeartbeatOutcome.FENCED)
+        new = dataclasses.replace(old, heartbeat=old.heartbeat + 1, status=status,
+                                  streams=streams, capacity=capacity, handoffs=handoffs,
+                                  heartbeat_at_ms=now_wall_ms)
+        self.members_by_id[worker_id] = new
+        return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat)
+
+    async def members(self, timeout: float | None = None) -> list[MemberRecord]:
+        self._called("members")
+        return sorted(self.members_by_id.values(), key=lambda m: m.worker_id)
+
+    async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
+                    timeout: float | None = None) -> MemberRecord | None:
+        self._called("fence")
+        old = self.members_by_id.get(seen.worker_id)
+        if old is None or old.key != seen.key or old.status is MemberStatus.DEAD:
+            return None
+        new = dataclasses.replace(old, epoch=old.epoch + 1, status=MemberStatus.DEAD,
+                                  released=False)
+        self.members_by_id[seen.worker_id] = new
+        return new
+
+    async def mark_released(self, worker_id: str, epoch: int,
+                            timeout: float | None = None) -> bool:
+        self._called("mark_released")
+        old = self.members_by_id.get(worker_id)
+        if old is None or old.epoch != epoch or old.status is not MemberStatus.DEAD:
+            return False
+        self.members_by_id[worker_id] = dataclasses.replace(old, released=True)
+        return True
+
+    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+        self._called("leave")
+        old = self.members_by_id.get(worker_id)
+        if old is None or old.epoch != epoch:
+            return False
+        del self.members_by_id[worker_id]
+        return True
 
     # -- AdminStore -------------------------------------------------------------------
 
@@ -275,8 +378,8 @@ def _resent_acquire(item: Item, owner: str, expiry: int) -> Acquired | None:
     """An acquire that already applied (its answer lost, the request sent again)."""
     record = _record(item)
     if record.lease_owner == owner and record.lease_expires_at_ms == expiry and record.fence:
-        return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry),
-                        record)
+        return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry,
+                               record.lease_epoch or 0), record)
     return None
 
 

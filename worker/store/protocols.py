@@ -1,12 +1,13 @@
 """What the worker needs from storage, as narrow protocols, and the values they return.
 
-Three roles, each a handful of methods, each with a DynamoDB implementation
+Four roles, each a handful of methods, each with a DynamoDB implementation
 (``worker.store.dynamodb``) and an in-memory one with the same semantics
 (``worker.store.memory``); one contract suite (tests/store) runs against both.
 
 * ``LeaseStore`` — the control plane a worker runs on: acquire, renew, release, the
   orphan query, the sweep, ``last_error``.
 * ``Sink`` — the fenced data plane: one transaction per batch, refused for a stale fence.
+* ``FleetStore`` — member rows: register, heartbeat, read the fleet, fence a dead member.
 * ``AdminStore`` — what operators and tests do: create tables, upsert and flip streams, force
   releases, read the sink back.
 
@@ -23,7 +24,8 @@ from typing import Any, Protocol
 
 from worker.core.frames import Frame
 from worker.core.lease import LeaseTimings, RenewOutcome
-from worker.core.model import EventMark, StreamRecord, Tenure
+from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
+from worker.core.model import EventMark, OwnedStream, StreamRecord, Tenure
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,19 @@ class ForceReleased:
     record: StreamRecord | None  # after the write if changed, else as found (None: missing)
 
 
+@dataclass(frozen=True)
+class HeartbeatResult:
+    outcome: HeartbeatOutcome
+    heartbeat: int | None = None  # the counter as written (RENEWED)
+    error: str | None = None
+
+
 class LeaseStore(Protocol):
     async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
-                      timings: LeaseTimings, timeout: float | None = None) -> Acquired | None:
-        """Take a free or expired lease (fence + 1). None if the condition failed."""
+                      timings: LeaseTimings, timeout: float | None = None,
+                      epoch: int = 0) -> Acquired | None:
+        """Take a free or expired lease (fence + 1), stamped with the owner's member
+        epoch. None if the condition failed."""
 
     async def renew(self, tenure: Tenure, now_wall_ms: int, timings: LeaseTimings,
                     timeout: float | None = None) -> RenewResult:
@@ -71,6 +82,22 @@ class LeaseStore(Protocol):
     async def orphans(self, threshold_ms: int, limit: int,
                       timeout: float | None = None) -> list[StreamRecord]:
         """STARTED streams whose lease expired before ``threshold_ms`` (the index)."""
+
+    async def held_stopped(self, now_wall_ms: int, limit: int,
+                           timeout: float | None = None) -> list[StreamRecord]:
+        """STOPPED streams whose lease is still live: their holders must release them."""
+
+    async def check(self, stream_id: str, timeout: float | None = None) -> StreamRecord | None:
+        """The item as it is now (a consistent read): a holder's cheap check-in."""
+
+    async def owned_by(self, owner: str, timeout: float | None = None) -> list[OwnedStream]:
+        """Streams whose ``lease_owner`` is this worker (the owner index), held or not."""
+
+    async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
+                          timeout: float | None = None) -> bool:
+        """Release a fenced member's stream on its behalf: expiry 0 and fence + 1, if the
+        owner and fence are as seen, the lease is held, and it was taken under an epoch
+        older than ``fenced_epoch``. False if any of that no longer holds."""
 
     async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
         """Every stream item, including those the index cannot see (the sweep)."""
@@ -91,6 +118,34 @@ class Sink(Protocol):
     async def newest_event(self, stream_id: str,
                            timeout: float | None = None) -> EventMark | None:
         """The highest seq and fence already in the sink for this stream."""
+
+
+class FleetStore(Protocol):
+    """Member rows in the fleet table."""
+
+    async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       timeout: float | None = None) -> MemberRecord:
+        """A new incarnation of this worker: a new epoch, counter 0, ACTIVE."""
+
+    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
+                        capacity: int, handoffs: int, now_wall_ms: int,
+                        timeout: float | None = None) -> HeartbeatResult:
+        """Counter + 1 under this epoch; FENCED if the epoch moved on."""
+
+    async def members(self, timeout: float | None = None) -> list[MemberRecord]:
+        """Every member row, in one consistent Query."""
+
+    async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
+                    timeout: float | None = None) -> MemberRecord | None:
+        """Declare ``seen`` dead (epoch + 1, DEAD) if it is still exactly as seen; the row
+        as fenced, or None if it changed (it lives, or another peer fenced it)."""
+
+    async def mark_released(self, worker_id: str, epoch: int,
+                            timeout: float | None = None) -> bool:
+        """A DEAD member's streams are all released."""
+
+    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+        """Remove this incarnation's row (a clean exit, every stream released)."""
 
 
 class AdminStore(Protocol):
@@ -124,3 +179,4 @@ class Stores:
     leases: LeaseStore
     sink: Sink
     admin: AdminStore
+    fleet: FleetStore

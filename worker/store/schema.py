@@ -1,12 +1,22 @@
-"""Table definitions: the streams table and index exactly as the CONTRACT says, and
-the events table the fenced sink writes. Pure data, shared by ``table create``, the
-tests and the terraform checks."""
+"""Table definitions: the streams table and its index as the CONTRACT says, the events
+table the fenced sink writes, and the fleet table (members, leader, jobs). Pure data,
+shared by ``table create``, the tests and the terraform checks.
+
+Index projections are chosen for write cost. A table write touches an index only when it
+changes an attribute the index holds, so:
+
+* the orphan index projects only what planning needs (``ws_url``, owner, fence, epoch,
+  ``last_error``), never ``last_seq``: a sink checkpoint then writes no index entry, and
+  only lease changes (acquire, renew, release) touch the one hot ``STARTED`` key;
+* the owner index (finding a dead member's streams) holds keys only: it is written when
+  a stream changes hands or fence, not on renewals or checkpoints.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from worker.store import codec
+from worker.store import codec, fleetcodec
 
 
 def streams_table(name: str) -> dict[str, Any]:
@@ -17,6 +27,8 @@ def streams_table(name: str) -> dict[str, Any]:
             {"AttributeName": codec.PK, "AttributeType": "S"},
             {"AttributeName": codec.DESIRED_STATE, "AttributeType": "S"},
             {"AttributeName": codec.LEASE_EXPIRES, "AttributeType": "N"},
+            {"AttributeName": codec.LEASE_OWNER, "AttributeType": "S"},
+            {"AttributeName": codec.FENCE, "AttributeType": "N"},
         ],
         "KeySchema": [{"AttributeName": codec.PK, "KeyType": "HASH"}],
         "GlobalSecondaryIndexes": [
@@ -26,8 +38,17 @@ def streams_table(name: str) -> dict[str, Any]:
                     {"AttributeName": codec.DESIRED_STATE, "KeyType": "HASH"},
                     {"AttributeName": codec.LEASE_EXPIRES, "KeyType": "RANGE"},
                 ],
-                "Projection": {"ProjectionType": "ALL"},
-            }
+                "Projection": {"ProjectionType": "INCLUDE",
+                               "NonKeyAttributes": list(codec.INDEX_PROJECTED)},
+            },
+            {
+                "IndexName": codec.OWNER_INDEX_NAME,
+                "KeySchema": [
+                    {"AttributeName": codec.LEASE_OWNER, "KeyType": "HASH"},
+                    {"AttributeName": codec.FENCE, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
         ],
     }
 
@@ -43,5 +64,20 @@ def events_table(name: str) -> dict[str, Any]:
         "KeySchema": [
             {"AttributeName": codec.EV_PK, "KeyType": "HASH"},
             {"AttributeName": codec.EV_SK, "KeyType": "RANGE"},
+        ],
+    }
+
+
+def fleet_table(name: str) -> dict[str, Any]:
+    return {
+        "TableName": name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [
+            {"AttributeName": fleetcodec.PK, "AttributeType": "S"},
+            {"AttributeName": fleetcodec.SK, "AttributeType": "S"},
+        ],
+        "KeySchema": [
+            {"AttributeName": fleetcodec.PK, "KeyType": "HASH"},
+            {"AttributeName": fleetcodec.SK, "KeyType": "RANGE"},
         ],
     }

@@ -16,11 +16,13 @@ import aioboto3
 from worker.errors import ConfigError
 from worker.store.dynamodb.admin import DynamoAdmin
 from worker.store.dynamodb.client import DynamoClient, Observer, client_config
+from worker.store.dynamodb.fleet import DynamoFleetStore
 from worker.store.dynamodb.leases import DynamoLeaseStore
 from worker.store.dynamodb.sink import DynamoSink
 from worker.store.protocols import Stores
 
-__all__ = ["DynamoAdmin", "DynamoLeaseStore", "DynamoSink", "connect", "connect_admin", "region"]
+__all__ = ["DynamoAdmin", "DynamoFleetStore", "DynamoLeaseStore", "DynamoSink", "connect",
+           "connect_admin", "region"]
 
 
 def region(session: aioboto3.Session) -> str:
@@ -32,7 +34,7 @@ def region(session: aioboto3.Session) -> str:
 
 
 @contextlib.asynccontextmanager
-async def connect(table: str, events_table: str, *, sink_connections: int = 50,
+async def connect(table: str, events_table: str, fleet_table: str, *, sink_connections: int = 50,
                   control_connections: int = 20, observe: Observer | None = None,
                   call_timeout_s: float = 10.0) -> AsyncIterator[Stores]:
     """Open the clients this process uses. Raises ConfigError without a region."""
@@ -48,15 +50,23 @@ async def connect(table: str, events_table: str, *, sink_connections: int = 50,
         yield Stores(
             leases=DynamoLeaseStore(control, table),
             sink=DynamoSink(data, table, events_table),
-            admin=DynamoAdmin(control, table, events_table),
+            admin=DynamoAdmin(control, table, events_table, fleet_table),
+            fleet=DynamoFleetStore(control, fleet_table),
         )
 
 
 @contextlib.asynccontextmanager
-async def connect_admin(table: str, events_table: str, *,
-                        connections: int = 10) -> AsyncIterator[DynamoAdmin]:
-    """One client for the operator's commands (``table create``, ``ctl``)."""
+async def connect_admin(table: str, events_table: str, fleet_table: str, *,
+                        connections: int = 10) -> AsyncIterator[Stores]:
+    """Every role on one client, for the operator's commands (``table create``, ``ctl``,
+    ``job``) and test harnesses."""
     session = aioboto3.Session()
     async with session.client("dynamodb", region_name=region(session),
                               config=client_config(connections)) as raw:
-        yield DynamoAdmin(DynamoClient(raw), table, events_table)
+        client = DynamoClient(raw)
+        yield Stores(
+            leases=DynamoLeaseStore(client, table),
+            sink=DynamoSink(client, table, events_table),
+            admin=DynamoAdmin(client, table, events_table, fleet_table),
+            fleet=DynamoFleetStore(client, fleet_table),
+        )

@@ -9,25 +9,29 @@ from typing import Any
 
 from worker.core.frames import Frame
 from worker.core.model import StreamRecord
-from worker.errors import StoreError
+from worker.errors import StoreError, TableMissing
 from worker.store import codec, schema
 from worker.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
 from worker.store.protocols import ForceReleased
 
 
 class DynamoAdmin(DynamoTable):
-    def __init__(self, client: DynamoClient, table: str, events_table: str) -> None:
+    def __init__(self, client: DynamoClient, table: str, events_table: str,
+                 fleet_table: str) -> None:
         super().__init__(client)
         self.table = table
         self.events_table = events_table
+        self.fleet_table = fleet_table
 
     # -- tables -----------------------------------------------------------------------
 
     def definitions(self) -> list[dict[str, Any]]:
-        return [schema.streams_table(self.table), schema.events_table(self.events_table)]
+        return [schema.streams_table(self.table), schema.events_table(self.events_table),
+                schema.fleet_table(self.fleet_table)]
 
     async def create_tables(self, wait_s: float = 300.0) -> list[str]:
-        """Create every table if missing and wait until active. Returns those created."""
+        """Create every table if missing, add indexes a table made by an earlier version
+        lacks, and wait until all are active. Returns what was created."""
         created: list[str] = []
         for definition in self.definitions():
             name = definition["TableName"]
@@ -38,13 +42,30 @@ class DynamoAdmin(DynamoTable):
                 if "ResourceInUseException" not in str(exc):
                     raise
             await self._wait_active(name, wait_s)
+            for index in await self._missing_indexes(definition):
+                # DynamoDB adds one index per UpdateTable; the table stays usable meanwhile.
+                await self._call("update_table", TableName=name,
+                                 AttributeDefinitions=definition["AttributeDefinitions"],
+                                 GlobalSecondaryIndexUpdates=[{"Create": index}])
+                created.append(f"{name}/index/{index['IndexName']}")
+                await self._wait_active(name, wait_s)
             await self._check_schema(definition)
         return created
 
     async def check_tables(self) -> None:
-        """Raise TableMissing (with the fix) unless every table exists."""
+        """Raise TableMissing (with the fix) unless every table and index exists."""
         for definition in self.definitions():
-            await self._call("describe_table", TableName=definition["TableName"])
+            missing = await self._missing_indexes(definition)
+            if missing:
+                names = ", ".join(i["IndexName"] for i in missing)
+                raise TableMissing(f"table {definition['TableName']} lacks index {names} "
+                                   "(run `streamlease table create`)")
+
+    async def _missing_indexes(self, definition: dict[str, Any]) -> list[dict[str, Any]]:
+        desc = (await self._call("describe_table", TableName=definition["TableName"]))["Table"]
+        have = {i["IndexName"] for i in desc.get("GlobalSecondaryIndexes", [])}
+        return [i for i in definition.get("GlobalSecondaryIndexes", [])
+                if i["IndexName"] not in have]
 
     async def _wait_active(self, name: str, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s

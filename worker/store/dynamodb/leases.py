@@ -5,10 +5,11 @@ the sweep's Scan."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 from worker.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
-from worker.core.model import StreamRecord, Tenure
+from worker.core.model import OwnedStream, StreamRecord, Tenure
 from worker.errors import StoreError, StoreThrottled
 from worker.store import codec
 from worker.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
@@ -21,9 +22,11 @@ class DynamoLeaseStore(DynamoTable):
         self.table = table
 
     async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
-                      timings: LeaseTimings, timeout: float | None = None) -> Acquired | None:
+                      timings: LeaseTimings, timeout: float | None = None,
+                      epoch: int = 0) -> Acquired | None:
         expiry = expiry_for(now_wall_ms, timings)
-        expr = codec.acquire_expr(owner, expiry, takeover_threshold_ms(now_wall_ms, timings))
+        expr = codec.acquire_expr(owner, expiry, takeover_threshold_ms(now_wall_ms, timings),
+                                  epoch)
         try:
             resp = await self._call(
                 "update_item", timeout, TableName=self.table, Key=codec.key(stream_id),
@@ -79,18 +82,30 @@ class DynamoLeaseStore(DynamoTable):
                              Key=codec.key(tenure.stream_id), **expr.update_kwargs())
         except ConditionFailed:
             return None
-        return Tenure(tenure.stream_id, tenure.owner, fence, last_seq, tenure.expires_at_ms)
+        return dataclasses.replace(tenure, fence=fence, last_seq=last_seq)
 
     async def orphans(self, threshold_ms: int, limit: int, timeout: float | None = None,
                       page_size: int = 200) -> list[StreamRecord]:
+        return await self._index_query(
+            "#ds = :started AND #exp < :threshold",
+            {":started": codec.s("STARTED"), ":threshold": codec.n(threshold_ms)},
+            limit, timeout, page_size)
+
+    async def held_stopped(self, now_wall_ms: int, limit: int, timeout: float | None = None,
+                           page_size: int = 200) -> list[StreamRecord]:
+        return await self._index_query(
+            "#ds = :stopped AND #exp > :now",
+            {":stopped": codec.s("STOPPED"), ":now": codec.n(now_wall_ms)},
+            limit, timeout, page_size)
+
+    async def _index_query(self, condition: str, values: dict[str, Any], limit: int,
+                           timeout: float | None, page_size: int) -> list[StreamRecord]:
         found: list[StreamRecord] = []
         kwargs: dict[str, Any] = {
             "TableName": self.table, "IndexName": codec.INDEX_NAME,
-            "KeyConditionExpression": "#ds = :started AND #exp < :threshold",
+            "KeyConditionExpression": condition,
             "ExpressionAttributeNames": {"#ds": codec.DESIRED_STATE, "#exp": codec.LEASE_EXPIRES},
-            "ExpressionAttributeValues": {":started": codec.s("STARTED"),
-                                          ":threshold": codec.n(threshold_ms)},
-            "Limit": max(1, min(limit, page_size)),
+            "ExpressionAttributeValues": values, "Limit": max(1, min(limit, page_size)),
         }
         while len(found) < limit:
             resp = await self._call("query", timeout, **kwargs)
@@ -99,6 +114,41 @@ class DynamoLeaseStore(DynamoTable):
                 break
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
         return found[:limit]
+
+    async def check(self, stream_id: str, timeout: float | None = None) -> StreamRecord | None:
+        resp = await self._call("get_item", timeout, TableName=self.table,
+                                Key=codec.key(stream_id), ConsistentRead=True)
+        item = resp.get("Item")
+        return codec.decode_record(item) if item else None
+
+    async def owned_by(self, owner: str, timeout: float | None = None,
+                       page_size: int = 500) -> list[OwnedStream]:
+        found: list[OwnedStream] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self.table, "IndexName": codec.OWNER_INDEX_NAME,
+            "KeyConditionExpression": "#owner = :owner",
+            "ExpressionAttributeNames": {"#owner": codec.LEASE_OWNER},
+            "ExpressionAttributeValues": {":owner": codec.s(owner)}, "Limit": page_size,
+        }
+        while True:
+            resp = await self._call("query", timeout, **kwargs)
+            for item in resp.get("Items", []):
+                record = codec.decode_record(item)
+                if record is not None and record.fence is not None:
+                    found.append(OwnedStream(record.stream_id, record.fence))
+            if "LastEvaluatedKey" not in resp:
+                return found
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
+                          timeout: float | None = None) -> bool:
+        expr = codec.release_for_expr(owner, fence, fenced_epoch)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(stream_id), **expr.update_kwargs())
+        except ConditionFailed:
+            return False
+        return True
 
     async def scan(self, timeout: float | None = None, page_size: int = 500) -> list[StreamRecord]:
         found: list[StreamRecord] = []
@@ -130,5 +180,6 @@ class DynamoLeaseStore(DynamoTable):
 def acquired(record: StreamRecord, owner: str, expiry: int) -> Acquired:
     if record.fence is None:
         raise StoreError(f"stream {record.stream_id} acquired without a fence")
-    return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry), record)
+    return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry,
+                           record.lease_epoch or 0), record)
 
