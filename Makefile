@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: run test lint typecheck pytest promtool bench loadtest lock clean
+.PHONY: run test lint typecheck pytest promtool faketime bench loadtest lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -35,7 +35,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) $(CHECKOV_STAMP) promtool
+pytest: $(STAMP) $(CHECKOV_STAMP) promtool faketime
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The alert rule tests need promtool, from Debian's prometheus package.
@@ -44,6 +44,13 @@ promtool:
 		echo "installing promtool (Debian package prometheus)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+# The clock-skew tests run one worker under libfaketime (Debian package faketime).
+faketime:
+	@command -v faketime >/dev/null 2>&1 || { \
+		echo "installing faketime (Debian package faketime)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends faketime >/dev/null; }
 
 # Benchmarks: print figures; only the load test's correctness figures can fail it.
 bench: $(STAMP)

@@ -16,6 +16,7 @@ from worker.core.frames import Frame
 from worker.core.lease import Holding, RenewOutcome
 from worker.core.model import Tenure
 from worker.errors import SelfFenced, StoreError, StoreThrottled, StoreUnavailable
+from worker.membership import FleetView
 from worker.metrics import Metrics
 from worker.store.memory import MemoryStore
 from worker.store.protocols import RenewResult, Stores
@@ -187,10 +188,21 @@ class ScriptedPump:
 
 
 class StaticMember:
-    """A membership that is always registered and alive (for reconciler unit tests)."""
+    """A membership that is always registered and alive, alone in its fleet unless a
+    test gives it a view (for reconciler unit tests)."""
 
     epoch = 1
     accepting = True
 
+    def __init__(self) -> None:
+        self.view = FleetView()
+        self.notices = 0
+
     def may_write(self, now: float) -> bool:
         return True
+
+    def counts_changed(self) -> None:
+        self.notices += 1
+
+    def handed_off(self) -> None:
+        self.notices += 1

@@ -142,6 +142,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_STREAM_RENEW_SECONDS", "stream_renew_s", "600",
             "how often a holder renews a stream's lease; at most a third of it",
             seconds(0.03, 28800)),
+    Setting("STREAMLEASE_MIN_HOLD_SECONDS", "min_hold_s", "30",
+            "a stream is never handed over for balance sooner after it was acquired",
+            seconds(0, 86400)),
     Setting("STREAMLEASE_STREAM_CHECK_SECONDS", "stream_check_s", "60",
             "how often a holder reads its stream's item (ws_url changes, revocation)",
             seconds(0.01, 3600)),
@@ -175,6 +178,7 @@ class WorkerConfig:
     stream_lease_s: float
     stream_renew_s: float
     stream_check_s: float
+    min_hold_s: float
 
     @property
     def stream_timings(self) -> LeaseTimings:

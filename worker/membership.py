@@ -112,6 +112,7 @@ class Membership:
         self.view = FleetView()
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
+        self._last_beat = 0.0
         self._stop = asyncio.Event()
         self._pending: dict[str, _Takeover] = {}
         self._working: set[tuple[str, int]] = set()
@@ -159,6 +160,10 @@ class Membership:
         self.handoffs += 1
         self._beat_now.set()
 
+    def counts_changed(self) -> None:
+        """This worker's stream count changed: report it soon (peers plan with it)."""
+        self._beat_now.set()
+
     async def leave(self) -> None:
         """A clean exit (every stream released): remove this incarnation's row."""
         self._stop.set()
@@ -193,7 +198,7 @@ class Membership:
             delay = await self._beat()
 
     async def _beat(self) -> float:
-        sent = self.clock.monotonic()
+        sent = self._last_beat = self.clock.monotonic()
         result = await self.fleet.heartbeat(
             self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
             self.handoffs, self.clock.wall_ms(), timeout=self.liveness.call_timeout(sent))
@@ -242,10 +247,17 @@ class Membership:
                 await self._wait(retry.next_delay())
 
     async def _wait(self, seconds: float) -> None:
+        """Until the next heartbeat is due, or one is asked for early (a notice: draining,
+        a hand-off, a changed count) — but never sooner than a short gap after the last,
+        so a burst of notices costs one write."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, seconds)):
                 await self._beat_now.wait()
         self._beat_now.clear()
+        gap = self._last_beat + min(self.timings.observe_s, self.timings.heartbeat_s / 4) \
+            - self.clock.monotonic()
+        if gap > 0 and not self._stop.is_set():
+            await self.clock.sleep(gap)
 
     # -- observing peers ------------------------------------------------------------------
 

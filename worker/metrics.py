@@ -134,6 +134,12 @@ class Metrics:
                                     registry=r)
         self._member_hbs = Counter(p + "member_heartbeats", "Member heartbeats, by outcome",
                                    ["outcome"], registry=r)
+        self._rebalance = Counter(p + "rebalance_moves",
+                                  "Streams this worker handed over to even out the fleet",
+                                  registry=r)
+        self._share = Gauge(p + "member_share",
+                            "This worker's fair share of the fleet's streams (from the member "
+                            "rows)", registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -248,6 +254,12 @@ class Metrics:
 
     def released_on_behalf(self, count: int) -> None:
         self._on_behalf.inc(count)
+
+    def rebalance_moved(self, count: int) -> None:
+        self._rebalance.inc(count)
+
+    def share(self, value: int) -> None:
+        self._share.set(value)
 
     def admission(self, admitting: bool) -> None:
         self._admitting.set(1 if admitting else 0)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from worker.clock import Clock
+from worker.core import balance
 from worker.core.backoff import jittered
 from worker.core.lease import HolderState, StopReason, resume_point, takeover_threshold_ms
 from worker.core.model import StreamRecord, error_text
@@ -39,6 +40,7 @@ from worker.core.plan import (
 from worker.errors import StoreError
 from worker.health import HealthState
 from worker.logs import event
+from worker.membership import FleetView
 from worker.metrics import Metrics
 from worker.store.protocols import Acquired, LeaseStore, Sink
 from worker.supervisor import LeaseHealth, PumpFactory, Supervisor, SupervisorSettings
@@ -56,6 +58,7 @@ class ReconcilerSettings:
     acquire_per_cycle: int
     supervisor: SupervisorSettings
     stopped_check_s: float = 5.0  # the held-STOPPED query (the member heartbeat interval)
+    min_hold_s: float = 30.0  # a stream is never handed over sooner after its acquisition
 
 
 class MemberGate(Protocol):
@@ -67,7 +70,14 @@ class MemberGate(Protocol):
     @property
     def accepting(self) -> bool: ...
 
+    @property
+    def view(self) -> FleetView: ...
+
     def may_write(self, now: float) -> bool: ...
+
+    def counts_changed(self) -> None: ...
+
+    def handed_off(self) -> None: ...
 
 
 class Reconciler:
@@ -92,6 +102,9 @@ class Reconciler:
                                         window_s=2 * settings.stopped_check_s)
         self._stop = asyncio.Event()
         self._poke = asyncio.Event()
+        self._fast_until = 0.0  # poll orphans often until then (a peer drains or hands off)
+        self._next_shed = 0.0
+        self._orphan_since: dict[str, float] = {}  # when this worker first saw each orphan
         self._release_by: float | None = None
         self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._on_delivered = on_delivered
@@ -114,8 +127,18 @@ class Reconciler:
         return self._stop
 
     def poke(self) -> None:
-        """Run a cycle now (a peer died, drained or handed streams over)."""
+        """Run a cycle now, and poll often for a while: a peer died, drained or handed
+        streams over, and what it releases should not wait for a regular cycle."""
+        self._fast_until = self.clock.monotonic() + 2 * self.settings.stopped_check_s
         self._poke.set()
+
+    def _next_pause(self) -> float:
+        """The regular jittered interval, or a short poll while a peer drains or has just
+        handed streams over (so a released stream is taken within a fraction of a
+        second, not at the next random cycle)."""
+        if self.membership.view.draining() or self.clock.monotonic() < self._fast_until:
+            return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
+        return jittered(self.settings.reconcile_s, 0.2, self.rng)
 
     def member_lost(self, fenced: bool) -> None:
         """This worker's membership ended or lapsed: every stream stops at once."""
@@ -138,8 +161,7 @@ class Reconciler:
                     event(logging.ERROR, "reconcile.crashed", "reconcile cycle crashed",
                           exc_info=True)
                 self.metrics.reconcile(time.perf_counter() - started)
-                await self._pause(jittered(self.settings.reconcile_s, 0.2, self.rng),
-                                  self._poke)
+                await self._pause(self._next_pause(), self._poke)
             sweeper.cancel()
             stopped.cancel()
             for supervisor in list(self.supervisors.values()):
@@ -162,6 +184,7 @@ class Reconciler:
     async def _cycle(self) -> None:
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
+        now = self.clock.monotonic()
         candidates = await self.leases.orphans(takeover_threshold_ms(now_ms, timings),
                                                ORPHAN_QUERY_LIMIT)
         orphans = []
@@ -171,22 +194,80 @@ class Reconciler:
                 orphans.append(candidate)
             else:
                 held.seen(candidate)  # released or taken from under us (a force release)
-        if len(self.supervisors) >= self.settings.max_streams or not self._admits():
-            return
         if orphans:
             self.metrics.orphans_found(len(orphans))
+        starving = self._starving(orphans, now)
         plan = plan_cycle(
             orphans, held=set(self.supervisors), max_streams=self.settings.max_streams,
-            per_cycle=self.settings.acquire_per_cycle, now_wall_ms=now_ms, timings=timings,
+            per_cycle=self.settings.max_streams, now_wall_ms=now_ms, timings=timings,
             allowed_prefixes=self.settings.supervisor.allowed_urls, rng=self.rng,
+            first=starving,
         )
         for record, problem in plan.unservable:
             await self._report_unservable(record, problem)
-        if plan.acquire and not self._stop.is_set():
+        if not self._admits():
+            return
+        want = self._balance(plan.servable, starving, now)
+        budget = min(want, self.settings.acquire_per_cycle,
+                     self.settings.max_streams - len(self.supervisors))
+        if budget > 0 and plan.acquire and not self._stop.is_set():
             async with asyncio.TaskGroup() as tg:
-                for record in plan.acquire:
+                for record in plan.acquire[:budget]:
                     tg.create_task(self._acquire(record))
+            self.membership.counts_changed()
         self.metrics.set_leases_held(len(self.supervisors))
+
+    def _starving(self, orphans: list[StreamRecord], now: float) -> frozenset[str]:
+        """Orphans this worker has seen waiting two reconcile intervals or more: taken
+        whatever the balance says."""
+        current = {o.stream_id for o in orphans}
+        for gone in set(self._orphan_since) - current:
+            del self._orphan_since[gone]
+        for stream_id in current:
+            self._orphan_since.setdefault(stream_id, now)
+        limit = 2 * self.settings.reconcile_s
+        return frozenset(sid for sid, since in self._orphan_since.items() if now - since >= limit)
+
+    def _balance(self, servable: int, starving: frozenset[str], now: float) -> int:
+        """Shed what the balance plan says; how many orphans to take now."""
+        view = self.membership.view
+        if not view.members:
+            return self.settings.acquire_per_cycle  # no fleet view yet: take as before
+        counts, active = balance.counts_of(list(view.members), self.settings.owner,
+                                           len(self.supervisors), view.observed_dead)
+        capacities = {m.worker_id: m.capacity for m in view.members}
+        capacities[self.settings.owner] = self.settings.max_streams
+        if self.membership.accepting:
+            active.add(self.settings.owner)
+        else:
+            active.discard(self.settings.owner)
+        plan = balance.plan(self.settings.owner, counts, active, capacities, servable)
+        self.metrics.share(plan.share)
+        if plan.shed:
+            self._shed(plan.shed, now)
+        if plan.take > 0:
+            return plan.take
+        return len(starving)  # at or above its share: only what waited too long
+
+    def _shed(self, count: int, now: float) -> None:
+        """Hand ``count`` streams over through the graceful path (stop reading, flush,
+        checkpoint, release), the longest held first, never one held less than the
+        minimum hold time; then pause shedding until the takers' counts can be seen."""
+        if now < self._next_shed:
+            return
+        movable = [s for s in self.supervisors.values()
+                   if s.holding.state is HolderState.HOLDING
+                   and now - s.acquired_at >= self.settings.min_hold_s]
+        movable.sort(key=lambda s: s.acquired_at)
+        chosen = movable[:count]
+        for supervisor in chosen:
+            supervisor.request_drain(StopReason.REBALANCE)
+        if chosen:
+            self.metrics.rebalance_moved(len(chosen))
+            event(logging.INFO, "balance.shed", "handing streams over to even out the fleet",
+                  streams=[s.stream for s in chosen], held=len(self.supervisors))
+            # The takers' new counts reach the member rows within a heartbeat.
+            self._next_shed = now + 1.5 * self.settings.stopped_check_s
 
     def _admits(self) -> bool:
         """Admission control: no new streams while this worker's renewals are failing,
@@ -334,3 +415,7 @@ class Reconciler:
                 del self.supervisors[supervisor.stream]
                 self.health.dropped(supervisor.stream)
             self.metrics.set_leases_held(len(self.supervisors))
+            if supervisor.holding.state is HolderState.RELEASED:
+                self.membership.handed_off()  # peers take it now, not at their next cycle
+            else:
+                self.membership.counts_changed()

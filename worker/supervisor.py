@@ -120,7 +120,7 @@ class Supervisor:
         self._failure: str | None = None
         self._health = health
         self._lease_health = lease_health
-        self._acquired_at = acquire_sent_at
+        self.acquired_at = acquire_sent_at
         if health is not None:
             health.renewed(tenure.stream_id, acquire_sent_at)
 
@@ -323,7 +323,7 @@ class Supervisor:
         reason = holding.reason
         fields: dict[str, Any] = {"stream": self.stream, "fence": self.tenure.fence,
                                   "last_seq": self.pump.committed}
-        self.metrics.lease_ended(self.clock.monotonic() - self._acquired_at)
+        self.metrics.lease_ended(self.clock.monotonic() - self.acquired_at)
         if holding.state in (HolderState.LOST, HolderState.SELF_FENCED):
             assert reason is not None
             self.metrics.lease_lost(reason)

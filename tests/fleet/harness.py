@@ -35,6 +35,7 @@ FAST_ENV = {
     "STREAMLEASE_STREAM_LEASE_SECONDS": "6",
     "STREAMLEASE_STREAM_RENEW_SECONDS": "2",
     "STREAMLEASE_STREAM_CHECK_SECONDS": "0.5",
+    "STREAMLEASE_MIN_HOLD_SECONDS": "1",
     "STREAMLEASE_SWEEP_SECONDS": "2",
     "STREAMLEASE_BATCH_MAX_SECONDS": "0.3",
     "STREAMLEASE_SHUTDOWN_SECONDS": "10",
@@ -136,14 +137,17 @@ class Fleet:
         return f"{self.upstream_url}/streams/{sid}"
 
     def start_worker(self, name: str, endpoint: str | None = None,
-                     env: Mapping[str, str] | None = None) -> Worker:
+                     env: Mapping[str, str] | None = None,
+                     wrap: list[str] | None = None) -> Worker:
+        """A worker process (``wrap``: a command to run it under, e.g. faketime)."""
         port = free_port()
         full = {**local_aws_env(endpoint or self.dynamodb), **FAST_ENV, **self.env,
                 "STREAMLEASE_TABLE": self.table, "STREAMLEASE_EVENTS_TABLE": self.events_table,
                 "STREAMLEASE_FLEET_TABLE": self.fleet_table,
                 "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_METRICS_PORT": str(port),
                 **(env or {})}
-        worker = Worker(name, Proc(python("-m", "worker", "run"), env=full, name=name), port)
+        args = [*(wrap or []), *python("-m", "worker", "run")]
+        worker = Worker(name, Proc(args, env=full, name=name), port)
         self.workers[name] = worker
         return worker
 
@@ -167,6 +171,33 @@ class Fleet:
         live = by if by is not None else {n for n, w in self.workers.items()
                                           if w.proc.popen.poll() is None}
         return all(owners.get(sid) in live for sid in (ids or self.stream_ids))
+
+    async def counts(self) -> dict[str, int]:
+        """Streams held (live lease) per running worker, zero for those holding none."""
+        owners = await self.owners()
+        live = [n for n, w in self.workers.items() if w.proc.popen.poll() is None]
+        return {n: sum(1 for o in owners.values() if o == n) for n in live}
+
+    async def watch_moves(self, seconds: float, interval: float = 0.1) -> int:
+        """Ownership changes seen while polling for ``seconds`` (a stream changing hands,
+        or freed and taken again, counts once each time)."""
+        moves = 0
+        last = await self.owners()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(interval)
+            now = await self.owners()
+            moves += sum(1 for s, o in now.items() if o != last.get(s) and o is not None)
+            last = now
+        return moves
+
+    async def balanced(self) -> bool:
+        """Every running worker holds within one of ceil(streams / workers)."""
+        counts = await self.counts()
+        if not counts or sum(counts.values()) != len(self.stream_ids):
+            return False
+        share = -(-len(self.stream_ids) // len(counts))
+        return all(abs(c - share) <= 1 for c in counts.values())
 
     async def audit(self) -> dict[str, int]:
         """Every stream's sink holds seq 1..last_seq exactly once, in order, byte-identical

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import signal
 import time
 
@@ -47,8 +48,9 @@ async def test_every_stream_has_exactly_one_owner_and_kill_9_fails_over(
         key = 'streamlease_streams{desired_state="STARTED",lease="live"}'
         return all(w.metric(key) == 20 for w in fleet.workers.values())
     await wait_until(fleet_view_settled, 15, "every worker's fleet view: 20 STARTED, live")
+    # Workers started together spread the streams evenly, whoever came first.
+    await wait_until(fleet.balanced, 20, "7/7/6 within one of the share")
     owners = await fleet.owners()
-    assert len({o for o in owners.values()}) >= 2, f"work did not spread: {owners}"
 
     victim = max(fleet.workers, key=lambda n: sum(o == n for o in owners.values()))
     victim_streams = [s for s, o in owners.items() if o == victim]
@@ -308,4 +310,45 @@ async def test_hand_written_item_is_picked_up_and_bad_items_are_skipped(
     fleet.stream_ids.extend(["hand", "tok"])
     mid = {s: r.last_seq or 0 for s, r in records.items()}
     await wait_until(lambda: delivering(fleet, fleet.stream_ids, mid), 15, "all still delivering")
+    await fleet.audit()
+
+
+async def test_scale_out_spreads_the_streams_and_then_nothing_moves(
+        make_fleet: FleetFactory) -> None:
+    fleet = make_fleet(streams=20)
+    await fleet.start(workers=2)
+    await wait_until(fleet.balanced, 30, "10/10 on two workers")
+    moved_before = sum(w.metric("streamlease_rebalance_moves_total")
+                       for w in fleet.workers.values())
+    assert moved_before == 0
+    fleet.start_worker("w3")
+    fleet.start_worker("w4")
+    took = await wait_until(fleet.balanced, 30, "5 each within one on four workers")
+    print(f"2 -> 4 workers: balanced after {took:.2f} s")
+    moved = sum(w.metric("streamlease_rebalance_moves_total") for w in fleet.workers.values())
+    assert 10 - 2 <= moved <= 10 + 2  # 10 must move; the band lets two stay
+    # In balance, it stays put: no move while membership and streams stay the same.
+    assert await fleet.watch_moves(5.0) == 0
+    assert sum(w.metric("streamlease_rebalance_moves_total")
+               for w in fleet.workers.values()) == moved
+    await fleet.audit()
+
+
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (Debian package)")
+async def test_a_worker_whose_clock_is_two_leases_behind_is_never_taken_over(
+        make_fleet: FleetFactory) -> None:
+    # Liveness is observed on each peer's own clock, so a wall clock 2 s behind (twice
+    # the 1 s lease) must not make a live member look dead, nor its streams expired.
+    fleet = make_fleet(streams=12)
+    await fleet.start(workers=2)
+    late = fleet.start_worker("late", wrap=["faketime", "-f", "-2s"])
+    await wait_until(fleet.balanced, 30, "balanced with the late worker")
+    counts = await fleet.counts()
+    assert counts["late"] >= 3
+    moves = await fleet.watch_moves(8.0)
+    assert moves == 0, "streams changed hands among live workers"
+    dead = sum(w.metric("streamlease_members_declared_dead_total")
+               for w in fleet.workers.values())
+    assert dead == 0
+    assert late.metric("streamlease_member_fenced_total") == 0
     await fleet.audit()

@@ -50,6 +50,7 @@ def fleet_view(records: list[StreamRecord], now_wall_ms: int) -> dict[tuple[str,
 class Plan:
     acquire: list[StreamRecord] = field(default_factory=list)
     unservable: list[tuple[StreamRecord, str]] = field(default_factory=list)
+    servable: int = 0  # orphans that could be acquired, before any cap
 
 
 def plan_cycle(
@@ -62,16 +63,20 @@ def plan_cycle(
     timings: LeaseTimings,
     allowed_prefixes: AllowList,
     rng: random.Random,
+    want: int | None = None,
+    first: frozenset[str] = frozenset(),
 ) -> Plan:
     """Pick the streams to try this cycle.
 
     Candidates come from the orphan query and may be stale by the time we act; the
     conditional acquire is the real arbiter, this only avoids pointless calls. Shuffling
     spreads a fleet that wakes together over different streams, and the per-cycle cap
-    keeps one worker from grabbing everything a dead peer left behind.
+    keeps one worker from grabbing everything a dead peer left behind. ``want`` caps the
+    take further (the balance plan's), and streams in ``first`` (orphans that have waited
+    too long) go before the rest.
     """
     free = max(0, max_streams - len(held))
-    budget = min(free, per_cycle)
+    budget = min(free, per_cycle, per_cycle if want is None else want)
     acquirable: list[StreamRecord] = []
     unservable: list[tuple[StreamRecord, str]] = []
     for record in candidates:
@@ -85,4 +90,5 @@ def plan_cycle(
         if can_acquire(record, now_wall_ms, timings):
             acquirable.append(record)
     rng.shuffle(acquirable)
-    return Plan(acquire=acquirable[:budget], unservable=unservable)
+    acquirable.sort(key=lambda r: r.stream_id not in first)  # stable: shuffled within each
+    return Plan(acquire=acquirable[:budget], unservable=unservable, servable=len(acquirable))
