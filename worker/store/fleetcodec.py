@@ -6,21 +6,25 @@ says what an item is, so each kind is read with one Query:
 | Pk | Sk | item |
 |---|---|---|
 | ``MEMBER`` | worker id | a member row: epoch, heartbeat counter, status, streams held |
+| ``LEADER`` | lease name | a leader lease: owner, fence, heartbeat counter, expiry |
 
 Pure: no botocore, no I/O.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from worker.core.leadership import LeaderRecord
 from worker.core.membership import MemberRecord, MemberStatus
 from worker.store.codec import Expr, n, s
 
 PK = "Pk"
 SK = "Sk"
 MEMBER_PK = "MEMBER"
+LEADER_PK = "LEADER"
 
 # Member rows.
 EPOCH = "epoch"
@@ -148,3 +152,83 @@ def released_expr(epoch: int) -> Expr:
 def leave_condition(epoch: int) -> Expr:
     return Expr(condition="#epoch = :epoch", names=_names("#epoch"),
                 values={":epoch": n(epoch)})
+
+
+# Leader leases.
+OWNER = "owner"
+FENCE = "fence"
+EXPIRES = "expires_at_ms"  # the holder's own clock: 0 means resigned
+ACQUIRED_AT = "acquired_at_ms"
+
+
+def leader_key(name: str) -> Item:
+    return {PK: s(LEADER_PK), SK: s(name)}
+
+
+def decode_leader(item: Mapping[str, Any]) -> LeaderRecord | None:
+    name = _str(item, SK)
+    if _str(item, PK) != LEADER_PK or name is None:
+        return None
+    return LeaderRecord(name=name, owner=_str(item, OWNER), fence=_int(item, FENCE),
+                        heartbeat=_int(item, HEARTBEAT), expires_at_ms=_int(item, EXPIRES))
+
+
+_LEADER_NAMES = {"#pk": PK, "#owner": OWNER, "#fence": FENCE, "#hb": HEARTBEAT,
+                 "#exp": EXPIRES, "#at": ACQUIRED_AT}
+
+
+def leader_acquire_expr(owner: str, ttl_ms: int, now_ms: int, seen: LeaderRecord | None,
+                        first_fence: int) -> Expr:
+    """Take the lease if it is exactly as seen: absent; resigned under the fence seen; or
+    held with the owner, fence and counter seen (observed unchanged for a time to live).
+    The fence moves on by one, or starts at ``first_fence`` if the item is new."""
+    values: dict[str, Any] = {":me": s(owner), ":exp": n(now_ms + ttl_ms), ":zero": n(0),
+                              ":one": n(1), ":now": n(now_ms), ":first": n(first_fence - 1)}
+    if seen is None:
+        condition = "attribute_not_exists(#pk)"
+    elif seen.resigned:
+        condition = "#fence = :fence AND (#exp = :zero OR attribute_not_exists(#owner))"
+        values[":fence"] = n(seen.fence)
+    else:
+        condition = "#owner = :owner AND #fence = :fence AND #hb = :hb"
+        values.update({":owner": s(seen.owner or ""), ":fence": n(seen.fence),
+                       ":hb": n(seen.heartbeat)})
+    update = ("SET #owner = :me, #fence = if_not_exists(#fence, :first) + :one, #hb = :zero, "
+              "#exp = :exp, #at = :now")
+    return Expr(condition=condition, update=update,
+                names=_used(_LEADER_NAMES, condition, update), values=values)
+
+
+def _used(names: dict[str, str], *texts: str) -> dict[str, str]:
+    """The placeholders that appear in these expressions (DynamoDB refuses unused ones)."""
+    return {k: v for k, v in names.items() if any(re.search(re.escape(k) + r"\b", t)
+                                                   for t in texts)}
+
+
+def leader_renew_expr(owner: str, fence: int, ttl_ms: int, now_ms: int) -> Expr:
+    return Expr(
+        condition="#owner = :me AND #fence = :fence AND #exp <> :zero",
+        update="SET #hb = #hb + :one, #exp = :exp",
+        names={k: _LEADER_NAMES[k] for k in ("#owner", "#fence", "#exp", "#hb")},
+        values={":me": s(owner), ":fence": n(fence), ":zero": n(0), ":one": n(1),
+                ":exp": n(now_ms + ttl_ms)},
+    )
+
+
+def leader_resign_expr(owner: str, fence: int) -> Expr:
+    return Expr(
+        condition="#owner = :me AND #fence = :fence",
+        update="SET #exp = :zero",
+        names={k: _LEADER_NAMES[k] for k in ("#owner", "#fence", "#exp")},
+        values={":me": s(owner), ":fence": n(fence), ":zero": n(0)},
+    )
+
+
+def leader_check(name: str, fence: int, table: str) -> dict[str, Any]:
+    """The ConditionCheck that fences a write: the lease still carries this fence."""
+    return {"ConditionCheck": {
+        "TableName": table, "Key": leader_key(name),
+        "ConditionExpression": "#fence = :fence",
+        "ExpressionAttributeNames": {"#fence": FENCE},
+        "ExpressionAttributeValues": {":fence": n(fence)},
+    }}

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from worker.core.frames import Frame
+from worker.core.leadership import LeaderRecord, initial_fence
 from worker.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
 from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from worker.core.model import (
@@ -28,7 +29,8 @@ from worker.core.model import (
     error_text,
     stream_key,
 )
-from worker.errors import StoreError, TableMissing
+from worker.errors import StaleFence, StoreError, TableMissing
+from worker.leader import HashSet, PutItem, Transaction, WriteRefused
 from worker.store import codec
 from worker.store.protocols import (
     Acquired,
@@ -51,11 +53,14 @@ class MemoryStore:
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.members_by_id: dict[str, MemberRecord] = {}
+        self.leaders: dict[str, LeaderRecord] = {}
+        self.written: dict[str, dict[str, Any]] = {}  # fenced writes: table/key -> key -> item
         self.tables_created = False
         self.calls: list[str] = []  # method names, in call order (for tests)
 
     def stores(self) -> Stores:
-        return Stores(leases=self, sink=self, admin=self, fleet=self)
+        return Stores(leases=self, sink=self, admin=self, fleet=self,
+                      leader=MemoryLeader(self))
 
     # -- LeaseStore -------------------------------------------------------------------
 
@@ -344,6 +349,81 @@ class MemoryStore:
         item.update(changes)
 
 
+
+class MemoryLeader:
+    """``LeaderBackend`` over a MemoryStore's data (leases named like the fleet's)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+
+    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
+        self.store._called("leader_read")
+        return self.store.leaders.get(name)
+
+    async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
+                      now_wall_ms: int, timeout: float | None = None) -> int | None:
+        old = self.store.leaders.get(name)
+        if seen is None:
+            ok = old is None
+        elif seen.resigned:
+            ok = old is not None and old.fence == seen.fence and old.resigned
+        else:
+            ok = old is not None and old.key == seen.key
+        if not ok:
+            return None
+        fence = old.fence + 1 if old is not None else initial_fence(now_wall_ms)
+        self.store.leaders[name] = LeaderRecord(name, owner, fence, 0,
+                                          now_wall_ms + round(ttl_s * 1000))
+        return fence
+
+    async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
+                    timeout: float | None = None) -> HeartbeatOutcome:
+        old = self.store.leaders.get(name)
+        if old is None or old.owner != owner or old.fence != fence or old.resigned:
+            return HeartbeatOutcome.FENCED
+        self.store.leaders[name] = dataclasses.replace(old, heartbeat=old.heartbeat + 1,
+                                                 expires_at_ms=now_wall_ms + round(ttl_s * 1000))
+        return HeartbeatOutcome.RENEWED
+
+    async def resign(self, name: str, owner: str, fence: int,
+                     timeout: float | None = None) -> bool:
+        old = self.store.leaders.get(name)
+        if old is None or old.owner != owner or old.fence != fence:
+            return False
+        self.store.leaders[name] = dataclasses.replace(old, expires_at_ms=0)
+        return True
+
+    async def fenced_write(self, name: str, fence: int, write: Any,
+                           timeout: float | None = None) -> None:
+        self.store._called("fenced_write")
+        current = self.store.leaders.get(name)
+        puts: list[tuple[str, str, Item, str | None]]
+        if isinstance(write, HashSet):
+            puts = [(write.key, write.field, {"value": write.value}, None)]
+        elif isinstance(write, PutItem):
+            puts = [(write.table, _item_key(write.item), write.item, write.condition)]
+        elif isinstance(write, Transaction):
+            puts = []
+            for action in write.actions:
+                (kind, body), = action.items()
+                if kind != "Put":
+                    raise TypeError(f"the in-memory store applies Put actions only, not {kind}")
+                puts.append((body["TableName"], _item_key(body["Item"]), body["Item"],
+                             body.get("ConditionExpression")))
+        else:
+            raise TypeError(f"cannot apply {type(write).__name__}")
+        if current is None or current.fence != fence:
+            raise StaleFence(f"lease {name}: fence {fence} is no longer current")
+        for table, key, _, condition in puts:
+            if condition is not None and key in self.store.written.get(table, {}):
+                if "attribute_not_exists" not in condition:
+                    raise TypeError("the in-memory store knows attribute_not_exists only")
+                raise WriteRefused("the write's own condition failed")
+        for table, key, item, _ in puts:
+            self.store.written.setdefault(table, {})[key] = copy.deepcopy(item)
+
+
 def _s(item: Item | None, name: str) -> str | None:
     value = (item or {}).get(name)
     return value["S"] if isinstance(value, dict) and isinstance(value.get("S"), str) else None
@@ -367,6 +447,11 @@ def _record(item: Item) -> StreamRecord:
     record = codec.decode_record(item)
     assert record is not None
     return record
+
+
+def _item_key(item: Item) -> str:
+    """An item's identity for the in-memory tables: its Pk and Sk, if any."""
+    return "|".join(str(item[k]) for k in ("Pk", "Sk") if k in item)
 
 
 def _records(items: Iterable[Item]) -> list[StreamRecord]:

@@ -26,6 +26,7 @@ from worker.core.frames import Frame
 from worker.core.lease import LeaseTimings, RenewOutcome
 from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from worker.core.model import EventMark, OwnedStream, StreamRecord, Tenure
+from worker.leader import LeaderBackend
 
 
 @dataclass(frozen=True)
@@ -180,3 +181,4 @@ class Stores:
     sink: Sink
     admin: AdminStore
     fleet: FleetStore
+    leader: LeaderBackend

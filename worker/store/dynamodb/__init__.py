@@ -17,11 +17,13 @@ from worker.errors import ConfigError
 from worker.store.dynamodb.admin import DynamoAdmin
 from worker.store.dynamodb.client import DynamoClient, Observer, client_config
 from worker.store.dynamodb.fleet import DynamoFleetStore
+from worker.store.dynamodb.leader import DynamoLeaderBackend
 from worker.store.dynamodb.leases import DynamoLeaseStore
 from worker.store.dynamodb.sink import DynamoSink
 from worker.store.protocols import Stores
 
-__all__ = ["DynamoAdmin", "DynamoFleetStore", "DynamoLeaseStore", "DynamoSink", "connect",
+__all__ = ["DynamoAdmin", "DynamoFleetStore", "DynamoLeaderBackend", "DynamoLeaseStore",
+           "DynamoSink", "connect",
            "connect_admin", "region"]
 
 
@@ -52,6 +54,7 @@ async def connect(table: str, events_table: str, fleet_table: str, *, sink_conne
             sink=DynamoSink(data, table, events_table),
             admin=DynamoAdmin(control, table, events_table, fleet_table),
             fleet=DynamoFleetStore(control, fleet_table),
+            leader=DynamoLeaderBackend(control, fleet_table),
         )
 
 
@@ -69,4 +72,5 @@ async def connect_admin(table: str, events_table: str, fleet_table: str, *,
             sink=DynamoSink(client, table, events_table),
             admin=DynamoAdmin(client, table, events_table, fleet_table),
             fleet=DynamoFleetStore(client, fleet_table),
+            leader=DynamoLeaderBackend(client, fleet_table),
         )

@@ -1,0 +1,137 @@
+"""The leader lease contract, for every backend (the ``backend`` fixture in conftest.py
+names each): one holder at a time, fences that only move forward, renewals only by the
+holder, resignation, takeover by observation, and fenced writes that refuse a stale
+holder atomically."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from tests.leader.conftest import Backend
+from worker.core.membership import HeartbeatOutcome
+from worker.errors import StaleFence
+from worker.leader import LeaderLease, WriteRefused
+
+NOW = 1_800_000_000_000
+
+
+def lease_name() -> str:
+    return f"lease-{uuid.uuid4().hex[:8]}"
+
+
+async def test_one_holder_and_fences_that_only_move_forward(backend: Backend) -> None:
+    name = lease_name()
+    assert await backend.impl.read(name) is None
+    first = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert first is not None
+    assert await backend.impl.acquire(name, "b", 10, None, NOW) is None  # not absent any more
+    held = await backend.impl.read(name)
+    assert held is not None and (held.owner, held.fence) == ("a", first)
+    fences = [first]
+    for i, owner in enumerate(["b", "c", "a", "b"]):
+        seen = await backend.impl.read(name)
+        assert seen is not None
+        assert await backend.impl.resign(name, seen.owner or "", seen.fence) is True
+        resigned = await backend.impl.read(name)
+        taken = await backend.impl.acquire(name, owner, 10, resigned, NOW + i)
+        assert taken is not None
+        fences.append(taken)
+    assert fences == sorted(set(fences)) and len(fences) == 5
+
+
+async def test_only_the_holder_renews_and_a_resigned_lease_is_taken_at_once(
+        backend: Backend) -> None:
+    name = lease_name()
+    fence = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert fence is not None
+    assert await backend.impl.renew(name, "a", fence, 10, NOW) is HeartbeatOutcome.RENEWED
+    assert await backend.impl.renew(name, "b", fence, 10, NOW) is HeartbeatOutcome.FENCED
+    assert await backend.impl.renew(name, "a", fence - 1, 10, NOW) is HeartbeatOutcome.FENCED
+    assert await backend.impl.resign(name, "b", fence) is False
+    assert await backend.impl.resign(name, "a", fence) is True
+    # A late renewal never resurrects a resigned lease.
+    assert await backend.impl.renew(name, "a", fence, 10, NOW) is HeartbeatOutcome.FENCED
+    seen = await backend.impl.read(name)
+    new = await backend.impl.acquire(name, "b", 10, seen, NOW)
+    assert new is not None and new > fence
+
+
+async def test_a_stale_holders_fenced_write_is_refused_and_writes_nothing(
+        backend: Backend) -> None:
+    name = lease_name()
+    old = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert old is not None
+    await backend.impl.fenced_write(name, old, backend.write("slot-1", f"a:{old}"))
+    assert await backend.written("slot-1") == f"a:{old}"
+    # b takes over (a resigned, or was observed dead: either way the fence moves on).
+    seen = await backend.impl.read(name)
+    assert seen is not None
+    if backend.observe_takeover:
+        new = await backend.impl.acquire(name, "b", 10, seen, NOW)
+    else:
+        await backend.expire(name)
+        new = await backend.impl.acquire(name, "b", 10, None, NOW)
+    assert new is not None and new > old
+    with pytest.raises(StaleFence):
+        await backend.impl.fenced_write(name, old, backend.write("slot-2", f"a:{old}"))
+    assert await backend.written("slot-2") is None
+    await backend.impl.fenced_write(name, new, backend.write("slot-2", f"b:{new}"))
+    assert await backend.written("slot-2") == f"b:{new}"
+    assert await backend.impl.renew(name, "a", old, 10, NOW) is HeartbeatOutcome.FENCED
+
+
+async def test_a_writes_own_condition_is_kept(backend: Backend) -> None:
+    if not backend.conditional_writes:
+        pytest.skip("this backend's writes carry no condition of their own")
+    name = lease_name()
+    fence = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert fence is not None
+    await backend.impl.fenced_write(name, fence, backend.write("once", "1", unique=True))
+    with pytest.raises(WriteRefused):
+        await backend.impl.fenced_write(name, fence, backend.write("once", "2", unique=True))
+    assert await backend.written("once") == "1"
+
+
+async def test_lease_context_takes_over_a_silent_holder_and_the_old_one_learns(
+        backend: Backend) -> None:
+    name = lease_name()
+    ttl = 0.6
+    silent = LeaderLease(backend.impl, name, "silent", ttl_s=ttl, heartbeat_s=0.15,
+                         safety_margin_s=0.06)
+    await silent.acquire()
+    old = silent.fence
+    assert silent._keeper is not None
+    silent._keeper.cancel()  # it stops renewing, as a paused or partitioned process would
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with LeaderLease(backend.impl, name, "next", ttl_s=ttl, heartbeat_s=0.15,
+                           safety_margin_s=0.06) as lease:
+        took = loop.time() - started
+        assert lease.fence > old and lease.may_write()
+        assert ttl * 0.9 <= took <= ttl * 4 + 1.0  # by observation, not before a ttl
+        with pytest.raises(StaleFence):
+            await silent.fenced_write(backend.write("k", "stale"))
+        await lease.fenced_write(backend.write("k", "fresh"))
+    assert await backend.written("k") == "fresh"
+    record = await backend.impl.read(name)
+    assert record is None or record.resigned  # resigned on the way out
+
+
+async def test_lost_is_set_when_the_lease_is_taken_from_the_holder(backend: Backend) -> None:
+    name = lease_name()
+    async with LeaderLease(backend.impl, name, "a", ttl_s=0.8, heartbeat_s=0.1,
+                           safety_margin_s=0.08) as lease:
+        seen = await backend.impl.read(name)
+        assert seen is not None
+        # Another owner takes it as if it had observed this holder dead.
+        if backend.observe_takeover:
+            assert await backend.impl.acquire(name, "b", 0.8, seen, NOW) is not None
+        else:
+            await backend.expire(name)
+            assert await backend.impl.acquire(name, "b", 0.8, None, NOW) is not None
+        async with asyncio.timeout(5):
+            await lease.lost.wait()
+        assert not lease.may_write()
