@@ -6,10 +6,11 @@ import json
 import re
 import tomllib
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
-from tests.infra.hcl import MODULE_DIR, ROOT, evaluate, load_module
+from tests.infra.tf import ROOT, planned
 from worker.config import DEFAULTS
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -149,17 +150,23 @@ def test_exposes_the_metrics_port(final: Stage) -> None:
     assert f"STREAMLEASE_METRICS_PORT={port}" in " ".join(final.all("ENV"))
 
 
-def test_health_check_is_liveness_and_matches_the_task_definition(final: Stage) -> None:
+def health_check_command(final: Stage) -> list[str]:
     options, _, command = final.last("HEALTHCHECK").partition(" CMD ")
     assert options.startswith("--")
-    argv = exec_form(command)
+    return exec_form(command)
+
+
+def test_health_check_is_liveness(final: Stage) -> None:
+    argv = health_check_command(final)
     assert argv[:2] == ["streamlease", "healthcheck"]  # GETs /healthz
     assert "readyz" not in final.last("HEALTHCHECK")
-    module = load_module(MODULE_DIR)
-    td = module.resource("aws_ecs_task_definition", "worker")
-    (container,) = evaluate(td["container_definitions"], module.scope(
-        image="x/y:1", vpc_id="vpc-1", subnet_ids=["subnet-1"]))
-    assert container["healthCheck"]["command"] == ["CMD", *argv]
+
+
+def test_health_check_matches_the_task_definition(final: Stage,
+                                                  module_plans: dict[str, Any]) -> None:
+    values = planned(module_plans["defaults"])["aws_ecs_task_definition.worker"]
+    (container,) = json.loads(values["container_definitions"])
+    assert container["healthCheck"]["command"] == ["CMD", *health_check_command(final)]
 
 
 def test_read_only_root_filesystem_friendly(final: Stage) -> None:

@@ -58,6 +58,21 @@ run "defaults" {
     error_message = "One task volume, tmp, with no host path or external storage."
   }
 
+  assert {
+    condition = (
+      length(data.aws_iam_policy_document.ecs_tasks_assume.statement) == 1 &&
+      one(data.aws_iam_policy_document.ecs_tasks_assume.statement).actions == toset(["sts:AssumeRole"]) &&
+      [for p in one(data.aws_iam_policy_document.ecs_tasks_assume.statement).principals :
+      "${p.type} ${join(",", p.identifiers)}"] == ["Service ecs-tasks.amazonaws.com"] &&
+      { for c in one(data.aws_iam_policy_document.ecs_tasks_assume.statement).condition :
+        c.variable => "${c.test} ${join(",", c.values)}" } == {
+        "aws:SourceAccount" = "StringEquals 123456789012"
+        "aws:SourceArn"     = "ArnLike arn:aws:ecs:eu-west-1:123456789012:*"
+      }
+    )
+    error_message = "Both roles trust only ECS tasks, and only those of this account and region (confused deputy)."
+  }
+
   # --- the container ---
   assert {
     condition     = length(jsondecode(aws_ecs_task_definition.worker.container_definitions)) == 1
@@ -78,7 +93,7 @@ run "defaults" {
   assert {
     condition = (
       jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].readonlyRootFilesystem
-      && !lookup(jsondecode(aws_ecs_task_definition.worker.container_definitions)[0], "privileged", false)
+      && lookup(jsondecode(aws_ecs_task_definition.worker.container_definitions)[0], "privileged", false) == false
       && jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].linuxParameters.initProcessEnabled
       && jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].linuxParameters.capabilities.drop == ["ALL"]
       && jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].linuxParameters.capabilities.add == []
@@ -132,7 +147,7 @@ run "defaults" {
       && aws_ecs_service.worker.deployment_maximum_percent == 200
       && aws_ecs_service.worker.deployment_circuit_breaker[0].enable
       && aws_ecs_service.worker.deployment_circuit_breaker[0].rollback
-      && !aws_ecs_service.worker.enable_execute_command
+      && aws_ecs_service.worker.enable_execute_command == false
     )
     error_message = "Deploys start new tasks before stopping old ones, roll back on failure, and allow no ECS Exec."
   }
