@@ -91,16 +91,21 @@ def exec_form(args: str) -> list[str]:
     return value
 
 
+# name:tag@sha256:digest -- the digest fixes the bytes, the tag says what they are.
+PINNED = re.compile(r"(?P<name>[a-z0-9][a-z0-9._/-]*):(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]*)"
+                    r"@sha256:(?P<digest>[0-9a-f]{64})")
+
+
 def test_multi_stage_on_a_pinned_slim_python_base(stages: list[Stage]) -> None:
     assert len(stages) >= 2
     names = {s.name for s in stages if s.name}
     for stage in stages:
         if stage.base in names:
             continue
-        _, _, tag = stage.base.partition(":")
-        assert "@sha256:" in stage.base or (tag and tag != "latest" and "latest" not in tag), \
-            f"base image {stage.base} has no explicit version"
         assert "$" not in stage.base, f"unresolved build argument in {stage.base}"
+        pinned = PINNED.fullmatch(stage.base)
+        assert pinned, f"FROM {stage.base}: pin the base as name:tag@sha256:<index digest>"
+        assert "latest" not in pinned["tag"], stage.base
     # One base for every stage: the venv built in the first runs on the last one's python.
     assert len({s.base for s in stages if s.base not in names}) == 1
     final_base = stages[-1].base
@@ -173,6 +178,18 @@ def test_read_only_root_filesystem_friendly(final: Stage) -> None:
     env = " ".join(final.all("ENV"))
     assert "PYTHONDONTWRITEBYTECODE=1" in env
     assert final.all("VOLUME") == ['["/tmp"]']  # the only scratch space, a volume
+
+
+def test_base_digest_is_labelled_and_refreshable(stages: list[Stage], final: Stage) -> None:
+    pinned = PINNED.fullmatch(final.base)
+    assert pinned
+    labels = " ".join(final.all("LABEL"))
+    assert f'org.opencontainers.image.base.name="docker.io/library/{pinned["name"]}:' \
+           f'{pinned["tag"]}"' in labels
+    assert f'org.opencontainers.image.base.digest="sha256:{pinned["digest"]}"' in labels
+    # The comment says how to move to a newer build of the tag.
+    assert f"docker buildx imagetools inspect {pinned['name']}:{pinned['tag']}" \
+        in DOCKERFILE.read_text()
 
 
 def test_oci_labels(final: Stage) -> None:
