@@ -76,19 +76,16 @@ class Terraform:
 
     def validation(self, name: str) -> dict[str, Any]:
         """`terraform validate -json` of the module or the example, by directory name."""
-        proc = self.validations[name]
-        stdout, stderr = proc.communicate(timeout=600)
+        returncode, stdout, stderr = self.validations[name].wait()
         try:
             result: dict[str, Any] = json.loads(stdout)
         except json.JSONDecodeError:
-            raise AssertionError(f"validate {name}: exit {proc.returncode}\n{stderr}") from None
+            raise AssertionError(f"validate {name}: exit {returncode}\n{stderr}") from None
         return result
 
     def close(self) -> None:
         for proc in self.validations.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
+            proc.kill()
         for pending in (self.module_tests, self.module_plans, self.example_tests):
             pending.kill()
         self.workspace.close()
@@ -102,6 +99,20 @@ def plans_file() -> str:
                                                             **values}.items()]
         lines += ["  }", "}", ""]
     return "\n".join(lines)
+
+
+TERRAFORM_FIXTURES = {"terraform", "module_report", "module_plans", "example_report"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_terraform_early(request: pytest.FixtureRequest) -> None:
+    """Start the terraform runs before the first test here when any selected test needs
+    them, so they overlap with the tests that do not (checkov, the static checks)."""
+    if isinstance(find_toolchain(), str):
+        return  # the tests that need terraform skip on their own, saying why
+    if any(TERRAFORM_FIXTURES & set(getattr(item, "fixturenames", ()))
+           for item in request.session.items):
+        request.getfixturevalue("terraform")
 
 
 @pytest.fixture(scope="session")

@@ -220,6 +220,7 @@ class Workspace:
         shutil.copytree(TERRAFORM, self.terraform,
                         ignore=shutil.ignore_patterns(".terraform", ".terraform.lock.hcl",
                                                       "*.tfstate*"))
+        self._started = 0
         self.module = self.terraform / MODULE_DIR.relative_to(TERRAFORM)
         self.example = self.terraform / EXAMPLE_DIR.relative_to(TERRAFORM)
 
@@ -231,12 +232,12 @@ class Workspace:
             "/", "_")
         return offline_env({"TF_DATA_DIR": str(data)})
 
-    def start(self, directory: Path, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([self.toolchain.binary, *args], cwd=directory,
-                                env=self.env(directory), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    def start(self, directory: Path, *args: str) -> Background:
+        self._started += 1
+        return Background([self.toolchain.binary, *args], directory, self.env(directory),
+                          self.root / "logs" / f"{self._started:02d}-{args[0]}")
 
-    def init(self, directory: Path) -> subprocess.Popen[str]:
+    def init(self, directory: Path) -> Background:
         return self.start(directory, "init", "-backend=false", "-input=false", "-no-color",
                           f"-plugin-dir={self.toolchain.mirror}")
 
@@ -245,6 +246,28 @@ class Workspace:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return path
+
+
+class Background:
+    """A terraform process writing to files, not pipes: it never waits for a reader, so
+    several run at once however much they print."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], logs: Path) -> None:
+        logs.parent.mkdir(parents=True, exist_ok=True)
+        self.argv = argv
+        self._out, self._err = logs.with_suffix(".out"), logs.with_suffix(".err")
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self._proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
+                                          text=True)
+
+    def wait(self, timeout: float = 900) -> tuple[int, str, str]:
+        returncode = self._proc.wait(timeout=timeout)
+        return returncode, self._out.read_text(), self._err.read_text()
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
 
 
 class PendingReport:
@@ -257,20 +280,18 @@ class PendingReport:
 
     def report(self, timeout: float = 900) -> Report:
         if self._report is None:
-            stdout, stderr = self._proc.communicate(timeout=timeout)
-            self._report = parse_report(self.command, self._proc.returncode, stdout, stderr)
+            returncode, stdout, stderr = self._proc.wait(timeout)
+            self._report = parse_report(self.command, returncode, stdout, stderr)
         return self._report
 
     def kill(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.communicate()
+        self._proc.kill()
 
 
-def must_succeed(proc: subprocess.Popen[str], what: str, timeout: float = 600) -> str:
-    stdout, stderr = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"{what} failed (exit {proc.returncode}):\n{stdout[-3000:]}\n"
+def must_succeed(proc: Background, what: str, timeout: float = 600) -> str:
+    returncode, stdout, stderr = proc.wait(timeout)
+    if returncode != 0:
+        raise AssertionError(f"{what} failed (exit {returncode}):\n{stdout[-3000:]}\n"
                              f"{stderr[-3000:]}")
     return stdout
 
