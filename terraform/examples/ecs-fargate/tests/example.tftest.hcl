@@ -1,6 +1,6 @@
 # The example root against the mock provider: it plans with the values of
-# terraform.tfvars.example (tests/infra/test_terraform.py passes that file with
-# -var-file), with and without Fargate Spot, and its own inputs are validated both ways.
+# terraform.tfvars.example (tests/infra passes that file with -var-file), with and
+# without Fargate Spot, and its own inputs are validated both ways.
 
 mock_provider "aws" {
   mock_data "aws_region" {
