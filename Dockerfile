@@ -9,11 +9,18 @@
 # base and runs as an unprivileged user; it needs no writable path (a read-only root
 # filesystem works; /tmp is a volume for libraries that expect scratch space).
 #
-# Both stages use the same base (the venv's interpreter is the base's python3.11). For
-# bit-for-bit rebuilds pin it by digest in both FROM lines:
-#   FROM python:3.11-slim-bookworm@sha256:<digest> AS build
+# Both stages use the same base (the venv's interpreter is the base's python3.11), pinned
+# by digest so a rebuild starts from the same bytes:
+#   tag     python:3.11-slim-bookworm (Python 3.11.16, Debian 12)
+#   digest  sha256:0bee7276f83efd4a1ee05bbbf4281d95ed28e079220a9457f25a93e3f1e3c31b
+#           the multi-platform index (linux/amd64 and linux/arm64 among others), so
+#           `--platform linux/amd64` and `linux/arm64` each get their own image from it.
+# To move to a newer build of the tag, read the index digest with
+#   docker buildx imagetools inspect python:3.11-slim-bookworm
+# (the "Digest:" line at the top, not a per-platform manifest) and replace it in both
+# FROM lines and in the org.opencontainers.image.base.digest label below.
 
-FROM python:3.11-slim-bookworm AS build
+FROM python:3.11-slim-bookworm@sha256:0bee7276f83efd4a1ee05bbbf4281d95ed28e079220a9457f25a93e3f1e3c31b AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ONLY_BINARY=:all: \
@@ -34,7 +41,8 @@ RUN python -m pip wheel --no-deps --no-index --find-links /wheels --wheel-dir /d
  && /opt/venv/bin/streamlease --help >/dev/null
 
 
-FROM python:3.11-slim-bookworm AS runtime
+# python:3.11-slim-bookworm, the same index as the build stage.
+FROM python:3.11-slim-bookworm@sha256:0bee7276f83efd4a1ee05bbbf4281d95ed28e079220a9457f25a93e3f1e3c31b AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG CREATED=unknown
@@ -45,7 +53,8 @@ LABEL org.opencontainers.image.title="streamlease" \
       org.opencontainers.image.created="${CREATED}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://example.invalid/streamlease" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm"
+      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm" \
+      org.opencontainers.image.base.digest="sha256:0bee7276f83efd4a1ee05bbbf4281d95ed28e079220a9457f25a93e3f1e3c31b"
 
 # tini as PID 1 forwards SIGTERM to the worker and reaps zombies under a plain
 # `docker run`; on ECS, initProcessEnabled puts ECS's own init in front of it and tini

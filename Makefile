@@ -35,6 +35,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# tests/infra also runs terraform, offline, where it can: `terraform` 1.11+ on PATH (or
+# TERRAFORM=path) and a filesystem mirror of hashicorp/aws 5.x (TERRAFORM_PROVIDER_MIRROR=dir,
+# else /opt/tf-plugins, ~/.terraform.d/plugins, ...). init, validate and test run in a
+# temporary copy of terraform/; without either, those tests skip and say why.
 pytest: $(STAMP) $(CHECKOV_STAMP) promtool faketime
 	$(BIN)/pytest $(PYTEST_ARGS)
 

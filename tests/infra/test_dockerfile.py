@@ -6,10 +6,11 @@ import json
 import re
 import tomllib
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
-from tests.infra.hcl import MODULE_DIR, ROOT, evaluate, load_module
+from tests.infra.tf import ROOT, planned
 from worker.config import DEFAULTS
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -90,16 +91,21 @@ def exec_form(args: str) -> list[str]:
     return value
 
 
+# name:tag@sha256:digest -- the digest fixes the bytes, the tag says what they are.
+PINNED = re.compile(r"(?P<name>[a-z0-9][a-z0-9._/-]*):(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]*)"
+                    r"@sha256:(?P<digest>[0-9a-f]{64})")
+
+
 def test_multi_stage_on_a_pinned_slim_python_base(stages: list[Stage]) -> None:
     assert len(stages) >= 2
     names = {s.name for s in stages if s.name}
     for stage in stages:
         if stage.base in names:
             continue
-        _, _, tag = stage.base.partition(":")
-        assert "@sha256:" in stage.base or (tag and tag != "latest" and "latest" not in tag), \
-            f"base image {stage.base} has no explicit version"
         assert "$" not in stage.base, f"unresolved build argument in {stage.base}"
+        pinned = PINNED.fullmatch(stage.base)
+        assert pinned, f"FROM {stage.base}: pin the base as name:tag@sha256:<index digest>"
+        assert "latest" not in pinned["tag"], stage.base
     # One base for every stage: the venv built in the first runs on the last one's python.
     assert len({s.base for s in stages if s.base not in names}) == 1
     final_base = stages[-1].base
@@ -149,23 +155,41 @@ def test_exposes_the_metrics_port(final: Stage) -> None:
     assert f"STREAMLEASE_METRICS_PORT={port}" in " ".join(final.all("ENV"))
 
 
-def test_health_check_is_liveness_and_matches_the_task_definition(final: Stage) -> None:
+def health_check_command(final: Stage) -> list[str]:
     options, _, command = final.last("HEALTHCHECK").partition(" CMD ")
     assert options.startswith("--")
-    argv = exec_form(command)
+    return exec_form(command)
+
+
+def test_health_check_is_liveness(final: Stage) -> None:
+    argv = health_check_command(final)
     assert argv[:2] == ["streamlease", "healthcheck"]  # GETs /healthz
     assert "readyz" not in final.last("HEALTHCHECK")
-    module = load_module(MODULE_DIR)
-    td = module.resource("aws_ecs_task_definition", "worker")
-    (container,) = evaluate(td["container_definitions"], module.scope(
-        image="x/y:1", vpc_id="vpc-1", subnet_ids=["subnet-1"]))
-    assert container["healthCheck"]["command"] == ["CMD", *argv]
+
+
+def test_health_check_matches_the_task_definition(final: Stage,
+                                                  module_plans: dict[str, Any]) -> None:
+    values = planned(module_plans["defaults"])["aws_ecs_task_definition.worker"]
+    (container,) = json.loads(values["container_definitions"])
+    assert container["healthCheck"]["command"] == ["CMD", *health_check_command(final)]
 
 
 def test_read_only_root_filesystem_friendly(final: Stage) -> None:
     env = " ".join(final.all("ENV"))
     assert "PYTHONDONTWRITEBYTECODE=1" in env
     assert final.all("VOLUME") == ['["/tmp"]']  # the only scratch space, a volume
+
+
+def test_base_digest_is_labelled_and_refreshable(stages: list[Stage], final: Stage) -> None:
+    pinned = PINNED.fullmatch(final.base)
+    assert pinned
+    labels = " ".join(final.all("LABEL"))
+    assert f'org.opencontainers.image.base.name="docker.io/library/{pinned["name"]}:' \
+           f'{pinned["tag"]}"' in labels
+    assert f'org.opencontainers.image.base.digest="sha256:{pinned["digest"]}"' in labels
+    # The comment says how to move to a newer build of the tag.
+    assert f"docker buildx imagetools inspect {pinned['name']}:{pinned['tag']}" \
+        in DOCKERFILE.read_text()
 
 
 def test_oci_labels(final: Stage) -> None:

@@ -1,108 +1,545 @@
-"""The terraform in terraform/ against the code: table schema, IAM, worker settings,
-the ECS task definition and service, the security group. Offline: python-hcl2 parses
-every file, tests/infra/hcl.py evaluates the expressions that matter."""
+"""The terraform in terraform/ against the code, with terraform itself (offline, see
+tests/infra/tf.py) and python-hcl2 for what a plan does not show.
+
+Where the checks live:
+- terraform/modules/streamlease/tests/*.tftest.hcl: every validation and precondition
+  both ways, and what the plan must always hold (table protection, the container's
+  hardening, the service, the security group rules). Run here, one test per run.
+- here, on the module's plan (conftest.PLAN_RUNS): what must match worker/ (the tables
+  and worker/store/schema.py, the task role and the DynamoDB calls in worker/store/, the
+  environment and worker/config.py SETTINGS, the container and the worker's defaults);
+- here, worker_cases.py: generated runs compare each worker setting's bounds with its
+  variable's validation, and each committed run's expectation is checked against the
+  worker's verdict on its inputs;
+- here, statically: the terraform block, variable descriptions, references between
+  blocks, the READMEs.
+"""
 
 from __future__ import annotations
 
-import ast
+import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.infra.hcl import (
+from tests.infra import store_calls, worker_cases
+from tests.infra.conftest import Terraform
+from tests.infra.tf import (
     EXAMPLE_DIR,
     MODULE_DIR,
     ROOT,
+    TASK_DEFINITION,
     TERRAFORM,
-    Module,
-    Scope,
-    Unknown,
-    blocks,
-    condition_holds,
-    dynamic_blocks,
-    evaluate,
-    load_module,
-    parse_file,
-    preconditions,
-    tf_files,
-    validation_errors,
+    Report,
+    StaticModule,
+    Toolchain,
+    iter_blocks,
+    literal,
+    load_static,
+    offline_env,
+    parse_hcl,
+    planned,
+    planned_outputs,
 )
 from worker.config import DEFAULTS, SETTINGS, WorkerConfig
-from worker.errors import ConfigError
-from worker.store import codec, schema
+from worker.store import schema
 
-WORKER = ROOT / "worker"
-STORE = WORKER / "store" / "dynamodb.py"
-
-# The module's required inputs, for evaluating it.
-REQUIRED = {
-    "image": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/streamlease:0.1.0",
-    "vpc_id": "vpc-0123456789abcdef0",
-    "subnet_ids": ["subnet-0123456789abcdef0"],
-}
-
-STREAMS_ARN = "${aws_dynamodb_table.streams.arn}"
-EVENTS_ARN = "${aws_dynamodb_table.events.arn}"
-INDEX_ARN = f"{STREAMS_ARN}/index/{codec.INDEX_NAME}"
+COMMITTED_TESTS = sorted((MODULE_DIR / "tests").glob("*.tftest.hcl"))
+EXAMPLE_TESTS = sorted((EXAMPLE_DIR / "tests").glob("*.tftest.hcl"))
 
 
 @pytest.fixture(scope="module")
-def module() -> Module:
-    return load_module(MODULE_DIR)
+def module() -> StaticModule:
+    return load_static(MODULE_DIR)
 
 
 @pytest.fixture(scope="module")
-def example() -> Module:
-    return load_module(EXAMPLE_DIR)
+def example() -> StaticModule:
+    return load_static(EXAMPLE_DIR)
 
 
-def scope(module: Module, **overrides: Any) -> Scope:
-    return module.scope(**{**REQUIRED, **overrides})
+def runs_of(paths: list[Path]) -> list[tuple[str, str]]:
+    """(file relative to its root, run name) of every run in these test files."""
+    found = []
+    for path in paths:
+        for block in parse_hcl(path).get("run", []):
+            for name in block:
+                found.append((f"tests/{path.name}", name))
+    return found
 
 
-# --- files, layout ----------------------------------------------------------------------
+# --- the toolchain, and the committed terraform tests -------------------------------------
 
 
-def test_every_tf_file_parses() -> None:
-    files = tf_files(TERRAFORM)
-    assert len(files) >= 8, files
-    for path in files:
-        parse_file(path)  # raises on a syntax error (checkov would not)
+@pytest.mark.parametrize("root", ["streamlease", "ecs-fargate"])
+def test_module_and_example_validate(terraform: Terraform, root: str) -> None:
+    """`terraform validate`: syntax, references, types, and that the example passes only
+    arguments the module declares and every one it requires."""
+    result = terraform.validation(root)
+    problems = [f"{d.get('severity')}: {d.get('summary')} {d.get('detail', '')}"
+                for d in result.get("diagnostics", [])]
+    assert result["valid"] and not problems, problems
 
 
-def test_module_and_example_pin_terraform_and_provider(module: Module, example: Module) -> None:
+def test_every_file_is_formatted(toolchain: Toolchain) -> None:
+    proc = subprocess.run([toolchain.binary, "fmt", "-check", "-recursive", "-diff", "-no-color",
+                           str(TERRAFORM)], capture_output=True, text=True, timeout=120,
+                          env=offline_env({}), check=False)
+    assert proc.returncode == 0, f"run `terraform fmt -recursive terraform/`:\n{proc.stdout}"
+
+
+@pytest.mark.parametrize(("file", "run"), runs_of(COMMITTED_TESTS),
+                         ids=lambda v: str(v).removeprefix("tests/"))
+def test_module_terraform_test(module_report: Report, file: str, run: str) -> None:
+    result = module_report.run(file, run)
+    assert result.status == "pass", result.explain()
+
+
+@pytest.mark.parametrize(("file", "run"), runs_of(EXAMPLE_TESTS),
+                         ids=lambda v: str(v).removeprefix("tests/"))
+def test_example_terraform_test(example_report: Report, file: str, run: str) -> None:
+    result = example_report.run(file, run)
+    assert result.status == "pass", result.explain()
+
+
+def test_committed_tests_refuse_every_validated_variable(module: StaticModule) -> None:
+    """Each variable with a validation is refused in some committed run (the accepting
+    side: the defaults run and the edge runs, which must pass)."""
+    refused: set[str] = set()
+    preconditions_refused = 0
+    for path in COMMITTED_TESTS:
+        for block in parse_hcl(path).get("run", []):
+            for body in block.values():
+                for expr in body.get("expect_failures", []):
+                    name = str(expr).removeprefix("${").removesuffix("}")
+                    if name == TASK_DEFINITION:
+                        preconditions_refused += 1
+                    refused.add(name.removeprefix("var."))
+    validated = {n for n, b in module.variables.items() if list(iter_blocks(b, "validation"))}
+    assert validated <= refused, f"never refused in tests/*.tftest.hcl: {validated - refused}"
+    rules = sum(len(list(iter_blocks(lc, "precondition")))
+                for lc in iter_blocks(module.resources[("aws_ecs_task_definition", "worker")],
+                                      "lifecycle"))
+    assert preconditions_refused >= rules, (preconditions_refused, rules)
+
+
+# --- the worker's settings against the module's rules ---------------------------------------
+
+RULES = worker_cases.Cases(load_static(MODULE_DIR))
+CASES = RULES.all()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_worker_and_terraform_agree(module_report: Report, case: worker_cases.Case) -> None:
+    result = module_report.run(worker_cases.file_name(case), "case")
+    if result.status == "pass":
+        return
+    named = " ".join(d.split(" [", 1)[0] for d in result.diagnostics)  # without snippets
+    shown = {k: v for k, v in case.values.items() if f"var.{k}" in named} or case.values
+    lines = [f"  {k} = {short(v)}: the worker {RULES.verdict_text(k, v)}"
+             for k, v in shown.items()]
+    pytest.fail(f"terraform and the worker disagree:\n{result.explain()}\n"
+                f"expected failures: {case.expect or 'none'}\n" + "\n".join(lines))
+
+
+def short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+COMMITTED_CASES = worker_cases.committed_cases(
+    p for p in COMMITTED_TESTS if p.name != "module.tftest.hcl")
+
+
+@pytest.mark.parametrize("case", COMMITTED_CASES, ids=lambda c: c.name)
+def test_committed_runs_expect_what_the_worker_decides(case: worker_cases.Case) -> None:
+    """Each committed run's expectation is the worker's verdict on its inputs (terraform
+    meeting that expectation is test_module_terraform_test)."""
+    problems = RULES.disagreements(case)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_cases_exercise_both_outcomes() -> None:
+    refused = [c for c in CASES if any(e.startswith("var.") for e in c.expect)]
+    assert len(refused) >= 4 and sum(len(c.values) for c in refused) >= 40, refused
+    assert len([c for c in CASES if not c.expect]) >= 1
+    rules = [c for c in COMMITTED_CASES if c.expect == [TASK_DEFINITION]]
+    assert len(rules) >= 6, rules  # every rule between settings, refused on its boundary
+    assert len([c for c in COMMITTED_CASES if not c.expect]) >= 3
+
+
+def test_every_worker_setting_is_a_variable_with_the_workers_default(
+        module: StaticModule) -> None:
+    cases = worker_cases.Cases(module)
+    assert not cases.missing, "worker/config.py SETTINGS has no terraform variable for " + \
+        ", ".join(f"{name} (add `variable \"{name.removeprefix('STREAMLEASE_').lower()}\"` "
+                  f"to terraform/modules/streamlease/variables.tf, its description starting "
+                  f"'{name}:', with the worker's default and bounds, and pass it in "
+                  "local.worker_settings in ecs.tf)" for name in cases.missing)
+    for setting in SETTINGS:
+        variable = cases.variable_of.get(setting.name)
+        if variable is None:
+            continue
+        text = worker_cases.env_text(cases.kind[variable], cases.defaults.get(variable))
+        assert text == (setting.default or None), (
+            f"variable {variable} defaults to {text!r}, {setting.name} to {setting.default!r}")
+    assert not any("worker_id" in v for v in module.variables)
+
+
+# --- tables -----------------------------------------------------------------------------
+
+
+def as_create_table(values: dict[str, Any]) -> dict[str, Any]:
+    """A planned aws_dynamodb_table in the shape of CreateTable's arguments."""
+    keys = [{"AttributeName": values["hash_key"], "KeyType": "HASH"}]
+    if values.get("range_key"):
+        keys.append({"AttributeName": values["range_key"], "KeyType": "RANGE"})
+    out: dict[str, Any] = {
+        "TableName": values["name"],
+        "BillingMode": values["billing_mode"],
+        "AttributeDefinitions": sorted(
+            ({"AttributeName": a["name"], "AttributeType": a["type"]} for a in values["attribute"]),
+            key=lambda a: a["AttributeName"]),
+        "KeySchema": keys,
+    }
+    indexes = []
+    for gsi in values.get("global_secondary_index") or []:
+        index_keys = [{"AttributeName": gsi["hash_key"], "KeyType": "HASH"}]
+        if gsi.get("range_key"):
+            index_keys.append({"AttributeName": gsi["range_key"], "KeyType": "RANGE"})
+        indexes.append({"IndexName": gsi["name"], "KeySchema": index_keys,
+                        "Projection": {"ProjectionType": gsi["projection_type"]}})
+    if indexes:
+        out["GlobalSecondaryIndexes"] = indexes
+    return out
+
+
+def sorted_definitions(definition: dict[str, Any]) -> dict[str, Any]:
+    return {**definition, "AttributeDefinitions": sorted(
+        definition["AttributeDefinitions"], key=lambda a: a["AttributeName"])}
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("streams", schema.streams_table(DEFAULTS["STREAMLEASE_TABLE"])),
+    ("events", schema.events_table(DEFAULTS["STREAMLEASE_EVENTS_TABLE"])),
+])
+def test_tables_are_the_worker_schema(module_plans: dict[str, Any], name: str,
+                                      expected: dict[str, Any]) -> None:
+    values = planned(module_plans["defaults"])[f"aws_dynamodb_table.{name}"]
+    assert as_create_table(values) == sorted_definitions(expected)
+
+
+def test_index_name_is_the_codec_s(module_plans: dict[str, Any]) -> None:
+    from worker.store import codec
+
+    assert planned_outputs(module_plans["defaults"])["streams_index_name"] == codec.INDEX_NAME
+
+
+# --- IAM ------------------------------------------------------------------------------------
+
+Condition = tuple[str, str, tuple[str, ...]]
+Grants = dict[str, dict[str, frozenset[Condition]]]
+
+
+def policy(plan: dict[str, Any], name: str) -> Grants:
+    """{resource: {action: conditions}} of one aws_iam_policy_document, as planned."""
+    values = planned(plan)[f"data.aws_iam_policy_document.{name}"]
+    grants: Grants = {}
+    for statement in values["statement"]:
+        assert statement["effect"] in (None, "Allow"), statement
+        assert not statement["not_actions"] and not statement["not_resources"], statement
+        conditions = frozenset((c["test"], c["variable"], tuple(sorted(c["values"])))
+                               for c in statement["condition"])
+        for resource in statement["resources"]:
+            for action in statement["actions"]:
+                assert action not in grants.get(resource, {}), (resource, action)
+                grants.setdefault(resource, {})[action] = conditions
+    return grants
+
+
+def differences(actual: Grants, expected: Grants) -> list[str]:
+    """Readable differences between two policies' grants."""
+    out = []
+    for resource in sorted(set(actual) | set(expected)):
+        have, want = actual.get(resource, {}), expected.get(resource, {})
+        for action in sorted(set(have) | set(want)):
+            if action not in want:
+                out.append(f"{resource}: {action} is granted, not needed")
+            elif action not in have:
+                out.append(f"{resource}: {action} is needed, not granted")
+            elif have[action] != want[action]:
+                out.append(f"{resource}: {action} has conditions {sorted(have[action])}, "
+                           f"expected {sorted(want[action])}")
+    return out
+
+
+def arns(plan: dict[str, Any]) -> dict[str, str]:
+    values = planned(plan)
+    streams = values["aws_dynamodb_table.streams"]["arn"]
+    return {
+        "streams": streams,
+        "index": f"{streams}/index/{planned_outputs(plan)['streams_index_name']}",
+        "events": values["aws_dynamodb_table.events"]["arn"],
+        "logs": values["aws_cloudwatch_log_group.worker"]["arn"],
+    }
+
+
+def key_attributes(definition: dict[str, Any]) -> set[str]:
+    keys = {k["AttributeName"] for k in definition["KeySchema"]}
+    for index in definition.get("GlobalSecondaryIndexes", []):
+        keys |= {k["AttributeName"] for k in index["KeySchema"]}
+    return keys
+
+
+def worker_needs() -> store_calls.Needs:
+    methods = store_calls.store_methods()
+    used = store_calls.methods_called(store_calls.worker_run_files(), methods)
+    assert {"acquire", "renew", "release", "orphans", "adopt", "write_batch",
+            "check_tables"} <= used, f"worker methods found: {sorted(used)}"
+    return store_calls.needs(used, methods)
+
+
+def test_store_operations_are_the_known_set() -> None:
+    """A new DynamoDB call anywhere in worker/store/ must come with an IAM review."""
+    methods = store_calls.store_methods()
+    every = store_calls.needs(list(methods), methods)
+    assert every.operations == {"create_table", "describe_table", "get_item", "query", "scan",
+                                "transact_write_items", "update_item"}
+    assert every.transaction_kinds == {"Update", "Put"}
+
+
+def test_the_worker_updates_only_lease_and_error_attributes() -> None:
+    """The attributes a worker's UpdateItem may name (the task role allows no others): a
+    change here is a change to the IAM policy (iam.tf local.worker_stream_attributes)."""
+    needs = worker_needs()
+    assert {u.table for u in needs.updates} == {"streams"}, needs.updates
+    known = {"Pk", "desired_state", "lease_owner", "lease_expires_at_ms", "fence", "last_seq",
+             "last_error", "last_error_at_ms"}
+    new = [f"{u.where}: {sorted(u.attributes - known)}" for u in needs.updates
+           if u.attributes - known]
+    assert not new, "worker UpdateItems name attributes the task role does not allow:\n" \
+        + "\n".join(new)
+    assert needs.updated_attributes("streams") == known
+
+
+def test_task_role_grants_exactly_what_the_worker_calls(module_plans: dict[str, Any]) -> None:
+    plan = module_plans["defaults"]
+    arn = arns(plan)
+    needs = worker_needs()
+    unconditioned: frozenset[Condition] = frozenset()
+    # Every attribute a worker UpdateItem names, and (the IAM documentation's rule for
+    # dynamodb:Attributes) every key attribute of the table and its indexes.
+    attributes = needs.updated_attributes("streams") | key_attributes(
+        schema.streams_table("any"))
+    assert "ws_url" not in attributes  # only operators re-point a stream
+    only_in_transactions = frozenset({(
+        "StringEquals", "dynamodb:EnclosingOperation", ("TransactWriteItems",))})
+    expected: Grants = {
+        # check_tables; the sweep (unindexed) that finds items without lease fields or
+        # with a bad desired_state, which the sparse index cannot show; acquire, renew,
+        # release, adopt, record_error and the sink's checkpoint Update.
+        arn["streams"]: {
+            "dynamodb:DescribeTable": unconditioned,
+            "dynamodb:Scan": unconditioned,
+            "dynamodb:UpdateItem": frozenset({(
+                "ForAllValues:StringEquals", "dynamodb:Attributes", tuple(sorted(attributes)))}),
+        },
+        arn["index"]: {"dynamodb:Query": unconditioned},  # orphans: the sparse index only
+        arn["events"]: {  # check_tables; the sink's Puts, in its transaction only
+            "dynamodb:DescribeTable": unconditioned,
+            "dynamodb:PutItem": only_in_transactions,
+        },
+    }
+    assert not differences(policy(plan, "task"), expected), \
+        "\n".join(differences(policy(plan, "task"), expected))
+    # ... and that is what the code the worker runs calls: every action, and the
+    # transaction condition exactly on the actions it sends only inside transactions.
+    granted = {a: c for actions in expected.values() for a, c in actions.items()}
+    assert set(granted) == needs.iam_actions(), (
+        f"the task role grants {sorted(granted)}; the worker calls {sorted(needs.iam_actions())}")
+    in_transactions = {a for a, c in granted.items() if c == only_in_transactions}
+    assert in_transactions == needs.transaction_only_actions(), (
+        f"dynamodb:EnclosingOperation = TransactWriteItems is on {sorted(in_transactions)}; "
+        f"the worker sends only {sorted(needs.transaction_only_actions())} inside "
+        "transactions and nothing else (a condition on an action it also sends alone "
+        "would refuse those calls)")
+
+
+def test_operator_policy_covers_ctl_and_table_create(module_plans: dict[str, Any]) -> None:
+    plan = module_plans["defaults"]
+    arn = arns(plan)
+    none: frozenset[Condition] = frozenset()
+    grants = policy(plan, "operator")
+    assert grants == {
+        arn["streams"]: dict.fromkeys(["dynamodb:CreateTable", "dynamodb:DescribeTable",
+                                       "dynamodb:GetItem", "dynamodb:Scan",
+                                       "dynamodb:UpdateItem"], none),
+        arn["events"]: dict.fromkeys(["dynamodb:CreateTable", "dynamodb:DescribeTable",
+                                      "dynamodb:Query"], none),
+    }
+    methods = store_calls.store_methods()
+    used = store_calls.methods_called(store_calls.operator_files(), methods)
+    needed = store_calls.needs(used, methods).iam_actions()
+    assert {a for actions in grants.values() for a in actions} == needed
+
+
+@pytest.mark.parametrize("name", ["task", "operator"])
+def test_dynamodb_policies_have_no_wildcards(module_plans: dict[str, Any], name: str) -> None:
+    for resource, actions in policy(module_plans["defaults"], name).items():
+        assert "*" not in resource and all("*" not in a for a in actions), resource
+
+
+def test_execution_role_pulls_only_its_image_and_writes_only_its_logs(
+        module_plans: dict[str, Any]) -> None:
+    plan = module_plans["defaults"]
+    logs = f"{arns(plan)['logs']}:*"
+    none: frozenset[Condition] = frozenset()
+    write_logs = {"logs:CreateLogStream": none, "logs:PutLogEvents": none}
+    assert policy(plan, "execution") == {
+        logs: write_logs,
+        # derived from the ECR image's registry and repository
+        "arn:aws:ecr:eu-west-1:123456789012:repository/streamlease": {
+            "ecr:BatchGetImage": none, "ecr:GetDownloadUrlForLayer": none},
+        # GetAuthorizationToken has no resource-level permission.
+        "*": {"ecr:GetAuthorizationToken": none},
+    }
+    custom = module_plans["custom"]  # an image outside ECR: no ECR permissions at all
+    assert policy(custom, "execution") == {f"{arns(custom)['logs']}:*": write_logs}
+
+
+def test_role_policies_attach_their_own_documents(module: StaticModule) -> None:
+    """Which document each inline policy holds (a plan leaves the JSON unknown)."""
+    for name in ("task", "execution"):
+        attached = module.resources[("aws_iam_role_policy", name)]
+        assert attached["policy"] == f"${{data.aws_iam_policy_document.{name}.json}}", name
+        assert attached["role"] == f"${{aws_iam_role.{name}.id}}", name
+        role = module.resources[("aws_iam_role", name)]
+        assert role["assume_role_policy"] == "${data.aws_iam_policy_document.ecs_tasks_assume.json}"
+    assert module.outputs["operator_policy_json"]["value"] == \
+        "${data.aws_iam_policy_document.operator.json}"
+    # Nothing in the module attaches the operator policy: it is for people, not tasks.
+    for body in module.resources.values():
+        assert "data.aws_iam_policy_document.operator" not in str(body)
+
+
+# --- the worker's environment and container -----------------------------------------------
+
+
+def container(plan: dict[str, Any]) -> dict[str, Any]:
+    (found,) = json.loads(planned(plan)[TASK_DEFINITION]["container_definitions"])
+    assert isinstance(found, dict)
+    return found
+
+
+def environment(plan: dict[str, Any]) -> dict[str, str]:
+    entries = container(plan)["environment"]
+    env = {e["name"]: e["value"] for e in entries}
+    assert len(env) == len(entries)
+    return env
+
+
+def test_task_environment_carries_every_setting_at_its_default(
+        module_plans: dict[str, Any], module: StaticModule) -> None:
+    plan = module_plans["defaults"]
+    env = environment(plan)
+    values = planned(plan)
+    assert env.pop("AWS_REGION") == "eu-west-1"  # the provider's region
+    assert env["STREAMLEASE_TABLE"] == values["aws_dynamodb_table.streams"]["name"]
+    assert env["STREAMLEASE_EVENTS_TABLE"] == values["aws_dynamodb_table.events"]["name"]
+    assert "STREAMLEASE_WORKER_ID" not in env  # the ECS task id, so never shared
+    cases = worker_cases.Cases(module)
+    missing = set(cases.variable_of) - set(env) - {"STREAMLEASE_SAFETY_MARGIN_SECONDS"}
+    assert not missing, f"not passed to the container (ecs.tf local.worker_settings): {missing}"
+    assert "STREAMLEASE_SAFETY_MARGIN_SECONDS" not in env  # unset: a tenth of the lease
+    assert set(env) <= {s.name for s in SETTINGS}, set(env) - {s.name for s in SETTINGS}
+    for name, text in env.items():
+        assert text == DEFAULTS[name], f"{name}: the module writes {text!r}, the worker's " \
+                                       f"default is {DEFAULTS[name]!r}"
+    assert WorkerConfig.from_env(env) == WorkerConfig.from_env({})
+
+
+def test_task_environment_follows_the_inputs(module_plans: dict[str, Any]) -> None:
+    env = environment(module_plans["custom"])
+    assert env["STREAMLEASE_LEASE_SECONDS"] == "9"
+    assert env["STREAMLEASE_HEARTBEAT_SECONDS"] == "2.5"
+    assert env["STREAMLEASE_SAFETY_MARGIN_SECONDS"] == "1.5"
+    assert env["STREAMLEASE_ALLOWED_URLS"] == "wss://a.example/,ws://b.example/"
+    assert env["STREAMLEASE_METRICS_PORT"] == "9200"
+    assert env["STREAMLEASE_LOG_LEVEL"] == "debug"
+    config = WorkerConfig.from_env(env)
+    assert (config.timings.lease_s, config.timings.safety_margin_s) == (9, 1.5)
+    assert config.allowed_urls == ("wss://a.example/", "ws://b.example/")
+
+
+def test_stop_timeout_exceeds_the_shutdown_budget(module_plans: dict[str, Any]) -> None:
+    """The defaults leave ECS's SIGKILL at least 10 s after the worker's drain budget
+    (the precondition on other values is in tests/preconditions.tftest.hcl)."""
+    defaults = container(module_plans["defaults"])
+    shutdown = float(DEFAULTS["STREAMLEASE_SHUTDOWN_SECONDS"])
+    assert environment(module_plans["defaults"])["STREAMLEASE_SHUTDOWN_SECONDS"] == \
+        DEFAULTS["STREAMLEASE_SHUTDOWN_SECONDS"]
+    assert defaults["stopTimeout"] >= shutdown + 10
+    assert container(module_plans["custom"])["stopTimeout"] == 77
+
+
+def test_container_uses_the_workers_defaults(module_plans: dict[str, Any]) -> None:
+    c = container(module_plans["defaults"])
+    assert c["portMappings"] == [{"name": "metrics", "protocol": "tcp",
+                                  "containerPort": int(DEFAULTS["STREAMLEASE_METRICS_PORT"])}]
+    check = c["healthCheck"]
+    assert check["interval"] * check["retries"] >= float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])
+    assert DEFAULTS["STREAMLEASE_LOG_FORMAT"] == "json"  # what CloudWatch Logs Insights reads
+    assert container(module_plans["custom"])["portMappings"][0]["containerPort"] == 9200
+
+
+# --- the example ----------------------------------------------------------------------------
+
+
+def example_service(report: Report, run: str) -> dict[str, Any]:
+    result = report.run("tests/example.tftest.hcl", run)
+    assert result.status == "pass" and result.plan is not None, result.explain()
+    service: dict[str, Any] = planned(result.plan)["module.streamlease.aws_ecs_service.worker"]
+    return service
+
+
+def test_example_keeps_a_regular_fargate_base(example_report: Report) -> None:
+    regular = example_service(example_report, "regular_fargate_only")
+    assert regular["capacity_provider_strategy"] == [
+        {"capacity_provider": "FARGATE", "weight": 1, "base": 1}]
+    assert regular["desired_count"] == 3  # from terraform.tfvars.example
+    spot = example_service(example_report, "spot_beside_a_regular_base")
+    assert sorted(spot["capacity_provider_strategy"], key=lambda s: s["capacity_provider"]) == [
+        {"capacity_provider": "FARGATE", "weight": 1, "base": 1},
+        {"capacity_provider": "FARGATE_SPOT", "weight": 4, "base": 0}]
+
+
+# --- statically -------------------------------------------------------------------------------
+
+
+def test_module_and_example_pin_terraform_and_provider(module: StaticModule,
+                                                       example: StaticModule) -> None:
     for mod in (module, example):
         (settings,) = mod.terraform
-        assert re.fullmatch(r">= ?1\.(5|[6-9]|1\d)\.\d+", evaluate(settings["required_version"],
-                                                                    Scope(mod, {})))
-        (providers,) = blocks(settings, "required_providers")
-        aws = evaluate(providers["aws"], Scope(mod, {}))
-        assert aws == {"source": "hashicorp/aws", "version": "~> 5.0"}
+        assert re.fullmatch(r">= ?1\.(5|[6-9]|1\d)\.\d+", literal(settings["required_version"]))
+        (providers,) = settings["required_providers"]
+        assert literal(providers["aws"]) == {"source": "hashicorp/aws", "version": "~> 5.0"}
     (call,) = example.module_calls.values()
-    source = evaluate(call["source"], Scope(example, {}))
-    assert (EXAMPLE_DIR / source).resolve() == MODULE_DIR.resolve()
+    assert (EXAMPLE_DIR / literal(call["source"])).resolve() == MODULE_DIR.resolve()
 
 
-def test_example_passes_only_inputs_the_module_has(module: Module, example: Module) -> None:
-    (call,) = example.module_calls.values()
-    passed = set(call) - {"source"}
-    assert passed <= set(module.variables), passed - set(module.variables)
-    required = {n for n, v in module.variables.items() if "default" not in v}
-    assert required <= passed, required - passed
-
-
-def test_every_variable_is_typed_described_and_validated(module: Module) -> None:
+def test_every_variable_is_typed_described_and_validated(module: StaticModule) -> None:
     no_validation_ok = {"tags", "deletion_protection"}  # a map of strings, a bool
     for name, block in module.variables.items():
         assert "type" in block, name
-        assert evaluate(block.get("description", '""'), Scope(module, {})), name
+        assert module.description(name), name
         if name not in no_validation_ok:
-            assert blocks(block, "validation"), f"variable {name} has no validation"
+            assert list(iter_blocks(block, "validation")), f"variable {name} has no validation"
 
 
-def test_readme_tables_list_every_input_and_output(module: Module) -> None:
+def test_readme_tables_list_every_input_and_output(module: StaticModule) -> None:
     readme = (TERRAFORM / "README.md").read_text()
     for name in module.variables:
         assert re.search(rf"^\| `{name}` \|", readme, re.M), f"input {name} missing from README"
@@ -110,563 +547,21 @@ def test_readme_tables_list_every_input_and_output(module: Module) -> None:
         assert re.search(rf"^\| `{name}` \|", readme, re.M), f"output {name} missing from README"
 
 
-# --- tables -----------------------------------------------------------------------------------
-
-
-def table_as_api(module: Module, name: str) -> dict[str, Any]:
-    """The aws_dynamodb_table resource in the shape of CreateTable's arguments."""
-    body = module.resource("aws_dynamodb_table", name)
-    sc = scope(module)
-
-    def val(key: str, where: dict[str, Any] = body) -> Any:
-        return evaluate(where[key], sc)
-
-    keys = [{"AttributeName": val("hash_key"), "KeyType": "HASH"}]
-    if "range_key" in body:
-        keys.append({"AttributeName": val("range_key"), "KeyType": "RANGE"})
-    out: dict[str, Any] = {
-        "TableName": val("name"),
-        "BillingMode": val("billing_mode"),
-        "AttributeDefinitions": [
-            {"AttributeName": val("name", a), "AttributeType": val("type", a)}
-            for a in blocks(body, "attribute")
-        ],
-        "KeySchema": keys,
-    }
-    indexes = []
-    for gsi in blocks(body, "global_secondary_index"):
-        index_keys = [{"AttributeName": val("hash_key", gsi), "KeyType": "HASH"}]
-        if "range_key" in gsi:
-            index_keys.append({"AttributeName": val("range_key", gsi), "KeyType": "RANGE"})
-        indexes.append({"IndexName": val("name", gsi), "KeySchema": index_keys,
-                        "Projection": {"ProjectionType": val("projection_type", gsi)}})
-    if indexes:
-        out["GlobalSecondaryIndexes"] = indexes
-    return out
-
-
-def normalised(definition: dict[str, Any]) -> dict[str, Any]:
-    return {**definition, "AttributeDefinitions": sorted(
-        definition["AttributeDefinitions"], key=lambda a: a["AttributeName"])}
-
-
-def test_streams_table_is_the_contract(module: Module) -> None:
-    expected = schema.streams_table(DEFAULTS["STREAMLEASE_TABLE"])
-    assert normalised(table_as_api(module, "streams")) == normalised(expected)
-    assert scope(module).local("streams_index_name") == codec.INDEX_NAME
-
-
-def test_events_table_is_the_sink_schema(module: Module) -> None:
-    expected = schema.events_table(DEFAULTS["STREAMLEASE_EVENTS_TABLE"])
-    assert normalised(table_as_api(module, "events")) == normalised(expected)
-    assert (codec.EV_PK, codec.EV_SK) == ("Pk", "Sk")
-
-
-@pytest.mark.parametrize("name", ["streams", "events"])
-def test_tables_are_protected_backed_up_and_encrypted(module: Module, name: str) -> None:
-    body = module.resource("aws_dynamodb_table", name)
-    sc = scope(module)
-    (pitr,) = blocks(body, "point_in_time_recovery")
-    assert evaluate(pitr["enabled"], sc) is True
-    (sse,) = blocks(body, "server_side_encryption")
-    assert evaluate(sse["enabled"], sc) is True
-    assert sse["kms_key_arn"] == "${var.dynamodb_kms_key_arn}"
-    assert evaluate(sse["kms_key_arn"], scope(module, dynamodb_kms_key_arn="arn:aws:kms:k")) \
-        == "arn:aws:kms:k"
-    assert evaluate(body["deletion_protection_enabled"], sc) is True
-
-
-# --- IAM --------------------------------------------------------------------------------------
-
-
-def policy(module: Module, name: str, **overrides: Any) -> dict[str, set[str]]:
-    """{resource: actions} of one aws_iam_policy_document (static and dynamic statements)."""
-    body = module.data[("aws_iam_policy_document", name)]
-    sc = scope(module, **overrides)
-    statements = [(s, sc) for s in blocks(body, "statement")]
-    for dyn in dynamic_blocks(body, "statement"):
-        for item in evaluate(dyn["for_each"], sc):
-            statements.extend(
-                (c, sc.with_names(statement={"value": item})) for c in blocks(dyn, "content"))
-    grants: dict[str, set[str]] = {}
-    for statement, ssc in statements:
-        assert evaluate(statement.get("effect", '"Allow"'), ssc) == "Allow"
-        assert "not_actions" not in statement and "not_resources" not in statement
-        actions = evaluate(statement["actions"], ssc)
-        for resource in evaluate(statement["resources"], ssc):
-            grants.setdefault(str(resource), set()).update(actions)
-    return grants
-
-
-def store_operations() -> dict[str, set[str]]:
-    """DynamoStore method -> DynamoDB operations it calls, directly or via its helpers."""
-    tree = ast.parse(STORE.read_text())
-    (cls,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DynamoStore")
-    direct: dict[str, set[str]] = {}
-    helpers: dict[str, set[str]] = {}
-    for fn in cls.body:
-        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        direct[fn.name], helpers[fn.name] = set(), set()
-        for node in ast.walk(fn):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
-                continue
-            if node.func.attr == "_call":
-                first = node.args[0]
-                assert isinstance(first, ast.Constant), ast.unparse(node)
-                direct[fn.name].add(str(first.value))
-            else:
-                helpers[fn.name].add(node.func.attr)
-    ops = {name: set(found) for name, found in direct.items()}
-    changed = True
-    while changed:
-        changed = False
-        for name, called in helpers.items():
-            for helper in called & set(ops):
-                if not ops[helper] <= ops[name]:
-                    ops[name] |= ops[helper]
-                    changed = True
-    return ops
-
-
-def transaction_item_actions() -> set[str]:
-    """IAM actions of the action kinds inside write_batch's TransactWriteItems."""
-    tree = ast.parse(STORE.read_text())
-    kinds = {"Update": "dynamodb:UpdateItem", "Put": "dynamodb:PutItem",
-             "Delete": "dynamodb:DeleteItem", "ConditionCheck": "dynamodb:ConditionCheckItem"}
-    (fn,) = (n for n in ast.walk(tree)
-             if isinstance(n, ast.AsyncFunctionDef) and n.name == "write_batch")
-    found = set()
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Dict):
-            for key in node.keys:
-                if isinstance(key, ast.Constant) and key.value in kinds:
-                    found.add(kinds[key.value])
-    return found
-
-
-def iam_actions(operations: set[str]) -> set[str]:
-    out = set()
-    for op in operations:
-        if op == "transact_write_items":
-            out |= transaction_item_actions()  # IAM has no TransactWriteItems action
-        else:
-            out.add("dynamodb:" + "".join(w.title() for w in op.split("_")))
-    return out
-
-
-def methods_called(files: list[Path]) -> set[str]:
-    """DynamoStore methods called on a store/sink object in these files."""
-    names = set(store_operations())
-    found = set()
-    for path in files:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in names
-                    and re.search(r"(store|sink)$", ast.unparse(node.func.value))):
-                found.add(node.func.attr)
-    return found
-
-
-def worker_run_files() -> list[Path]:
-    return [p for p in WORKER.rglob("*.py")
-            if p.name != "cli.py" and not {"dev", "store"} & set(p.relative_to(WORKER).parts)]
-
-
-def test_store_operations_are_the_known_set() -> None:
-    """A new DynamoDB call in the store must come with an IAM review (and this list)."""
-    ops = set().union(*store_operations().values())
-    assert ops == {"create_table", "describe_table", "get_item", "query", "scan",
-                   "transact_write_items", "update_item"}
-    assert transaction_item_actions() == {"dynamodb:UpdateItem", "dynamodb:PutItem"}
-
-
-def test_task_role_grants_exactly_what_the_worker_calls(module: Module) -> None:
-    grants = policy(module, "task")
-    assert grants == {
-        # check_tables; acquire/renew/release/adopt/record_error + the sink's checkpoint
-        # Update; the sweep (unindexed) that finds items without lease fields or with a
-        # bad desired_state, which the sparse index cannot show.
-        STREAMS_ARN: {"dynamodb:DescribeTable", "dynamodb:UpdateItem", "dynamodb:Scan"},
-        INDEX_ARN: {"dynamodb:Query"},  # orphans: the sparse index only
-        EVENTS_ARN: {"dynamodb:DescribeTable", "dynamodb:PutItem"},  # check_tables; sink Puts
-    }
-    # ... and that set is what the code the worker runs calls.
-    ops = store_operations()
-    used = methods_called(worker_run_files())
-    assert {"acquire", "renew", "release", "orphans", "adopt", "write_batch",
-            "check_tables"} <= used
-    assert iam_actions(set().union(*(ops[m] for m in used))) == set().union(*grants.values())
-
-
-def test_task_role_has_no_wildcards_and_is_the_task_definitions(module: Module) -> None:
-    for mod_policy in ("task", "operator"):
-        for resource, actions in policy(module, mod_policy).items():
-            assert "*" not in resource and all("*" not in a for a in actions), resource
-    attached = module.resource("aws_iam_role_policy", "task")
-    assert attached["role"] == "${aws_iam_role.task.id}"
-    assert attached["policy"] == "${data.aws_iam_policy_document.task.json}"
-    td = module.resource("aws_ecs_task_definition", "worker")
-    assert td["task_role_arn"] == "${aws_iam_role.task.arn}"
-    assert td["execution_role_arn"] == "${aws_iam_role.execution.arn}"
-
-
-def test_operator_policy_covers_ctl_and_table_create(module: Module) -> None:
-    grants = policy(module, "operator")
-    assert grants == {
-        STREAMS_ARN: {"dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:GetItem",
-                      "dynamodb:Scan", "dynamodb:UpdateItem"},
-        EVENTS_ARN: {"dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:Query"},
-    }
-    ops = store_operations()
-    used = methods_called([WORKER / "cli.py"])
-    assert iam_actions(set().union(*(ops[m] for m in used))) == set().union(*grants.values())
-    assert module.outputs["operator_policy_json"]["value"] == \
-        "${data.aws_iam_policy_document.operator.json}"
-    # Nothing in the module attaches it: it is for people, not for the tasks.
-    for body in module.resources.values():
-        assert "data.aws_iam_policy_document.operator" not in str(body)
-
-
-def test_execution_role_pulls_only_its_image_and_writes_only_its_logs(module: Module) -> None:
-    logs = "${aws_cloudwatch_log_group.worker.arn}:*"
-    repo = "arn:${data.aws_partition.current.partition}:ecr:eu-west-1:123456789012:" \
-           "repository/streamlease"
-    assert policy(module, "execution") == {
-        logs: {"logs:CreateLogStream", "logs:PutLogEvents"},
-        repo: {"ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"},
-        # GetAuthorizationToken has no resource-level permission.
-        "*": {"ecr:GetAuthorizationToken"},
-    }
-    assert policy(module, "execution", image="ghcr.io/acme/streamlease:1.0") == {
-        logs: {"logs:CreateLogStream", "logs:PutLogEvents"}}
-
-
-def test_roles_trust_only_ecs_tasks_of_this_account(module: Module) -> None:
-    body = module.data[("aws_iam_policy_document", "ecs_tasks_assume")]
-    (statement,) = blocks(body, "statement")
-    sc = scope(module)
-    (principal,) = blocks(statement, "principals")
-    assert evaluate(principal["identifiers"], sc) == ["ecs-tasks.amazonaws.com"]
-    conditions = {evaluate(c["variable"], sc) for c in blocks(statement, "condition")}
-    assert conditions == {"aws:SourceAccount", "aws:SourceArn"}
-
-
-# --- worker settings --------------------------------------------------------------------------
-
-# Contract setting -> module variable.
-VARIABLE_OF = {
-    "STREAMLEASE_TABLE": "table_name",
-    "STREAMLEASE_EVENTS_TABLE": "events_table_name",
-    "STREAMLEASE_LEASE_SECONDS": "lease_seconds",
-    "STREAMLEASE_HEARTBEAT_SECONDS": "heartbeat_seconds",
-    "STREAMLEASE_RECONCILE_SECONDS": "reconcile_seconds",
-    "STREAMLEASE_MAX_STREAMS": "max_streams",
-    "STREAMLEASE_SHUTDOWN_SECONDS": "shutdown_seconds",
-    "STREAMLEASE_METRICS_PORT": "metrics_port",
-    "STREAMLEASE_ALLOWED_URLS": "allowed_urls",
-    "STREAMLEASE_LOG_FORMAT": "log_format",
-    "STREAMLEASE_SKEW_MARGIN_SECONDS": "skew_margin_seconds",
-    "STREAMLEASE_SAFETY_MARGIN_SECONDS": "safety_margin_seconds",
-    "STREAMLEASE_SWEEP_SECONDS": "sweep_seconds",
-    "STREAMLEASE_ACQUIRE_PER_CYCLE": "acquire_per_cycle",
-    "STREAMLEASE_BATCH_MAX_MESSAGES": "batch_max_messages",
-    "STREAMLEASE_BATCH_MAX_SECONDS": "batch_max_seconds",
-    "STREAMLEASE_MAX_FRAME_BYTES": "max_frame_bytes",
-    "STREAMLEASE_LOG_LEVEL": "log_level",
-}
-
-
-def as_env_value(value: Any) -> str:
-    """What the module writes into the environment for a variable value."""
-    if isinstance(value, list):
-        return ",".join(value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def test_every_worker_setting_is_a_variable_with_the_workers_default(module: Module) -> None:
-    assert set(VARIABLE_OF) == {s.name for s in SETTINGS} - {"STREAMLEASE_WORKER_ID"}
-    defaults = module.defaults()
-    for setting, variable in VARIABLE_OF.items():
-        assert variable in module.variables, setting
-        description = evaluate(module.variables[variable]["description"], Scope(module, {}))
-        assert description.startswith(f"{setting}:"), variable
-        default = defaults[variable]
-        if DEFAULTS[setting] == "":
-            assert default is None, variable  # unset: the worker computes it
-        else:
-            assert as_env_value(default) == DEFAULTS[setting], variable
-    assert not any("WORKER_ID" in v for v in module.variables)
-
-
-def rendered_environment(module: Module, **overrides: Any) -> dict[str, Any]:
-    td = module.resource("aws_ecs_task_definition", "worker")
-    (container,) = evaluate(td["container_definitions"], scope(module, **overrides))
-    env = {e["name"]: e["value"] for e in container["environment"]}
-    assert len(env) == len(container["environment"])
-    return env
-
-
-def test_task_environment_carries_every_setting(module: Module) -> None:
-    env = rendered_environment(module)
-    assert env.pop("AWS_REGION") == Unknown("data.aws_region.current.name")
-    assert env["STREAMLEASE_TABLE"] == Unknown("aws_dynamodb_table.streams.name")
-    assert env["STREAMLEASE_EVENTS_TABLE"] == Unknown("aws_dynamodb_table.events.name")
-    assert "STREAMLEASE_WORKER_ID" not in env  # the ECS task id, so never shared
-    assert "STREAMLEASE_SAFETY_MARGIN_SECONDS" not in env  # unset: lease / 10
-    assert set(env) == set(VARIABLE_OF) - {"STREAMLEASE_SAFETY_MARGIN_SECONDS"}
-    # With the tables' names in place, the worker reads the defaults back.
-    env.update(STREAMLEASE_TABLE="streamlease-streams",
-               STREAMLEASE_EVENTS_TABLE="streamlease-events")
-    assert WorkerConfig.from_env(env) == WorkerConfig.from_env({})
-    custom = rendered_environment(module, lease_seconds=9, heartbeat_seconds=2.5,
-                                  safety_margin_seconds=1.5,
-                                  allowed_urls=["wss://a.example/", "ws://b.example/"])
-    assert custom["STREAMLEASE_LEASE_SECONDS"] == "9"
-    assert custom["STREAMLEASE_HEARTBEAT_SECONDS"] == "2.5"
-    assert custom["STREAMLEASE_SAFETY_MARGIN_SECONDS"] == "1.5"
-    assert custom["STREAMLEASE_ALLOWED_URLS"] == "wss://a.example/,ws://b.example/"
-
-
-def worker_preconditions(module: Module) -> list[dict[str, Any]]:
-    rules = preconditions(module.resource("aws_ecs_task_definition", "worker"))
-    return [r for r in rules if str(evaluate(r["error_message"], Scope(module, {})))
-            .startswith("STREAMLEASE_")]
-
-
-def terraform_accepts(module: Module, values: dict[str, Any]) -> bool:
-    for name, value in values.items():
-        if validation_errors(module, name, value):
-            return False
-    sc = scope(module, **values)
-    return all(condition_holds(r["condition"], sc) for r in worker_preconditions(module))
-
-
-def worker_accepts(values: dict[str, Any]) -> bool:
-    variable_to_setting = {v: k for k, v in VARIABLE_OF.items()}
-    env = {variable_to_setting[k]: as_env_value(v) for k, v in values.items() if v is not None}
-    try:
-        WorkerConfig.from_env(env)
-    except ConfigError:
-        return False
-    return True
-
-
-# Values on both sides of every rule in worker/config.py and worker/core/lease.py.
-SETTING_CASES: list[dict[str, Any]] = [
-    {},
-    {"lease_seconds": 0}, {"lease_seconds": -1}, {"lease_seconds": 0.9, "heartbeat_seconds": 0.2,
-                                                  "skew_margin_seconds": 0.5},
-    {"heartbeat_seconds": 6.6}, {"heartbeat_seconds": 6.67}, {"heartbeat_seconds": 0},
-    {"lease_seconds": 9, "heartbeat_seconds": 3}, {"lease_seconds": 9, "heartbeat_seconds": 2.9},
-    {"skew_margin_seconds": 19.9}, {"skew_margin_seconds": 20}, {"skew_margin_seconds": 0},
-    {"safety_margin_seconds": 6.6}, {"safety_margin_seconds": 6.7},
-    {"safety_margin_seconds": 0}, {"safety_margin_seconds": None},
-    {"sweep_seconds": 44}, {"sweep_seconds": 45}, {"sweep_seconds": 0},
-    {"sweep_seconds": 40, "reconcile_seconds": 9}, {"sweep_seconds": 40, "reconcile_seconds": 10},
-    {"reconcile_seconds": 0}, {"shutdown_seconds": 0}, {"shutdown_seconds": 0.5},
-    {"max_streams": 0}, {"max_streams": 1}, {"max_streams": 100000}, {"max_streams": 100001},
-    {"max_streams": 1.5},
-    {"metrics_port": 0}, {"metrics_port": 65535}, {"metrics_port": 65536}, {"metrics_port": -1},
-    {"allowed_urls": ["http://x"]}, {"allowed_urls": ["ws://", "wss://"]},
-    {"allowed_urls": ["wss://a", "https://b"]},
-    {"log_format": "text"}, {"log_format": "TEXT"}, {"log_format": "xml"},
-    {"log_level": "debug"}, {"log_level": "WARNING"}, {"log_level": "TRACE"},
-    {"acquire_per_cycle": 0}, {"acquire_per_cycle": 10000}, {"acquire_per_cycle": 10001},
-    {"batch_max_messages": 0}, {"batch_max_messages": 1000}, {"batch_max_messages": 1001},
-    {"batch_max_seconds": 0}, {"batch_max_seconds": 0.01},
-    {"max_frame_bytes": 1023}, {"max_frame_bytes": 1024}, {"max_frame_bytes": 300000},
-    {"max_frame_bytes": 300001},
-    {"table_name": "ab"}, {"table_name": "abc"}, {"table_name": "a" * 255},
-    {"table_name": "a" * 256}, {"table_name": "bad name"}, {"events_table_name": "ev.t-1_x"},
-    {"events_table_name": "ev/t"},
-]
-
-
-@pytest.mark.parametrize("values", SETTING_CASES, ids=lambda v: repr(v)[:60])
-def test_variable_rules_agree_with_the_worker(module: Module, values: dict[str, Any]) -> None:
-    assert terraform_accepts(module, values) == worker_accepts(values)
-
-
-# Where terraform is deliberately stricter than the worker, and why.
-STRICTER_CASES: list[tuple[dict[str, Any], str]] = [
-    ({"allowed_urls": []}, "an empty STREAMLEASE_ALLOWED_URLS falls back to the default "
-                           "wss:// in the worker; terraform asks for an explicit list"),
-    ({"allowed_urls": [" wss://a"]}, "the worker strips spaces; terraform refuses them"),
-    ({"allowed_urls": ["wss://a,wss://b"]}, "the worker splits on commas; terraform wants "
-                                            "one prefix per list element"),
-]
-
-
-@pytest.mark.parametrize(("values", "why"), STRICTER_CASES, ids=lambda v: repr(v)[:60])
-def test_terraform_is_stricter_only_where_documented(module: Module, values: dict[str, Any],
-                                                     why: str) -> None:
-    assert worker_accepts(values) and not terraform_accepts(module, values), why
-
-
-def test_the_cases_exercise_both_outcomes(module: Module) -> None:
-    outcomes = [worker_accepts(v) for v in SETTING_CASES]
-    assert outcomes.count(True) >= 15 and outcomes.count(False) >= 25
-
-
-# --- ECS ------------------------------------------------------------------------------------
-
-
-def container(module: Module, **overrides: Any) -> dict[str, Any]:
-    td = module.resource("aws_ecs_task_definition", "worker")
-    (found,) = evaluate(td["container_definitions"], scope(module, **overrides))
-    assert isinstance(found, dict)
-    return found
-
-
-def deployment_rules_hold(module: Module, **overrides: Any) -> bool:
-    rules = preconditions(module.resource("aws_ecs_task_definition", "worker"))
-    sc = scope(module, **overrides)
-    return all(condition_holds(r["condition"], sc) for r in rules)
-
-
-def test_stop_timeout_exceeds_the_shutdown_budget(module: Module) -> None:
-    defaults = module.defaults()
-    margin = scope(module).local("stop_timeout_margin_seconds")
-    assert margin >= 10
-    assert defaults["stop_timeout_seconds"] >= defaults["shutdown_seconds"] + margin
-    assert defaults["shutdown_seconds"] == float(DEFAULTS["STREAMLEASE_SHUTDOWN_SECONDS"])
-    assert container(module)["stopTimeout"] == defaults["stop_timeout_seconds"]
-    assert container(module, stop_timeout_seconds=77)["stopTimeout"] == 77
-    assert deployment_rules_hold(module)
-    assert not deployment_rules_hold(module, stop_timeout_seconds=30)  # 25 + 10 > 30
-    assert not deployment_rules_hold(module, stop_timeout_seconds=35, shutdown_seconds=26)
-    assert deployment_rules_hold(module, stop_timeout_seconds=120, shutdown_seconds=110)
-    assert validation_errors(module, "stop_timeout_seconds", 121)  # the Fargate maximum
-    assert not validation_errors(module, "stop_timeout_seconds", 120)
-
-
-def test_health_check_needs_a_metrics_port(module: Module) -> None:
-    assert not deployment_rules_hold(module, metrics_port=0)
-    assert not deployment_rules_hold(module, metrics_port=80)  # non-root cannot bind it
-    assert deployment_rules_hold(module, metrics_port=9200)
-    assert container(module, metrics_port=9200)["portMappings"] == [
-        {"name": "metrics", "containerPort": 9200, "protocol": "tcp"}]
-
-
-def test_container_definition(module: Module) -> None:
-    c = container(module)
-    assert c["image"] == REQUIRED["image"]
-    assert c["essential"] is True
-    assert c["command"] == ["run"]
-    assert c["readonlyRootFilesystem"] is True
-    assert c.get("privileged", False) is False
-    assert c["linuxParameters"]["initProcessEnabled"] is True
-    assert c["linuxParameters"]["capabilities"]["drop"] == ["ALL"]
-    # Liveness only: the healthcheck command asks /healthz, never /readyz.
-    check = c["healthCheck"]
-    assert check["command"][:3] == ["CMD", "streamlease", "healthcheck"]
-    assert check["interval"] * check["retries"] >= float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])
-    log = c["logConfiguration"]
-    assert log["logDriver"] == "awslogs"
-    assert log["options"]["awslogs-group"] == Unknown("aws_cloudwatch_log_group.worker.name")
-    assert log["options"]["mode"] == "non-blocking"
-    assert c["portMappings"][0]["containerPort"] == int(DEFAULTS["STREAMLEASE_METRICS_PORT"])
-    # A writable /tmp on the read-only root, from a task volume without a host path.
-    td = module.resource("aws_ecs_task_definition", "worker")
-    volumes = {evaluate(v["name"], scope(module)): v for v in blocks(td, "volume")}
-    (mount,) = c["mountPoints"]
-    assert mount == {"sourceVolume": "tmp", "containerPath": "/tmp", "readOnly": False}
-    assert set(volumes) == {"tmp"} and set(volumes["tmp"]) == {"name"}
-
-
-def test_task_definition_is_fargate_awsvpc(module: Module) -> None:
-    td = module.resource("aws_ecs_task_definition", "worker")
-    sc = scope(module)
-    assert evaluate(td["requires_compatibilities"], sc) == ["FARGATE"]
-    assert evaluate(td["network_mode"], sc) == "awsvpc"
-    (platform,) = blocks(td, "runtime_platform")
-    assert evaluate(platform["operating_system_family"], sc) == "LINUX"
-
-
-def test_service_deploys_safely_without_a_public_ip(module: Module) -> None:
-    svc = module.resource("aws_ecs_service", "worker")
-    sc = scope(module)
-    assert evaluate(svc["deployment_minimum_healthy_percent"], sc) == 100
-    assert evaluate(svc["deployment_maximum_percent"], sc) == 200
-    (breaker,) = blocks(svc, "deployment_circuit_breaker")
-    assert evaluate(breaker["enable"], sc) is True and evaluate(breaker["rollback"], sc) is True
-    (network,) = blocks(svc, "network_configuration")
-    assert evaluate(network["assign_public_ip"], sc) is False
-    assert evaluate(network["security_groups"], sc) == [Unknown("aws_security_group.worker.id")]
-    assert "launch_type" not in svc  # capacity providers decide
-    (strategy,) = dynamic_blocks(svc, "capacity_provider_strategy")
-    assert strategy["for_each"] == "${var.capacity_provider_strategy}"
-    cluster_cps = module.resource("aws_ecs_cluster_capacity_providers", "this")
-    assert evaluate(cluster_cps["capacity_providers"], sc) == ["FARGATE", "FARGATE_SPOT"]
-
-
-@pytest.mark.parametrize(("strategy", "ok"), [
-    ([{"capacity_provider": "FARGATE", "weight": 1, "base": 1}], True),
-    ([{"capacity_provider": "FARGATE", "weight": 1, "base": 1},
-      {"capacity_provider": "FARGATE_SPOT", "weight": 3, "base": 0}], True),
-    ([{"capacity_provider": "FARGATE_SPOT", "weight": 1, "base": 0}], True),
-    ([{"capacity_provider": "EC2", "weight": 1, "base": 0}], False),
-    ([{"capacity_provider": "FARGATE", "weight": 0, "base": 0}], False),
-    ([{"capacity_provider": "FARGATE", "weight": 1, "base": 0},
-      {"capacity_provider": "FARGATE", "weight": 1, "base": 0}], False),
-    ([{"capacity_provider": "FARGATE", "weight": 1, "base": 1},
-      {"capacity_provider": "FARGATE_SPOT", "weight": 1, "base": 1}], False),  # one base only
-    ([], False),
-])
-def test_capacity_providers_are_selectable(module: Module, strategy: list[dict[str, Any]],
-                                           ok: bool) -> None:
-    assert (not validation_errors(module, "capacity_provider_strategy", strategy)) is ok
-
-
-def test_example_strategy_is_valid_for_the_module(module: Module, example: Module) -> None:
-    (call,) = example.module_calls.values()
-    for share in (0, 2):
-        sc = example.scope(region="eu-west-1", image=REQUIRED["image"], vpc_id="vpc-1",
-                           private_subnet_ids=["subnet-1"], fargate_spot_share=share)
-        strategy = evaluate(call["capacity_provider_strategy"], sc)
-        assert len(strategy) == (2 if share else 1)
-        assert not validation_errors(module, "capacity_provider_strategy", strategy)
-
-
-# --- network --------------------------------------------------------------------------------
-
-
-def test_egress_only_to_aws_apis_and_upstreams(module: Module) -> None:
-    sg = module.resource("aws_security_group", "worker")
-    assert "ingress" not in sg and "egress" not in sg  # rules are separate resources
-    rules = scope(module).local("egress_rules")
-    assert set(rules) == {"0.0.0.0/0 443-443"}  # both defaults: 443 anywhere, one rule
-    narrowed = scope(module, aws_api_egress_cidr_blocks=["10.0.0.0/16"], upstream_egress=[
-        {"description": "feeds", "cidr_blocks": ["203.0.113.0/24"], "from_port": 8443,
-         "to_port": 8443}]).local("egress_rules")
-    assert {(r["cidr"], r["from_port"], r["to_port"]) for r in narrowed.values()} == {
-        ("10.0.0.0/16", 443, 443), ("203.0.113.0/24", 8443, 8443)}
-    egress = module.resource("aws_vpc_security_group_egress_rule", "worker")
-    assert egress["for_each"] == "${local.egress_rules}"
-    assert evaluate(egress["ip_protocol"], scope(module)) == "tcp"
-    assert validation_errors(module, "upstream_egress", [
-        {"description": "x", "cidr_blocks": ["0.0.0.0/0"], "from_port": 0, "to_port": 65535}])
-    assert validation_errors(module, "aws_api_egress_cidr_blocks", ["::/0"])
-
-
-def test_metrics_port_open_only_to_the_scraper_group(module: Module) -> None:
-    ingress_rules = module.resources_of("aws_vpc_security_group_ingress_rule")
-    assert set(ingress_rules) == {"metrics"}
-    rule = ingress_rules["metrics"]
-    assert "cidr_ipv4" not in rule and "cidr_ipv6" not in rule and "prefix_list_id" not in rule
-    assert rule["referenced_security_group_id"] == "${var.scraper_security_group_id}"
-    assert evaluate(rule["count"], scope(module)) == 0  # no scraper given: closed
-    sc = scope(module, scraper_security_group_id="sg-0abc")
-    assert evaluate(rule["count"], sc) == 1
-    assert evaluate(rule["from_port"], sc) == evaluate(rule["to_port"], sc) == 9108
-
-
-def test_log_group_keeps_json_logs_with_retention(module: Module) -> None:
-    group = module.resource("aws_cloudwatch_log_group", "worker")
-    assert evaluate(group["retention_in_days"], scope(module)) == 365
-    assert validation_errors(module, "log_retention_days", 13)
-    assert DEFAULTS["STREAMLEASE_LOG_FORMAT"] == "json" == module.defaults()["log_format"]
+def test_network_rules_are_separate_resources(module: StaticModule) -> None:
+    """Rules as their own resources (none inline in the group, which would fight them);
+    one ingress rule, the metrics port; the service leaves placement to capacity
+    providers."""
+    group = module.resources[("aws_security_group", "worker")]
+    assert "ingress" not in group and "egress" not in group
+    assert set(module.resources_of("aws_vpc_security_group_ingress_rule")) == {"metrics"}
+    assert set(module.resources_of("aws_security_group_rule")) == set()
+    assert "launch_type" not in module.resources[("aws_ecs_service", "worker")]
+
+
+def test_no_working_files_in_the_source_tree(terraform: Terraform, module_report: Report,
+                                            example_report: Report) -> None:
+    """init and test ran in a temporary copy: the source tree is as it was before."""
+    terraform.module_plans.report()
+    assert sorted(TERRAFORM.rglob("*")) == terraform.source_files
+    gitignore = (ROOT / ".gitignore").read_text().splitlines()
+    assert {".terraform/", ".terraform.lock.hcl"} <= set(gitignore)

@@ -1,5 +1,5 @@
 # Two roles: the task role the worker's AWS SDK uses, holding only the DynamoDB actions
-# `streamlease run` calls (worker/store/dynamodb.py), and the execution role the ECS agent
+# `streamlease run` calls (worker/store/), and the execution role the ECS agent
 # uses to pull the image and ship logs. The operator policy (for people running
 # `streamlease ctl` and `table create`) is an output, attached to nothing here.
 # tests/infra/test_terraform.py pins each action set exactly.
@@ -48,12 +48,30 @@ data "aws_iam_policy_document" "ecs_tasks_assume" {
 
 # --- task role: what the worker calls -----------------------------------------------------
 
+locals {
+  # Every streams attribute a worker's UpdateItem names, in its key, its condition or its
+  # update expression: acquire (Pk, desired_state, lease_owner, lease_expires_at_ms,
+  # fence), renew and release (lease_owner, fence, lease_expires_at_ms), adopt (Pk,
+  # lease_expires_at_ms), record_error (Pk, last_error, last_error_at_ms) and the
+  # checkpoint Update inside the sink's transaction (lease_owner, fence, last_seq).
+  # The IAM documentation requires every key attribute of the table and of its indexes
+  # in such a list: Pk, desired_state and lease_expires_at_ms are. ws_url is not in it:
+  # only operators write it, so a worker's credentials cannot re-point a stream.
+  # tests/infra/test_terraform.py derives this list from worker/store/ and compares.
+  worker_stream_attributes = [
+    "Pk",
+    "desired_state",
+    "fence",
+    "last_error",
+    "last_error_at_ms",
+    "last_seq",
+    "lease_expires_at_ms",
+    "lease_owner",
+  ]
+}
+
 data "aws_iam_policy_document" "task" {
-  # DescribeTable: start-up check that the table exists (DynamoStore.check_tables).
-  # UpdateItem: acquire, renew, release, adopt (gives a hand-written item
-  #   lease_expires_at_ms = 0), record_error, and the checkpoint Update inside the sink's
-  #   TransactWriteItems (IAM has no TransactWriteItems action: each action inside a
-  #   transaction is authorised as its own item action).
+  # DescribeTable: start-up check that the table exists (check_tables).
   # Scan: the sweep (Reconciler._sweep, a paginated Scan every STREAMLEASE_SWEEP_SECONDS)
   #   finds the items the sparse index cannot show: hand-written items without
   #   lease_expires_at_ms, and items whose desired_state is neither STARTED nor STOPPED.
@@ -62,24 +80,67 @@ data "aws_iam_policy_document" "task" {
   #   needed.
   statement {
     sid       = "StreamsTable"
-    actions   = ["dynamodb:DescribeTable", "dynamodb:Scan", "dynamodb:UpdateItem"]
+    actions   = ["dynamodb:DescribeTable", "dynamodb:Scan"]
     resources = [aws_dynamodb_table.streams.arn]
   }
 
-  # Query: the orphan query (DynamoStore.orphans) on the sparse index only.
+  # UpdateItem: acquire, renew, release, adopt (gives a hand-written item
+  #   lease_expires_at_ms = 0), record_error, and the checkpoint Update inside the sink's
+  #   TransactWriteItems (IAM has no TransactWriteItems action: each action inside a
+  #   transaction is authorised as its own item action). Only on the attributes above:
+  #   dynamodb:Attributes lists the attribute names a request reads, writes or tests in
+  #   a condition, so this also refuses a condition on any other attribute.
+  #   Not restricted: dynamodb:ReturnValues. The IAM documentation pairs an attribute
+  #   list with ReturnValues NONE/UPDATED_OLD/UPDATED_NEW to hide the other attributes
+  #   from reads; acquire and renew ask for ALL_NEW, and acquire and the sink's Update
+  #   for ALL_OLD on a failed condition (ReturnValuesOnConditionCheckFailure), so that
+  #   restriction would refuse them. Reading every attribute is granted by Scan anyway;
+  #   what the list guards is what a worker can write.
+  #   No Null guard on dynamodb:Attributes either: ForAllValues is true for an empty set,
+  #   but an UpdateItem always names its key, so the set is never empty.
+  statement {
+    sid       = "StreamLeaseWrites"
+    actions   = ["dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.streams.arn]
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "dynamodb:Attributes"
+      values   = local.worker_stream_attributes
+    }
+  }
+
+  # Query: the orphan query (orphans) on the sparse index only.
   statement {
     sid       = "OrphanIndex"
     actions   = ["dynamodb:Query"]
     resources = [local.streams_index_arn]
   }
 
-  # DescribeTable: start-up check. PutItem: the events items inside the sink's
-  # TransactWriteItems (conditional on attribute_not_exists). No ConditionCheckItem:
-  # the transaction has no ConditionCheck action (its condition rides on the Update).
+  # DescribeTable: start-up check.
   statement {
     sid       = "EventsTable"
-    actions   = ["dynamodb:DescribeTable", "dynamodb:PutItem"]
+    actions   = ["dynamodb:DescribeTable"]
     resources = [aws_dynamodb_table.events.arn]
+  }
+
+  # PutItem: the events items, only inside a TransactWriteItems (dynamodb:EnclosingOperation,
+  # a single-valued key: absent on a plain PutItem, which this statement then does not
+  # allow). The worker never writes an events item outside the sink's transaction, whose
+  # Update carries the fence condition. This does not make IAM check what else a
+  # transaction holds: credentials taken from a task could still send a transaction of
+  # Puts alone. No ConditionCheckItem: the transaction has no ConditionCheck action (its
+  # condition rides on the Update).
+  statement {
+    sid       = "SinkPutsInTransactions"
+    actions   = ["dynamodb:PutItem"]
+    resources = [aws_dynamodb_table.events.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "dynamodb:EnclosingOperation"
+      values   = ["TransactWriteItems"]
+    }
   }
 }
 

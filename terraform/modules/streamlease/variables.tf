@@ -306,8 +306,8 @@ variable "lease_seconds" {
   default     = 20
 
   validation {
-    condition     = var.lease_seconds > 0
-    error_message = "lease_seconds: must be a positive number of seconds."
+    condition     = var.lease_seconds >= 0.05 && var.lease_seconds <= 3600
+    error_message = "lease_seconds: from 0.05 to 3600 seconds."
   }
 }
 
@@ -317,8 +317,8 @@ variable "heartbeat_seconds" {
   default     = 5
 
   validation {
-    condition     = var.heartbeat_seconds > 0
-    error_message = "heartbeat_seconds: must be a positive number of seconds."
+    condition     = var.heartbeat_seconds >= 0.01 && var.heartbeat_seconds <= 1200
+    error_message = "heartbeat_seconds: from 0.01 to 1200 seconds."
   }
 }
 
@@ -328,8 +328,8 @@ variable "reconcile_seconds" {
   default     = 5
 
   validation {
-    condition     = var.reconcile_seconds > 0
-    error_message = "reconcile_seconds: must be a positive number of seconds."
+    condition     = var.reconcile_seconds >= 0.01 && var.reconcile_seconds <= 300
+    error_message = "reconcile_seconds: from 0.01 to 300 seconds."
   }
 }
 
@@ -350,8 +350,8 @@ variable "shutdown_seconds" {
   default     = 25
 
   validation {
-    condition     = var.shutdown_seconds > 0
-    error_message = "shutdown_seconds: must be a positive number of seconds."
+    condition     = var.shutdown_seconds >= 0.1 && var.shutdown_seconds <= 3600
+    error_message = "shutdown_seconds: from 0.1 to 3600 seconds."
   }
 }
 
@@ -367,7 +367,7 @@ variable "metrics_port" {
 }
 
 variable "allowed_urls" {
-  description = "STREAMLEASE_ALLOWED_URLS: URL prefixes (plain string prefixes) a worker may dial; joined with commas."
+  description = "STREAMLEASE_ALLOWED_URLS: the upstream URLs a worker may dial (matching rules: the README's Configuration), one per element; joined with commas."
   type        = list(string)
   default     = ["wss://"]
 
@@ -376,7 +376,7 @@ variable "allowed_urls" {
       for p in var.allowed_urls :
       (startswith(p, "ws://") || startswith(p, "wss://")) && !strcontains(p, ",") && trimspace(p) == p
     ])
-    error_message = "allowed_urls: at least one prefix; each starts with ws:// or wss:// and has no comma or surrounding spaces."
+    error_message = "allowed_urls: at least one URL; each starts with ws:// or wss:// and has no comma or surrounding spaces."
   }
 }
 
@@ -397,8 +397,8 @@ variable "skew_margin_seconds" {
   default     = 1
 
   validation {
-    condition     = var.skew_margin_seconds > 0
-    error_message = "skew_margin_seconds: must be a positive number of seconds."
+    condition     = var.skew_margin_seconds >= 0.001 && var.skew_margin_seconds <= 3600
+    error_message = "skew_margin_seconds: from 0.001 to 3600 seconds."
   }
 }
 
@@ -408,8 +408,8 @@ variable "safety_margin_seconds" {
   default     = null
 
   validation {
-    condition     = var.safety_margin_seconds == null ? true : var.safety_margin_seconds > 0
-    error_message = "safety_margin_seconds: must be a positive number of seconds, or null."
+    condition     = var.safety_margin_seconds == null ? true : var.safety_margin_seconds >= 0.001 && var.safety_margin_seconds <= 3600
+    error_message = "safety_margin_seconds: from 0.001 to 3600 seconds, or null."
   }
 }
 
@@ -419,8 +419,8 @@ variable "sweep_seconds" {
   default     = 30
 
   validation {
-    condition     = var.sweep_seconds > 0
-    error_message = "sweep_seconds: must be a positive number of seconds."
+    condition     = var.sweep_seconds >= 0.1 && var.sweep_seconds <= 60
+    error_message = "sweep_seconds: from 0.1 to 60 seconds."
   }
 }
 
@@ -452,8 +452,8 @@ variable "batch_max_seconds" {
   default     = 0.2
 
   validation {
-    condition     = var.batch_max_seconds > 0
-    error_message = "batch_max_seconds: must be a positive number of seconds."
+    condition     = var.batch_max_seconds >= 0.01 && var.batch_max_seconds <= 60
+    error_message = "batch_max_seconds: from 0.01 to 60 seconds."
   }
 }
 

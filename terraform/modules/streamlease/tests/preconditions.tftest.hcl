@@ -1,0 +1,98 @@
+# Every precondition of the task definition, both ways. Each refusing run breaks one
+# rule and keeps every other input at a value the other rules accept, so the run passes
+# only if that rule is the one that fails; the refused values sit on the boundary itself
+# (heartbeat exactly a third of the lease), so `<` and `<=` are told apart. The
+# accepting run puts every rule just inside its edge.
+# tests/infra/test_terraform.py also compares the rules between worker settings with
+# worker/config.py on values on both sides.
+
+mock_provider "aws" {
+  source = "./tests/mocks"
+}
+
+variables {
+  image      = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/streamlease:0.1.0"
+  vpc_id     = "vpc-0123456789abcdef0"
+  subnet_ids = ["subnet-0123456789abcdef0"]
+}
+
+run "every_rule_holds_at_its_edge" {
+  command = plan
+
+  variables {
+    lease_seconds         = 9
+    heartbeat_seconds     = 2.99
+    skew_margin_seconds   = 8.99
+    safety_margin_seconds = 2.99
+    sweep_seconds         = 44.99
+    reconcile_seconds     = 5
+    shutdown_seconds      = 25
+    stop_timeout_seconds  = 35
+    metrics_port          = 1024
+  }
+}
+
+run "heartbeat_at_a_third_of_the_lease" {
+  command = plan
+
+  variables {
+    lease_seconds     = 9
+    heartbeat_seconds = 3
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "skew_margin_as_long_as_the_lease" {
+  command = plan
+
+  variables {
+    skew_margin_seconds = 20
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "safety_margin_at_a_third_of_the_lease" {
+  command = plan
+
+  variables {
+    lease_seconds         = 9
+    heartbeat_seconds     = 2
+    safety_margin_seconds = 3
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "sweep_and_reconcile_reach_a_minute" {
+  command = plan
+
+  variables {
+    sweep_seconds     = 45
+    reconcile_seconds = 5
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "stop_timeout_under_shutdown_plus_ten" {
+  command = plan
+
+  variables {
+    shutdown_seconds     = 25
+    stop_timeout_seconds = 34
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "metrics_port_below_1024" {
+  command = plan
+
+  variables {
+    metrics_port = 1023
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}

@@ -1,0 +1,160 @@
+"""Terraform, once per session: one offline working copy, three ``terraform test`` runs.
+
+- ``module_report``: the module's committed tests (terraform/modules/streamlease/tests/)
+  and the runs worker_cases.py generates from worker/config.py;
+- ``module_plans``: two plans of the module (defaults, and every input changed), printed
+  with ``-verbose`` so the tests can read what terraform would create;
+- ``example_report``: the example root's tests with terraform.tfvars.example, verbose.
+
+They start together in the background once the copy is initialised (with `terraform
+validate` of both roots), so on two cores the session waits for the longest of them,
+not their sum. Without terraform or the provider
+mirror every test that needs them skips, saying which is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.infra import worker_cases
+from tests.infra.tf import (
+    MODULE_DIR,
+    TERRAFORM,
+    PendingReport,
+    Report,
+    RunResult,
+    Toolchain,
+    Workspace,
+    find_toolchain,
+    hcl_value,
+    load_static,
+    must_succeed,
+)
+
+# The plans the tests read: the module's defaults, and every input that changes what
+# the tests look at.
+PLAN_RUNS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "custom": {
+        "image": "ghcr.io/acme/streamlease:1.0",
+        "lease_seconds": 9,
+        "heartbeat_seconds": 2.5,
+        "safety_margin_seconds": 1.5,
+        "stop_timeout_seconds": 77,
+        "metrics_port": 9200,
+        "allowed_urls": ["wss://a.example/", "ws://b.example/"],
+        "log_level": "debug",
+    },
+}
+
+
+class Terraform:
+    """The session's working copy and its three test runs."""
+
+    def __init__(self, toolchain: Toolchain, cases: list[worker_cases.Case]) -> None:
+        self.source_files = sorted(TERRAFORM.rglob("*"))
+        self.workspace = Workspace(toolchain)
+        ws = self.workspace
+        self.cases = cases
+        for case in cases:
+            ws.write(ws.module, worker_cases.file_name(case), worker_cases.test_file(case))
+        ws.write(ws.module, "plans/plans.tftest.hcl", plans_file())
+        inits = [(ws.init(ws.module), "terraform init (module)"),
+                 (ws.init(ws.example), "terraform init (example)")]
+        for proc, what in inits:
+            must_succeed(proc, what)
+        self.validations = {d.name: ws.start(d, "validate", "-json", "-no-color")
+                            for d in (ws.module, ws.example)}
+        self.module_tests = PendingReport(ws, ws.module)
+        self.module_plans = PendingReport(ws, ws.module, "-verbose", "-test-directory=plans")
+        self.example_tests = PendingReport(ws, ws.example, "-verbose",
+                                           "-var-file=terraform.tfvars.example")
+
+    def validation(self, name: str) -> dict[str, Any]:
+        """`terraform validate -json` of the module or the example, by directory name."""
+        returncode, stdout, stderr = self.validations[name].wait()
+        try:
+            result: dict[str, Any] = json.loads(stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(f"validate {name}: exit {returncode}\n{stderr}") from None
+        return result
+
+    def close(self) -> None:
+        for proc in self.validations.values():
+            proc.kill()
+        for pending in (self.module_tests, self.module_plans, self.example_tests):
+            pending.kill()
+        self.workspace.close()
+
+
+def plans_file() -> str:
+    lines = [worker_cases.HEADER.replace("worker_cases.py", "conftest.py")]
+    for name, values in PLAN_RUNS.items():
+        lines += [f'run "{name}" {{', "  command = plan", "", "  variables {"]
+        lines += [f"    {k} = {hcl_value(v)}" for k, v in {**worker_cases.REQUIRED,
+                                                            **values}.items()]
+        lines += ["  }", "}", ""]
+    return "\n".join(lines)
+
+
+TERRAFORM_FIXTURES = {"terraform", "module_report", "module_plans", "example_report"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_terraform_early(request: pytest.FixtureRequest) -> None:
+    """Start the terraform runs before the first test here when any selected test needs
+    them, so they overlap with the tests that do not (checkov, the static checks)."""
+    if isinstance(find_toolchain(), str):
+        return  # the tests that need terraform skip on their own, saying why
+    if any(TERRAFORM_FIXTURES & set(getattr(item, "fixturenames", ()))
+           for item in request.session.items):
+        request.getfixturevalue("terraform")
+
+
+@pytest.fixture(scope="session")
+def toolchain() -> Toolchain:
+    found = find_toolchain()
+    if isinstance(found, str):
+        pytest.skip(f"terraform checks skipped: {found}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def generated_cases() -> list[worker_cases.Case]:
+    return worker_cases.Cases(load_static(MODULE_DIR)).all()
+
+
+@pytest.fixture(scope="session")
+def terraform(toolchain: Toolchain, generated_cases: list[worker_cases.Case]
+              ) -> Iterator[Terraform]:
+    session = Terraform(toolchain, generated_cases)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+@pytest.fixture(scope="session")
+def module_report(terraform: Terraform) -> Report:
+    return terraform.module_tests.report()
+
+
+@pytest.fixture(scope="session")
+def example_report(terraform: Terraform) -> Report:
+    return terraform.example_tests.report()
+
+
+@pytest.fixture(scope="session")
+def module_plans(terraform: Terraform) -> dict[str, dict[str, Any]]:
+    """Run name -> the plan JSON of that run (see PLAN_RUNS)."""
+    report = terraform.module_plans.report()
+    plans = {}
+    for name in PLAN_RUNS:
+        result: RunResult = report.run("plans/plans.tftest.hcl", name)
+        assert result.status == "pass" and result.plan is not None, result.explain()
+        plans[name] = result.plan
+    return plans
