@@ -9,12 +9,14 @@ their own). A second signal exits at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import urllib.request
+from collections.abc import AsyncIterator
 
 import uvloop
 
@@ -25,12 +27,16 @@ from worker.config import WorkerConfig, default_worker_id
 from worker.core.membership import MemberTimings
 from worker.errors import ConfigError, StoreError
 from worker.health import HealthState
+from worker.jobs import JobRunner, JobSettings
+from worker.leader import LeaderBackend
+from worker.leadership import Leadership, LeadershipSettings
 from worker.logs import CONTEXT, event, setup
 from worker.membership import Hooks, Membership, MembershipSettings
 from worker.metrics import Metrics
 from worker.pump import PumpSettings
 from worker.reconciler import Reconciler, ReconcilerSettings
 from worker.store import dynamodb
+from worker.store.protocols import Stores
 from worker.supervisor import SupervisorSettings
 
 
@@ -112,6 +118,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         def member_proven(at: float) -> None:
             health.renewed(MEMBER_HEALTH_KEY, at)
 
+        leadership: Leadership | None = None
         membership = Membership(
             stores.fleet, stores.leases, clock, metrics,
             MembershipSettings(owner, config.max_streams, member_timings(config)),
@@ -119,47 +126,84 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   fenced=lambda: reconciler.member_lost(True) if reconciler else None,
                   self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
                   fleet_changed=lambda: reconciler.poke() if reconciler else None,
-                  proven=member_proven))
+                  proven=member_proven,
+                  leading=lambda: leadership is not None and leadership.leading))
         reconciler = Reconciler(stores.leases, stores.sink, clock, metrics, settings,
                                 membership, health=health)
-        await membership.register()
-        member_proven(clock.monotonic())
-        loop = asyncio.get_running_loop()
-        signals_seen = 0
+        async with leader_backend(config, stores) as backend:
+            leadership = build_leadership(config, owner, backend, stores, clock, metrics,
+                                          reconciler, membership)
+            await membership.register()
+            member_proven(clock.monotonic())
+            return await _serve(config, owner, clock, metrics, health, reconciler, membership,
+                                leadership)
 
-        def on_signal(signum: int) -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen > 1:
-                event(logging.WARNING, "worker.exit_now", "second signal: exiting at once",
-                      signal=signal.Signals(signum).name)
-                os._exit(1)
-            assert reconciler is not None
-            event(logging.INFO, "worker.draining", "draining: releasing every lease",
-                  signal=signal.Signals(signum).name, leases=len(reconciler.supervisors))
-            metrics.draining(True)
-            health.draining = True
-            membership.drain()  # peers see DRAINING at once: share 0, poll for releases
-            # Releases are retried until shortly before the shutdown budget runs out.
-            reconciler.stop(release_by=clock.monotonic() + config.shutdown_s * 0.9)
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
-        t = config.timings
-        event(logging.INFO, "worker.started", "worker started", version=__version__,
-              table=config.table, events_table=config.events_table,
-              fleet_table=config.fleet_table, epoch=membership.epoch, lease_s=t.lease_s,
-              heartbeat_s=t.heartbeat_s, skew_margin_s=t.skew_margin_s,
-              safety_margin_s=t.safety_margin_s,
-              self_fence_after_s=round(t.lease_s - t.safety_margin_s, 3),
-              stream_lease_s=config.stream_lease_s, stream_renew_s=config.stream_renew_s,
-              stream_check_s=config.stream_check_s,
-              reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
-              max_streams=config.max_streams, metrics_port=config.metrics_port,
-              allowed_urls=[str(rule) for rule in config.allowed_urls])
-        health.started = True
-        return await _run_until_drained(reconciler, membership, config.shutdown_s, metrics,
-                                        clock)
+@contextlib.asynccontextmanager
+async def leader_backend(config: WorkerConfig, stores: Stores) -> AsyncIterator[LeaderBackend]:
+    """The fleet table's leader backend, or Redis (STREAMLEASE_LEADER_BACKEND)."""
+    if config.leader_backend == "dynamodb":
+        yield stores.leader
+        return
+    from worker.store.redis_leader import connect_redis  # type: ignore[import-not-found]
+    async with connect_redis(config.leader_backend) as backend:
+        yield backend
+
+
+def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, stores: Stores,
+                     clock: Clock, metrics: Metrics, reconciler: Reconciler,
+                     membership: Membership) -> Leadership:
+    t = config.timings
+    runner = JobRunner(stores.jobs, clock, metrics, JobSettings(
+        owner=owner, grace_s=config.job_grace_s, late_ms=t.lease_ms,
+        refresh_s=t.heartbeat_s,
+        shutdown_s=max(0.0, config.shutdown_s / 2 - config.job_grace_s),
+        env=dict(os.environ)))
+    return Leadership(backend, clock, metrics,
+                      LeadershipSettings(owner, t.lease_s, t.heartbeat_s, t.safety_margin_s),
+                      [reconciler.sweep_duty, runner.run], eligible=lambda: membership.accepting)
+
+
+async def _serve(config: WorkerConfig, owner: str, clock: Clock, metrics: Metrics,
+                 health: HealthState, reconciler: Reconciler, membership: Membership,
+                 leadership: Leadership) -> int:
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            event(logging.WARNING, "worker.exit_now", "second signal: exiting at once",
+                  signal=signal.Signals(signum).name)
+            os._exit(1)
+        assert reconciler is not None
+        event(logging.INFO, "worker.draining", "draining: releasing every lease",
+              signal=signal.Signals(signum).name, leases=len(reconciler.supervisors))
+        metrics.draining(True)
+        health.draining = True
+        membership.drain()  # peers see DRAINING at once: share 0, poll for releases
+        leadership.stop()  # jobs wind down, then the lease is resigned
+        # Releases are retried until shortly before the shutdown budget runs out.
+        reconciler.stop(release_by=clock.monotonic() + config.shutdown_s * 0.9)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    t = config.timings
+    event(logging.INFO, "worker.started", "worker started", version=__version__,
+          table=config.table, events_table=config.events_table,
+          fleet_table=config.fleet_table, epoch=membership.epoch, lease_s=t.lease_s,
+          heartbeat_s=t.heartbeat_s, skew_margin_s=t.skew_margin_s,
+          safety_margin_s=t.safety_margin_s,
+          self_fence_after_s=round(t.lease_s - t.safety_margin_s, 3),
+          stream_lease_s=config.stream_lease_s, stream_renew_s=config.stream_renew_s,
+          stream_check_s=config.stream_check_s,
+          reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
+          max_streams=config.max_streams, metrics_port=config.metrics_port,
+          allowed_urls=[str(rule) for rule in config.allowed_urls])
+    health.started = True
+    return await _run_until_drained(reconciler, membership, leadership, config.shutdown_s,
+                                    metrics, clock)
 
 
 MEMBER_HEALTH_KEY = "(member heartbeat)"
@@ -173,13 +217,15 @@ async def _watch_loop_lag(metrics: Metrics, clock: Clock, period: float = 0.5) -
         metrics.loop_lag(clock.monotonic() - before - period)
 
 
-async def _run_until_drained(reconciler: Reconciler, membership: Membership, shutdown_s: float,
-                             metrics: Metrics, clock: Clock) -> int:
+async def _run_until_drained(reconciler: Reconciler, membership: Membership,
+                             leadership: Leadership, shutdown_s: float, metrics: Metrics,
+                             clock: Clock) -> int:
     """Run until a signal; then give the drain ``shutdown_s`` seconds: every stream flushes
-    and releases, then the member row is removed."""
+    and releases, the leader's jobs finish and it resigns, then the member row is removed."""
     async with asyncio.TaskGroup() as tg:
         lag_task = tg.create_task(_watch_loop_lag(metrics, clock))
         member_task = tg.create_task(membership.run())
+        leader_task = tg.create_task(leadership.run())
         run_task = tg.create_task(reconciler.run())
         stop_task = tg.create_task(reconciler.stopping.wait())
         await asyncio.wait({run_task, stop_task, member_task},
@@ -189,16 +235,20 @@ async def _run_until_drained(reconciler: Reconciler, membership: Membership, shu
         if not reconciler.stopping.is_set():
             event(logging.ERROR, "worker.failed", "the reconciler or membership stopped by itself")
             reconciler.stop()
+            leadership.stop()
             membership.stop()
+            leader_task.cancel()
             return 1
         try:
             async with asyncio.timeout(shutdown_s):
                 await asyncio.shield(run_task)
+                await asyncio.shield(leader_task)
         except TimeoutError:
             event(logging.ERROR, "worker.drain_timeout",
                   "STREAMLEASE_SHUTDOWN_SECONDS ran out; remaining leases will expire",
                   leases=len(reconciler.supervisors))
             run_task.cancel()
+            leader_task.cancel()
             membership.stop()
             return 1
         if not reconciler.unreleased:

@@ -18,6 +18,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from worker.core.lease import LeaseTimings
 from worker.core.urls import AllowList, parse_allowed_urls
@@ -71,6 +72,16 @@ def table_name(text: str) -> str:
     problem = table_name_problem(text)
     if problem:
         raise ValueError(problem)
+    return text
+
+
+def leader_backend(text: str) -> str:
+    """``dynamodb``, or a Redis URL (``redis://`` or ``rediss://``, host required)."""
+    if text.lower() == "dynamodb":
+        return "dynamodb"
+    parts = urlsplit(text)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ValueError("must be dynamodb or a redis:// URL such as redis://10.0.0.5:6379/0")
     return text
 
 
@@ -145,6 +156,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_MIN_HOLD_SECONDS", "min_hold_s", "30",
             "a stream is never handed over for balance sooner after it was acquired",
             seconds(0, 86400)),
+    Setting("STREAMLEASE_LEADER_BACKEND", "leader_backend", "dynamodb",
+            "where the fleet leader lease lives: dynamodb (the fleet table) or "
+            "redis://host:port/db", leader_backend),
+    Setting("STREAMLEASE_JOB_GRACE_SECONDS", "job_grace_s", "10",
+            "a job stopped for its timeout, a lost lease or a shutdown gets SIGTERM, then "
+            "SIGKILL this long after", seconds(0.1, 600)),
     Setting("STREAMLEASE_STREAM_CHECK_SECONDS", "stream_check_s", "60",
             "how often a holder reads its stream's item (ws_url changes, revocation)",
             seconds(0.01, 3600)),
@@ -179,6 +196,8 @@ class WorkerConfig:
     stream_renew_s: float
     stream_check_s: float
     min_hold_s: float
+    leader_backend: str
+    job_grace_s: float
 
     @property
     def stream_timings(self) -> LeaseTimings:

@@ -65,6 +65,7 @@ class Hooks:
     self_fenced: Callable[[], None]  # no heartbeat proven in time: stop writing
     fleet_changed: Callable[[], None]  # a peer died, released, drained or handed off
     proven: Callable[[float], None] = lambda at: None  # a heartbeat sent at ``at`` landed
+    leading: Callable[[], bool] = lambda: True  # dead rows are deleted by the leader only
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,8 @@ class Membership:
             if not member.released and now - since >= self.timings.lease_s:
                 self._unreleased_since[key] = now
                 self._spawn(self._finish(member))
-            elif member.released and now - since >= FORGET_AFTER_LEASES * self.timings.lease_s:
+            elif member.released and self.hooks.leading() and \
+                    now - since >= FORGET_AFTER_LEASES * self.timings.lease_s:
                 self._spawn(self.fleet.leave(member.worker_id, member.epoch,
                                              timeout=self.timings.heartbeat_s))
         for key in set(self._unreleased_since) - keys:

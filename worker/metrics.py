@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 
 from worker import __version__
+from worker.core.jobs import RunOutcome
 from worker.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
 from worker.core.membership import MemberRecord
 
@@ -36,6 +37,8 @@ DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "time
 RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
 MEMBER_HEARTBEAT_OUTCOMES = ("renewed", "fenced", "unknown", "throttled")
 MEMBER_STATUSES = ("ACTIVE", "DRAINING", "DEAD", "UNRESPONSIVE")
+JOB_OUTCOMES = tuple(o.value for o in RunOutcome)
+JOB_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
 FLEET_STATES = ("STARTED", "STOPPED", "invalid")
 FLEET_LEASES = ("live", "expired", "none")
 
@@ -140,6 +143,19 @@ class Metrics:
         self._share = Gauge(p + "member_share",
                             "This worker's fair share of the fleet's streams (from the member "
                             "rows)", registry=r)
+        self._is_leader = Gauge(p + "is_leader", "1 while this worker is the fleet leader",
+                                registry=r)
+        self._leader_changes = Counter(p + "leader_changes",
+                                       "Times this worker became the fleet leader", registry=r)
+        self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
+        self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
+                                      buckets=JOB_BUCKETS, registry=r)
+        self._job_delay = Histogram(p + "job_start_delay_seconds",
+                                    "How late a job run started after its slot's time",
+                                    buckets=FAST_BUCKETS, registry=r)
+        self._job_skipped = Counter(p + "job_slots_skipped",
+                                    "Slots that came due while no leader could run them",
+                                    registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -153,6 +169,8 @@ class Metrics:
             self._bad_items.labels(name)
         for name in RENEW_OUTCOMES:
             self._renewals.labels(name)
+        for name in JOB_OUTCOMES:
+            self._job_runs.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
             self._member_hbs.labels(name)
         for name in MEMBER_STATUSES:
@@ -254,6 +272,26 @@ class Metrics:
 
     def released_on_behalf(self, count: int) -> None:
         self._on_behalf.inc(count)
+
+    def leader(self, leading: bool) -> None:
+        if leading:
+            self._leader_changes.inc()
+        self._is_leader.set(1 if leading else 0)
+
+    def job_run(self, outcome: str, seconds: float) -> None:
+        self._job_runs.labels(outcome).inc()
+        if seconds > 0:
+            self._job_seconds.observe(seconds)
+
+    def job_started(self, delay_s: float) -> None:
+        self._job_delay.observe(max(0.0, delay_s))
+
+    def job_slots_skipped(self, count: int) -> None:
+        self._job_skipped.inc(count)
+
+    def clear_fleet_view(self) -> None:
+        """Only the leader publishes the fleet view; others expose none (not stale)."""
+        self._streams.clear()
 
     def rebalance_moved(self, count: int) -> None:
         self._rebalance.inc(count)

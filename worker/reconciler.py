@@ -1,14 +1,17 @@
 """The fleet loop: find orphaned streams, take them up to capacity, supervise them.
 
 Every ``reconcile_s`` (+/-20 % jitter) it queries the index for STARTED streams whose
-lease expired before ``now - skew_margin``. Candidates are shuffled and capped per cycle
-so a fleet that wakes together spreads over different streams; the conditional acquire
-is the only arbiter. A worker whose own renewals are failing or slow acquires nothing
-until they recover (admission control), so an overloaded store is not fed more work.
+lease expired before ``now - skew_margin`` (released streams have expiry 0), and takes
+what the balance plan (``worker.core.balance``) gives this worker, shuffled and capped per
+cycle; the conditional acquire is the only arbiter. It hands streams over when this
+worker holds more than its share. A worker whose own renewals are failing or slow, or
+whose membership is not proven, acquires nothing until they recover (admission
+control), so an overloaded store is not fed more work. Every member heartbeat it also
+queries the index for STOPPED streams still held, so their holders release them.
 
 The sweep (a paginated Scan for items the index cannot see: written by hand without lease
-fields, or with an unknown state) runs as a task of its own every ``sweep_s``, so a slow
-Scan never delays a takeover.
+fields, or with an unknown state) is a duty of the fleet leader (``sweep_duty``), in a
+task of its own, so a slow Scan never delays a takeover.
 
 Supervisors live in this object's TaskGroup: when the reconciler stops, intake stops
 first, then every supervisor drains, then the group exits.
@@ -20,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -105,6 +108,7 @@ class Reconciler:
         self._fast_until = 0.0  # poll orphans often until then (a peer drains or hands off)
         self._next_shed = 0.0
         self._orphan_since: dict[str, float] = {}  # when this worker first saw each orphan
+        self._totals: deque[tuple[float, int]] = deque()  # (when, streams counted) lately
         self._release_by: float | None = None
         self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._on_delivered = on_delivered
@@ -148,7 +152,6 @@ class Reconciler:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            sweeper = tg.create_task(self._sweep_loop(), name="sweep")
             stopped = tg.create_task(self._stopped_loop(), name="stopped streams")
             while not self._stop.is_set():
                 started = time.perf_counter()
@@ -162,14 +165,15 @@ class Reconciler:
                           exc_info=True)
                 self.metrics.reconcile(time.perf_counter() - started)
                 await self._pause(self._next_pause(), self._poke)
-            sweeper.cancel()
             stopped.cancel()
             for supervisor in list(self.supervisors.values()):
                 supervisor.request_drain(StopReason.SHUTDOWN, self._release_by)
         self._tg = None
 
-    async def _pause(self, seconds: float, also: asyncio.Event | None = None) -> None:
-        """Sleep, cut short by a stop (or by ``also``, which is then cleared)."""
+    async def _pause(self, seconds: float, also: asyncio.Event | None = None,
+                     clear: bool = True) -> None:
+        """Sleep, cut short by a stop (or by ``also``, which is then cleared unless
+        ``clear`` is False)."""
         waits = [asyncio.ensure_future(self._stop.wait())]
         if also is not None:
             waits.append(asyncio.ensure_future(also.wait()))
@@ -178,7 +182,7 @@ class Reconciler:
         finally:
             for waiter in waits:
                 waiter.cancel()
-        if also is not None:
+        if also is not None and clear:
             also.clear()
 
     async def _cycle(self) -> None:
@@ -233,15 +237,23 @@ class Reconciler:
         view = self.membership.view
         if not view.members:
             return self.settings.acquire_per_cycle  # no fleet view yet: take as before
-        counts, active = balance.counts_of(list(view.members), self.settings.owner,
-                                           len(self.supervisors), view.observed_dead)
+        # Streams being handed over are no longer this worker's to count.
+        keeping = sum(1 for s in self.supervisors.values()
+                      if s.holding.reason is not StopReason.REBALANCE)
+        counts, active = balance.counts_of(list(view.members), self.settings.owner, keeping,
+                                           view.observed_dead)
         capacities = {m.worker_id: m.capacity for m in view.members}
         capacities[self.settings.owner] = self.settings.max_streams
         if self.membership.accepting:
             active.add(self.settings.owner)
         else:
             active.discard(self.settings.owner)
-        plan = balance.plan(self.settings.owner, counts, active, capacities, servable)
+        counted = sum(counts.values()) + servable
+        self._totals.append((now, counted))
+        while self._totals and self._totals[0][0] < now - 3 * self.settings.stopped_check_s:
+            self._totals.popleft()
+        plan = balance.plan(self.settings.owner, counts, active, capacities, servable,
+                            total_at_least=max(t for _, t in self._totals))
         self.metrics.share(plan.share)
         if plan.shed:
             self._shed(plan.shed, now)
@@ -253,8 +265,9 @@ class Reconciler:
         """Hand ``count`` streams over through the graceful path (stop reading, flush,
         checkpoint, release), the longest held first, never one held less than the
         minimum hold time; then pause shedding until the takers' counts can be seen."""
-        if now < self._next_shed:
-            return
+        if now < self._next_shed or any(s.holding.reason is StopReason.REBALANCE
+                                        for s in self.supervisors.values()):
+            return  # the last hand-over is still in flight, or its takers not yet seen
         movable = [s for s in self.supervisors.values()
                    if s.holding.state is HolderState.HOLDING
                    and now - s.acquired_at >= self.settings.min_hold_s]
@@ -298,17 +311,16 @@ class Reconciler:
                       "cannot query for STOPPED streams", error=str(exc))
             await self._pause(jittered(self.settings.stopped_check_s, 0.1, self.rng))
 
-    async def _sweep_loop(self) -> None:
-        """Scan at start-up (a fresh fleet picks up hand-written items at once), then
-        every ``sweep_s`` (+/-20 %)."""
-        while not self._stop.is_set():
+    async def sweep_duty(self, lease: object, stop: asyncio.Event) -> None:
+        """A leader duty: the sweep and the fleet view, once at once (a new leader picks
+        up hand-written items immediately), then every ``sweep_s`` (+/-20 %)."""
+        while not stop.is_set() and not self._stop.is_set():
             try:
                 await self._sweep()
             except StoreError as exc:
                 event(logging.WARNING, "sweep.failed", "sweep failed", error=str(exc))
-            except Exception:
-                event(logging.ERROR, "sweep.crashed", "sweep crashed", exc_info=True)
-            await self._pause(jittered(self.settings.sweep_s, 0.2, self.rng))
+            await self._pause(jittered(self.settings.sweep_s, 0.2, self.rng), stop,
+                              clear=False)
 
     async def _sweep(self) -> None:
         """One paginated Scan of the streams table: adopt hand-written items, report

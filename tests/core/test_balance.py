@@ -51,6 +51,8 @@ def decide(me: str, counts: dict[str, int], orphans: int = 0,
     ("a gap below the band: the largest holder gives one", {"a": 14, "b": 14, "c": 12}, 0,
      "a", (14, 0, 1)),
     ("...and only one gives for one gap", {"a": 14, "b": 14, "c": 12}, 0, "b", (14, 0, 0)),
+    ("...and none while an orphan already fills it", {"a": 13, "b": 13, "c": 12}, 1, "a",
+     (13, 0, 0)),
     ("orphans count toward the total", {"a": 10, "b": 0}, 10, "b", (10, 10, 0)),
 ])
 def test_plan(name: str, counts: dict[str, int], orphans: int, me: str,

@@ -14,8 +14,9 @@ streams its member holds), so no coordinator is needed:
 * **Shed.** A member above its band hands over at most half its excess per cycle (at
   least one): a few at a time, because the takers' counts are only seen a heartbeat later.
   A member at or above its share also gives one stream when some member sits below its
-  band and nobody above the band is left to give — the largest holders first, ties by id,
-  as many as the members below the band need, so two members never both give for one gap.
+  band, nobody above the band is left to give and no orphan is already waiting to fill
+  the gap — the largest holders first, ties by id, as many as the members below the band
+  need, so two members never both give for one gap.
 * **Take.** A member below its share takes orphans up to its share; when several are below
   theirs, the orphans are dealt out one at a time to whoever is furthest below. A member
   at or above its share takes none while another live member is below its share, unless
@@ -78,13 +79,15 @@ def counts_of(members: list[MemberRecord], me: str, my_held: int,
 
 
 def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str, int],
-         servable_orphans: int) -> Balance:
+         servable_orphans: int, total_at_least: int = 0) -> Balance:
     """This member's share and moves, from every member's count (``counts[me]`` is live).
 
     ``active`` are the members taking streams (this one included if it is ACTIVE);
-    ``capacities`` their STREAMLEASE_MAX_STREAMS.
+    ``capacities`` their STREAMLEASE_MAX_STREAMS. Rows lag: a stream just taken may show
+    in nobody's count, which would shrink every share and make members over-shed, so the
+    caller may pass ``total_at_least`` (the largest total it counted lately).
     """
-    total = sum(counts.values()) + servable_orphans
+    total = max(sum(counts.values()) + servable_orphans, total_at_least)
     shares = fair_shares(total, {m: capacities.get(m, 0) if m in active else 0
                                  for m in counts})
     share = shares.get(me, 0)
@@ -98,9 +101,11 @@ def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str
     elif held > share + TOLERANCE:
         shed = max(1, math.ceil((held - share) / 2))
     elif held >= share:
-        need = sum(max(0, shares[m] - TOLERANCE - counts.get(m, 0)) for m in active)
+        # Orphans already waiting fill the gaps first: give only for what they cannot.
+        need = sum(max(0, shares[m] - TOLERANCE - counts.get(m, 0)) for m in active) \
+            - servable_orphans
         over = any(counts.get(m, 0) > shares[m] + TOLERANCE for m in active)
-        if need and not over:
+        if need > 0 and not over:
             donors = sorted((m for m in active if counts.get(m, 0) >= shares[m]),
                             key=lambda m: (-(counts.get(m, 0) - shares[m]), m))
             shed = 1 if me in donors[:need] else 0

@@ -7,6 +7,8 @@ says what an item is, so each kind is read with one Query:
 |---|---|---|
 | ``MEMBER`` | worker id | a member row: epoch, heartbeat counter, status, streams held |
 | ``LEADER`` | lease name | a leader lease: owner, fence, heartbeat counter, expiry |
+| ``JOB`` | job name | a singleton job: schedule, command, timeout, catch-up |
+| ``RUN#<job>`` | slot (ISO 8601 UTC) | one run of one slot: fence, runner, times, outcome |
 
 Pure: no botocore, no I/O.
 """
@@ -17,8 +19,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from worker.core.jobs import Job, JobRun, RunOutcome
 from worker.core.leadership import LeaderRecord
 from worker.core.membership import MemberRecord, MemberStatus
+from worker.core.schedule import Schedule
 from worker.store.codec import Expr, n, s
 
 PK = "Pk"
@@ -232,3 +236,127 @@ def leader_check(name: str, fence: int, table: str) -> dict[str, Any]:
         "ExpressionAttributeNames": {"#fence": FENCE},
         "ExpressionAttributeValues": {":fence": n(fence)},
     }}
+
+
+# Jobs and their runs.
+JOB_PK = "JOB"
+RUN_PREFIX = "RUN#"
+CRON = "cron"
+EVERY_MS = "every_ms"
+COMMAND = "command"
+TIMEOUT_S = "timeout_s"
+CATCH_UP = "catch_up"  # N 0/1
+UPDATED_AT = "updated_at_ms"
+RUNNER = "runner"
+STARTED = "started_at_ms"
+FINISHED = "finished_at_ms"
+OUTCOME = "outcome"
+EXIT_CODE = "exit_code"
+OUTPUT = "output"
+
+
+def job_key(name: str) -> Item:
+    return {PK: s(JOB_PK), SK: s(name)}
+
+
+def run_key(job: str, slot: str) -> Item:
+    return {PK: s(RUN_PREFIX + job), SK: s(slot)}
+
+
+def encode_job(job: Job) -> Item:
+    item: Item = {**job_key(job.name), COMMAND: s(job.command),
+                  CATCH_UP: n(1 if job.catch_up else 0), UPDATED_AT: n(job.updated_at_ms)}
+    if job.schedule.cron is not None:
+        item[CRON] = s(job.schedule.cron)
+    if job.schedule.every_ms is not None:
+        item[EVERY_MS] = n(job.schedule.every_ms)
+    if job.timeout_s is not None:
+        item[TIMEOUT_S] = {"N": repr(float(job.timeout_s))}
+    return item
+
+
+def decode_job(item: Mapping[str, Any]) -> Job | None:
+    """A job item, or None if it is not one or cannot be read (reported by the caller)."""
+    name, command = _str(item, SK), _str(item, COMMAND)
+    if _str(item, PK) != JOB_PK or not name or command is None:
+        return None
+    cron, every = _str(item, CRON), _int(item, EVERY_MS, -1)
+    try:
+        schedule = Schedule(cron=cron, every_ms=None if every < 0 else every)
+    except ValueError:
+        return None
+    timeout = item.get(TIMEOUT_S, {}).get("N") if isinstance(item.get(TIMEOUT_S), Mapping) \
+        else None
+    return Job(name=name, schedule=schedule, command=command,
+               timeout_s=float(timeout) if timeout is not None else None,
+               catch_up=_int(item, CATCH_UP) == 1, updated_at_ms=_int(item, UPDATED_AT))
+
+
+def encode_run(run: JobRun) -> Item:
+    item: Item = {**run_key(run.job, run.slot), FENCE: n(run.fence), RUNNER: s(run.runner),
+                  STARTED: n(run.started_at_ms)}
+    if run.finished_at_ms is not None:
+        item[FINISHED] = n(run.finished_at_ms)
+    if run.outcome is not None:
+        item[OUTCOME] = s(run.outcome.value)
+    if run.exit_code is not None:
+        item[EXIT_CODE] = n(run.exit_code)
+    if run.output:
+        item[OUTPUT] = s(run.output)
+    return item
+
+
+def decode_run(item: Mapping[str, Any]) -> JobRun | None:
+    pk, slot = _str(item, PK), _str(item, SK)
+    if pk is None or not pk.startswith(RUN_PREFIX) or slot is None:
+        return None
+    outcome = _str(item, OUTCOME)
+    finished = _int(item, FINISHED, -1)
+    exit_code = item.get(EXIT_CODE)
+    return JobRun(
+        job=pk[len(RUN_PREFIX):], slot=slot, fence=_int(item, FENCE),
+        runner=_str(item, RUNNER) or "", started_at_ms=_int(item, STARTED),
+        finished_at_ms=None if finished < 0 else finished,
+        outcome=_outcome(outcome),
+        exit_code=_int(item, EXIT_CODE) if isinstance(exit_code, Mapping) else None,
+        output=_str(item, OUTPUT) or "",
+    )
+
+
+_RUN_NAMES = {"#pk": PK, "#runner": RUNNER, "#fence": FENCE, "#outcome": OUTCOME,
+              "#finished": FINISHED, "#exit": EXIT_CODE, "#output": OUTPUT}
+
+
+def finish_expr(run: JobRun) -> Expr:
+    """Record a run's end, only on the runner's own claim and only once (a new leader may
+    have marked it abandoned meanwhile)."""
+    sets = ["#outcome = :outcome", "#finished = :finished", "#output = :output"]
+    values: dict[str, Any] = {":runner": s(run.runner), ":fence": n(run.fence),
+                              ":outcome": s((run.outcome or RunOutcome.FAILED).value),
+                              ":finished": n(run.finished_at_ms or 0),
+                              ":output": s(run.output)}
+    if run.exit_code is not None:
+        sets.append("#exit = :exit")
+        values[":exit"] = n(run.exit_code)
+    condition = ("attribute_exists(#pk) AND #runner = :runner AND #fence = :fence AND "
+                 "attribute_not_exists(#outcome)")
+    update = "SET " + ", ".join(sets)
+    return Expr(condition=condition, update=update,
+                names=_used(_RUN_NAMES, condition, update), values=values)
+
+
+def abandon_expr(fence: int, now_ms: int) -> Expr:
+    """A run whose runner went away without an outcome: mark it, if still as seen."""
+    condition = "#fence = :fence AND attribute_not_exists(#outcome)"
+    update = "SET #outcome = :abandoned, #finished = :now"
+    return Expr(condition=condition, update=update,
+                names=_used(_RUN_NAMES, condition, update),
+                values={":fence": n(fence), ":abandoned": s(RunOutcome.ABANDONED.value),
+                        ":now": n(now_ms)})
+
+
+def _outcome(text: str | None) -> RunOutcome | None:
+    try:
+        return RunOutcome(text) if text is not None else None
+    except ValueError:
+        return None

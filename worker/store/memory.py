@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from worker.core.frames import Frame
+from worker.core.jobs import Job, JobRun, RunOutcome
 from worker.core.leadership import LeaderRecord, initial_fence
 from worker.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
 from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
@@ -31,7 +32,7 @@ from worker.core.model import (
 )
 from worker.errors import StaleFence, StoreError, TableMissing
 from worker.leader import HashSet, PutItem, Transaction, WriteRefused
-from worker.store import codec
+from worker.store import codec, fleetcodec
 from worker.store.protocols import (
     Acquired,
     ForceReleased,
@@ -42,6 +43,7 @@ from worker.store.protocols import (
 )
 
 Item = dict[str, Any]
+FLEET_TABLE = "fleet"  # the name fenced writes use for the in-memory fleet table
 INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N", codec.LEASE_OWNER: "S",
               codec.FENCE: "N"}
 
@@ -54,13 +56,15 @@ class MemoryStore:
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.members_by_id: dict[str, MemberRecord] = {}
         self.leaders: dict[str, LeaderRecord] = {}
+        self.jobs: dict[str, Job] = {}
+        self.runs: dict[tuple[str, str], JobRun] = {}
         self.written: dict[str, dict[str, Any]] = {}  # fenced writes: table/key -> key -> item
         self.tables_created = False
         self.calls: list[str] = []  # method names, in call order (for tests)
 
     def stores(self) -> Stores:
         return Stores(leases=self, sink=self, admin=self, fleet=self,
-                      leader=MemoryLeader(self))
+                      leader=MemoryLeader(self), jobs=MemoryJobs(self))
 
     # -- LeaseStore -------------------------------------------------------------------
 
@@ -415,13 +419,76 @@ class MemoryLeader:
             raise TypeError(f"cannot apply {type(write).__name__}")
         if current is None or current.fence != fence:
             raise StaleFence(f"lease {name}: fence {fence} is no longer current")
-        for table, key, _, condition in puts:
-            if condition is not None and key in self.store.written.get(table, {}):
+        for table, key, item, condition in puts:
+            if condition is not None and self._exists(table, key, item):
                 if "attribute_not_exists" not in condition:
                     raise TypeError("the in-memory store knows attribute_not_exists only")
                 raise WriteRefused("the write's own condition failed")
         for table, key, item, _ in puts:
-            self.store.written.setdefault(table, {})[key] = copy.deepcopy(item)
+            run = fleetcodec.decode_run(item) if table == FLEET_TABLE else None
+            if run is not None:
+                self.store.runs[(run.job, run.slot)] = run
+            else:
+                self.store.written.setdefault(table, {})[key] = copy.deepcopy(item)
+
+    def _exists(self, table: str, key: str, item: Item) -> bool:
+        run = fleetcodec.decode_run(item) if table == FLEET_TABLE else None
+        if run is not None:
+            return (run.job, run.slot) in self.store.runs
+        return key in self.store.written.get(table, {})
+
+
+class MemoryJobs:
+    """``JobStore`` over a MemoryStore's data."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    async def put_job(self, job: Job) -> bool:
+        new = job.name not in self.store.jobs
+        self.store.jobs[job.name] = job
+        return new
+
+    async def get_job(self, name: str) -> Job | None:
+        return self.store.jobs.get(name)
+
+    async def list_jobs(self, timeout: float | None = None) -> list[Job]:
+        return sorted(self.store.jobs.values(), key=lambda j: j.name)
+
+    async def remove_job(self, name: str) -> bool:
+        return self.store.jobs.pop(name, None) is not None
+
+    def claim_write(self, run: JobRun) -> PutItem:
+        return PutItem(FLEET_TABLE, fleetcodec.encode_run(run), "attribute_not_exists(#pk)",
+                       {"#pk": fleetcodec.PK})
+
+    async def claim_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        if (run.job, run.slot) in self.store.runs:
+            return False
+        self.store.runs[(run.job, run.slot)] = run
+        return True
+
+    async def finish_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        old = self.store.runs.get((run.job, run.slot))
+        if old is None or old.runner != run.runner or old.fence != run.fence or \
+                old.outcome is not None:
+            return False
+        self.store.runs[(run.job, run.slot)] = run
+        return True
+
+    async def abandon_run(self, job: str, slot: str, fence: int, now_wall_ms: int,
+                          timeout: float | None = None) -> bool:
+        old = self.store.runs.get((job, slot))
+        if old is None or old.fence != fence or old.outcome is not None:
+            return False
+        self.store.runs[(job, slot)] = dataclasses.replace(
+            old, outcome=RunOutcome.ABANDONED, finished_at_ms=now_wall_ms)
+        return True
+
+    async def runs(self, job: str, last: int, timeout: float | None = None) -> list[JobRun]:
+        found = sorted((r for (j, _), r in self.store.runs.items() if j == job),
+                       key=lambda r: r.slot, reverse=True)
+        return found[:last]
 
 
 def _s(item: Item | None, name: str) -> str | None:

@@ -1,6 +1,6 @@
 """What the worker needs from storage, as narrow protocols, and the values they return.
 
-Four roles, each a handful of methods, each with a DynamoDB implementation
+Six roles, each a handful of methods, each with a DynamoDB implementation
 (``worker.store.dynamodb``) and an in-memory one with the same semantics
 (``worker.store.memory``); one contract suite (tests/store) runs against both.
 
@@ -8,6 +8,8 @@ Four roles, each a handful of methods, each with a DynamoDB implementation
   orphan query, the sweep, ``last_error``.
 * ``Sink`` — the fenced data plane: one transaction per batch, refused for a stale fence.
 * ``FleetStore`` — member rows: register, heartbeat, read the fleet, fence a dead member.
+* ``LeaderBackend`` (``worker.leader``) — named leader leases and fenced writes.
+* ``JobStore`` — singleton jobs and one run record per slot.
 * ``AdminStore`` — what operators and tests do: create tables, upsert and flip streams, force
   releases, read the sink back.
 
@@ -23,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from worker.core.frames import Frame
+from worker.core.jobs import Job, JobRun
 from worker.core.lease import LeaseTimings, RenewOutcome
 from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from worker.core.model import EventMark, OwnedStream, StreamRecord, Tenure
-from worker.leader import LeaderBackend
+from worker.leader import LeaderBackend, PutItem
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,38 @@ class FleetStore(Protocol):
         """Remove this incarnation's row (a clean exit, every stream released)."""
 
 
+class JobStore(Protocol):
+    """Jobs and their runs in the fleet table."""
+
+    async def put_job(self, job: Job) -> bool:
+        """Upsert; True if it was new."""
+
+    async def get_job(self, name: str) -> Job | None: ...
+
+    async def list_jobs(self, timeout: float | None = None) -> list[Job]: ...
+
+    async def remove_job(self, name: str) -> bool:
+        """False if there was no such job. Its run records stay."""
+
+    def claim_write(self, run: JobRun) -> PutItem:
+        """The conditional put that claims a slot (for a fenced write through the leader
+        lease: claimed only while the lease carries the claim's fence)."""
+
+    async def claim_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        """Claim a slot without the fence check (a leader lease outside this table);
+        False if the slot was already claimed."""
+
+    async def finish_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        """Record the outcome, on this runner's own claim, once."""
+
+    async def abandon_run(self, job: str, slot: str, fence: int, now_wall_ms: int,
+                          timeout: float | None = None) -> bool:
+        """Mark a run whose runner went away (still without an outcome) abandoned."""
+
+    async def runs(self, job: str, last: int, timeout: float | None = None) -> list[JobRun]:
+        """The latest ``last`` runs of a job, newest first."""
+
+
 class AdminStore(Protocol):
     async def create_tables(self) -> list[str]: ...
 
@@ -182,3 +217,4 @@ class Stores:
     admin: AdminStore
     fleet: FleetStore
     leader: LeaderBackend
+    jobs: JobStore

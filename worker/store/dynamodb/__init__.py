@@ -17,6 +17,7 @@ from worker.errors import ConfigError
 from worker.store.dynamodb.admin import DynamoAdmin
 from worker.store.dynamodb.client import DynamoClient, Observer, client_config
 from worker.store.dynamodb.fleet import DynamoFleetStore
+from worker.store.dynamodb.jobs import DynamoJobStore
 from worker.store.dynamodb.leader import DynamoLeaderBackend
 from worker.store.dynamodb.leases import DynamoLeaseStore
 from worker.store.dynamodb.sink import DynamoSink
@@ -55,6 +56,7 @@ async def connect(table: str, events_table: str, fleet_table: str, *, sink_conne
             admin=DynamoAdmin(control, table, events_table, fleet_table),
             fleet=DynamoFleetStore(control, fleet_table),
             leader=DynamoLeaderBackend(control, fleet_table),
+            jobs=DynamoJobStore(control, fleet_table),
         )
 
 
@@ -73,4 +75,5 @@ async def connect_admin(table: str, events_table: str, fleet_table: str, *,
             admin=DynamoAdmin(client, table, events_table, fleet_table),
             fleet=DynamoFleetStore(client, fleet_table),
             leader=DynamoLeaderBackend(client, fleet_table),
+            jobs=DynamoJobStore(client, fleet_table),
         )
