@@ -122,7 +122,7 @@ def hash_set_for_item(table: str, item: Mapping[str, Any]) -> HashSet:
     """What ``streamlease job write --table T --item JSON`` writes on Redis:
     ``HSET T <key> <item>``. ``<key>`` is the value of the item's ``Pk`` as written in
     its DynamoDB JSON (an ``S``, ``N`` or ``B``); if the item also has an ``Sk``, the
-    JSON array ``[Pk, Sk]`` of both. ``<item>`` is the item itself, DynamoDB JSON in
+    JSON array ``[Pk, Sk]`` of both (no spaces). ``<item>`` is the item itself, DynamoDB JSON in
     canonical form (keys sorted, no spaces, UTF-8), so the same text means the same
     item on either backend. ValueError for an item without a usable ``Pk``."""
     if not table:
@@ -134,9 +134,12 @@ def hash_set_for_item(table: str, item: Mapping[str, Any]) -> HashSet:
         raise ValueError("the item has no Pk attribute: on Redis an item is stored under "
                          "its Pk (and Sk), in the hash named by --table")
     sk = _key_text(item, "Sk")
-    key = pk if sk is None else json.dumps([pk, sk], ensure_ascii=False)
-    return HashSet(table, key, json.dumps(item, sort_keys=True, separators=(",", ":"),
-                                          ensure_ascii=False))
+    key = pk if sk is None else _canonical([pk, sk])
+    return HashSet(table, key, _canonical(item))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _key_text(item: Mapping[str, Any], name: str) -> str | None:
