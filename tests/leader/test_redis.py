@@ -204,14 +204,19 @@ class CountingBackend(RedisLeaderBackend):
 async def test_a_candidate_sees_a_renewing_holder_and_does_not_even_try(
         redis_server: RedisServer) -> None:
     name = lease_name()
-    timings = {"ttl_s": 0.3, "heartbeat_s": 0.05, "safety_margin_s": 0.03}
+    ttl = 0.3
+
+    def lease(backend: RedisLeaderBackend, owner: str) -> LeaderLease:
+        return LeaderLease(backend, name, owner, ttl_s=ttl, heartbeat_s=0.05,
+                           safety_margin_s=0.03)
+
     candidate = CountingBackend(client_for(redis_target(redis_server.url)))
     try:
         async with redis_backend(redis_server.url) as impl, \
-                LeaderLease(impl, name, "holder", **timings) as holder:
-            waiting = LeaderLease(candidate, name, "candidate", **timings)
+                lease(impl, "holder") as holder:
+            waiting = lease(candidate, "candidate")
             stop = asyncio.Event()
-            asyncio.get_running_loop().call_later(4 * timings["ttl_s"], stop.set)
+            asyncio.get_running_loop().call_later(4 * ttl, stop.set)
             assert await waiting.acquire(stop) is False
             assert holder.may_write() and not holder.lost.is_set()
             # Each renewal moves the expiry the candidate reads, so it never saw the lease
