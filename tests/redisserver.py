@@ -55,10 +55,12 @@ class RedisServer:
     """One ``redis-server`` bound to 127.0.0.1 with its data in ``directory``; it can be
     stopped and started again on the same port and directory."""
 
-    def __init__(self, directory: Path, *, aof: bool = True) -> None:
+    def __init__(self, directory: Path, *, aof: bool = True, extra: tuple[str, ...] = ()
+                 ) -> None:
         self.binary = redis_server_binary()
         self.directory = directory
         self.aof = aof
+        self.extra = extra
         self.port = 0
         self.proc: Proc | None = None
 
@@ -71,7 +73,7 @@ class RedisServer:
                        else ["--appendonly", "no"])
         return [self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
                 "--protected-mode", "yes", "--daemonize", "no", "--dir", str(self.directory),
-                "--save", "", "--logfile", "", *persistence]
+                "--save", "", "--logfile", "", *persistence, *self.extra]
 
     def start(self, timeout: float = 20.0) -> None:
         """Start (on a new free port the first time, the same port after) and return

@@ -380,10 +380,10 @@ def _bound_socket() -> socket.socket:
 def make_server(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     servers: list[RedisServer] = []
 
-    def make(aof: bool) -> RedisServer:
+    def make(aof: bool, extra: tuple[str, ...] = ()) -> RedisServer:
         directory = tmp_path / f"redis-{len(servers)}"
         directory.mkdir()
-        server = RedisServer(directory, aof=aof)
+        server = RedisServer(directory, aof=aof, extra=extra)
         servers.append(server)
         server.start()
         return server
@@ -505,3 +505,26 @@ async def test_without_persistence_a_counter_ahead_of_the_clock_can_go_back(
         server.start()
         new = await answered(lambda: impl.acquire("fleet", "b", 60, None, NOW))
         assert new is not None and new < ahead
+
+
+async def test_the_scripts_effects_not_the_scripts_go_to_replicas_and_the_aof(
+        make_server: Callable[..., RedisServer]) -> None:
+    """A script that reads TIME is allowed and safe because Redis (7.0 and newer)
+    replicates scripts by their effects: a replica and the AOF receive the seeded value,
+    never the script to run again against another clock."""
+    primary = make_server(aof=True, extra=("--repl-diskless-sync-delay", "0"))
+    replica = make_server(aof=False, extra=("--replicaof", "127.0.0.1", str(primary.port)))
+    async with redis_backend(primary.url) as impl, redis_backend(replica.url) as copy:
+        await poll(lambda: copy.client.info("replication"),
+                   lambda info: info.get("master_link_status") == "up", timeout=20)
+        fence = await impl.acquire("fleet", "a", 60, None, NOW)
+        assert fence is not None
+        await impl.fenced_write("fleet", fence, HashSet("runs", "1", "a"))
+        lease, counter = lease_keys("fleet")
+        await poll(lambda: copy.client.hget("runs", "1"), lambda value: value == "a")
+        assert await copy.client.get(counter) == str(fence)
+        assert await copy.client.get(lease) == f"a|{fence}"
+        assert await copy.client.pexpiretime(lease) == await impl.client.pexpiretime(lease)
+    log = b"".join(p.read_bytes() for p in (primary.directory / "appendonlydir").glob("*.aof"))
+    assert str(fence).encode() in log and b"PXAT" in log
+    assert b"EVAL" not in log.upper() and b"TIME" not in log
