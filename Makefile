@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: run test lint typecheck pytest promtool faketime bench loadtest lock clean
+.PHONY: run test lint typecheck pytest promtool faketime redis bench loadtest lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -39,8 +39,9 @@ typecheck: $(STAMP)
 # TERRAFORM=path) and a filesystem mirror of hashicorp/aws 5.x (TERRAFORM_PROVIDER_MIRROR=dir,
 # else /opt/tf-plugins, ~/.terraform.d/plugins, ...). init, validate and test run in a
 # temporary copy of terraform/; without either, those tests skip and say why.
-pytest: $(STAMP) $(CHECKOV_STAMP) promtool faketime
-	$(BIN)/pytest $(PYTEST_ARGS)
+# REQUIRE_REDIS_SERVER: the Redis tests fail, not skip, if redis-server is missing.
+pytest: $(STAMP) $(CHECKOV_STAMP) promtool faketime redis
+	REQUIRE_REDIS_SERVER=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 # The alert rule tests need promtool, from Debian's prometheus package.
 promtool:
@@ -55,6 +56,13 @@ faketime:
 		echo "installing faketime (Debian package faketime)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends faketime >/dev/null; }
+
+# The Redis leader backend's tests start a real redis-server (Debian package redis-server).
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		echo "installing redis-server (Debian package redis-server)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 
 # Benchmarks: print figures; only the load test's correctness figures can fail it.
 bench: $(STAMP)

@@ -1,18 +1,23 @@
 """Leader backends for the contract suite: each with a way to write a value, to read it
-back, and to make a held lease lapse."""
+back, and to make a held lease lapse. Redis runs on a real ``redis-server`` (with AOF,
+``appendfsync always``) that the session starts on a free loopback port."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aioboto3
 import pytest
 
-from worker.leader import LeaderBackend, PutItem
+from tests.redisserver import RedisServer
+from worker.leader import HashSet, LeaderBackend, PutItem
 from worker.store import dynamodb
 from worker.store.memory import MemoryStore
+from worker.store.redis_leader import client_for, lease_keys, redis_backend, redis_target
 
 SIDE_TABLE_KEY = "Pk"
 
@@ -75,11 +80,52 @@ async def _dynamodb(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             yield Backend(stores.leader, _put(side), written, expire, True, True)
 
 
-@pytest.fixture(params=["memory", "dynamodb"])
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """``redis-server`` with AOF and ``appendfsync always``, for the whole session."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), aof=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def _redis(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    server: RedisServer = request.getfixturevalue("redis_server")
+    side = f"side-{uuid.uuid4().hex[:8]}"
+    raw = client_for(redis_target(server.url))
+
+    def write(key: str, value: str, unique: bool = False) -> HashSet:
+        assert not unique, "HashSet carries no condition of its own"
+        return HashSet(side, key, value)
+
+    async def written(key: str) -> str | None:
+        value = await raw.hget(side, key)
+        return None if value is None else str(value)
+
+    async def expire(name: str) -> None:
+        # What a silent holder's lease does by itself once its PX runs out, made to
+        # happen now: the server's own expiry, then absent to every reader.
+        lease, _ = lease_keys(name)
+        assert await raw.pexpire(lease, 1)
+        deadline = time.monotonic() + 5
+        while await raw.exists(lease):
+            assert time.monotonic() < deadline, "the lease did not lapse"
+
+    try:
+        async with redis_backend(server.url) as impl:
+            yield Backend(impl, write, written, expire, False, False)
+    finally:
+        await raw.aclose()
+
+
+@pytest.fixture(params=["memory", "dynamodb", "redis"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     makers: dict[str, Callable[[], AsyncIterator[Backend]]] = {
         "memory": _memory,
         "dynamodb": lambda: _dynamodb(request),
+        "redis": lambda: _redis(request),
     }
     async for made in makers[request.param]():
         yield made

@@ -1,0 +1,80 @@
+"""``STREAMLEASE_LEADER_BACKEND`` parsing: ``dynamodb`` or a Redis URL. Pure and
+table-driven; nothing is resolved or dialled."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from worker.core.backends import RedisTarget, parse_leader_backend
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("dynamodb", "dynamodb"),
+    (" DynamoDB ", "dynamodb"),
+    ("redis://127.0.0.1:6380/2", RedisTarget("127.0.0.1", 6380, 2)),
+    ("redis://127.0.0.1", RedisTarget("127.0.0.1", 6379, 0)),
+    ("redis://127.0.0.1/", RedisTarget("127.0.0.1", 6379, 0)),
+    ("redis://127.0.0.1:6379", RedisTarget("127.0.0.1", 6379, 0)),
+    ("REDIS://Cache.Internal:7000/15", RedisTarget("cache.internal", 7000, 15)),
+    ("rediss://cache.example.com:6380/0", RedisTarget("cache.example.com", 6380, 0, True)),
+    ("redis://[::1]:6379/1", RedisTarget("::1", 6379, 1)),
+    ("redis://[0:0::1]/1", RedisTarget("::1", 6379, 1)),
+    ("redis://my_cache-1.internal:6379/0", RedisTarget("my_cache-1.internal", 6379, 0)),
+    ("redis://:s3cret@127.0.0.1:6379/0", RedisTarget("127.0.0.1", 6379, 0, False, None, "s3cret")),
+    ("redis://svc:p%40ss@127.0.0.1/0", RedisTarget("127.0.0.1", 6379, 0, False, "svc", "p@ss")),
+    ("redis://svc@127.0.0.1/0", RedisTarget("127.0.0.1", 6379, 0, False, "svc", None)),
+])
+def test_accepted(text: str, expected: object) -> None:
+    assert parse_leader_backend(text) == expected
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("", "must be dynamodb, redis://"),
+    ("dynamo", "must be dynamodb, redis://"),
+    ("memory", "must be dynamodb, redis://"),
+    ("unix:///run/redis.sock", "must be dynamodb, redis://"),
+    ("http://127.0.0.1:6379", "must be dynamodb, redis://"),
+    ("127.0.0.1:6379", "must be dynamodb, redis://"),
+    ("redis:127.0.0.1", "must be dynamodb, redis://"),
+    ("redis+sentinel://127.0.0.1:26379", "must be dynamodb, redis://"),
+    ("redis://", "names no host"),
+    ("redis://:6379/0", "names no host"),
+    ("redis://127.0.0.1:0/0", "port must be"),
+    ("redis://127.0.0.1:65536/0", "port must be"),
+    ("redis://127.0.0.1:x/0", "port must be"),
+    ("redis://127.0.0.1:/0", "port must be"),
+    ("redis://127.0.0.1:\uff16\uff13\uff17\uff19/0", "port must be"),  # fullwidth digits
+    ("redis://127.0.0.1/db1", "database number"),
+    ("redis://127.0.0.1/-1", "database number"),
+    ("redis://127.0.0.1/0/1", "database number"),
+    ("redis://127.0.0.1/2147483648", "database number"),
+    ("redis://127.0.0.1/0?ssl_cert_reqs=none", "no query or fragment"),
+    ("redis://127.0.0.1/0#x", "no query or fragment"),
+    ("redis://127.0.0.1/0?", "no query or fragment"),
+    ("redis://127.0.0.1 /0", "spaces"),
+    ("redis://127.0.0.1\\@evil/0", "backslashes"),
+    ("redis://host%2eevil/0", "IP address or a DNS name"),
+    ("redis://-bad.example/0", "IP address or a DNS name"),
+    ("redis://[::1/0", "does not parse"),
+    # urlsplit itself refuses this on recent Pythons; the check here covers older ones.
+    ("redis://[not-v6]/0", "not an IPv6 address|does not parse"),
+    ("redis://@127.0.0.1/0", "empty user info"),
+])
+def test_refused_with_a_one_line_reason(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_leader_backend(text)
+    message = str(caught.value)
+    assert re.search(fragment, message) and "\n" not in message
+
+
+def test_a_password_never_shows() -> None:
+    target = parse_leader_backend("rediss://svc:hunter2@cache.example.com:6380/3")
+    assert isinstance(target, RedisTarget) and target.password == "hunter2"
+    assert "hunter2" not in repr(target) and "hunter2" not in target.url
+    assert target.url == "rediss://***@cache.example.com:6380/3"
+    with pytest.raises(ValueError) as caught:
+        parse_leader_backend("redis://svc:hunter2@127.0.0.1:99999/0")
+    assert "hunter2" not in str(caught.value)
+    assert RedisTarget("::1", 6379, 0).url == "redis://[::1]:6379/0"
