@@ -91,3 +91,16 @@ def test_sweep_plus_reconcile_keeps_the_one_minute_promise() -> None:
     assert WorkerConfig.from_env({"STREAMLEASE_SWEEP_SECONDS": "40"}).sweep_s == 40
     with pytest.raises(ConfigError, match="STREAMLEASE_SWEEP_SECONDS"):
         WorkerConfig.from_env({"STREAMLEASE_SWEEP_SECONDS": "48"})
+
+
+def test_the_leader_backend_is_parsed_and_its_password_never_echoed() -> None:
+    assert WorkerConfig.from_env({}).leader_backend == "dynamodb"
+    redis = WorkerConfig.from_env(
+        {"STREAMLEASE_LEADER_BACKEND": "redis://user:s3cr3t@127.0.0.1:6380/2"}).leader_backend
+    assert not isinstance(redis, str)
+    assert (redis.host, redis.port, redis.db) == ("127.0.0.1", 6380, 2)
+    assert "s3cr3t" not in repr(redis) and "s3cr3t" not in redis.url
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({"STREAMLEASE_LEADER_BACKEND": "redis://user:s3cr3t@host:notaport"})
+    assert err.value.problems[0].startswith("STREAMLEASE_LEADER_BACKEND: ")
+    assert "s3cr3t" not in str(err.value)

@@ -145,8 +145,8 @@ async def leader_backend(config: WorkerConfig, stores: Stores) -> AsyncIterator[
     if config.leader_backend == "dynamodb":
         yield stores.leader
         return
-    from worker.store.redis_leader import connect_redis  # type: ignore[import-not-found]
-    async with connect_redis(config.leader_backend) as backend:
+    from worker.store.redis_leader import redis_backend
+    async with redis_backend(config.leader_backend) as backend:
         yield backend
 
 
@@ -192,7 +192,9 @@ async def _serve(config: WorkerConfig, owner: str, clock: Clock, metrics: Metric
     t = config.timings
     event(logging.INFO, "worker.started", "worker started", version=__version__,
           table=config.table, events_table=config.events_table,
-          fleet_table=config.fleet_table, epoch=membership.epoch, lease_s=t.lease_s,
+          fleet_table=config.fleet_table, epoch=membership.epoch,
+          leader_backend=config.leader_backend if isinstance(config.leader_backend, str)
+          else config.leader_backend.url, lease_s=t.lease_s,
           heartbeat_s=t.heartbeat_s, skew_margin_s=t.skew_margin_s,
           safety_margin_s=t.safety_margin_s,
           self_fence_after_s=round(t.lease_s - t.safety_margin_s, 3),

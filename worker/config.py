@@ -18,8 +18,8 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+from worker.core.backends import RedisTarget, parse_leader_backend
 from worker.core.lease import LeaseTimings
 from worker.core.urls import AllowList, parse_allowed_urls
 from worker.errors import ConfigError
@@ -38,6 +38,7 @@ class Setting:
     default: str
     doc: str
     parse: Callable[[str], Any]
+    secret: bool = False  # may hold credentials: never echoed in a message
 
 
 def seconds(low: float, high: float) -> Callable[[str], float]:
@@ -72,16 +73,6 @@ def table_name(text: str) -> str:
     problem = table_name_problem(text)
     if problem:
         raise ValueError(problem)
-    return text
-
-
-def leader_backend(text: str) -> str:
-    """``dynamodb``, or a Redis URL (``redis://`` or ``rediss://``, host required)."""
-    if text.lower() == "dynamodb":
-        return "dynamodb"
-    parts = urlsplit(text)
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise ValueError("must be dynamodb or a redis:// URL such as redis://10.0.0.5:6379/0")
     return text
 
 
@@ -158,7 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
             seconds(0, 86400)),
     Setting("STREAMLEASE_LEADER_BACKEND", "leader_backend", "dynamodb",
             "where the fleet leader lease lives: dynamodb (the fleet table) or "
-            "redis://host:port/db", leader_backend),
+            "redis://host:port/db", parse_leader_backend, secret=True),
     Setting("STREAMLEASE_JOB_GRACE_SECONDS", "job_grace_s", "10",
             "a job stopped for its timeout, a lost lease or a shutdown gets SIGTERM, then "
             "SIGKILL this long after", seconds(0.1, 600)),
@@ -196,7 +187,7 @@ class WorkerConfig:
     stream_renew_s: float
     stream_check_s: float
     min_hold_s: float
-    leader_backend: str
+    leader_backend: str | RedisTarget  # "dynamodb", or where the Redis server is
     job_grace_s: float
 
     @property
@@ -267,7 +258,8 @@ def read_settings(settings: tuple[Setting, ...],
             values[setting.attr] = setting.parse(text)
         except ValueError as exc:
             reason = str(exc) if _own_message(exc) else "cannot parse it"
-            problems.append(f"{setting.name}: {reason}, got {text!r}")
+            shown = "" if setting.secret else f", got {text!r}"
+            problems.append(f"{setting.name}: {reason}{shown}")
             values[setting.attr] = None
     return values, problems
 
