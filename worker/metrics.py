@@ -8,6 +8,7 @@ so ``rate()`` and alerts work before the first event.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from prometheus_client import (
@@ -134,6 +135,15 @@ class Metrics:
                                     registry=r)
         self._member_hbs = Counter(p + "member_heartbeats", "Member heartbeats, by outcome",
                                    ["outcome"], registry=r)
+        self._rebalance_moves = Counter(p + "rebalance_moves",
+                                        "Streams this worker handed over to even out the fleet",
+                                        registry=r)
+        # Unknown (NaN) until this worker first computes its share, so a balance alert
+        # cannot fire on a worker that has not read the fleet yet.
+        self._share = Gauge(p + "member_share",
+                            "Streams this worker aims to hold: its fair share of the fleet's "
+                            "STARTED streams (0 while draining)", registry=r)
+        self._share.set(math.nan)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -248,6 +258,12 @@ class Metrics:
 
     def released_on_behalf(self, count: int) -> None:
         self._on_behalf.inc(count)
+
+    def rebalance_moved(self, count: int) -> None:
+        self._rebalance_moves.inc(count)
+
+    def share(self, value: int) -> None:
+        self._share.set(value)
 
     def admission(self, admitting: bool) -> None:
         self._admitting.set(1 if admitting else 0)
