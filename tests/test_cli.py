@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import boto3
 import pytest
 
 from tests.procs import ROOT
+from worker.core.membership import HeartbeatOutcome, MemberStatus
 from worker.core.urls import parse_allowed_urls, url_problem
 from worker.dial import dial
 from worker.errors import DialError
+from worker.store.protocols import FleetStore, Stores
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -94,6 +99,9 @@ def test_export_of_a_stream_with_no_deliveries_is_empty(tables: dict[str, str]) 
     (("ctl", "list", "-o", "yaml"), "invalid choice"),
     (("frobnicate",), "invalid choice"),
     (("ctl", "show", ""), "stream id"),
+    (("ctl", "members", "--observe", "0"), "--observe"),
+    (("ctl", "members", "--observe", "nan"), "--observe"),
+    (("ctl", "members", "-o", "yaml"), "'yaml'"),
 ])
 def test_bad_usage_is_exit_2_with_one_line(args: tuple[str, ...], fragment: str) -> None:
     result = cli(*args)
@@ -153,6 +161,130 @@ async def test_owners_and_guarded_release(tables: dict[str, str]) -> None:
     assert ok.returncode == 0 and "fence 2" in ok.stdout
     after = json.loads(cli("ctl", "owners", "-o", "json", env=tables).stdout)
     assert after == {"owners": {"w1": ["b"], "w2": ["c"]}, "unowned_started": ["a"]}
+
+
+MEMBER_KEYS = {"id": str, "epoch": int, "status": str, "streams": int, "share": int,
+               "heartbeat_age_s": float, "alive": bool}
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(fleet: FleetStore,
+                       members: dict[str, tuple[int, MemberStatus, int, int]],
+                       every_s: float = 0.05) -> AsyncIterator[None]:
+    """Members (id -> epoch, status, streams held, capacity) that heartbeat like live
+    workers."""
+    async def beat() -> None:
+        while True:
+            for worker_id, (epoch, status, streams, capacity) in members.items():
+                result = await fleet.heartbeat(worker_id, epoch, status, streams, capacity, 0,
+                                               int(time.time() * 1000))
+                assert result.outcome is HeartbeatOutcome.RENEWED, result
+            await asyncio.sleep(every_s)  # the members' own cadence, not a wait for an event
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_members_observes_liveness_and_shares(tables: dict[str, str]) -> None:
+    assert cli("ctl", "start", "a", "b", "c", "d", "--url", "wss://x/{id}",
+               env=tables).returncode == 0
+    assert cli("ctl", "stop", "d", env=tables).returncode == 0  # 3 STARTED streams
+    async with dynamodb_stores(tables) as stores:
+        fleet = stores.fleet
+        now = int(time.time() * 1000)
+        big = await fleet.register("w-big", 10, now)
+        small = await fleet.register("w-small", 1, now)
+        drain = await fleet.register("w-drain", 10, now)
+        await fleet.register("w-stale", 10, now)
+        dead = await fleet.register("w-dead", 10, now)
+        assert await fleet.fence(dead, "w-big", now) is not None
+        live = {"w-big": (big.epoch, MemberStatus.ACTIVE, 2, 10),
+                "w-small": (small.epoch, MemberStatus.ACTIVE, 1, 1),
+                "w-drain": (drain.epoch, MemberStatus.DRAINING, 0, 10)}
+        async with heartbeating(fleet, live):
+            started = time.monotonic()
+            as_json = await asyncio.to_thread(cli, "ctl", "members", "-o", "json",
+                                              "--observe", "1.5", env=tables)
+            watched = time.monotonic() - started
+            as_table = await asyncio.to_thread(cli, "ctl", "members", "--observe", "1",
+                                               env=tables)
+    assert as_json.returncode == 0, as_json.stderr
+    rows = json.loads(as_json.stdout)
+    for row in rows:
+        assert set(row) == set(MEMBER_KEYS), row
+        assert all(type(row[k]) is kind for k, kind in MEMBER_KEYS.items()), row
+    assert [(r["id"], r["status"], r["streams"], r["share"], r["alive"]) for r in rows] == [
+        ("w-big", "ACTIVE", 2, 2, True),
+        ("w-dead", "DEAD", 0, 0, False),
+        ("w-drain", "DRAINING", 0, 0, True),
+        ("w-small", "ACTIVE", 1, 1, True),
+        ("w-stale", "ACTIVE", 0, 0, False),
+    ]
+    ages = {r["id"]: r["heartbeat_age_s"] for r in rows}
+    assert ages["w-stale"] >= 1.4 and ages["w-dead"] >= 1.4  # watched the whole window
+    assert ages["w-big"] < 1.0 and ages["w-small"] < 1.0
+    assert {r["id"]: r["epoch"] for r in rows}["w-dead"] == dead.epoch + 1
+    assert watched >= 1.5
+    assert as_table.returncode == 0, as_table.stderr
+    lines = as_table.stdout.splitlines()
+    assert lines[0].split()[:5] == ["MEMBER", "EPOCH", "STATUS", "STREAMS", "SHARE"]
+    assert [line.split()[0] for line in lines[1:6]] == [
+        "w-big", "w-dead", "w-drain", "w-small", "w-stale"]
+    assert [line.split()[7] for line in lines[1:6]] == [
+        "alive", "dead", "alive", "alive", "silent"]
+    assert lines[6].split() == ["(5", "members)", "3", "3", "31"]
+    assert lines[7].startswith("3 alive, 1 silent, 1 dead; 3 STARTED streams;")
+
+
+async def test_members_stops_watching_once_every_member_proved_alive(
+        tables: dict[str, str]) -> None:
+    async with dynamodb_stores(tables) as stores:
+        member = await stores.fleet.register("w-1", 5, int(time.time() * 1000))
+        async with heartbeating(stores.fleet, {"w-1": (member.epoch, MemberStatus.ACTIVE, 0, 5)}):
+            started = time.monotonic()
+            result = await asyncio.to_thread(cli, "ctl", "members", "-o", "json",
+                                             "--observe", "120", env=tables)
+            elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert [(r["id"], r["alive"], r["share"]) for r in json.loads(result.stdout)] == [
+        ("w-1", True, 0)]
+    assert elapsed < 60
+
+
+def test_members_of_an_empty_fleet(tables: dict[str, str]) -> None:
+    result = cli("ctl", "members", "-o", "json", "--observe", "0.1", env=tables)
+    assert result.returncode == 0 and json.loads(result.stdout) == []
+    table = cli("ctl", "members", "--observe", "0.1", env=tables)
+    assert table.returncode == 0 and "(0 members)" in table.stdout
+
+
+def test_members_without_a_fleet_table_says_create_it(tables: dict[str, str]) -> None:
+    env = dict(tables, STREAMLEASE_FLEET_TABLE=f"missing-{uuid.uuid4().hex[:8]}")
+    result = cli("ctl", "members", "--observe", "0.1", env=env)
+    assert result.returncode == 1, result
+    assert "streamlease table create" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_members_default_window_follows_the_heartbeat_setting(tables: dict[str, str]) -> None:
+    bad = cli("ctl", "members", env=dict(tables, STREAMLEASE_HEARTBEAT_SECONDS="soon"))
+    assert bad.returncode == 2 and "STREAMLEASE_HEARTBEAT_SECONDS" in bad.stderr
+    started = time.monotonic()
+    ok = cli("ctl", "members", "-o", "json",
+             env=dict(tables, STREAMLEASE_HEARTBEAT_SECONDS="0.2"))
+    assert ok.returncode == 0 and json.loads(ok.stdout) == []
+    assert time.monotonic() - started < 30
+
+
+def dynamodb_stores(tables: dict[str, str]) -> contextlib.AbstractAsyncContextManager[Stores]:
+    from worker.store import dynamodb as backend
+    return backend.connect_admin(tables["STREAMLEASE_TABLE"], tables["STREAMLEASE_EVENTS_TABLE"],
+                                 tables["STREAMLEASE_FLEET_TABLE"])
 
 
 def dynamodb(endpoint: str) -> Any:

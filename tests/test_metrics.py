@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 from worker.core.lease import LOST_REASONS, RELEASE_REASONS
-from worker.metrics import RECONNECT_REASONS, RENEW_OUTCOMES, Metrics
+from worker.metrics import (
+    MEMBER_HEARTBEAT_OUTCOMES,
+    MEMBER_STATUSES,
+    RECONNECT_REASONS,
+    RENEW_OUTCOMES,
+    Metrics,
+)
 
 CONTRACT = {
     "streamlease_leases_held": "gauge",
@@ -64,3 +72,30 @@ def test_fleet_view_sets_every_cell() -> None:
     assert s["streamlease_streams{desired_state=invalid,lease=expired}"] == 0
     m.fleet_view({})
     assert samples(m)["streamlease_streams{desired_state=STARTED,lease=live}"] == 0
+
+
+def test_membership_and_balance_metrics() -> None:
+    families = {f.name: f.type for f in Metrics().registry.collect()}
+    for name, kind in {
+        "streamlease_members": "gauge", "streamlease_members_declared_dead": "counter",
+        "streamlease_releases_on_behalf": "counter",
+        "streamlease_member_heartbeat_seconds": "histogram",
+        "streamlease_member_heartbeats": "counter", "streamlease_member_fenced": "counter",
+        "streamlease_admitting": "gauge", "streamlease_checkpoint_rewound": "counter",
+        "streamlease_rebalance_moves": "counter", "streamlease_member_share": "gauge",
+    }.items():
+        assert families.get(name) == kind, name
+    m = Metrics()
+    s = samples(m)
+    assert s["streamlease_rebalance_moves_total{}"] == 0
+    # Unknown until the worker computes it, so no balance alert fires before.
+    assert math.isnan(s["streamlease_member_share{}"])
+    for outcome in MEMBER_HEARTBEAT_OUTCOMES:
+        assert s[f"streamlease_member_heartbeats_total{{outcome={outcome}}}"] == 0
+    for status in MEMBER_STATUSES:
+        assert s[f"streamlease_members{{status={status}}}"] == 0
+    m.rebalance_moved(3)
+    m.share(12)
+    s = samples(m)
+    assert s["streamlease_rebalance_moves_total{}"] == 3
+    assert s["streamlease_member_share{}"] == 12

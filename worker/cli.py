@@ -15,15 +15,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-from worker.config import WorkerConfig, allowed_prefixes, table_names
+from worker.clock import Clock
+from worker.config import WorkerConfig, allowed_prefixes, setting_value, table_names
+from worker.core import roster
 from worker.core.frames import export_line
 from worker.core.model import StreamRecord
 from worker.core.urls import ANY_WS_URL, AllowList, parse_allowed_urls, redact, url_problem
 from worker.errors import ConfigError, StoreError, TableMissing
-from worker.store.protocols import AdminStore, Stores
+from worker.store.protocols import AdminStore, FleetStore, Stores
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 MAX_STREAM_ID = 1000
+# `ctl members` watches the fleet for this many member heartbeat intervals at most: a live
+# member's counter moves at least once in any such window, even with a slow write or two.
+OBSERVE_HEARTBEATS = 1.5
+OBSERVE_READS = 6  # fleet reads per window at most, after the first
+MAX_OBSERVE_S = 600.0
 
 
 class UsageError(Exception):
@@ -49,6 +56,17 @@ def _non_negative_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
     if number < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return number
+
+
+def _observe_seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if not 0 < number <= MAX_OBSERVE_S:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"expected more than 0 and at most {MAX_OBSERVE_S:g} seconds, got {value}")
     return number
 
 
@@ -86,6 +104,14 @@ def build_parser() -> _Parser:
                          help="only if the fence is still this")
     owners = ctl_sub.add_parser("owners", help="live leases per worker")
     owners.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    members = ctl_sub.add_parser(
+        "members", help="one row per fleet member, liveness as this command observes it")
+    members.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    members.add_argument(
+        "--observe", type=_observe_seconds, metavar="SECONDS",
+        help="watch the member rows at most this long for heartbeats (default "
+             f"{OBSERVE_HEARTBEATS:g} x STREAMLEASE_HEARTBEAT_SECONDS); stops early once "
+             "every member has proven itself alive")
     export = ctl_sub.add_parser("export", help="delivered messages in seq order, one a line")
     export.add_argument("id", type=_stream_id)
 
@@ -151,6 +177,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
         "start": _ctl_start, "stop": _ctl_stop, "list": _ctl_list, "show": _ctl_show,
         "release": _ctl_release, "export": _ctl_export, "owners": _ctl_owners,
+        "members": _ctl_members,
     }
     return _run(handlers[args.ctl_command](tables, args))
 
@@ -337,6 +364,66 @@ async def _ctl_owners(tables: Tables, args: argparse.Namespace) -> int:
     for worker_id, streams in sorted(held.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         print(f"{worker_id.ljust(width)}  {len(streams)}")
     print(f"{'(unowned STARTED)'.ljust(width)}  {len(unowned)}")
+    return EXIT_OK
+
+
+async def watch_fleet(fleet: FleetStore, clock: Clock, window_s: float) -> list[roster.FleetRead]:
+    """Read every member row, again every ``window_s / OBSERVE_READS``, until every
+    member has proven itself alive or a read was sent ``window_s`` after the first answer
+    (so a silent member's heartbeat age shows at least ``window_s``)."""
+    step = window_s / OBSERVE_READS
+    reads: list[roster.FleetRead] = []
+    while True:
+        sent = clock.monotonic()
+        members = await fleet.members()
+        reads.append(roster.FleetRead(tuple(members), sent, clock.monotonic()))
+        left = reads[0].received_at + window_s - clock.monotonic()
+        if sent >= reads[0].received_at + window_s or roster.settled(reads):
+            return reads
+        await clock.sleep(min(step, max(0.0, left)))
+
+
+def member_json(report: roster.MemberReport) -> dict[str, Any]:
+    """The CONTRACT's fields, nothing else."""
+    m = report.member
+    return {"id": m.worker_id, "epoch": m.epoch, "status": m.status.value,
+            "streams": m.streams, "share": report.share,
+            "heartbeat_age_s": round(report.heartbeat_age_s, 3), "alive": report.alive}
+
+
+async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
+    from worker.clock import SYSTEM_CLOCK
+    window = args.observe if args.observe is not None else \
+        OBSERVE_HEARTBEATS * float(setting_value("STREAMLEASE_HEARTBEAT_SECONDS"))
+    async with _stores(tables) as stores:
+        reads = await watch_fleet(stores.fleet, SYSTEM_CLOCK, window)
+        started = sum(1 for r in await stores.admin.list_streams() if r.started)
+    reports = roster.report(reads, started)
+    if args.output == "json":
+        print(json.dumps([member_json(r) for r in reports], indent=2))
+        return EXIT_OK
+    now_ms = SYSTEM_CLOCK.wall_ms()
+    rows = [("MEMBER", "EPOCH", "STATUS", "STREAMS", "SHARE", "CAPACITY", "HEARTBEAT AGE",
+             "LIVENESS", "ITS CLOCK SAYS")]
+    for r in reports:
+        m = r.member
+        stamped = "-" if m.heartbeat_at_ms is None else \
+            f"{(now_ms - m.heartbeat_at_ms) / 1000:.1f}s ago"
+        rows.append((m.worker_id, str(m.epoch), m.status.value, str(m.streams), str(r.share),
+                     str(m.capacity), f"{r.heartbeat_age_s:.1f}s", r.liveness, stamped))
+    rows.append((f"({len(reports)} members)", "", "",
+                 str(sum(r.member.streams for r in reports)),
+                 str(sum(r.share for r in reports)),
+                 str(sum(r.member.capacity for r in reports if r.member.live_status)),
+                 "", "", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    counts = ", ".join(f"{sum(r.liveness == state for r in reports)} {state}"
+                       for state in ("alive", "silent", "dead"))
+    watched = reads[-1].received_at - reads[0].received_at
+    print(f"{counts}; {started} STARTED streams; watched {watched:.1f}s in {len(reads)} reads "
+          "(HEARTBEAT AGE: how long this command saw each heartbeat unchanged)")
     return EXIT_OK
 
 

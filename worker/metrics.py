@@ -8,6 +8,7 @@ so ``rate()`` and alerts work before the first event.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from prometheus_client import (
@@ -137,12 +138,15 @@ class Metrics:
                                     registry=r)
         self._member_hbs = Counter(p + "member_heartbeats", "Member heartbeats, by outcome",
                                    ["outcome"], registry=r)
-        self._rebalance = Counter(p + "rebalance_moves",
-                                  "Streams this worker handed over to even out the fleet",
-                                  registry=r)
+        self._rebalance_moves = Counter(p + "rebalance_moves",
+                                        "Streams this worker handed over to even out the fleet",
+                                        registry=r)
+        # Unknown (NaN) until this worker first computes its share, so a balance alert
+        # cannot fire on a worker that has not read the fleet yet.
         self._share = Gauge(p + "member_share",
-                            "This worker's fair share of the fleet's streams (from the member "
-                            "rows)", registry=r)
+                            "Streams this worker aims to hold: its fair share of the fleet's "
+                            "STARTED streams (0 while draining)", registry=r)
+        self._share.set(math.nan)
         self._is_leader = Gauge(p + "is_leader", "1 while this worker is the fleet leader",
                                 registry=r)
         self._leader_changes = Counter(p + "leader_changes",
@@ -294,7 +298,7 @@ class Metrics:
         self._streams.clear()
 
     def rebalance_moved(self, count: int) -> None:
-        self._rebalance.inc(count)
+        self._rebalance_moves.inc(count)
 
     def share(self, value: int) -> None:
         self._share.set(value)

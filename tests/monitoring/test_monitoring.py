@@ -65,7 +65,10 @@ def test_every_alert_has_severity_summary_and_a_runbook_in_the_readme() -> None:
                 "StreamleaseHeartbeatsFailing", "StreamleaseStaleWritesRejected",
                 "StreamleaseSequenceGaps", "StreamleaseReconnectStorm",
                 "StreamleaseDynamoDBThrottling", "StreamleaseCapacityNearlyFull",
-                "StreamleaseNoDelivery"}
+                "StreamleaseNoDelivery", "StreamleaseMemberDeclaredDead",
+                "StreamleaseDeadMemberNotFenced", "StreamleaseMemberHeartbeatsFailing",
+                "StreamleaseMemberFenced", "StreamleaseReleasedNotReacquired",
+                "StreamleaseAdmissionClosed", "StreamleaseFleetUnbalanced"}
     assert {r["alert"] for r in rules()} == expected
     for rule in rules():
         assert rule["labels"]["severity"] in ("critical", "warning")
@@ -103,7 +106,7 @@ def test_dashboard_shape() -> None:
     variables = doc["templating"]["list"]
     assert any(v["type"] == "datasource" and v["query"] == "prometheus" for v in variables)
     rows = [p["title"] for p in doc["panels"] if p["type"] == "row"]
-    assert rows == ["Fleet", "Leases", "Streams", "DynamoDB", "Process"]
+    assert rows == ["Fleet", "Membership", "Leases", "Streams", "DynamoDB", "Process"]
     for p in panels():
         assert p["description"], p["title"]
         assert p["fieldConfig"]["defaults"]["unit"], p["title"]
@@ -111,6 +114,28 @@ def test_dashboard_shape() -> None:
         assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_dashboard_shows_membership_and_balance() -> None:
+    used = {m for p in panels() for t in p["targets"] for m in METRIC.findall(t["expr"])}
+    assert {"streamlease_members", "streamlease_members_declared_dead_total",
+            "streamlease_releases_on_behalf_total", "streamlease_member_heartbeat_seconds_bucket",
+            "streamlease_member_heartbeats_total", "streamlease_member_fenced_total",
+            "streamlease_member_share", "streamlease_rebalance_moves_total",
+            "streamlease_admitting"} <= used
+
+
+def test_dashboard_queries_parse(tmp_path: Path) -> None:
+    """promtool checks each panel query as a recording rule: a typo fails here, not in
+    Grafana."""
+    exprs = [t["expr"] for p in panels() for t in p["targets"]]
+    doc = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": expr} for i, expr in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard_queries.yml"
+    path.write_text(yaml.safe_dump(doc))
+    result = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_provisioning_points_at_the_dashboard() -> None:
