@@ -14,12 +14,13 @@ from typing import Any
 from worker.clock import Clock
 from worker.core.frames import Frame
 from worker.core.lease import Holding, RenewOutcome
+from worker.core.membership import HeartbeatOutcome
 from worker.core.model import Tenure
 from worker.errors import SelfFenced, StoreError, StoreThrottled, StoreUnavailable
 from worker.membership import FleetView
 from worker.metrics import Metrics
 from worker.store.memory import MemoryStore
-from worker.store.protocols import RenewResult, Stores
+from worker.store.protocols import HeartbeatResult, RenewResult, Stores
 
 
 @dataclass
@@ -89,10 +90,13 @@ class FaultyStore:
                 if fault.error is not None:
                     raise fault.error
             except StoreError as exc:
-                if name == "renew":  # renew reports store errors as outcomes
-                    outcome = RenewOutcome.THROTTLED if isinstance(exc, StoreThrottled) \
-                        else RenewOutcome.UNKNOWN
-                    return RenewResult(outcome, error=str(exc))
+                throttled = isinstance(exc, StoreThrottled)
+                if name == "renew":  # renewals report store errors as outcomes
+                    return RenewResult(RenewOutcome.THROTTLED if throttled
+                                       else RenewOutcome.UNKNOWN, error=str(exc))
+                if name == "heartbeat":
+                    return HeartbeatResult(HeartbeatOutcome.THROTTLED if throttled
+                                           else HeartbeatOutcome.UNKNOWN, error=str(exc))
                 raise
             return await target(*args, **kwargs)
 

@@ -45,7 +45,9 @@ from worker.metrics import Metrics
 from worker.store.protocols import FleetStore, LeaseStore
 
 RELEASE_CONCURRENCY = 16  # on-behalf releases in flight at once
-SECOND_PASS_S = 2.0  # the owner index is eventually consistent: look again after this
+# The owner index is eventually consistent (well under a second on DynamoDB): a dead
+# member's streams are looked up again this long after the first pass.
+SECOND_PASS_S = 2.0
 FORGET_AFTER_LEASES = 30  # a dead, released row observed this many leases is deleted
 
 
@@ -109,14 +111,15 @@ class Membership:
         self.epoch = 0
         self.status = MemberStatus.ACTIVE
         self.handoffs = 0
-        self.liveness = Liveness.registered(clock.monotonic(), self.timings)
+        # Nothing is proven before registration: may_write is false until then.
+        self.liveness = Liveness(self.timings, deadline=float("-inf"))
         self.view = FleetView()
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
         self._last_beat = 0.0
         self._stop = asyncio.Event()
         self._pending: dict[str, _Takeover] = {}
-        self._working: set[tuple[str, int]] = set()
+        self._working: set[str] = set()  # members this worker is fencing or releasing
         self._unreleased_since: dict[tuple[str, int], float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # takeovers in flight
 
@@ -140,12 +143,14 @@ class Membership:
         worker id left behind (their streams carry an older epoch)."""
         sent = self.clock.monotonic()
         record = await self.fleet.register(self.me, self.settings.capacity,
-                                           self.clock.wall_ms(), timeout=self.timings.lease_s)
+                                           self.clock.wall_ms(), self.status,
+                                           timeout=self.timings.lease_s)
         self.epoch = record.epoch
-        self.status = MemberStatus.ACTIVE
         self.liveness = Liveness.registered(sent, self.timings)
+        if self.status is MemberStatus.DRAINING:
+            self._beat_now.set()  # fenced while draining: say so again at once
         event(logging.INFO, "member.registered", "joined the fleet", epoch=self.epoch)
-        released = await self._release_all(self.me, self.epoch)
+        released, _ = await self._release_all(self.me, self.epoch)
         if released:
             event(logging.WARNING, "member.leftovers_released",
                   "released streams an earlier incarnation of this worker still held",
@@ -196,7 +201,13 @@ class Membership:
                 return
             if self.liveness.check_deadline(self.clock.monotonic()):
                 self._on_self_fenced()
-            delay = await self._beat()
+            try:
+                delay = await self._beat()
+            except Exception:
+                # The heartbeat loop must outlive any surprise; the deadline still rules.
+                event(logging.ERROR, "member.heartbeat_crashed", "member heartbeat crashed",
+                      exc_info=True)
+                delay = self.timings.heartbeat_s / 4
 
     async def _beat(self) -> float:
         sent = self._last_beat = self.clock.monotonic()
@@ -309,7 +320,7 @@ class Membership:
         task.add_done_callback(self._tasks.discard)
 
     async def _take_over(self, seen: MemberRecord) -> None:
-        key = (seen.worker_id, seen.epoch)
+        key = seen.worker_id
         if key in self._working:
             return
         self._working.add(key)
@@ -331,32 +342,44 @@ class Membership:
             self._working.discard(key)
 
     async def _release_dead(self, fenced: MemberRecord) -> None:
-        released = await self._release_all(fenced.worker_id, fenced.epoch)
+        """Release every stream of a fenced member; mark its row released only if none
+        failed (else a later pass by any member finishes the job)."""
+        released, failed = await self._release_all(fenced.worker_id, fenced.epoch)
         self.hooks.fleet_changed()
         # The owner index is eventually consistent: a stream the member acquired just
         # before it died may show up a moment later.
-        await self.clock.sleep(SECOND_PASS_S)
-        released += await self._release_all(fenced.worker_id, fenced.epoch)
+        await self.clock.sleep(min(SECOND_PASS_S, self.timings.lease_s))
+        more, failed_again = await self._release_all(fenced.worker_id, fenced.epoch)
+        released += more
+        if failed or failed_again:
+            event(logging.WARNING, "member.release_incomplete",
+                  "some of a dead member's streams could not be released; retrying later",
+                  member=fenced.worker_id, epoch=fenced.epoch,
+                  failed=failed_again)
+            return
         await self.fleet.mark_released(fenced.worker_id, fenced.epoch,
                                        timeout=self.timings.heartbeat_s)
         event(logging.INFO, "member.released", "released a dead member's streams",
               member=fenced.worker_id, epoch=fenced.epoch, streams=released)
 
-    async def _release_all(self, owner: str, fenced_epoch: int) -> int:
+    async def _release_all(self, owner: str, fenced_epoch: int) -> tuple[int, int]:
         """Release every stream ``owner`` holds under an epoch older than
-        ``fenced_epoch``, one conditional write each. How many were released."""
+        ``fenced_epoch``, one conditional write each: (released, failed)."""
         owned = await self.leases.owned_by(owner, timeout=self.timings.lease_s)
         if not owned:
-            return 0
+            return 0, 0
         gate = asyncio.Semaphore(RELEASE_CONCURRENCY)
         results: list[bool] = []
+        failed = 0
 
         async def one(stream_id: str, fence: int) -> None:
+            nonlocal failed
             async with gate:
                 try:
                     results.append(await self.leases.release_for(
                         stream_id, owner, fence, fenced_epoch, timeout=self.timings.heartbeat_s))
                 except StoreError as exc:
+                    failed += 1
                     event(logging.WARNING, "member.release_for_failed",
                           "releasing a dead member's stream failed; the next pass retries",
                           stream=stream_id, member=owner, error=str(exc))
@@ -368,7 +391,7 @@ class Membership:
         if count:
             self.metrics.released_on_behalf(count)
             self.hooks.fleet_changed()
-        return count
+        return count, failed
 
     def _finish_abandoned(self, members: list[MemberRecord], now: float) -> None:
         """A DEAD row whose streams were never marked released (its fencer died too): once
@@ -386,13 +409,20 @@ class Membership:
                 self._spawn(self._finish(member))
             elif member.released and self.hooks.leading() and \
                     now - since >= FORGET_AFTER_LEASES * self.timings.lease_s:
-                self._spawn(self.fleet.leave(member.worker_id, member.epoch,
-                                             timeout=self.timings.heartbeat_s))
+                self._spawn(self._forget(member))
         for key in set(self._unreleased_since) - keys:
             del self._unreleased_since[key]
 
+    async def _forget(self, member: MemberRecord) -> None:
+        try:
+            await self.fleet.leave(member.worker_id, member.epoch,
+                                   timeout=self.timings.heartbeat_s)
+        except StoreError as exc:
+            event(logging.WARNING, "member.forget_failed", "could not delete a dead member's row",
+                  member=member.worker_id, error=str(exc))
+
     async def _finish(self, member: MemberRecord) -> None:
-        key = (member.worker_id, member.epoch)
+        key = member.worker_id
         if key in self._working:
             return
         self._working.add(key)

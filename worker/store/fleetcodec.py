@@ -100,17 +100,20 @@ def _names(*placeholders: str) -> dict[str, str]:
     return {p: _NAMES[p] for p in placeholders}
 
 
-def register_expr(capacity: int, now_ms: int) -> Expr:
+def register_expr(capacity: int, now_ms: int, status: MemberStatus) -> Expr:
     """A new incarnation: the epoch moves past every earlier one of this worker id (so
-    their conditional writes fail), the counter restarts, status ACTIVE."""
+    their conditional writes fail), the counter restarts. A row that does not exist (never
+    did, or was deleted after a clean exit) starts from the wall clock in milliseconds, so
+    epochs keep moving forward across deletions too, and a stream stamped by an earlier
+    incarnation always carries a lower epoch."""
     return Expr(
         condition="",
-        update=("SET #epoch = if_not_exists(#epoch, :zero) + :one, #hb = :zero, "
-                "#status = :active, #streams = :zero, #cap = :cap, #hbat = :now, "
+        update=("SET #epoch = if_not_exists(#epoch, :seed) + :one, #hb = :zero, "
+                "#status = :status, #streams = :zero, #cap = :cap, #hbat = :now, "
                 "#started = :now, #released = :zero, #handoffs = :zero REMOVE #by, #at"),
         names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#hbat", "#started",
                      "#released", "#handoffs", "#by", "#at"),
-        values={":zero": n(0), ":one": n(1), ":active": s(MemberStatus.ACTIVE.value),
+        values={":zero": n(0), ":one": n(1), ":status": s(status.value), ":seed": n(now_ms),
                 ":cap": n(capacity), ":now": n(now_ms)},
     )
 

@@ -228,10 +228,11 @@ class MemoryStore:
     # -- FleetStore -------------------------------------------------------------------
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       status: MemberStatus = MemberStatus.ACTIVE,
                        timeout: float | None = None) -> MemberRecord:
         self._called("register")
         old = self.members_by_id.get(worker_id)
-        record = MemberRecord(worker_id, (old.epoch if old else 0) + 1, 0, MemberStatus.ACTIVE,
+        record = MemberRecord(worker_id, (old.epoch if old else now_wall_ms) + 1, 0, status,
                               0, capacity, now_wall_ms)
         self.members_by_id[worker_id] = record
         return record

@@ -128,8 +128,10 @@ class FleetStore(Protocol):
     """Member rows in the fleet table."""
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       status: MemberStatus = MemberStatus.ACTIVE,
                        timeout: float | None = None) -> MemberRecord:
-        """A new incarnation of this worker: a new epoch, counter 0, ACTIVE."""
+        """A new incarnation of this worker: a new epoch (above every earlier one, also
+        if the row was deleted), counter 0."""
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,

@@ -18,8 +18,9 @@ class DynamoFleetStore(DynamoTable):
         self.table = table
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       status: MemberStatus = MemberStatus.ACTIVE,
                        timeout: float | None = None) -> MemberRecord:
-        expr = fleetcodec.register_expr(capacity, now_wall_ms)
+        expr = fleetcodec.register_expr(capacity, now_wall_ms, status)
         resp = await self._call("update_item", timeout, TableName=self.table,
                                 Key=fleetcodec.member_key(worker_id), ReturnValues="ALL_NEW",
                                 **expr.update_kwargs())
