@@ -103,21 +103,21 @@ class Supervisor:
     async def _run_pump(self) -> None:
         try:
             await self.pump.run()
-        except* StaleFence:
+        except StaleFence:
             self.metrics.stale_write_rejected()
             self.holding.on_stale_write()
             event(logging.WARNING, "sink.stale_fence", "sink refused a batch: fence is stale",
                   stream=self.stream, fence=self.tenure.fence)
-        except* SelfFenced:
+        except SelfFenced:
             self.holding.check_deadline(self.clock.monotonic())
-        except* SinkConflict as group:
-            self._fail(f"sink conflict: {group.exceptions[0]}")
-        except* StoreError as group:
-            self._fail(f"sink error: {group.exceptions[0]}")
-        except* Exception as group:
+        except SinkConflict as exc:
+            self._fail(f"sink conflict: {exc}")
+        except StoreError as exc:
+            self._fail(f"sink error: {exc}")
+        except Exception as exc:
             event(logging.ERROR, "pump.crashed", "pump failed", stream=self.stream,
-                  fence=self.tenure.fence, error=repr(group.exceptions[0]))
-            self._fail(f"pump failed: {group.exceptions[0]!r}")
+                  fence=self.tenure.fence, error=repr(exc))
+            self._fail(f"pump failed: {exc!r}")
         finally:
             self._pump_done = True
             self._wake.set()
