@@ -161,9 +161,11 @@ def test_batch_triggers(case: BatchCase) -> None:
     batches: list[list[int]] = []
     for i, size in enumerate(case.sizes):
         assert m.receive(frame(11 + i, size), size, 0.0).verdict.accepted
+        assert m.pause_reading == (m.next_batch() is not None)  # read on only with none due
         while (batch := m.next_batch()) is not None:
             batches.append([f.seq for f in batch])
             m.written(batch)
+        assert not m.pause_reading
     assert batches == case.batches
     m.flush()
     assert [f.seq for f in m.next_batch() or []] == case.left
@@ -220,8 +222,9 @@ def test_held_bytes_never_exceed_one_batch_when_each_frame_fits() -> None:
 def test_stop_closes_flushes_and_connects_no_more() -> None:
     m = machine(10)
     feed(m, [11, 12])
+    assert not m.pause_reading
     m.stop()
-    assert m.closing
+    assert m.closing and m.pause_reading
     assert feed(m, [13]) == [C]  # arrived during the close: asked for again next time
     m.flush()
     batch = m.next_batch()
@@ -284,7 +287,7 @@ def test_reconnect_policy(case: ReconnectCase) -> None:
     m.connect(10.0)
     if case.requested:
         m.reconnect(case.requested)
-        assert m.closing
+        assert m.closing and m.pause_reading
     step = m.disconnected(case.ended, 10.0 + case.lived)
     assert step is not None and step.reason == case.reason and step.from_seq == 11
     if case.zero_delay:
@@ -293,7 +296,7 @@ def test_reconnect_policy(case: ReconnectCase) -> None:
     if not case.zero_delay:
         assert nominal / 2 <= step.delay_s <= nominal
     m.connect(20.0)
-    assert not m.closing  # the request was used up by the reconnect
+    assert not m.closing and not m.pause_reading  # the request was used up
 
 
 def test_reconnect_between_connections_is_not_a_close_request() -> None:

@@ -96,6 +96,7 @@ class Verdict(enum.StrEnum):
 # The verdicts that leave a receiving stream without progress, in the order a problem
 # names them.
 REFUSED = (Verdict.DUPLICATE, Verdict.JUMP, Verdict.MALFORMED)
+_ACCEPTED, _GAP = Verdict.ACCEPTED, Verdict.GAP  # the per-frame path avoids enum lookups
 
 
 class Phase(enum.StrEnum):
@@ -111,9 +112,9 @@ class Ending(enum.StrEnum):
     ABORT = "abort"  # ownership is gone: close, write nothing more, finish
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Received:
-    """The machine's answer to one frame."""
+    """The machine's answer to one frame (a plain slotted class: one is made per frame)."""
 
     verdict: Verdict
     seq: int | None  # None for a malformed frame
@@ -169,11 +170,17 @@ class StreamMachine:
     def __init__(self, rules: StreamRules, committed: int,
                  rng: random.Random | None = None) -> None:
         self.rules = rules
+        self._max_jump = rules.max_seq_jump
+        self._max_bytes = rules.batch_max_bytes
+        self._max_messages = rules.batch_max_messages
         self.committed = committed  # highest seq the sink has taken
         self.received = committed  # highest seq accepted (buffered or committed)
         self.phase = Phase.IDLE
         self.ending: Ending | None = None
         self.problem: str | None = None
+        # Stop reading now: a batch waits to be written, or the connection must close.
+        # A plain attribute, read once per frame; kept current by ``_update``.
+        self.pause_reading = False
         self._reconnect_reason: str | None = None
         self._asked = committed + 1
         self._first = True  # no frame accepted on this connection yet
@@ -187,7 +194,7 @@ class StreamMachine:
         self._outbox_bytes: list[int] = []
         self._stall: _Stall | None = None
         self._progressed = False
-        self._logs = {v: RateLimit(rules.log_every_s) for v in REFUSED}
+        self._logs: dict[Verdict, RateLimit] = {}  # made on first use: most streams need none
 
     # -- what the pump reads ---------------------------------------------------------------
 
@@ -224,17 +231,20 @@ class StreamMachine:
         """Graceful: close, flush what is held, connect no more."""
         if self.ending is None:
             self.ending = Ending.STOP
+        self._update()
 
     def abort(self) -> None:
         """Ownership is gone: close, and start no further write (one in flight may finish)."""
         self.ending = Ending.ABORT
         self._buffer.clear()
         self._buffer_bytes = 0
+        self._update()
 
     def reconnect(self, reason: str) -> None:
         """Close, flush, and connect again at once (e.g. a new URL)."""
         if self.phase is Phase.OPEN:
             self._reconnect_reason = reason
+            self._update()
 
     # -- the connection --------------------------------------------------------------------
 
@@ -253,6 +263,7 @@ class StreamMachine:
         self._asked = self.committed + 1
         self._first = True
         self._started = now
+        self._update()
         return self._asked
 
     def disconnected(self, reason: str, now: float) -> Reconnect | None:
@@ -262,6 +273,7 @@ class StreamMachine:
         otherwise the backoff grows, and resets after a connection that lived
         ``stable_after_s``."""
         requested, self._reconnect_reason = self._reconnect_reason, None
+        self._update()
         if self.ending is not None:
             self.phase = Phase.DONE
             return None
@@ -275,9 +287,11 @@ class StreamMachine:
     # -- frames ----------------------------------------------------------------------------
 
     def receive(self, frame: Frame | Malformed, size: int, now: float) -> Received:
-        """One frame from the upstream; ``size`` is what its text takes in memory."""
+        """One frame from the upstream; ``size`` is what its text takes in memory.
+
+        Called for every frame: kept lean (about a microsecond)."""
         reference = self.received
-        if self.closing:
+        if self.ending is not None or self._reconnect_reason is not None:
             seq = None if isinstance(frame, Malformed) else frame.seq
             return Received(Verdict.CLOSING, seq, reference)
         if isinstance(frame, Malformed):
@@ -285,17 +299,34 @@ class StreamMachine:
         seq = frame.seq
         if seq <= reference:
             return self._refuse(Verdict.DUPLICATE, seq, reference, now)
-        if seq - reference > self.rules.max_seq_jump:
+        if seq - reference > self._max_jump:
             return self._refuse(Verdict.JUMP, seq, reference, now)
-        verdict = Verdict.GAP if self._first and seq > self._asked else Verdict.ACCEPTED
-        self._first = False
+        verdict = _ACCEPTED
+        if self._first:
+            self._first = False
+            if seq > self._asked:
+                verdict = _GAP
         self.received = seq
-        self._add(frame, size, now)
-        changed = self.problem is not None or not self._progressed
+        # Into the batch. The frame that would take it over the bytes cap starts the next
+        # one, so a batch goes over the cap only when a single frame does.
+        buffer = self._buffer
+        if not buffer:
+            self._oldest_at = now
+        elif self._buffer_bytes + size > self._max_bytes:
+            self._cut()
+            buffer = self._buffer
+            self._oldest_at = now
+        buffer.append(frame)
+        self._buffer_bytes += size
+        if len(buffer) >= self._max_messages:
+            self._cut()
+        if self._stall is None and self._progressed:
+            return Received(verdict, seq, reference)
+        # Real progress: the end of a stall, or this pump's first delivery.
         self._stall = None
         self.problem = None
         self._progressed = True
-        return Received(verdict, seq, reference, problem_changed=changed)
+        return Received(verdict, seq, reference, problem_changed=True)
 
     def tick(self, now: float) -> None:
         """Time passed: cut the batch if its oldest frame has waited ``batch_max_s``."""
@@ -316,25 +347,20 @@ class StreamMachine:
             self._outbox.pop(0)
             self._outbox_bytes.pop(0)
         self.committed = max(self.committed, batch[-1].seq)
+        self._update()
 
     # -- internals -------------------------------------------------------------------------
-
-    def _add(self, frame: Frame, size: int, now: float) -> None:
-        rules = self.rules
-        if self._buffer and self._buffer_bytes + size > rules.batch_max_bytes:
-            self._cut()  # the batch is full by bytes: it never goes over the cap
-        if not self._buffer:
-            self._oldest_at = now
-        self._buffer.append(frame)
-        self._buffer_bytes += size
-        if len(self._buffer) >= rules.batch_max_messages:
-            self._cut()
 
     def _cut(self) -> None:
         self._outbox.append(self._buffer)
         self._outbox_bytes.append(self._buffer_bytes)
         self._buffer = []
         self._buffer_bytes = 0
+        self.pause_reading = True
+
+    def _update(self) -> None:
+        self.pause_reading = (self.ending is not None or self._reconnect_reason is not None
+                              or bool(self._outbox))
 
     def _refuse(self, verdict: Verdict, seq: int | None, reference: int,
                 now: float) -> Received:
@@ -347,7 +373,10 @@ class StreamMachine:
             problem = self._describe(stall)
             changed = problem != self.problem
             self.problem = problem
-        return Received(verdict, seq, reference, self._logs[verdict].allow(now), changed)
+        limit = self._logs.get(verdict)
+        if limit is None:
+            limit = self._logs[verdict] = RateLimit(self.rules.log_every_s)
+        return Received(verdict, seq, reference, limit.allow(now), changed)
 
     def _describe(self, stall: _Stall) -> str:
         what = {
