@@ -58,6 +58,7 @@ from worker.logs import event
 from worker.metrics import Metrics
 
 T = TypeVar("T")
+_ACCEPTED = Verdict.ACCEPTED
 
 
 class Sink(Protocol):
@@ -233,7 +234,7 @@ class Pump:
         machine = self.machine
         self._parked = True
         try:
-            while not machine.closing and machine.next_batch() is None:
+            while not machine.pause_reading:
                 deadline = machine.flush_deadline()
                 if deadline is None:
                     self._on_data(await ws.recv())
@@ -243,7 +244,7 @@ class Pump:
                     machine.tick(deadline)
                     continue
                 async with asyncio.timeout(wait):
-                    while not machine.closing and machine.next_batch() is None:
+                    while not machine.pause_reading:
                         self._on_data(await ws.recv())
         except TimeoutError:
             machine.tick(self.clock.monotonic())
@@ -257,6 +258,10 @@ class Pump:
         frame = parse_frame(data)
         got = self.machine.receive(frame, sys.getsizeof(data), self.clock.monotonic())
         verdict = got.verdict
+        if verdict is _ACCEPTED:
+            if got.problem_changed:
+                self._report_problem()
+            return
         if verdict is Verdict.GAP:
             assert got.seq is not None
             self.metrics.gap()
