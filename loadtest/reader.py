@@ -16,6 +16,7 @@ from worker.clock import SYSTEM_CLOCK
 from worker.core.frames import Frame
 from worker.core.lease import Holding, LeaseTimings
 from worker.core.model import Tenure
+from worker.core.stream import RECEIVE_QUEUE
 from worker.metrics import Metrics
 from worker.pump import Pump, PumpSettings
 
@@ -58,7 +59,7 @@ async def bare(urls: list[str], seconds: float) -> float:
         nonlocal count
         # The same connection settings as the pump, so the comparison is like for like.
         async with connect(url + "?from_seq=1", compression=None, max_size=262_144,
-                           max_queue=64, close_timeout=0.1, proxy=None) as ws:
+                           max_queue=RECEIVE_QUEUE, close_timeout=0.1, proxy=None) as ws:
             async for _ in ws:
                 count += 1
 

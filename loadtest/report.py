@@ -93,12 +93,14 @@ def markdown(r: dict[str, Any]) -> str:
         f"{r['msgs_per_s']['bare_client']:,} msg/s | {r['null_sink_ratio']} | "
         f"{r['fenced_sink_ratio']} |",
         "",
-        f"CPU: {r['cpu_seconds_per_1000_messages']} s per 1,000 messages and memory "
-        f"{r['rss_bytes_per_stream']:,} bytes per held stream (idle worker "
-        f"{r['worker_rss_idle_bytes'] / 2**20:.0f} MiB), measured with 100 streams at 10 msg/s, a "
-        f"5 s heartbeat and 2 s batches so the store is not the limit "
+        f"CPU: {r['cpu_seconds_per_1000_messages']} s per 1,000 messages, measured with 100 "
+        f"streams at 10 msg/s, a 5 s heartbeat and 2 s batches so the store is not the limit "
         f"({r['cpu_phase_msgs_per_s']} msg/s delivered); with large batches (the fenced-sink "
         f"phase) {r['cpu_seconds_per_1000_messages_saturated']} s per 1,000 messages.",
+        "",
+        f"Memory: {r['rss_bytes_per_stream']:,} bytes resident per held idle stream "
+        f"({r.get('idle_streams', 100)} streams whose upstream sends nothing, default heartbeat; "
+        f"a worker holding none: {r['worker_rss_idle_bytes'] / 2**20:.0f} MiB).",
         "",
     ]
     return "\n".join(lines)

@@ -104,3 +104,50 @@ def test_the_leader_backend_is_parsed_and_its_password_never_echoed() -> None:
         WorkerConfig.from_env({"STREAMLEASE_LEADER_BACKEND": "redis://user:s3cr3t@host:notaport"})
     assert err.value.problems[0].startswith("STREAMLEASE_LEADER_BACKEND: ")
     assert "s3cr3t" not in str(err.value)
+
+
+def test_sequence_and_stall_settings() -> None:
+    c = WorkerConfig.from_env({})
+    assert (c.max_seq_jump, c.stall_s) == (1_000_000_000, 60)
+    c = WorkerConfig.from_env({"STREAMLEASE_MAX_SEQ_JUMP": "9223372036854775807",
+                               "STREAMLEASE_STALL_SECONDS": "0.5e1"})
+    assert (c.max_seq_jump, c.stall_s) == (2**63 - 1, 5)
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({"STREAMLEASE_MAX_SEQ_JUMP": "0",
+                               "STREAMLEASE_STALL_SECONDS": "0"})
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "STREAMLEASE_MAX_SEQ_JUMP", "STREAMLEASE_STALL_SECONDS"]
+
+
+@pytest.mark.parametrize(("name", "env", "fits"), [
+    ("the defaults fit the default 1 GiB task", {}, True),
+    ("a thousand streams of 256 KiB frames do not", {"STREAMLEASE_MAX_STREAMS": "1000"}, False),
+    ("unless the budget grows with the task",
+     {"STREAMLEASE_MAX_STREAMS": "1000", "STREAMLEASE_BUFFER_BUDGET_BYTES": "4000000000"}, True),
+    ("or the streams a worker holds shrink", {"STREAMLEASE_MAX_STREAMS": "150"}, True),
+    ("a small budget refuses even the defaults",
+     {"STREAMLEASE_BUFFER_BUDGET_BYTES": "200000000"}, False),
+    ("smaller frames make room", {"STREAMLEASE_BUFFER_BUDGET_BYTES": "200000000",
+                                  "STREAMLEASE_MAX_FRAME_BYTES": "4096"}, True),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_buffers_of_every_stream_must_fit_the_task_budget(name: str, env: dict[str, str],
+                                                          fits: bool) -> None:
+    if fits:
+        WorkerConfig.from_env(env)
+        return
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env(env)
+    (problem,) = err.value.problems
+    assert problem.startswith("STREAMLEASE_BUFFER_BUDGET_BYTES: ")
+    for name_ in ("STREAMLEASE_MAX_STREAMS", "STREAMLEASE_MAX_FRAME_BYTES"):
+        assert name_ in problem
+
+
+def test_a_budget_problem_exits_2_naming_the_variables(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from worker.app import run_worker
+
+    monkeypatch.setenv("STREAMLEASE_MAX_STREAMS", "5000")
+    assert run_worker() == 2
+    err = capsys.readouterr().err
+    assert "STREAMLEASE_BUFFER_BUDGET_BYTES" in err and "STREAMLEASE_MAX_STREAMS" in err

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import websockets.asyncio.client
 from websockets.asyncio.server import ServerConnection, serve
 
 from worker.clock import SYSTEM_CLOCK
 from worker.core.frames import Frame
 from worker.core.lease import Holding, LeaseTimings
 from worker.core.model import Tenure
-from worker.dev.upstream import UpstreamServer, frame_for
+from worker.dev.upstream import POISON_SEQ, UpstreamServer, frame_for
 from worker.errors import SelfFenced, StaleFence
 from worker.metrics import Metrics
 from worker.pump import Pump, PumpSettings
@@ -37,7 +39,7 @@ class FakeSink:
                           now_wall_ms: int, timeout: float | None = None) -> Any:
         self.calls += 1
         if self.pump is not None:
-            self.buffer_sizes.append(len(self.pump._buffer))
+            self.buffer_sizes.append(self.pump.machine.held_frames)
         if self.delay:
             await asyncio.sleep(self.delay)
         if self.stale:
@@ -175,7 +177,7 @@ async def test_a_stale_fence_stops_the_pump_after_one_refused_batch(
     sink = FakeSink()
     sink.stale = True
     pump, _ = make_pump(upstream.url_for("s001"), sink)
-    with pytest.raises(StaleFence):
+    with pytest.raises(StaleFence):  # a plain exception, not a group
         async with asyncio.timeout(5):
             await pump.run()
     assert sink.calls == 1 and sink.batches == []
@@ -218,7 +220,7 @@ async def test_stop_during_a_fast_backlog_drains_quickly() -> None:
             async with asyncio.timeout(1.5):  # well under websockets' close_timeout path
                 await task
     assert contiguous(sink.seqs, 1) and pump.committed == sink.seqs[-1]
-    assert pump._buffer == []
+    assert pump.machine.held_frames == 0
 
 
 async def test_stop_behind_a_slow_sink_reads_no_further() -> None:
@@ -253,3 +255,182 @@ async def test_a_url_change_reconnects_to_the_new_url(upstream: UpstreamServer) 
         await task
     assert value(metrics, "streamlease_upstream_reconnects_total", reason="url_changed") == 1
     assert contiguous(sink.seqs, 1)  # the new URL resumes from committed + 1
+
+
+# -- sequence numbers: poisoned, reset ------------------------------------------------------
+
+
+async def test_a_poisoned_seq_is_refused_and_the_stream_goes_on(
+        upstream: UpstreamServer) -> None:
+    """A frame with seq 2**63-1 used to be committed, after which every real frame was
+    dropped as a duplicate, silently and for good."""
+    upstream.inject_malformed("s001", 1, "poison")
+    sink = FakeSink()
+    pump, metrics = make_pump(upstream.url_for("s001"), sink)
+    await run_until(pump, lambda: len(sink.seqs) >= 100)
+    assert contiguous(sink.seqs, 1) and POISON_SEQ not in sink.seqs
+    assert value(metrics, "streamlease_malformed_frames_total") == 1
+    assert value(metrics, "streamlease_duplicate_frames_total") == 0
+
+
+async def test_an_upstream_that_reset_its_numbering_is_reported_once_and_cleared(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Only duplicates for stall_s: one report through on_problem, the gauge, a warning;
+    none per frame; the first frame delivered clears it."""
+    resume = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        seq = 0
+        while not resume.is_set():  # numbering restarted at 1, below last_seq = 1000
+            seq += 1
+            await ws.send(f'{{"seq": {seq}}}')
+            await asyncio.sleep(0.005)
+        for seq in (1001, 1002):
+            await ws.send(f'{{"seq": {seq}}}')
+        await ws.wait_closed()
+
+    reports: list[str | None] = []
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        sink = FakeSink()
+        pump, metrics = make_pump(f"ws://127.0.0.1:{port}/", sink, last_seq=1000,
+                                  stall_s=0.3)
+        pump._on_problem = reports.append
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(pump.run())
+            await until(lambda: len(reports) >= 1)
+            stalled = value(metrics, "streamlease_stalled_streams")
+            await until(lambda: value(metrics, "streamlease_duplicate_frames_total") >= 100)
+            assert len(reports) == 1  # once per change, not per frame
+            resume.set()
+            await until(lambda: sink.seqs == [1001, 1002])
+            await pump.stop()
+            await task
+    assert stalled == 1 and value(metrics, "streamlease_stalled_streams") == 0
+    assert len(reports) == 2 and reports[1] is None
+    assert reports[0] is not None and "duplicates" in reports[0] and "1000" in reports[0]
+    warnings = [r for r in caplog.records if getattr(r, "sl_event", "") == "pump.stalled"]
+    assert len(warnings) == 1
+    duplicate_logs = [r for r in caplog.records
+                      if getattr(r, "sl_event", "") == "pump.duplicate_frame"]
+    assert 1 <= len(duplicate_logs) < 10  # counted every time, logged rate-limited
+
+
+# -- memory: bounded batches, a small receive queue, one task per stream ----------------------
+
+
+async def test_a_batch_never_exceeds_the_byte_cap_and_reading_waits_for_the_sink() -> None:
+    pad = "x" * 9_000
+
+    async def handler(ws: ServerConnection) -> None:
+        for seq in range(1, 200):
+            await ws.send(f'{{"seq": {seq}, "pad": "{pad}"}}')
+        await ws.wait_closed()
+
+    held: list[int] = []
+    async with serve(handler, "127.0.0.1", 0, compression=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        sink = FakeSink(delay=0.01)
+        pump, _ = make_pump(f"ws://127.0.0.1:{port}/", sink, batch_max_bytes=50_000)
+        original = sink.write_batch
+
+        async def sampling(*args: Any, **kwargs: Any) -> Any:
+            held.append(pump.machine.held_bytes)
+            return await original(*args, **kwargs)
+        sink.write_batch = sampling  # type: ignore[method-assign]
+        await run_until(pump, lambda: len(sink.seqs) >= 150)
+    assert contiguous(sink.seqs, 1)
+    assert all(sum(sys.getsizeof(f.text) for f in b) <= 50_000 for b in sink.batches)
+    # What the pump holds while a batch is written: that batch and the one frame that did
+    # not fit in it; nothing is read meanwhile.
+    frame_size = sys.getsizeof(f'{{"seq": 100, "pad": "{pad}"}}')
+    assert max(held) <= 50_000 + frame_size
+
+
+async def test_the_receive_queue_is_small(monkeypatch: pytest.MonkeyPatch,
+                                          upstream: UpstreamServer) -> None:
+    """websockets queues up to max_queue frames per connection: 64 x 256 KiB was 16 MiB a
+    stream, 1.6 GB for the default 100 streams of a 1 GiB task."""
+    seen: list[Any] = []
+    real = websockets.asyncio.client.connect
+
+    def recording(url: str, **kwargs: Any) -> Any:
+        seen.append(kwargs["max_queue"])
+        return real(url, **kwargs)
+    monkeypatch.setattr("worker.pump.connect", recording)
+    sink = FakeSink()
+    pump, _ = make_pump(upstream.url_for("s001"), sink)
+    await run_until(pump, lambda: len(sink.seqs) >= 10)
+    high = seen[0][0] if isinstance(seen[0], tuple) else seen[0]
+    assert high * pump.settings.max_frame_bytes <= 2**20
+
+
+async def test_an_idle_stream_runs_one_task_of_its_own() -> None:
+    """No timer task per stream: the pump's own task waits for a frame and nothing else
+    wakes it (the control task used to wake every batch_max_s / 2)."""
+    async with UpstreamServer(streams=1, rate=0.001) as up:
+        sink = FakeSink()
+        pump, _ = make_pump(up.url_for("s001"), sink)
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(pump.run())
+            await until(lambda: pump.connected)
+            mine = [t for t in asyncio.all_tasks() if t is not task
+                    and getattr(t.get_coro(), "__qualname__", "").startswith("Pump.")]
+            await pump.stop()
+            await task
+    assert mine == []
+
+
+# -- stop, abort, cancellation -------------------------------------------------------------
+
+
+async def test_stop_interrupts_a_handshake_that_hangs() -> None:
+    """Stopping while the opening handshake hangs returns at once, not after open_timeout."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accept, never answer
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        pump, metrics = make_pump(f"ws://127.0.0.1:{port}/", FakeSink(), open_timeout_s=30.0)
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(pump.run())
+            await asyncio.sleep(0.2)  # the handshake is in flight and will never finish
+            await pump.stop()
+            async with asyncio.timeout(2):
+                await task
+    assert value(metrics, "streamlease_upstream_reconnects_total", reason="connect_failed") == 0
+
+
+async def test_stop_interrupts_a_reconnect_backoff() -> None:
+    pump, _ = make_pump("ws://127.0.0.1:9/", FakeSink(), reconnect_base_s=30.0,
+                        reconnect_cap_s=30.0)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(pump.run())
+        await until(lambda: value(pump.metrics, "streamlease_upstream_reconnects_total",
+                                  reason="connect_failed") >= 1)
+        await pump.stop()
+        async with asyncio.timeout(2):
+            await task
+
+
+@pytest.mark.parametrize("also_stop", [False, True], ids=["cancel", "cancel and stop"])
+async def test_a_cancellation_from_outside_is_never_taken_for_a_stop(
+        upstream: UpstreamServer, also_stop: bool) -> None:
+    """The supervisor cancels a pump that did not stop in time: that must end ``run`` with
+    CancelledError even if a stop interrupted the same wait."""
+    async with UpstreamServer(streams=1, rate=0.001) as quiet:
+        pump, _ = make_pump(quiet.url_for("s001"), FakeSink())
+        task = asyncio.get_running_loop().create_task(pump.run())
+        try:
+            await until(lambda: pump.connected)
+            task.cancel()
+            if also_stop:
+                await pump.stop()
+            with pytest.raises(asyncio.CancelledError):
+                async with asyncio.timeout(5):
+                    await task
+        finally:
+            task.cancel()
+    assert task.cancelled()

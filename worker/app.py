@@ -64,7 +64,8 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
     # write safe, and waiting for its answer tells a stale holder that it was refused.
     pump = PumpSettings(
         batch_max_messages=config.batch_max_messages, batch_max_s=config.batch_max_s,
-        max_frame_bytes=config.max_frame_bytes, call_timeout_s=10.0,
+        max_frame_bytes=config.max_frame_bytes, max_seq_jump=config.max_seq_jump,
+        stall_s=config.stall_s, allowed_urls=config.allowed_urls, call_timeout_s=10.0,
         reconnect_cap_s=max(1.0, min(30.0, timings.lease_s)),
         stable_after_s=max(1.0, timings.lease_s / 4),
     )

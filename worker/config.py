@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.core.backends import RedisTarget, parse_leader_backend
+from worker.core.frames import MAX_SEQ
 from worker.core.lease import LeaseTimings
+from worker.core.stream import stream_buffer_bytes
 from worker.core.urls import AllowList, parse_allowed_urls
 from worker.errors import ConfigError
 
@@ -156,6 +158,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_STREAM_CHECK_SECONDS", "stream_check_s", "60",
             "how often a holder reads its stream's item (ws_url changes, revocation)",
             seconds(0.01, 3600)),
+    # A refused legitimate jump stalls a stream visibly (last_error) and recoverably (raise
+    # the limit; nothing was written), while an accepted poisoned seq stops it for good
+    # (last_seq never decreases): a billion covers a week's outage at 1,600 msg/s and
+    # refuses 2**63-1, nanosecond or millisecond timestamps used as seqs.
+    Setting("STREAMLEASE_MAX_SEQ_JUMP", "max_seq_jump", "1000000000",
+            "largest forward jump of seq over the highest received (on a connection's first "
+            "frame: over from_seq - 1); a larger one is refused as malformed",
+            count(1, MAX_SEQ)),
+    Setting("STREAMLEASE_STALL_SECONDS", "stall_s", "60",
+            "a stream that receives frames but can deliver none of them for this long "
+            "reports it (last_error, streamlease_stalled_streams)", seconds(1, 86400)),
+    # Half the default 1 GiB task: the rest is the interpreter, the DynamoDB client and
+    # requests in flight (an idle worker is about 65 MB resident).
+    Setting("STREAMLEASE_BUFFER_BUDGET_BYTES", "buffer_budget_bytes", "536870912",
+            "bytes all held streams may buffer at most; STREAMLEASE_MAX_STREAMS x one "
+            "stream's worst case (from STREAMLEASE_MAX_FRAME_BYTES) must fit in it",
+            count(2**20, 2**40)),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 DEFAULTS = {s.name: s.default for s in SETTINGS}
@@ -189,6 +208,9 @@ class WorkerConfig:
     min_hold_s: float
     leader_backend: str | RedisTarget  # "dynamodb", or where the Redis server is
     job_grace_s: float
+    max_seq_jump: int
+    stall_s: float
+    buffer_budget_bytes: int
 
     @property
     def stream_timings(self) -> LeaseTimings:
@@ -216,6 +238,8 @@ class WorkerConfig:
                 "must stay under 60 s, so hand-written items start within a minute; got "
                 f"{values['sweep_s']:g} + {values['reconcile_s']:g}")
         problems.extend(stream_timing_problems(values, timings))
+        problems.extend(buffer_problems(values["max_streams"], values["max_frame_bytes"],
+                                        values["buffer_budget_bytes"]))
         if problems:
             raise ConfigError(problems)
         return cls(timings=timings, **values)
@@ -241,6 +265,18 @@ def stream_timing_problems(values: Mapping[str, Any], member: LeaseTimings) -> l
                      "exceed the skew and safety margins, or a renewed stream could look "
                      "expired to a peer")
     return found
+def buffer_problems(max_streams: int, max_frame_bytes: int, budget: int) -> list[str]:
+    """Memory is bounded per task, not per stream: every held stream may fill its buffers
+    at once (``worker.core.stream.stream_buffer_bytes``)."""
+    per_stream = stream_buffer_bytes(max_frame_bytes)
+    need = max_streams * per_stream
+    if need <= budget:
+        return []
+    return [f"STREAMLEASE_BUFFER_BUDGET_BYTES: STREAMLEASE_MAX_STREAMS x the buffers one stream "
+            f"may fill at STREAMLEASE_MAX_FRAME_BYTES={max_frame_bytes} is {max_streams} x "
+            f"{per_stream} = {need} bytes, over the budget of {budget}: lower "
+            "STREAMLEASE_MAX_STREAMS or STREAMLEASE_MAX_FRAME_BYTES, or raise "
+            "STREAMLEASE_BUFFER_BUDGET_BYTES (and the task's memory)"]
 
 
 def read_settings(settings: tuple[Setting, ...],

@@ -78,7 +78,7 @@ async def dial(
     *,
     compression: str | None = None,
     max_size: int | None = 2**20,
-    max_queue: int | None = 16,
+    max_queue: int | tuple[int | None, int | None] | None = 16,
     open_timeout: float | None = 10,
     close_timeout: float | None = 10,
     ping_interval: float | None = 20,

@@ -103,6 +103,9 @@ class Metrics:
         self._sink_batch = Histogram(p + "sink_batch_seconds",
                                      "Duration of one fenced sink write, retries included",
                                      buckets=FAST_BUCKETS, registry=r)
+        self._stalled = Gauge(p + "stalled_streams",
+                              "Streams whose upstream sends frames none of which can be "
+                              "delivered (duplicates, refused seq jumps, malformed)", registry=r)
         self._connected = Gauge(p + "upstream_connected_streams",
                                 "Streams with an open upstream connection", registry=r)
         self._loop_lag = Gauge(p + "event_loop_lag_seconds",
@@ -214,6 +217,9 @@ class Metrics:
 
     def sink_batch(self, seconds: float) -> None:
         self._sink_batch.observe(seconds)
+
+    def stalled(self, delta: int) -> None:
+        self._stalled.inc(delta)
 
     def upstream_connected(self, delta: int) -> None:
         self._connected.inc(delta)

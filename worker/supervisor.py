@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -60,7 +61,8 @@ class SupervisorSettings:
 
 
 class PumpLike(Protocol):
-    committed: int
+    @property
+    def committed(self) -> int: ...
 
     async def run(self) -> None: ...
 
@@ -111,7 +113,9 @@ class Supervisor:
         self.holding = Holding(tenure, record.ws_url or "", acquire_sent_at, settings.timings,
                                member_alive)
         self.pump: PumpLike = (pump_factory or Pump)(
-            tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered)
+            tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered,
+            self._on_problem)
+        self._reporting: set[asyncio.Task[None]] = set()
         self._record = record
         self._wake = asyncio.Event()
         self._drain_reason: StopReason | None = None
@@ -127,6 +131,17 @@ class Supervisor:
     @property
     def stream(self) -> str:
         return self.tenure.stream_id
+
+    def _on_problem(self, text: str | None) -> None:
+        """The pump reports a stalled stream (frames arrive, none deliverable): written to
+        ``last_error`` once per change of problem. Progress (None) leaves the record as
+        is: ``last_error_at_ms`` says when it was seen, the stall metric says it ended."""
+        if text is None or self._record.last_error == error_text(text):
+            return
+        self._record = dataclasses.replace(self._record, last_error=error_text(text))
+        task = asyncio.ensure_future(self._record_error(text))
+        self._reporting.add(task)
+        task.add_done_callback(self._reporting.discard)
 
     def member_lost(self, fenced: bool) -> None:
         """This worker was fenced (or its membership lapsed): stop at once, no flush."""

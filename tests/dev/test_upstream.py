@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedError, Inval
 
 from worker.dev.upstream import (
     MALFORMED_KINDS,
+    POISON_SEQ,
     UpstreamServer,
     declared_stream_ids,
     frame_for,
@@ -282,6 +283,8 @@ def _assert_hostile(kind: str, frame: Frame) -> None:
         assert isinstance(obj, dict) and isinstance(obj["seq"], str)
     elif kind == "array":
         assert isinstance(obj, list)
+    elif kind == "poison":
+        assert isinstance(obj, dict) and obj["seq"] == 2**63 - 1
     else:  # pragma: no cover
         raise AssertionError(kind)
 
@@ -300,6 +303,15 @@ async def test_malformed_frames_precede_real_frames(kind: str) -> None:
     assert real == expected("s001", 1, 6)
     assert stats["streams"]["s001"]["malformed_sent"] == 3
     assert stats["streams"]["s001"]["frames_sent"] >= 6
+
+
+async def test_a_poisoned_frame_is_well_formed_with_the_largest_seq() -> None:
+    async with UpstreamServer(rate=1.0, initial_backlog=3) as up:
+        assert up.inject_malformed("s003", 1, "poison") == 1
+        async with ws_connect(up.url_for("s003", 2)) as ws:
+            frames = await recv_n(ws, 3)
+    assert seq_of(frames[0]) == POISON_SEQ == 2**63 - 1
+    assert frames[1:] == expected("s003", 2, 3)
 
 
 async def test_malformed_in_process_defaults_to_one_notjson_frame() -> None:

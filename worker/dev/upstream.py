@@ -47,6 +47,7 @@ from websockets.http11 import Request, Response
 
 __all__ = [
     "MALFORMED_KINDS",
+    "POISON_SEQ",
     "STREAM_ID_PATTERN",
     "UpstreamServer",
     "declared_stream_ids",
@@ -59,8 +60,11 @@ log = logging.getLogger(__name__)
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 """Stream ids the server accepts (matched against the whole id)."""
 
-MALFORMED_KINDS: tuple[str, ...] = ("notjson", "noseq", "badseq", "binary", "array")
-"""Kinds of hostile frame :meth:`UpstreamServer.inject_malformed` can send."""
+MALFORMED_KINDS: tuple[str, ...] = ("notjson", "noseq", "badseq", "binary", "array", "poison")
+"""Kinds of hostile frame :meth:`UpstreamServer.inject_malformed` can send. ``poison`` is
+well-formed but carries ``seq`` 2**63-1, far ahead of the stream's real numbering."""
+
+POISON_SEQ = 2**63 - 1
 
 YIELD_EVERY = 64
 """A sender yields to the event loop after this many sends (a tight send loop starves others)."""
@@ -103,6 +107,9 @@ def _hostile_frame(kind: str, stream_id: str, seq: int) -> str | bytes:
         return b"\x00\xffhostile binary frame\xfe"
     if kind == "array":
         return json.dumps([seq, stream_id, "hostile"], separators=_JSON_SEPARATORS)
+    if kind == "poison":
+        return json.dumps({"seq": POISON_SEQ, "stream": stream_id, "data": "poisoned"},
+                          separators=_JSON_SEPARATORS)
     raise ValueError(f"unknown malformed kind {kind!r}")
 
 
