@@ -13,14 +13,17 @@ from tests.procs import ROOT
 
 
 def worker_processes() -> set[int]:
+    """`python -m worker ...` processes of this checkout's interpreter (other checkouts on
+    the same machine may run their own)."""
     found = set()
+    ours = os.fsencode(sys.executable)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"worker" in cmd and b"-m" in cmd:
+            if cmd[0] == ours and b"worker" in cmd and b"-m" in cmd:
                 found.add(int(entry.name))
     return found
 

@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import websockets.asyncio.client
 from websockets.asyncio.server import ServerConnection, serve
 
+import worker.dial
 from worker.clock import SYSTEM_CLOCK
 from worker.core.frames import Frame
 from worker.core.lease import Holding, LeaseTimings
 from worker.core.model import Tenure
+from worker.core.urls import parse_allowed_urls
 from worker.dev.upstream import POISON_SEQ, UpstreamServer, frame_for
 from worker.errors import SelfFenced, StaleFence
 from worker.metrics import Metrics
@@ -61,7 +62,8 @@ def make_pump(url: str, sink: FakeSink, last_seq: int | None = None,
                       timings)
     metrics = Metrics()
     defaults: dict[str, Any] = {"batch_max_messages": 50, "batch_max_s": 0.05,
-                                "reconnect_base_s": 0.02, "reconnect_cap_s": 0.1}
+                                "reconnect_base_s": 0.02, "reconnect_cap_s": 0.1,
+                                "allowed_urls": parse_allowed_urls("ws://127.0.0.1")}
     defaults.update(settings)
     pump = Pump(tenure, holding, sink, SYSTEM_CLOCK, metrics, PumpSettings(**defaults))
     sink.pump = pump
@@ -352,12 +354,12 @@ async def test_the_receive_queue_is_small(monkeypatch: pytest.MonkeyPatch,
     """websockets queues up to max_queue frames per connection: 64 x 256 KiB was 16 MiB a
     stream, 1.6 GB for the default 100 streams of a 1 GiB task."""
     seen: list[Any] = []
-    real = websockets.asyncio.client.connect
+    real = worker.dial.dial
 
-    def recording(url: str, **kwargs: Any) -> Any:
+    async def recording(url: str, rules: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["max_queue"])
-        return real(url, **kwargs)
-    monkeypatch.setattr("worker.pump.connect", recording)
+        return await real(url, rules, **kwargs)
+    monkeypatch.setattr("worker.pump.dial", recording)
     sink = FakeSink()
     pump, _ = make_pump(upstream.url_for("s001"), sink)
     await run_until(pump, lambda: len(sink.seqs) >= 10)

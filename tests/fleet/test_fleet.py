@@ -358,7 +358,7 @@ async def test_a_worker_whose_clock_is_two_leases_behind_is_never_taken_over(
     fleet = make_fleet(streams=12)
     await fleet.start(workers=2)
     late = fleet.start_worker("late", wrap=["faketime", "-f", "-2s"])
-    await wait_until(fleet.balanced, 30, "balanced with the late worker")
+    await wait_until(lambda: settled(fleet), 30, "balanced with the late worker")
     counts = await fleet.counts()
     assert counts["late"] >= 3
     moves = await fleet.watch_moves(8.0)
