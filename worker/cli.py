@@ -1,7 +1,8 @@
 """The ``streamlease`` command: argparse front end. Parses, calls, prints; no logic.
 
 Exit codes (CONTRACT): 0 success; 2 bad usage or configuration, with one line on stderr
-naming what is wrong; 1 anything else.
+naming what is wrong; 3 a fenced write refused for a stale fence (``job write``); 1
+anything else.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote
 
+from worker import jobcli
 from worker.clock import Clock
 from worker.config import WorkerConfig, allowed_prefixes, setting_value, table_names
 from worker.core import roster
@@ -115,6 +117,8 @@ def build_parser() -> _Parser:
     export = ctl_sub.add_parser("export", help="delivered messages in seq order, one a line")
     export.add_argument("id", type=_stream_id)
 
+    jobcli.add_parsers(sub, _Parser)
+
     dev = sub.add_parser("dev", help="local servers for development and tests")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, parser_class=_Parser)
     dev_sub.add_parser("dynamodb", help="embedded atomic DynamoDB-compatible server",
@@ -131,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(args_list)
         return _dispatch(args)
-    except UsageError as exc:
+    except (UsageError, jobcli.JobUsage) as exc:
         return _fail(EXIT_USAGE, str(exc))
     except ConfigError as exc:
         return _fail(EXIT_USAGE, f"streamlease: {exc}")
@@ -171,15 +175,28 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_worker()
     if args.command == "healthcheck":
         return _healthcheck(args.timeout)
+    if args.command == "job" and args.job_command == "write":
+        return _run(jobcli.write(args))
     tables = table_names()
     if args.command == "table":
         return _run(_table_create(tables))
+    if args.command == "job":
+        return _run(_job(tables, args))
     handlers: dict[str, Callable[..., Awaitable[int]]] = {
         "start": _ctl_start, "stop": _ctl_stop, "list": _ctl_list, "show": _ctl_show,
         "release": _ctl_release, "export": _ctl_export, "owners": _ctl_owners,
         "members": _ctl_members,
     }
     return _run(handlers[args.ctl_command](tables, args))
+
+
+async def _job(tables: Tables, args: argparse.Namespace) -> int:
+    handlers: dict[str, Callable[..., Awaitable[int]]] = {
+        "put": jobcli.put, "list": jobcli.list_jobs, "remove": jobcli.remove,
+        "runs": jobcli.runs,
+    }
+    async with _stores(tables) as stores:
+        return await handlers[args.job_command](stores, args)
 
 
 def _healthcheck(timeout: float) -> int:

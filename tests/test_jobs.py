@@ -1,0 +1,183 @@
+"""The job runner with real commands (``/bin/sh``), the in-memory store and a real leader
+lease on it: each slot once, outcomes recorded, commands stopped by their timeout or a
+lost lease (their whole process group), output kept to a bounded tail."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from worker.clock import SYSTEM_CLOCK
+from worker.core.jobs import OUTPUT_TAIL_BYTES, Job, RunOutcome
+from worker.core.schedule import Schedule, slot_ms
+from worker.jobs import JobRunner, JobSettings
+from worker.leader import LeaderLease
+from worker.metrics import Metrics
+from worker.store.memory import MemoryStore
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.memory = MemoryStore()
+        self.stores = self.memory.stores()
+        self.metrics = Metrics()
+        self.runner = JobRunner(self.stores.jobs, SYSTEM_CLOCK, self.metrics, JobSettings(
+            owner="w1", grace_s=0.5, late_ms=2000, refresh_s=0.2, shutdown_s=1.0,
+            env=dict(os.environ)))
+        self.stop = asyncio.Event()
+        self.lease = LeaderLease(self.stores.leader, "fleet", "w1", ttl_s=3.0,
+                                 heartbeat_s=0.5, safety_margin_s=0.3)
+
+    async def job(self, name: str, command: str, every_ms: int = 1000,
+                  timeout_s: float | None = None, catch_up: bool = False) -> None:
+        await self.stores.jobs.put_job(Job(name, Schedule(every_ms=every_ms), command,
+                                           timeout_s, catch_up, SYSTEM_CLOCK.wall_ms()))
+
+    async def runs(self, name: str) -> list:  # type: ignore[type-arg]
+        return list(reversed(await self.stores.jobs.runs(name, 1000)))
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    made = Rig()
+    await made.lease.acquire()
+    task = asyncio.create_task(made.runner.run(made.lease, made.stop))
+    made.task = task  # type: ignore[attr-defined]
+    yield made
+    made.stop.set()
+    await asyncio.wait_for(task, 30)
+    await made.lease.release()
+
+
+async def until(check: object, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():  # type: ignore[operator]  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+async def test_each_slot_runs_once_with_its_environment(rig: Rig, tmp_path: Path) -> None:
+    log = tmp_path / "ran"
+    await rig.job("tick", f'echo "$STREAMLEASE_JOB $STREAMLEASE_SLOT $STREAMLEASE_FENCE" >> {log}')
+
+    async def three() -> bool:
+        done = [r for r in await rig.runs("tick") if r.outcome is not None]
+        return len(done) >= 3
+    await until(three)
+    runs = await rig.runs("tick")
+    lines = log.read_text().splitlines()
+    slots = [r.slot for r in runs if r.outcome is RunOutcome.SUCCEEDED]
+    assert len(set(slots)) == len(slots)  # never twice
+    for line in lines:
+        name, slot, fence = line.split()
+        assert name == "tick" and slot in slots and int(fence) == rig.lease.fence
+    assert [slot_ms(s) % 1000 for s in slots] == [0] * len(slots)  # aligned slots
+    assert all(r.runner == "w1" and r.fence == rig.lease.fence and r.exit_code == 0
+               for r in runs if r.outcome is not None)
+    assert rig.metric("streamlease_job_runs_total", outcome="succeeded") >= 3
+
+
+async def test_failures_are_recorded_with_their_exit_code_and_output(rig: Rig) -> None:
+    await rig.job("bad", "echo boom >&2; exit 7")
+    await rig.job("missing", "no-such-command-anywhere --now")
+
+    async def both() -> bool:
+        return bool([r for r in await rig.runs("bad") if r.outcome]) and \
+            bool([r for r in await rig.runs("missing") if r.outcome])
+    await until(both)
+    bad = next(r for r in await rig.runs("bad") if r.outcome)
+    assert (bad.outcome, bad.exit_code) == (RunOutcome.FAILED, 7) and "boom" in bad.output
+    missing = next(r for r in await rig.runs("missing") if r.outcome)
+    assert (missing.outcome, missing.exit_code) == (RunOutcome.FAILED, 127)
+    assert "not found" in missing.output
+
+
+async def test_megabytes_of_output_keep_a_bounded_tail(rig: Rig) -> None:
+    await rig.job("loud", f"{sys.executable} -c \"import sys; "
+                          "sys.stdout.write('x' * 5_000_000 + 'THE END')\"", every_ms=2000)
+
+    async def done() -> bool:
+        return any(r.outcome for r in await rig.runs("loud"))
+    await until(done, 30)
+    run = next(r for r in await rig.runs("loud") if r.outcome)
+    assert run.outcome is RunOutcome.SUCCEEDED
+    assert len(run.output.encode()) <= OUTPUT_TAIL_BYTES and run.output.endswith("THE END")
+
+
+async def test_a_timeout_stops_the_whole_process_group(rig: Rig, tmp_path: Path) -> None:
+    child = tmp_path / "child.pid"
+    # A shell that starts a grandchild: both must go when the run is stopped.
+    await rig.job("slow", f"sleep 60 & echo $! > {child}; wait", every_ms=3000, timeout_s=0.5)
+
+    async def stopped() -> bool:
+        return any(r.outcome for r in await rig.runs("slow"))
+    await until(stopped, 20)
+    run = next(r for r in await rig.runs("slow") if r.outcome)
+    assert run.outcome is RunOutcome.TIMED_OUT
+    pid = int(child.read_text())
+    await until(lambda: asyncio.sleep(0, result=not Path(f"/proc/{pid}").exists()), 5)
+
+
+async def test_losing_the_lease_stops_the_run_and_records_it_fenced(rig: Rig) -> None:
+    await rig.job("long", "sleep 30", every_ms=2000)
+
+    async def running() -> bool:
+        return any(r.outcome is None for r in await rig.runs("long"))
+    await until(running)
+    # Another leader takes over (as after observing this one dead).
+    seen = await rig.stores.leader.read("fleet")
+    assert await rig.stores.leader.acquire("fleet", "w2", 3.0, seen, SYSTEM_CLOCK.wall_ms())
+
+    async def fenced() -> bool:
+        return any(r.outcome is RunOutcome.FENCED for r in await rig.runs("long"))
+    await until(fenced, 15)
+    assert rig.lease.lost.is_set()
+
+
+async def test_a_claimed_slot_is_never_run_again_and_a_new_leader_marks_it_abandoned(
+        ) -> None:
+    rig = Rig()
+    await rig.job("once", "true", every_ms=60_000)
+    now = SYSTEM_CLOCK.wall_ms()
+    slot = now - now % 60_000
+    await rig.lease.acquire()
+    # A previous leader (an older fence) claimed this slot and vanished mid-run.
+    from worker.core.jobs import JobRun
+    from worker.core.schedule import slot_name
+    await rig.stores.jobs.claim_run(JobRun("once", slot_name(slot), rig.lease.fence - 1, "w0",
+                                           slot))
+    task = asyncio.create_task(rig.runner.run(rig.lease, rig.stop))
+
+    async def abandoned() -> bool:
+        runs = await rig.runs("once")
+        return bool(runs) and runs[0].outcome is RunOutcome.ABANDONED
+    await until(abandoned)
+    await asyncio.sleep(0.5)
+    assert [r.runner for r in await rig.runs("once")] == ["w0"]  # not run again
+    rig.stop.set()
+    await task
+    await rig.lease.release()
+
+
+async def test_shutdown_lets_a_running_job_finish_within_the_budget(tmp_path: Path) -> None:
+    rig = Rig()
+    marker = tmp_path / "finished"
+    await rig.job("short", f"sleep 0.5; touch {marker}", every_ms=1000)
+    await rig.lease.acquire()
+    task = asyncio.create_task(rig.runner.run(rig.lease, rig.stop))
+
+    async def started() -> bool:
+        return any(r.outcome is None for r in await rig.runs("short"))
+    await until(started)
+    rig.stop.set()
+    await asyncio.wait_for(task, 10)
+    assert marker.exists()
+    assert all(r.outcome is RunOutcome.SUCCEEDED for r in await rig.runs("short"))
+    await rig.lease.release()
