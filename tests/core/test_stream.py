@@ -25,8 +25,10 @@ M = Verdict.MALFORMED
 C = Verdict.CLOSING
 BAD = Malformed("not JSON")
 
+# first_batch_s = batch_max_s: these cases are about the steady state; the quick first
+# batch of a connection has its own test.
 RULES = StreamRules(batch_max_messages=1000, batch_max_bytes=10**9, batch_max_s=1.0,
-                    max_seq_jump=1000, stall_s=60.0, reconnect_base_s=1.0,
+                    first_batch_s=1.0, max_seq_jump=1000, stall_s=60.0, reconnect_base_s=1.0,
                     reconnect_cap_s=8.0, stable_after_s=5.0, log_every_s=5.0)
 
 
@@ -136,7 +138,8 @@ class BatchCase:
 
 
 def rules(**kw: float) -> StreamRules:
-    base = {"batch_max_messages": 1000, "batch_max_bytes": 10**9, "batch_max_s": 1.0}
+    base = {"batch_max_messages": 1000, "batch_max_bytes": 10**9, "batch_max_s": 1.0,
+            "first_batch_s": 1.0}
     base.update(kw)
     return StreamRules(**base)  # type: ignore[arg-type]
 
@@ -421,3 +424,16 @@ def test_the_buffer_bound_of_one_stream() -> None:
     assert stream_buffer_bytes(1000, batch_max_bytes=5000, queue_high=4) == (
         4 * 1000 + 256 * 1024 + 1000 + 4 * 1000 + 5000)
     assert stream_buffer_bytes(262_144) < 4 * 2**20
+
+
+def test_a_connections_first_batch_is_cut_at_once_then_batches_wait_as_usual() -> None:
+    machine = StreamMachine(StreamRules(batch_max_s=0.5, first_batch_s=0.02), 10)
+    assert machine.connect(0.0) == 11
+    machine.receive(Frame(11, "{}"), 2, now=0.0)
+    assert machine.flush_deadline() == 0.02  # the replay after a takeover goes at once
+    machine.tick(0.02)
+    batch = machine.next_batch()
+    assert batch is not None
+    machine.written(batch)
+    machine.receive(Frame(12, "{}"), 2, now=1.0)
+    assert machine.flush_deadline() == 1.5  # then the usual wait

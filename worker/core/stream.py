@@ -70,6 +70,9 @@ class StreamRules:
     batch_max_messages: int = 200
     batch_max_bytes: int = BATCH_MAX_BYTES
     batch_max_s: float = 0.2
+    # A connection's first batch (the replay after a takeover, a hand-over or a reconnect)
+    # waits at most this long: a stream that changed hands delivers again at once.
+    first_batch_s: float = 0.02
     max_seq_jump: int = 1_000_000_000
     stall_s: float = 60.0
     reconnect_base_s: float = 0.1
@@ -184,6 +187,7 @@ class StreamMachine:
         self._reconnect_reason: str | None = None
         self._asked = committed + 1
         self._first = True  # no frame accepted on this connection yet
+        self._first_batch = True  # the connection's first batch not cut yet
         self._started = 0.0
         self._backoff = Backoff(rules.reconnect_base_s, rules.reconnect_cap_s,
                                 rng or random.Random())
@@ -217,7 +221,10 @@ class StreamMachine:
         """When the oldest buffered frame has waited long enough; None with nothing buffered."""
         if not self._buffer:
             return None
-        return self._oldest_at + self.rules.batch_max_s
+        wait = self.rules.batch_max_s
+        if self._first_batch:
+            wait = min(wait, self.rules.first_batch_s)
+        return self._oldest_at + wait
 
     def next_batch(self) -> list[Frame] | None:
         """The batch to write now (oldest first), or None. Nothing after an abort."""
@@ -262,6 +269,7 @@ class StreamMachine:
         self.received = self.committed
         self._asked = self.committed + 1
         self._first = True
+        self._first_batch = True
         self._started = now
         self._update()
         return self._asked
@@ -352,6 +360,7 @@ class StreamMachine:
     # -- internals -------------------------------------------------------------------------
 
     def _cut(self) -> None:
+        self._first_batch = False
         self._outbox.append(self._buffer)
         self._outbox_bytes.append(self._buffer_bytes)
         self._buffer = []
