@@ -155,10 +155,12 @@ def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, s
                      clock: Clock, metrics: Metrics, reconciler: Reconciler,
                      membership: Membership) -> Leadership:
     t = config.timings
+    # On SIGTERM a running job gets half the shutdown budget to finish, then a quarter
+    # between SIGTERM and SIGKILL (at most STREAMLEASE_JOB_GRACE_SECONDS).
     runner = JobRunner(stores.jobs, clock, metrics, JobSettings(
         owner=owner, grace_s=config.job_grace_s, late_ms=t.lease_ms,
-        refresh_s=t.heartbeat_s,
-        shutdown_s=max(0.0, config.shutdown_s / 2 - config.job_grace_s),
+        refresh_s=t.heartbeat_s, shutdown_s=config.shutdown_s / 2,
+        shutdown_grace_s=min(config.job_grace_s, config.shutdown_s / 4),
         env=dict(os.environ)))
     return Leadership(backend, clock, metrics,
                       LeadershipSettings(owner, t.lease_s, t.heartbeat_s, t.safety_margin_s),

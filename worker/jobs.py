@@ -51,6 +51,7 @@ class JobSettings:
     refresh_s: float  # job definitions are read again this often
     shutdown_s: float  # how long running jobs may finish when the worker shuts down
     env: Mapping[str, str]  # the commands' base environment
+    shutdown_grace_s: float | None = None  # SIGTERM -> SIGKILL then (default: grace_s)
 
 
 class JobRunner:
@@ -208,7 +209,10 @@ class JobRunner:
             stopped_for = await self._watch(job, waiter, lease, stop)
         finally:
             if not waiter.done():
-                await self._stop_group(proc, waiter)
+                grace = self.settings.grace_s
+                if stop.is_set() and self.settings.shutdown_grace_s is not None:
+                    grace = self.settings.shutdown_grace_s
+                await self._stop_group(proc, waiter, grace)
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 async with asyncio.timeout(self.settings.grace_s):
                     await reader
@@ -258,10 +262,10 @@ class JobRunner:
             if stopping is not None:
                 stopping.cancel()
 
-    async def _stop_group(self, proc: asyncio.subprocess.Process,
-                          waiter: asyncio.Task[int]) -> None:
+    async def _stop_group(self, proc: asyncio.subprocess.Process, waiter: asyncio.Task[int],
+                          grace_s: float) -> None:
         """SIGTERM to the job's process group, SIGKILL after the grace period."""
-        for sig, wait in ((signal.SIGTERM, self.settings.grace_s), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)
             with contextlib.suppress(TimeoutError):
