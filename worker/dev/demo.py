@@ -27,11 +27,14 @@ import tty
 from collections.abc import Sequence
 from pathlib import Path
 
+from worker.core.leadership import LeaderRecord
 from worker.core.model import StreamRecord
+from worker.core.roster import FleetRead, MemberReport, report
 from worker.dev import local_aws_env
 from worker.dev.procs import Child
+from worker.leadership import FLEET_LEASE
 from worker.store.dynamodb import connect_admin
-from worker.store.protocols import AdminStore
+from worker.store.protocols import AdminStore, Stores
 
 TIMINGS = {
     "STREAMLEASE_LEASE_SECONDS": "3",
@@ -42,6 +45,13 @@ TIMINGS = {
     # once; a small per-cycle cap spreads a dozen streams over three workers.
     "STREAMLEASE_ACQUIRE_PER_CYCLE": "3",
     "STREAMLEASE_SWEEP_SECONDS": "10",
+    # Membership proves who is alive; a stream's own lease is only the backstop, shortened
+    # here so the LEASE LEFT column shows renewals, and a stream taken a few seconds ago
+    # may already move to a newcomer, so ``+`` visibly rebalances.
+    "STREAMLEASE_STREAM_LEASE_SECONDS": "60",
+    "STREAMLEASE_STREAM_RENEW_SECONDS": "20",
+    "STREAMLEASE_STREAM_CHECK_SECONDS": "5",
+    "STREAMLEASE_MIN_HOLD_SECONDS": "5",
     "STREAMLEASE_SHUTDOWN_SECONDS": "10",
     "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
     "STREAMLEASE_METRICS_PORT": "0",
@@ -101,13 +111,13 @@ class Demo:
                 await store.put_started(sid, f"{upstream}/streams/{sid}")
             for _ in range(self.args.workers):
                 self.start_worker()
-            await self.watch(store)
+            await self.watch(stores)
         return 0
 
     def interactive(self) -> bool:
         return sys.stdin.isatty() and sys.stdout.isatty() and not self.args.headless
 
-    async def watch(self, store: AdminStore) -> None:
+    async def watch(self, stores: Stores) -> None:
         loop = asyncio.get_running_loop()
         saved = None
         if self.interactive():
@@ -116,7 +126,7 @@ class Demo:
             tty.setcbreak(fd)
             loop.add_reader(fd, self._read_key)
         try:
-            await self._watch(store, loop)
+            await self._watch(stores, loop)
         finally:
             if saved is not None:
                 loop.remove_reader(sys.stdin.fileno())
@@ -174,7 +184,18 @@ class Demo:
                     self.note(f"{sid}: STARTED again")
         return True
 
-    async def _watch(self, store: AdminStore, loop: asyncio.AbstractEventLoop) -> None:
+    async def read_fleet(self, stores: Stores, reads: list[FleetRead],
+                         started: int) -> tuple[list[MemberReport], LeaderRecord | None]:
+        """Members judged the way ``ctl members`` judges them, over the last few reads."""
+        sent = time.monotonic()
+        members = await stores.fleet.members()
+        reads.append(FleetRead(tuple(members), sent, time.monotonic()))
+        del reads[:-4]
+        return report(reads, started), await stores.leader.read(FLEET_LEASE)
+
+    async def _watch(self, stores: Stores, loop: asyncio.AbstractEventLoop) -> None:
+        store = stores.admin
+        reads: list[FleetRead] = []
         previous: dict[str, StreamRecord] = {}
         last_at = time.monotonic()
         started = last_at
@@ -198,7 +219,9 @@ class Demo:
                 if not await self.on_key(self.keys.get_nowait(), store, records):
                     stop.set()
             self.track_takeovers(previous, records)
-            self.render(records, previous, now - last_at)
+            started_count = sum(1 for r in records.values() if r.started)
+            members, leader = await self.read_fleet(stores, reads, started_count)
+            self.render(records, previous, now - last_at, members, leader)
             previous, last_at = records, now
             self.wake.clear()
             if self.keys.empty() and not stop.is_set():
@@ -221,10 +244,21 @@ class Demo:
                           f"(fence {rec.fence}, resumes after seq {rec.last_seq or 0})")
 
     def render(self, records: dict[str, StreamRecord], before: dict[str, StreamRecord],
-               dt: float) -> None:
+               dt: float, members: list[MemberReport], leader: LeaderRecord | None) -> None:
         now_ms = time.time_ns() // 1_000_000
+        leader_id = leader.owner if leader is not None and not leader.resigned else None
         lines = [f"streamlease fleet: {len(self.workers)} workers, {len(records)} streams "
                  f"(Ctrl-C to stop; logs in {self.logs}/)", ""]
+        lines.append(f"{'MEMBER':<10} {'STATUS':<9} {'LIVENESS':<8} {'HOLDS':>5} {'SHARE':>5}  ")
+        for m in members:
+            held = sum(1 for r in records.values()
+                       if r.lease_owner == m.member.worker_id
+                       and (r.lease_expires_at_ms or 0) > now_ms)
+            bar = "#" * held + "." * max(0, m.share - held)
+            role = "  leader" if m.member.worker_id == leader_id else ""
+            lines.append(f"{m.member.worker_id:<10} {m.member.status.value:<9} {m.liveness:<8} "
+                         f"{held:>5} {m.share:>5}  {bar}{role}")
+        lines.append("")
         lines.append(f"{'STREAM':<8} {'STATE':<8} {'OWNER':<10} {'FENCE':>5} {'LAST_SEQ':>9} "
                      f"{'MSG/S':>6} {'LEASE LEFT':>10}")
         for sid, r in sorted(records.items()):
@@ -242,8 +276,10 @@ class Demo:
             sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
         else:
             owned = sum(1 for r in records.values() if (r.lease_expires_at_ms or 0) > now_ms)
+            alive = sum(1 for m in members if m.liveness == "alive")
             sys.stdout.write(f"{time.strftime('%H:%M:%S')} owned {owned}/{len(records)} "
-                             f"delivered {sum(r.last_seq or 0 for r in records.values())}\n")
+                             f"delivered {sum(r.last_seq or 0 for r in records.values())} "
+                             f"members {alive} alive, leader {leader_id or '-'}\n")
         sys.stdout.flush()
 
     def stop_workers(self) -> None:
