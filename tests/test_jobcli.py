@@ -146,3 +146,21 @@ def test_job_write_refuses_bad_input(tables: dict[str, str], env: dict[str, str]
         cwd=ROOT, env={**{k: v for k, v in os.environ.items() if k != "STREAMLEASE_FENCE"},
                        **clean, **env}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and named in result.stderr
+
+
+async def test_list_shows_a_hand_edited_job_that_cannot_run(tables: dict[str, str]) -> None:
+    assert cli("job", "put", "good", "--every", "5m", "--command", "true",
+               env=tables).returncode == 0
+    async with aioboto3.Session().client("dynamodb") as client:
+        await client.put_item(TableName=tables["STREAMLEASE_FLEET_TABLE"], Item={
+            "Pk": {"S": "JOB"}, "Sk": {"S": "typo"}, "command": {"S": "true"},
+            "cron": {"S": "61 * * * *"}})
+    shown = cli("job", "list", env=tables)
+    assert shown.returncode == 0, shown.stderr
+    assert "UNREADABLE" in shown.stdout and "good" in shown.stdout
+    assert "'typo' cannot run as stored" in shown.stderr and "does not parse" in shown.stderr
+    listed = json.loads(cli("job", "list", "-o", "json", env=tables).stdout)
+    assert [j["name"] for j in listed] == ["good", "typo"]
+    assert "does not parse" in listed[1]["error"] and "error" not in listed[0]
+    runs = cli("job", "runs", "typo", env=tables)
+    assert runs.returncode == 0, runs.stderr  # it exists, it just never ran

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from worker.clock import SYSTEM_CLOCK
-from worker.core.jobs import OUTPUT_TAIL_BYTES, Job, RunOutcome
+from worker.core.jobs import OUTPUT_TAIL_BYTES, Job, JobList, RunOutcome, UnreadableJob
 from worker.core.schedule import Schedule, slot_ms
 from worker.jobs import JobRunner, JobSettings
 from worker.leader import LeaderLease
@@ -181,3 +181,39 @@ async def test_shutdown_lets_a_running_job_finish_within_the_budget(tmp_path: Pa
     assert marker.exists()
     assert all(r.outcome is RunOutcome.SUCCEEDED for r in await rig.runs("short"))
     await rig.lease.release()
+
+
+async def test_an_unreadable_job_item_is_reported_and_never_run(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig()
+    good = rig.stores.jobs
+    bad = UnreadableJob("hand-edited", "bad schedule: cron expression '61 * * * *' ...")
+
+    class WithABadItem:
+        """The store as it reads back a table holding one hand-edited job item."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(good, name)
+
+        async def list_jobs(self, timeout: float | None = None) -> JobList:
+            listing = await good.list_jobs(timeout)
+            return JobList(listing.jobs, [bad])
+
+    rig.runner.jobs = WithABadItem()  # type: ignore[assignment]
+    await rig.job("fine", "true")
+    await rig.lease.acquire()
+    task = asyncio.create_task(rig.runner.run(rig.lease, rig.stop))
+    try:
+        async def ran(times: int) -> bool:
+            return sum(r.outcome is RunOutcome.SUCCEEDED for r in await rig.runs("fine")) >= times
+        await until(lambda: ran(1))  # the good job is not held up by the bad one
+        assert rig.metric("streamlease_jobs_unreadable") == 1
+        await until(lambda: ran(2))  # a slot later: several refreshes of the job list
+        warnings = [r for r in caplog.records if getattr(r, "sl_event", "") == "job.unreadable"]
+        assert len(warnings) == 1, "warned once, not at every refresh"
+        assert await rig.runs("hand-edited") == []
+    finally:
+        rig.stop.set()
+        await asyncio.wait_for(task, 30)
+        await rig.lease.release()
+    assert rig.metric("streamlease_jobs_unreadable") == 0  # no longer leading: not reported

@@ -119,10 +119,10 @@ async def put(stores: Stores, args: argparse.Namespace) -> int:
 
 
 async def list_jobs(stores: Stores, args: argparse.Namespace) -> int:
-    jobs = await stores.jobs.list_jobs()
+    listing = await stores.jobs.list_jobs()
     now = SYSTEM_CLOCK.wall_ms()
     rows = []
-    for job in jobs:
+    for job in listing.jobs:
         last = await stores.jobs.runs(job.name, 1)
         rows.append((job, last[0] if last else None, slot_name(job.schedule.next_slot(now))))
     if args.output == "json":
@@ -133,7 +133,9 @@ async def list_jobs(stores: Stores, args: argparse.Namespace) -> int:
             "next_slot": upcoming,
             "last_run": None if run is None else {"slot": run.slot,
                                                   "outcome": outcome(run)},
-        } for job, run, upcoming in rows], indent=2))
+        } for job, run, upcoming in rows] + [
+            {"name": bad.name, "error": bad.problem} for bad in listing.unreadable
+        ], indent=2))
         return EXIT_OK
     table: list[tuple[Any, ...]] = [("JOB", "SCHEDULE", "TIMEOUT", "CATCH-UP", "NEXT SLOT",
                                       "LAST RUN", "COMMAND")]
@@ -142,7 +144,12 @@ async def list_jobs(stores: Stores, args: argparse.Namespace) -> int:
                       "-" if job.timeout_s is None else f"{job.timeout_s:g}s",
                       "yes" if job.catch_up else "no", upcoming,
                       "-" if run is None else f"{run.slot} {outcome(run)}", job.command[:60]))
+    for bad in listing.unreadable:
+        table.append((bad.name, "UNREADABLE", "-", "-", "never runs", "-", bad.problem[:60]))
     _print_table(table)
+    for bad in listing.unreadable:
+        print(f"job {bad.name!r} cannot run as stored: {bad.problem}; replace it with "
+              "`streamlease job put`", file=sys.stderr)
     return EXIT_OK
 
 

@@ -8,8 +8,9 @@ deposed leader cannot even claim. A claimed slot is never run again, by anyone.
 The command runs as ``/bin/sh -c COMMAND`` in a process group of its own, with
 ``STREAMLEASE_JOB``, ``STREAMLEASE_SLOT`` (the slot, ISO 8601 UTC) and ``STREAMLEASE_FENCE``
 added to the worker's environment, stdin closed, and stdout and stderr merged into a
-bounded tail kept in the run record. One run per job at a time: a slot that comes due
-while the previous run still goes waits for it (and is skipped if it waits too long).
+bounded tail kept in the run record. One run per job at a time: of the slots that come
+due while the previous run still goes, the latest runs when it ends and the others are
+skipped (with ``catch_up``, each runs in turn).
 
 It stops the command's whole group (SIGTERM, then SIGKILL after
 ``STREAMLEASE_JOB_GRACE_SECONDS``) when its timeout passes (``timed_out``), when this
@@ -32,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from worker.clock import Clock
-from worker.core.jobs import Job, JobRun, RunOutcome, due_slots, keep_tail
+from worker.core.jobs import Job, JobRun, RunOutcome, UnreadableJob, due_slots, keep_tail
 from worker.core.schedule import slot_ms, slot_name
 from worker.errors import StaleFence, StoreError
 from worker.leader import LeaderLease, WriteRefused
@@ -61,6 +62,7 @@ class JobRunner:
         self.clock = clock
         self.metrics = metrics
         self.settings = settings
+        self._unreadable_seen: set[tuple[str, str]] = set()
 
     async def run(self, lease: LeaderLease, stop: asyncio.Event) -> None:
         """Run due slots while ``lease`` is held and until ``stop``; then let running
@@ -101,16 +103,20 @@ class JobRunner:
                 await _first(stop, lease.lost, wake, timeout=max(0.0, sleep))
                 wake.clear()
         finally:
+            self.metrics.unreadable_jobs(0)  # only the leader reads the jobs
+            self._unreadable_seen = set()
             if running:
                 await self._wind_down(list(running.values()), lease)
 
     async def _refresh(self, lease: LeaderLease, old: list[Job],
                        last_slot: dict[str, int | None]) -> list[Job]:
         try:
-            jobs = await self.jobs.list_jobs(timeout=self.settings.refresh_s)
+            listing = await self.jobs.list_jobs(timeout=self.settings.refresh_s)
         except StoreError as exc:
             event(logging.WARNING, "job.list_failed", "cannot read the jobs", error=str(exc))
             return old
+        self._report_unreadable(listing.unreadable)
+        jobs = listing.jobs
         for job in jobs:
             if job.name not in last_slot:
                 last_slot[job.name] = await self._latest_slot(job, lease)
@@ -135,10 +141,23 @@ class JobRunner:
                       slot=run.slot, fence=run.fence, runner=run.runner)
         return slot_ms(runs[0].slot) if runs else None
 
+    def _report_unreadable(self, unreadable: list[UnreadableJob]) -> None:
+        """Job items that cannot be run as stored are never run: a warning once per item
+        and problem, and the gauge, until they are fixed or removed."""
+        self.metrics.unreadable_jobs(len(unreadable))
+        seen = {(bad.name, bad.problem) for bad in unreadable}
+        for bad in unreadable:
+            if (bad.name, bad.problem) not in self._unreadable_seen:
+                event(logging.WARNING, "job.unreadable",
+                      "a job item cannot be run as stored; fix it with `streamlease job put`",
+                      job=bad.name, problem=bad.problem)
+        self._unreadable_seen = seen
+
     def _skipped(self, job: Job, slots: list[int]) -> None:
         self.metrics.job_slots_skipped(len(slots))
         event(logging.WARNING, "job.skipped",
-              "slots came due while no leader could run them (use --catch-up to run them late)",
+              "slots skipped: they came due while no leader could run them, or while the "
+              "previous run still went (--catch-up runs each of them, late)",
               job=job.name, slots=len(slots), first=slot_name(slots[0]),
               last=slot_name(slots[-1]))
 
@@ -164,6 +183,7 @@ class JobRunner:
         except StaleFence:
             return  # deposed: the lease watcher ends the leadership
         except StoreError as exc:
+            self.metrics.job_slots_skipped(1)
             event(logging.WARNING, "job.claim_failed", "could not claim a slot; it is skipped",
                   job=job.name, slot=run.slot, error=str(exc))
             return

@@ -93,6 +93,10 @@ class Leadership:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for waiter in waits:
                 waiter.cancel()
+            if lease.lost.is_set():
+                # Another leader may be starting already: stop reporting leadership now,
+                # not once the duties (a job's grace period) have wound down.
+                self.metrics.leader(False)
             done.set()
 
     async def _guarded(self, duty: Duty, lease: LeaderLease, done: asyncio.Event) -> None:

@@ -163,6 +163,9 @@ class Metrics:
         self._job_skipped = Counter(p + "job_slots_skipped",
                                     "Slots that came due while no leader could run them",
                                     registry=r)
+        self._jobs_unreadable = Gauge(p + "jobs_unreadable",
+                                      "Job items the leader cannot run as stored (never run)",
+                                      registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -298,6 +301,9 @@ class Metrics:
 
     def job_slots_skipped(self, count: int) -> None:
         self._job_skipped.inc(count)
+
+    def unreadable_jobs(self, count: int) -> None:
+        self._jobs_unreadable.set(count)
 
     def clear_fleet_view(self) -> None:
         """Only the leader publishes the fleet view; others expose none (not stale)."""

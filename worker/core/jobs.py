@@ -11,6 +11,10 @@ Which due slots a leader runs:
 * a slot that came due earlier than that (while no leader existed) is skipped, unless
   the job has ``catch_up``: then every such slot since the job's last run runs once, late,
   oldest first (at most ``MAX_CATCH_UP`` of them);
+* one run per job at a time: of the slots that came due while the previous run still
+  went, only the latest runs (when it ends) and the others are skipped, so a job slower
+  than its schedule does not fall further and further behind — unless it has
+  ``catch_up``, which runs each of them in turn;
 * slots already claimed are skipped whoever claimed them.
 """
 
@@ -43,6 +47,23 @@ class Job:
     updated_at_ms: int = 0
 
 
+MAX_TIMEOUT_S = 7 * 86400
+
+
+@dataclass(frozen=True)
+class UnreadableJob:
+    """A job item that cannot be run as stored (edited by hand): never run, reported."""
+
+    name: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class JobList:
+    jobs: list[Job]
+    unreadable: list[UnreadableJob]
+
+
 @dataclass(frozen=True)
 class JobRun:
     job: str
@@ -70,8 +91,9 @@ def due_slots(job: Job, now_ms: int, last_slot_ms: int | None, leader_since_ms: 
                                        else 10 * MAX_CATCH_UP)
     if job.catch_up:
         return slots, []
-    run = [s for s in slots if s >= floor]
-    return run, [s for s in slots if s < floor]
+    if slots and slots[-1] >= floor:
+        return slots[-1:], slots[:-1]
+    return [], slots
 
 
 def names(slots: list[int]) -> list[str]:

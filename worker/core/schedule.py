@@ -51,15 +51,32 @@ class Schedule:
             if ms > after_ms:
                 yield ms
 
+    def slots_until(self, until_ms: int) -> Iterator[int]:
+        """Slot times at or before ``until_ms``, latest first, back to the epoch."""
+        if self.every_ms is not None:
+            slot = until_ms // self.every_ms * self.every_ms
+            while slot >= 0:
+                yield slot
+                slot -= self.every_ms
+            return
+        assert self.cron is not None
+        start = datetime.fromtimestamp(until_ms // 1000 + 1, UTC)
+        for when in CronSim(self.cron, start, reverse=True):
+            ms = int(when.timestamp() * 1000)
+            if ms < 0:
+                return
+            if ms <= until_ms:
+                yield ms
+
     def slots_between(self, after_ms: int, until_ms: int, limit: int = 1000) -> list[int]:
-        """Slots in ``(after_ms, until_ms]``, the latest ``limit`` of them."""
+        """Slots in ``(after_ms, until_ms]``, the latest ``limit`` of them, in time order.
+        Walks back from ``until_ms``, so a long gap costs ``limit`` steps, not the gap."""
         found: list[int] = []
-        for slot in self.slots_after(after_ms):
-            if slot > until_ms:
+        for slot in self.slots_until(until_ms):
+            if slot <= after_ms or len(found) == limit:
                 break
             found.append(slot)
-            if len(found) > limit:
-                found.pop(0)
+        found.reverse()
         return found
 
     def next_slot(self, after_ms: int) -> int:
@@ -88,12 +105,29 @@ def parse_every(text: str) -> Schedule:
     ms = round(float(match[1]) * _UNIT_MS[match[2]])
     if not MIN_INTERVAL_MS <= ms <= MAX_INTERVAL_MS:
         raise ValueError(f"interval {text!r} must be between 1s and 366d")
+    if ms % 1000:
+        raise ValueError(f"interval {text!r} must be a whole number of seconds")
     return Schedule(every_ms=ms)
 
 
+def checked(cron: str | None, every_ms: int | None) -> Schedule:
+    """A stored schedule, held to the rules ``parse_cron``/``parse_every`` apply to
+    input; ValueError naming what is wrong (an item edited by hand)."""
+    if (cron is None) == (every_ms is None):
+        raise ValueError("needs exactly one of cron and every_ms")
+    if cron is not None:
+        return parse_cron(cron)
+    assert every_ms is not None
+    if not MIN_INTERVAL_MS <= every_ms <= MAX_INTERVAL_MS or every_ms % 1000:
+        raise ValueError(f"every_ms {every_ms} is not whole seconds between "
+                         f"{MIN_INTERVAL_MS} and {MAX_INTERVAL_MS}")
+    return Schedule(every_ms=every_ms)
+
+
 def slot_name(slot_ms: int) -> str:
-    """A slot as ISO 8601 UTC (what STREAMLEASE_SLOT carries); milliseconds only when
-    the slot has them. Sorts in time order."""
+    """A slot as ISO 8601 UTC (what STREAMLEASE_SLOT carries). Slots are whole seconds
+    (cron instants are whole minutes, intervals whole seconds), so names sort in time
+    order, which run records rely on; milliseconds appear only for a slot that has them."""
     when = datetime.fromtimestamp(slot_ms / 1000, UTC)
     if slot_ms % 1000:
         return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{slot_ms % 1000:03d}Z"

@@ -19,10 +19,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from worker.core.jobs import Job, JobRun, RunOutcome
+from worker.core.jobs import MAX_TIMEOUT_S, Job, JobRun, RunOutcome, UnreadableJob
 from worker.core.leadership import LeaderRecord
 from worker.core.membership import MemberRecord, MemberStatus
-from worker.core.schedule import Schedule
+from worker.core.schedule import checked
 from worker.store.codec import Expr, n, s
 
 PK = "Pk"
@@ -278,20 +278,33 @@ def encode_job(job: Job) -> Item:
     return item
 
 
-def decode_job(item: Mapping[str, Any]) -> Job | None:
-    """A job item, or None if it is not one or cannot be read (reported by the caller)."""
-    name, command = _str(item, SK), _str(item, COMMAND)
-    if _str(item, PK) != JOB_PK or not name or command is None:
+def decode_job(item: Mapping[str, Any]) -> Job | UnreadableJob | None:
+    """A job item; ``UnreadableJob`` saying why if it cannot be run as stored (edited by
+    hand: no command, a bad schedule or timeout); None if it is not a job item at all."""
+    name = _str(item, SK)
+    if _str(item, PK) != JOB_PK or not name:
         return None
-    cron, every = _str(item, CRON), _int(item, EVERY_MS, -1)
+    command = _str(item, COMMAND)
+    if command is None or not command.strip():
+        return UnreadableJob(name, "no command (a string attribute 'command')")
+    every = item.get(EVERY_MS)
+    if every is not None and (not isinstance(every, Mapping) or _int(item, EVERY_MS, -1) < 0):
+        return UnreadableJob(name, "every_ms is not a whole number of milliseconds")
     try:
-        schedule = Schedule(cron=cron, every_ms=None if every < 0 else every)
-    except ValueError:
-        return None
-    timeout = item.get(TIMEOUT_S, {}).get("N") if isinstance(item.get(TIMEOUT_S), Mapping) \
-        else None
-    return Job(name=name, schedule=schedule, command=command,
-               timeout_s=float(timeout) if timeout is not None else None,
+        schedule = checked(_str(item, CRON), None if every is None else _int(item, EVERY_MS))
+    except ValueError as exc:
+        return UnreadableJob(name, f"bad schedule: {exc}")
+    timeout: float | None = None
+    if TIMEOUT_S in item:
+        raw = item[TIMEOUT_S].get("N") if isinstance(item[TIMEOUT_S], Mapping) else None
+        try:
+            timeout = float(raw) if isinstance(raw, str) else None
+        except ValueError:
+            timeout = None
+        if timeout is None or not 0 < timeout <= MAX_TIMEOUT_S:
+            return UnreadableJob(name, f"timeout_s must be a number above 0 and at most "
+                                       f"{MAX_TIMEOUT_S}")
+    return Job(name=name, schedule=schedule, command=command, timeout_s=timeout,
                catch_up=_int(item, CATCH_UP) == 1, updated_at_ms=_int(item, UPDATED_AT))
 
 

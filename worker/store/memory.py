@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from worker.core.frames import Frame
-from worker.core.jobs import Job, JobRun, RunOutcome
+from worker.core.jobs import Job, JobList, JobRun, RunOutcome
 from worker.core.leadership import LeaderRecord, initial_fence
 from worker.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
 from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
@@ -453,8 +453,8 @@ class MemoryJobs:
     async def get_job(self, name: str) -> Job | None:
         return self.store.jobs.get(name)
 
-    async def list_jobs(self, timeout: float | None = None) -> list[Job]:
-        return sorted(self.store.jobs.values(), key=lambda j: j.name)
+    async def list_jobs(self, timeout: float | None = None) -> JobList:
+        return JobList(sorted(self.store.jobs.values(), key=lambda j: j.name), [])
 
     async def remove_job(self, name: str) -> bool:
         return self.store.jobs.pop(name, None) is not None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from worker.core.frames import Frame
-from worker.core.jobs import Job, JobRun
+from worker.core.jobs import Job, JobList, JobRun, UnreadableJob
 from worker.core.lease import LeaseTimings, RenewOutcome
 from worker.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from worker.core.model import EventMark, OwnedStream, StreamRecord, Tenure
@@ -160,9 +160,11 @@ class JobStore(Protocol):
     async def put_job(self, job: Job) -> bool:
         """Upsert; True if it was new."""
 
-    async def get_job(self, name: str) -> Job | None: ...
+    async def get_job(self, name: str) -> Job | UnreadableJob | None:
+        """The job, ``UnreadableJob`` if its item cannot be run as stored, None if absent."""
 
-    async def list_jobs(self, timeout: float | None = None) -> list[Job]: ...
+    async def list_jobs(self, timeout: float | None = None) -> JobList:
+        """Every job, sorted by name, and the job items that cannot be run as stored."""
 
     async def remove_job(self, name: str) -> bool:
         """False if there was no such job. Its run records stay."""

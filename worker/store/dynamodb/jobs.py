@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.core.jobs import Job, JobRun
+from worker.core.jobs import Job, JobList, JobRun, UnreadableJob
 from worker.leader import PutItem
 from worker.store import fleetcodec
 from worker.store.codec import s
@@ -24,15 +24,17 @@ class DynamoJobStore(DynamoTable):
                                 Item=fleetcodec.encode_job(job), ReturnValues="ALL_OLD")
         return "Attributes" not in resp
 
-    async def get_job(self, name: str) -> Job | None:
+    async def get_job(self, name: str) -> Job | UnreadableJob | None:
         resp = await self._call("get_item", TableName=self.table,
                                 Key=fleetcodec.job_key(name), ConsistentRead=True)
         item = resp.get("Item")
         return fleetcodec.decode_job(item) if item else None
 
-    async def list_jobs(self, timeout: float | None = None) -> list[Job]:
-        items = await self._query(s(fleetcodec.JOB_PK), timeout)
-        return [job for job in map(fleetcodec.decode_job, items) if job is not None]
+    async def list_jobs(self, timeout: float | None = None) -> JobList:
+        decoded = [fleetcodec.decode_job(item)
+                   for item in await self._query(s(fleetcodec.JOB_PK), timeout)]
+        return JobList([j for j in decoded if isinstance(j, Job)],
+                       [j for j in decoded if isinstance(j, UnreadableJob)])
 
     async def remove_job(self, name: str) -> bool:
         try:
