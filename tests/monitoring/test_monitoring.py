@@ -68,7 +68,11 @@ def test_every_alert_has_severity_summary_and_a_runbook_in_the_readme() -> None:
                 "StreamleaseNoDelivery", "StreamleaseMemberDeclaredDead",
                 "StreamleaseDeadMemberNotFenced", "StreamleaseMemberHeartbeatsFailing",
                 "StreamleaseMemberFenced", "StreamleaseReleasedNotReacquired",
-                "StreamleaseAdmissionClosed", "StreamleaseFleetUnbalanced"}
+                "StreamleaseAdmissionClosed", "StreamleaseFleetUnbalanced",
+                "StreamleaseLeaderFlapping", "StreamleaseNoLeader", "StreamleaseSeveralLeaders",
+                "StreamleaseJobFailed", "StreamleaseJobSlotSkipped",
+                "StreamleaseJobRunInterrupted", "StreamleaseJobStartLate",
+                "StreamleaseStreamStalled"}
     assert {r["alert"] for r in rules()} == expected
     for rule in rules():
         assert rule["labels"]["severity"] in ("critical", "warning")
