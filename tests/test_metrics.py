@@ -6,6 +6,7 @@ import math
 
 from worker.core.lease import LOST_REASONS, RELEASE_REASONS
 from worker.metrics import (
+    JOB_OUTCOMES,
     MEMBER_HEARTBEAT_OUTCOMES,
     MEMBER_STATUSES,
     RECONNECT_REASONS,
@@ -99,3 +100,47 @@ def test_membership_and_balance_metrics() -> None:
     s = samples(m)
     assert s["streamlease_rebalance_moves_total{}"] == 3
     assert s["streamlease_member_share{}"] == 12
+
+
+def test_leader_and_job_metrics() -> None:
+    """The names the leader and job alerts and panels read, at 0 from start-up for every
+    run outcome, so a first failed run on a fresh leader is an increase from 0."""
+    families = {f.name: f.type for f in Metrics().registry.collect()}
+    for name, kind in {
+        "streamlease_is_leader": "gauge", "streamlease_leader_changes": "counter",
+        "streamlease_job_runs": "counter", "streamlease_job_run_seconds": "histogram",
+        "streamlease_job_start_delay_seconds": "histogram",
+        "streamlease_job_slots_skipped": "counter", "streamlease_stalled_streams": "gauge",
+    }.items():
+        assert families.get(name) == kind, name
+    assert set(JOB_OUTCOMES) == {"succeeded", "failed", "timed_out", "fenced", "abandoned"}
+    m = Metrics()
+    s = samples(m)
+    assert s["streamlease_is_leader{}"] == 0
+    assert s["streamlease_leader_changes_total{}"] == 0
+    assert s["streamlease_job_slots_skipped_total{}"] == 0
+    assert s["streamlease_stalled_streams{}"] == 0
+    for outcome in JOB_OUTCOMES:
+        assert s[f"streamlease_job_runs_total{{outcome={outcome}}}"] == 0
+
+    m.leader(True)
+    m.job_started(0.3)
+    m.job_run("failed", 2.0)
+    m.job_run("abandoned", 0.0)  # a vanished leader's run: counted, its duration unknown
+    m.job_slots_skipped(3)
+    m.stalled(1)
+    s = samples(m)
+    assert s["streamlease_is_leader{}"] == 1
+    assert s["streamlease_job_runs_total{outcome=failed}"] == 1
+    assert s["streamlease_job_runs_total{outcome=abandoned}"] == 1
+    assert s["streamlease_job_run_seconds_count{}"] == 1
+    assert s["streamlease_job_start_delay_seconds_bucket{le=0.5}"] == 1
+    assert s["streamlease_job_slots_skipped_total{}"] == 3
+    assert s["streamlease_stalled_streams{}"] == 1
+    m.leader(False)
+    m.leader(True)
+    s = samples(m)
+    assert s["streamlease_leader_changes_total{}"] == 2  # became leader twice
+    assert s["streamlease_is_leader{}"] == 1
+    m.leader(False)
+    assert samples(m)["streamlease_is_leader{}"] == 0

@@ -68,7 +68,11 @@ def test_every_alert_has_severity_summary_and_a_runbook_in_the_readme() -> None:
                 "StreamleaseNoDelivery", "StreamleaseMemberDeclaredDead",
                 "StreamleaseDeadMemberNotFenced", "StreamleaseMemberHeartbeatsFailing",
                 "StreamleaseMemberFenced", "StreamleaseReleasedNotReacquired",
-                "StreamleaseAdmissionClosed", "StreamleaseFleetUnbalanced"}
+                "StreamleaseAdmissionClosed", "StreamleaseFleetUnbalanced",
+                "StreamleaseLeaderFlapping", "StreamleaseNoLeader", "StreamleaseSeveralLeaders",
+                "StreamleaseJobFailed", "StreamleaseJobSlotSkipped",
+                "StreamleaseJobRunInterrupted", "StreamleaseJobStartLate",
+                "StreamleaseStreamStalled"}
     assert {r["alert"] for r in rules()} == expected
     for rule in rules():
         assert rule["labels"]["severity"] in ("critical", "warning")
@@ -106,7 +110,8 @@ def test_dashboard_shape() -> None:
     variables = doc["templating"]["list"]
     assert any(v["type"] == "datasource" and v["query"] == "prometheus" for v in variables)
     rows = [p["title"] for p in doc["panels"] if p["type"] == "row"]
-    assert rows == ["Fleet", "Membership", "Leases", "Streams", "DynamoDB", "Process"]
+    assert rows == ["Fleet", "Membership", "Leader and jobs", "Leases", "Streams", "DynamoDB",
+                    "Process"]
     for p in panels():
         assert p["description"], p["title"]
         assert p["fieldConfig"]["defaults"]["unit"], p["title"]
@@ -123,6 +128,18 @@ def test_dashboard_shows_membership_and_balance() -> None:
             "streamlease_member_heartbeats_total", "streamlease_member_fenced_total",
             "streamlease_member_share", "streamlease_rebalance_moves_total",
             "streamlease_admitting"} <= used
+
+
+def test_dashboard_shows_the_leader_jobs_and_stalls() -> None:
+    used = {m for p in panels() for t in p["targets"] for m in METRIC.findall(t["expr"])}
+    assert {"streamlease_is_leader", "streamlease_leader_changes_total",
+            "streamlease_job_runs_total", "streamlease_job_run_seconds_bucket",
+            "streamlease_job_start_delay_seconds_bucket", "streamlease_job_slots_skipped_total",
+            "streamlease_stalled_streams"} <= used
+    # Who leads: the leader panels are per scrape target, not a fleet sum.
+    leader = [t["expr"] for p in panels() for t in p["targets"]
+              if "streamlease_is_leader" in t["expr"] and "by (instance)" in t["expr"]]
+    assert leader, "no panel shows which worker leads"
 
 
 def test_dashboard_queries_parse(tmp_path: Path) -> None:
