@@ -110,7 +110,8 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         call_timeout_s=settings.supervisor.call_timeout_s,
     ) as stores:
         # Fail fast, with a clear line, if the tables are missing or unreachable.
-        await stores.admin.check_tables()
+        for advice in await stores.admin.check_tables():
+            event(logging.WARNING, "table.index_costly", advice)
         reconciler: Reconciler | None = None
 
         def held() -> int:

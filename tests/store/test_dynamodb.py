@@ -64,7 +64,23 @@ async def test_table_create_adds_the_indexes_an_older_table_lacks(
             await stores.admin.check_tables()  # a worker refuses to start on it
         created = await stores.admin.create_tables()
         assert f"{table_names[0]}/index/lease_owner-fence-index" in created
-        await stores.admin.check_tables()
+        (advice,) = await stores.admin.check_tables()  # works, at a cost it names
+        assert "projects ALL" in advice and "desired_state-lease_expires_at_ms-index" in advice
+
+
+async def test_an_index_that_lacks_what_the_worker_reads_is_refused(
+        dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
+    from worker.errors import TableMissing
+    from worker.store import dynamodb, schema
+
+    thin = schema.streams_table(table_names[0])
+    thin["GlobalSecondaryIndexes"][0]["Projection"] = {"ProjectionType": "KEYS_ONLY"}
+    async with aioboto3.Session().client("dynamodb") as client:
+        await client.create_table(**thin)
+    async with dynamodb.connect(*table_names) as stores:
+        await stores.admin.create_tables()  # the other tables; it cannot fix a projection
+        with pytest.raises(TableMissing, match=r"does not project .*ws_url"):
+            await stores.admin.check_tables()
 
 
 class SilentServer:

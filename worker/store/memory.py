@@ -289,9 +289,10 @@ class MemoryStore:
         self.tables_created = True
         return created
 
-    async def check_tables(self) -> None:
+    async def check_tables(self) -> list[str]:
         if not self.tables_created:
             raise TableMissing("ResourceNotFoundException (run `streamlease table create`)")
+        return []
 
     async def get(self, stream_id: str) -> StreamRecord | None:
         item = self.items.get(stream_key(stream_id))

@@ -191,7 +191,9 @@ class JobStore(Protocol):
 class AdminStore(Protocol):
     async def create_tables(self) -> list[str]: ...
 
-    async def check_tables(self) -> None: ...
+    async def check_tables(self) -> list[str]:
+        """TableMissing (naming the fix) unless every table and index this version needs
+        is there; advice about what works but costs more (an older index projection)."""
 
     async def get(self, stream_id: str) -> StreamRecord | None: ...
 

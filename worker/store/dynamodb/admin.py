@@ -52,14 +52,29 @@ class DynamoAdmin(DynamoTable):
             await self._check_schema(definition)
         return created
 
-    async def check_tables(self) -> None:
-        """Raise TableMissing (with the fix) unless every table and index exists."""
+    async def check_tables(self) -> list[str]:
+        """Raise TableMissing (with the fix) unless every table and index exists and each
+        index holds the attributes the worker reads from it. An index that projects more
+        than needed works; it is returned as advice (it costs index writes)."""
+        advice: list[str] = []
         for definition in self.definitions():
+            name = definition["TableName"]
             missing = await self._missing_indexes(definition)
             if missing:
                 names = ", ".join(i["IndexName"] for i in missing)
-                raise TableMissing(f"table {definition['TableName']} lacks index {names} "
+                raise TableMissing(f"table {name} lacks index {names} "
                                    "(run `streamlease table create`)")
+            desc = (await self._call("describe_table", TableName=name))["Table"]
+            found = {i["IndexName"]: i for i in desc.get("GlobalSecondaryIndexes", [])}
+            for index in definition.get("GlobalSecondaryIndexes", []):
+                problem, note = _projection(found[index["IndexName"]], index)
+                if problem:
+                    raise TableMissing(f"table {name} index {index['IndexName']} {problem}; "
+                                       "delete the index and run `streamlease table create` "
+                                       "(or apply the terraform)")
+                if note:
+                    advice.append(f"table {name} index {index['IndexName']} {note}")
+        return advice
 
     async def _missing_indexes(self, definition: dict[str, Any]) -> list[dict[str, Any]]:
         desc = (await self._call("describe_table", TableName=definition["TableName"]))["Table"]
@@ -185,3 +200,21 @@ class DynamoAdmin(DynamoTable):
 
 def _key_schema(schema_list: Iterable[dict[str, str]]) -> list[tuple[str, str]]:
     return sorted((k["AttributeName"], k["KeyType"]) for k in schema_list)
+
+
+def _projection(have: dict[str, Any], want: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(what makes the existing index unusable, what makes it costly), either None."""
+    kind = have.get("Projection", {}).get("ProjectionType", "KEYS_ONLY")
+    wanted = want["Projection"]
+    needed = set(wanted.get("NonKeyAttributes", []))
+    if kind == "ALL":
+        if wanted["ProjectionType"] == "ALL":
+            return None, None
+        return None, ("projects ALL attributes: it works, but every sink checkpoint "
+                      "also writes the index; recreate it to project only "
+                      f"{wanted['ProjectionType']} {sorted(needed)} (see README, Upgrading)")
+    got = set(have.get("Projection", {}).get("NonKeyAttributes", []))
+    lacking = sorted(needed - got)
+    if lacking:
+        return f"does not project {', '.join(lacking)}", None
+    return None, None
