@@ -89,6 +89,6 @@ output "task_policy_json" {
 }
 
 output "operator_policy_json" {
-  description = "IAM policy for people and pipelines that run `streamlease table create`, `ctl` and `job put|list|remove|runs` against these tables; attach it to their role or group."
+  description = "IAM policy for people and pipelines that run `streamlease table create`, `ctl` and `job` (put, list, remove, runs) against these tables; attach it to their role or group."
   value       = data.aws_iam_policy_document.operator.json
 }
