@@ -2,8 +2,9 @@
 
 - ``module_report``: the module's committed tests (terraform/modules/streamlease/tests/)
   and the runs worker_cases.py generates from worker/config.py;
-- ``module_plans``: two plans of the module (defaults, and every input changed), printed
-  with ``-verbose`` so the tests can read what terraform would create;
+- ``module_plans``: plans of the module (defaults, every input changed, the fleet's
+  options, a Redis leader backend), printed with ``-verbose`` so the tests can read what
+  terraform would create;
 - ``example_report``: the example root's tests with terraform.tfvars.example, verbose.
 
 They start together in the background once the copy is initialised (with `terraform
@@ -49,6 +50,21 @@ PLAN_RUNS: dict[str, dict[str, Any]] = {
         "allowed_urls": ["wss://a.example/", "ws://b.example/"],
         "log_level": "debug",
     },
+    # The fleet's options: the leader backend from a secret under a customer key, Redis
+    # egress, tables for `job write`, a renamed fleet table.
+    "fleet": {
+        "fleet_table_name": "acme-fleet",
+        "leader_backend_secret_arn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
+                                     "streamlease/leader-AbCdEf",
+        "leader_backend_secret_kms_key_arn": "arn:aws:kms:eu-west-1:123456789012:key/"
+                                             "00000000-0000-0000-0000-00000000000c",
+        "leader_backend_egress": {"cidr_blocks": ["10.20.0.0/24"], "port": 6380},
+        "job_write_table_arns": ["arn:aws:dynamodb:eu-west-1:123456789012:table/ledger",
+                                 "arn:aws:dynamodb:eu-west-1:123456789012:table/reports"],
+        "metrics_address": "::",
+    },
+    # A Redis URL in the variable (no credentials): sensitive in the plan.
+    "redis": {"leader_backend": "rediss://cache.internal:6380/2"},
 }
 
 

@@ -61,6 +61,10 @@ STRICTER: list[tuple[dict[str, Any], str]] = [
     ({"allowed_urls": [" wss://a"]}, "the worker strips spaces; terraform refuses them"),
     ({"allowed_urls": ["wss://a,wss://b"]}, "the worker splits on commas; terraform wants "
                                             "one URL per list element"),
+    ({"leader_backend": "redis://streamlease:s3cret@cache.internal:6379/0"},
+     "the worker takes Redis credentials in the URL; terraform refuses them in the "
+     "variable, whose value lands in the task definition's environment (readable with "
+     "ecs:DescribeTaskDefinition): they belong in leader_backend_secret_arn"),
 ]
 
 TABLE_NAMES = ["abc", "a" * 255, "ev.t-1_x", "ab", "a" * 256, "bad name", "ev/t"]
@@ -79,6 +83,13 @@ def deployment_problems(values: dict[str, Any]) -> list[str]:
     if values["metrics_port"] < 1024:
         problems.append("metrics_port: the ECS health check needs /healthz on a port a "
                         "non-root container can bind")
+    if values["buffer_budget_bytes"] > values["memory"] * 1048576 / 2:
+        problems.append("buffer_budget_bytes: at most half the task memory; the other half "
+                        "holds the interpreter, connections, clients and requests in flight")
+    if str(values["leader_backend"]).lower() != "dynamodb" \
+            and values.get("leader_backend_secret_arn") is not None:
+        problems.append("leader_backend and leader_backend_secret_arn: one place for the "
+                        "leader backend")
     return problems
 
 

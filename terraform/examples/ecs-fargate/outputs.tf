@@ -18,12 +18,17 @@ output "events_table_name" {
   value       = module.streamlease.events_table_name
 }
 
+output "fleet_table_name" {
+  description = "Fleet table: STREAMLEASE_FLEET_TABLE for `streamlease ctl members` and `streamlease job`."
+  value       = module.streamlease.fleet_table_name
+}
+
 output "log_group_name" {
   description = "CloudWatch log group of the workers."
   value       = module.streamlease.log_group_name
 }
 
 output "operator_policy_json" {
-  description = "Attach to the role of whoever runs `streamlease ctl`."
+  description = "Attach to the role of whoever runs `streamlease ctl` and `streamlease job`."
   value       = module.streamlease.operator_policy_json
 }

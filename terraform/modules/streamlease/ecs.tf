@@ -9,19 +9,47 @@ locals {
   # calls finishing, the HTTP client closing and the interpreter exiting.
   stop_timeout_margin_seconds = 10
 
+  # Worst-case bytes one held stream buffers, as worker/core/stream.py
+  # stream_buffer_bytes(max_frame_bytes) computes it: websockets' receive queue (4
+  # frames), one 256 KiB socket read, the frame in the parser, the frame being handled as
+  # text (4 bytes a character) and one sink batch of 800,000 bytes, i.e.
+  # 9 x max_frame_bytes + 1,062,144. tests/infra/test_terraform.py pins both numbers.
+  stream_buffer_bytes_per_frame_byte = 9
+  stream_buffer_bytes_fixed          = 1062144
+
+  # STREAMLEASE_LEADER_BACKEND: from the secret when one is given (ECS `secrets`, so the
+  # value never passes through terraform), else the variable. The variable is sensitive;
+  # "dynamodb" is written as a plain literal so that a plan of the default deployment
+  # still shows the container definition.
+  leader_secret_kind = var.leader_backend_secret_arn == null ? null : (
+    strcontains(var.leader_backend_secret_arn, ":secretsmanager:") ? "secretsmanager" : "ssm"
+  )
+  leader_backend_default = nonsensitive(lower(var.leader_backend) == "dynamodb")
+  # (A conditional carries the marks of both its branches, so the variable itself sits
+  # in a filtered list: left out, it leaves no mark behind.)
+  leader_backend_env = var.leader_backend_secret_arn != null ? null : (
+    local.leader_backend_default ? "dynamodb" : one([for v in [var.leader_backend] : v if !local.leader_backend_default])
+  )
+  container_secrets = var.leader_backend_secret_arn == null ? [] : [{
+    name      = "STREAMLEASE_LEADER_BACKEND"
+    valueFrom = var.leader_backend_secret_arn
+  }]
+
   # Every worker setting, as the environment the worker reads (worker/config.py SETTINGS).
   # STREAMLEASE_WORKER_ID is left out on purpose: the worker then uses its ECS task id.
-  # A null value (safety margin not set) leaves the variable out, so the worker's own
-  # default (a tenth of the lease) applies.
+  # A null value (safety margin not set; the leader backend taken from a secret) leaves
+  # the variable out, so the worker's own default, or the secret, applies.
   worker_settings = {
     STREAMLEASE_TABLE                 = aws_dynamodb_table.streams.name
     STREAMLEASE_EVENTS_TABLE          = aws_dynamodb_table.events.name
+    STREAMLEASE_FLEET_TABLE           = aws_dynamodb_table.fleet.name
     STREAMLEASE_LEASE_SECONDS         = tostring(var.lease_seconds)
     STREAMLEASE_HEARTBEAT_SECONDS     = tostring(var.heartbeat_seconds)
     STREAMLEASE_RECONCILE_SECONDS     = tostring(var.reconcile_seconds)
     STREAMLEASE_MAX_STREAMS           = tostring(var.max_streams)
     STREAMLEASE_SHUTDOWN_SECONDS      = tostring(var.shutdown_seconds)
     STREAMLEASE_METRICS_PORT          = tostring(var.metrics_port)
+    STREAMLEASE_METRICS_ADDRESS       = var.metrics_address
     STREAMLEASE_ALLOWED_URLS          = join(",", var.allowed_urls)
     STREAMLEASE_LOG_FORMAT            = var.log_format
     STREAMLEASE_SKEW_MARGIN_SECONDS   = tostring(var.skew_margin_seconds)
@@ -32,6 +60,15 @@ locals {
     STREAMLEASE_BATCH_MAX_SECONDS     = tostring(var.batch_max_seconds)
     STREAMLEASE_MAX_FRAME_BYTES       = tostring(var.max_frame_bytes)
     STREAMLEASE_LOG_LEVEL             = var.log_level
+    STREAMLEASE_STREAM_LEASE_SECONDS  = tostring(var.stream_lease_seconds)
+    STREAMLEASE_STREAM_RENEW_SECONDS  = tostring(var.stream_renew_seconds)
+    STREAMLEASE_STREAM_CHECK_SECONDS  = tostring(var.stream_check_seconds)
+    STREAMLEASE_MIN_HOLD_SECONDS      = tostring(var.min_hold_seconds)
+    STREAMLEASE_LEADER_BACKEND        = local.leader_backend_env
+    STREAMLEASE_JOB_GRACE_SECONDS     = tostring(var.job_grace_seconds)
+    STREAMLEASE_MAX_SEQ_JUMP          = tostring(var.max_seq_jump)
+    STREAMLEASE_STALL_SECONDS         = tostring(var.stall_seconds)
+    STREAMLEASE_BUFFER_BUDGET_BYTES   = tostring(var.buffer_budget_bytes)
     AWS_REGION                        = data.aws_region.current.name
   }
   container_environment = [for k, v in local.worker_settings : { name = k, value = v } if v != null]
@@ -110,6 +147,7 @@ resource "aws_ecs_task_definition" "worker" {
     }]
 
     environment = local.container_environment
+    secrets     = local.container_secrets
 
     mountPoints = [{
       sourceVolume  = "tmp"
@@ -164,7 +202,35 @@ resource "aws_ecs_task_definition" "worker" {
       condition     = 1.2 * (var.sweep_seconds + var.reconcile_seconds) < 60
       error_message = "STREAMLEASE_SWEEP_SECONDS: 1.2 x (sweep_seconds + reconcile_seconds) must stay under 60, so hand-written items start within a minute."
     }
+    precondition {
+      condition     = var.stream_lease_seconds >= var.lease_seconds
+      error_message = "STREAMLEASE_STREAM_LEASE_SECONDS: stream_lease_seconds must be at least lease_seconds (the member lease), so a live member's streams never expire under it."
+    }
+    precondition {
+      condition     = var.stream_renew_seconds <= var.stream_lease_seconds / 3
+      error_message = "STREAMLEASE_STREAM_RENEW_SECONDS: stream_renew_seconds must be at most a third of stream_lease_seconds."
+    }
+    precondition {
+      condition     = var.stream_check_seconds <= var.stream_renew_seconds
+      error_message = "STREAMLEASE_STREAM_CHECK_SECONDS: stream_check_seconds must be at most stream_renew_seconds."
+    }
+    precondition {
+      condition     = var.skew_margin_seconds + coalesce(var.safety_margin_seconds, var.lease_seconds / 10) < var.stream_lease_seconds - var.stream_renew_seconds
+      error_message = "STREAMLEASE_STREAM_LEASE_SECONDS: stream_lease_seconds minus stream_renew_seconds must exceed the skew and safety margins, or a renewed stream could look expired to a peer."
+    }
+    precondition {
+      condition     = var.max_streams * (local.stream_buffer_bytes_per_frame_byte * var.max_frame_bytes + local.stream_buffer_bytes_fixed) <= var.buffer_budget_bytes
+      error_message = "STREAMLEASE_BUFFER_BUDGET_BYTES: max_streams x the buffers one stream may fill (9 x max_frame_bytes + 1062144 bytes) must fit in buffer_budget_bytes: lower max_streams or max_frame_bytes, or raise buffer_budget_bytes (and memory)."
+    }
     # Deployment rules.
+    precondition {
+      condition     = var.buffer_budget_bytes <= var.memory * 1048576 / 2
+      error_message = "buffer_budget_bytes must be at most half the task memory (memory x 1048576 / 2): the other half holds the interpreter, each connection's own state, the DynamoDB clients and the requests in flight. Raise memory or lower buffer_budget_bytes."
+    }
+    precondition {
+      condition     = local.leader_backend_default || var.leader_backend_secret_arn == null
+      error_message = "leader_backend and leader_backend_secret_arn both set: give the Redis URL in one place (the secret, if it holds credentials)."
+    }
     precondition {
       condition     = var.stop_timeout_seconds >= var.shutdown_seconds + local.stop_timeout_margin_seconds
       error_message = "stop_timeout_seconds must exceed shutdown_seconds by at least 10 s, or ECS kills the worker before it has released its leases (and Fargate allows at most 120: lower shutdown_seconds if needed)."

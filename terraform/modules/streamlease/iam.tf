@@ -1,8 +1,9 @@
 # Two roles: the task role the worker's AWS SDK uses, holding only the DynamoDB actions
-# `streamlease run` calls (worker/store/), and the execution role the ECS agent
-# uses to pull the image and ship logs. The operator policy (for people running
-# `streamlease ctl` and `table create`) is an output, attached to nothing here.
-# tests/infra/test_terraform.py pins each action set exactly.
+# `streamlease run` and `streamlease job write` (run by jobs, the worker's subprocesses)
+# call (worker/store/), and the execution role the ECS agent uses to pull the image, read
+# the leader backend's secret and ship logs. The operator policy (for people running
+# `streamlease table create`, `ctl` and `job`) is an output, attached to nothing here.
+# tests/infra/test_terraform.py pins each action set, resource and condition exactly.
 
 data "aws_caller_identity" "current" {}
 data "aws_region" "current" {}
@@ -49,15 +50,20 @@ data "aws_iam_policy_document" "ecs_tasks_assume" {
 # --- task role: what the worker calls -----------------------------------------------------
 
 locals {
+  owner_index_arn = "${aws_dynamodb_table.streams.arn}/index/${local.owner_index_name}"
+
   # Every streams attribute a worker's UpdateItem names, in its key, its condition or its
   # update expression: acquire (Pk, desired_state, lease_owner, lease_expires_at_ms,
-  # fence), renew and release (lease_owner, fence, lease_expires_at_ms), adopt (Pk,
-  # lease_expires_at_ms), record_error (Pk, last_error, last_error_at_ms) and the
-  # checkpoint Update inside the sink's transaction (lease_owner, fence, last_seq).
+  # fence, lease_epoch), renew and release (lease_owner, fence, lease_expires_at_ms),
+  # release on a dead member's behalf (lease_owner, fence, lease_expires_at_ms,
+  # lease_epoch), advance (lease_owner, fence, last_seq), adopt (Pk, lease_expires_at_ms),
+  # record_error (Pk, last_error, last_error_at_ms) and the checkpoint Update inside the
+  # sink's transaction (lease_owner, fence, last_seq).
   # The IAM documentation requires every key attribute of the table and of its indexes
-  # in such a list: Pk, desired_state and lease_expires_at_ms are. ws_url is not in it:
-  # only operators write it, so a worker's credentials cannot re-point a stream.
-  # tests/infra/test_terraform.py derives this list from worker/store/ and compares.
+  # in such a list: Pk, desired_state, lease_expires_at_ms, lease_owner and fence are.
+  # ws_url is not in it: only operators write it, so a worker's credentials cannot
+  # re-point a stream. tests/infra/test_terraform.py derives this list from worker/store/
+  # and compares.
   worker_stream_attributes = [
     "Pk",
     "desired_state",
@@ -65,37 +71,49 @@ locals {
     "last_error",
     "last_error_at_ms",
     "last_seq",
+    "lease_epoch",
     "lease_expires_at_ms",
     "lease_owner",
   ]
+
+  # Fleet-table partitions (Pk) the worker writes: its member row, the leader lease and
+  # job runs. Not JOB: jobs are the operators' (`streamlease job put`), and a job's
+  # command runs in every leader, so a task's credentials must not be able to write one.
+  # tests/infra/test_terraform.py reads these from the codec's key builders.
+  worker_fleet_updates = ["LEADER", "MEMBER", "RUN#*"]
+  worker_fleet_puts    = ["RUN#*"]
+  worker_fleet_deletes = ["MEMBER"]
+  worker_fleet_checks  = ["LEADER"]
 }
 
 data "aws_iam_policy_document" "task" {
-  # DescribeTable: start-up check that the table exists (check_tables).
-  # Scan: the sweep (Reconciler._sweep, a paginated Scan every STREAMLEASE_SWEEP_SECONDS)
-  #   finds the items the sparse index cannot show: hand-written items without
-  #   lease_expires_at_ms, and items whose desired_state is neither STARTED nor STOPPED.
-  #   The CONTRACT requires the first kind to start within 60 s and the second to get
-  #   last_error, and no Query can find an item by a missing attribute, so the Scan is
-  #   needed.
+  # DescribeTable: start-up check that the table and both indexes exist (check_tables).
+  # Scan: the sweep (the leader's, every STREAMLEASE_SWEEP_SECONDS) finds the items the
+  #   sparse index cannot show: hand-written items without lease_expires_at_ms, and items
+  #   whose desired_state is neither STARTED nor STOPPED. The CONTRACT requires the first
+  #   kind to start within 60 s and the second to get last_error, and no Query can find
+  #   an item by a missing attribute, so the Scan is needed.
+  # GetItem: a holder's check-in, a consistent read of its own item every
+  #   STREAMLEASE_STREAM_CHECK_SECONDS (ws_url changes, revocation, STOPPED).
   statement {
     sid       = "StreamsTable"
-    actions   = ["dynamodb:DescribeTable", "dynamodb:Scan"]
+    actions   = ["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Scan"]
     resources = [aws_dynamodb_table.streams.arn]
   }
 
-  # UpdateItem: acquire, renew, release, adopt (gives a hand-written item
-  #   lease_expires_at_ms = 0), record_error, and the checkpoint Update inside the sink's
-  #   TransactWriteItems (IAM has no TransactWriteItems action: each action inside a
-  #   transaction is authorised as its own item action). Only on the attributes above:
-  #   dynamodb:Attributes lists the attribute names a request reads, writes or tests in
-  #   a condition, so this also refuses a condition on any other attribute.
+  # UpdateItem: acquire, renew, release, release_for (a peer releasing a fenced member's
+  #   streams), advance, adopt (gives a hand-written item lease_expires_at_ms = 0),
+  #   record_error, and the checkpoint Update inside the sink's TransactWriteItems (IAM
+  #   has no TransactWriteItems action: each action inside a transaction is authorised as
+  #   its own item action). Only on the attributes above: dynamodb:Attributes lists the
+  #   attribute names a request reads, writes or tests in a condition, so this also
+  #   refuses a condition on any other attribute.
   #   Not restricted: dynamodb:ReturnValues. The IAM documentation pairs an attribute
   #   list with ReturnValues NONE/UPDATED_OLD/UPDATED_NEW to hide the other attributes
   #   from reads; acquire and renew ask for ALL_NEW, and acquire and the sink's Update
   #   for ALL_OLD on a failed condition (ReturnValuesOnConditionCheckFailure), so that
-  #   restriction would refuse them. Reading every attribute is granted by Scan anyway;
-  #   what the list guards is what a worker can write.
+  #   restriction would refuse them. Reading every attribute is granted by Scan and
+  #   GetItem anyway; what the list guards is what a worker can write.
   #   No Null guard on dynamodb:Attributes either: ForAllValues is true for an empty set,
   #   but an UpdateItem always names its key, so the set is never empty.
   statement {
@@ -110,17 +128,20 @@ data "aws_iam_policy_document" "task" {
     }
   }
 
-  # Query: the orphan query (orphans) on the sparse index only.
+  # Query: orphans and held-but-STOPPED streams on the sparse index; a dead member's
+  # streams on the owner index (owned_by). Nothing else is queried on this table.
   statement {
-    sid       = "OrphanIndex"
+    sid       = "StreamIndexes"
     actions   = ["dynamodb:Query"]
-    resources = [local.streams_index_arn]
+    resources = [local.streams_index_arn, local.owner_index_arn]
   }
 
-  # DescribeTable: start-up check.
+  # DescribeTable: start-up check. Query: the newest events item of a stream, read on
+  # acquire (its last seq and fence: the checkpoint moves forward to it if a batch landed
+  # whose checkpoint answer was lost).
   statement {
     sid       = "EventsTable"
-    actions   = ["dynamodb:DescribeTable"]
+    actions   = ["dynamodb:DescribeTable", "dynamodb:Query"]
     resources = [aws_dynamodb_table.events.arn]
   }
 
@@ -129,8 +150,8 @@ data "aws_iam_policy_document" "task" {
   # allow). The worker never writes an events item outside the sink's transaction, whose
   # Update carries the fence condition. This does not make IAM check what else a
   # transaction holds: credentials taken from a task could still send a transaction of
-  # Puts alone. No ConditionCheckItem: the transaction has no ConditionCheck action (its
-  # condition rides on the Update).
+  # Puts alone. No ConditionCheckItem on this table: the sink's condition rides on its
+  # Update.
   statement {
     sid       = "SinkPutsInTransactions"
     actions   = ["dynamodb:PutItem"]
@@ -140,6 +161,104 @@ data "aws_iam_policy_document" "task" {
       test     = "StringEquals"
       variable = "dynamodb:EnclosingOperation"
       values   = ["TransactWriteItems"]
+    }
+  }
+
+  # The fleet table. DescribeTable: start-up check. GetItem: the leader lease, read
+  # (consistently) before each attempt to take it. Query: every member row (one Query a
+  # heartbeat), the jobs, a job's recent runs.
+  statement {
+    sid       = "FleetTableReads"
+    actions   = ["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Query"]
+    resources = [aws_dynamodb_table.fleet.arn]
+  }
+
+  # Writes, each limited to the partitions (dynamodb:LeadingKeys, the Pk of the item
+  # written) the worker writes with it. No dynamodb:Attributes list here: every
+  # attribute in these partitions is the worker's own, so a list would refuse nothing a
+  # task's credentials could not do anyway; the partition is what separates the
+  # operators' jobs from the worker's state.
+  # UpdateItem: register, heartbeat, fence a dead member and mark its streams released
+  #   (MEMBER); acquire, renew, resign the leader lease (LEADER); finish or abandon a run
+  #   (RUN#<job>).
+  statement {
+    sid       = "FleetStateWrites"
+    actions   = ["dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.fleet.arn]
+
+    condition {
+      test     = "ForAllValues:StringLike"
+      variable = "dynamodb:LeadingKeys"
+      values   = local.worker_fleet_updates
+    }
+  }
+
+  # PutItem: claim a job's slot (a run record, RUN#<job>): with the DynamoDB leader
+  # backend inside the leader's fenced TransactWriteItems (a ConditionCheck on the leader
+  # item plus this Put), with a Redis leader backend as a plain conditional PutItem. So
+  # no EnclosingOperation condition: that would refuse the Redis backend's claims.
+  statement {
+    sid       = "FleetJobRunClaims"
+    actions   = ["dynamodb:PutItem"]
+    resources = [aws_dynamodb_table.fleet.arn]
+
+    condition {
+      test     = "ForAllValues:StringLike"
+      variable = "dynamodb:LeadingKeys"
+      values   = local.worker_fleet_puts
+    }
+  }
+
+  # DeleteItem: a member leaving cleanly deletes its own row (conditioned on its epoch).
+  statement {
+    sid       = "FleetMemberLeaves"
+    actions   = ["dynamodb:DeleteItem"]
+    resources = [aws_dynamodb_table.fleet.arn]
+
+    condition {
+      test     = "ForAllValues:StringLike"
+      variable = "dynamodb:LeadingKeys"
+      values   = local.worker_fleet_deletes
+    }
+  }
+
+  # ConditionCheckItem: the fence check of every fenced write (the leader's slot claims
+  # and `streamlease job write`): the leader item still carries the writer's fence. It
+  # exists only inside TransactWriteItems; the EnclosingOperation condition says so.
+  statement {
+    sid       = "FleetFenceChecks"
+    actions   = ["dynamodb:ConditionCheckItem"]
+    resources = [aws_dynamodb_table.fleet.arn]
+
+    condition {
+      test     = "ForAllValues:StringLike"
+      variable = "dynamodb:LeadingKeys"
+      values   = local.worker_fleet_checks
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "dynamodb:EnclosingOperation"
+      values   = ["TransactWriteItems"]
+    }
+  }
+
+  # PutItem into the tables jobs write with `streamlease job write --table T` (run by
+  # jobs, the worker's subprocesses, with this role), only inside a TransactWriteItems:
+  # job write always sends the Put together with the fence check above, so a plain
+  # PutItem with these credentials is refused. None by default.
+  dynamic "statement" {
+    for_each = length(var.job_write_table_arns) == 0 ? [] : [var.job_write_table_arns]
+    content {
+      sid       = "JobWritesInTransactions"
+      actions   = ["dynamodb:PutItem"]
+      resources = statement.value
+
+      condition {
+        test     = "StringEquals"
+        variable = "dynamodb:EnclosingOperation"
+        values   = ["TransactWriteItems"]
+      }
     }
   }
 }
@@ -155,6 +274,19 @@ resource "aws_iam_role_policy" "task" {
   name   = "dynamodb"
   role   = aws_iam_role.task.id
   policy = data.aws_iam_policy_document.task.json
+
+  lifecycle {
+    # A job writing into the module's own tables would bypass what guards them: a Put
+    # replaces a whole streams item (ws_url included), forges sink events outside the
+    # fence, or plants a job (a command every leader runs) in the fleet table.
+    precondition {
+      condition = length(setintersection(
+        [for arn in var.job_write_table_arns : element(split("/", arn), 1)],
+        [var.table_name, var.events_table_name, var.fleet_table_name],
+      )) == 0
+      error_message = "job_write_table_arns must not name the module's own tables (streams, events, fleet)."
+    }
+  }
 }
 
 # --- execution role: image pull and logs ----------------------------------------------------
@@ -172,6 +304,43 @@ data "aws_iam_policy_document" "execution" {
       sid       = "PullWorkerImage"
       actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
       resources = [statement.value]
+    }
+  }
+
+  # STREAMLEASE_LEADER_BACKEND from a secret (ECS `secrets`): the agent reads it when it
+  # starts a task and hands it to the container as an environment variable.
+  dynamic "statement" {
+    for_each = local.leader_secret_kind == "secretsmanager" ? [var.leader_backend_secret_arn] : []
+    content {
+      sid       = "ReadLeaderBackendSecret"
+      actions   = ["secretsmanager:GetSecretValue"]
+      resources = [statement.value]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = local.leader_secret_kind == "ssm" ? [var.leader_backend_secret_arn] : []
+    content {
+      sid       = "ReadLeaderBackendParameter"
+      actions   = ["ssm:GetParameters"]
+      resources = [statement.value]
+    }
+  }
+
+  # A secret or SecureString under a customer managed key: decrypt, only through the
+  # service that holds it.
+  dynamic "statement" {
+    for_each = local.leader_secret_kind != null && var.leader_backend_secret_kms_key_arn != null ? [var.leader_backend_secret_kms_key_arn] : []
+    content {
+      sid       = "DecryptLeaderBackendSecret"
+      actions   = ["kms:Decrypt"]
+      resources = [statement.value]
+
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = ["${local.leader_secret_kind}.${data.aws_region.current.name}.amazonaws.com"]
+      }
     }
   }
 
@@ -200,12 +369,14 @@ resource "aws_iam_role_policy" "execution" {
   policy = data.aws_iam_policy_document.execution.json
 }
 
-# --- operator policy: for people who run `streamlease ctl` / `table create` ----------------
+# --- operator policy: for people who run `streamlease table create`, `ctl` and `job` -----
 
 data "aws_iam_policy_document" "operator" {
-  # table create: CreateTable, DescribeTable (waits until ACTIVE, checks the schema).
-  # ctl start/stop/show/export: GetItem. ctl start/stop/release: UpdateItem.
-  # ctl list: Scan.
+  # table create: CreateTable, DescribeTable (waits until ACTIVE, checks the schema),
+  #   UpdateTable (adds an index a table made by an earlier version lacks: the streams
+  #   table is the only one with indexes).
+  # ctl start/stop/show/release/export: GetItem. ctl start/stop/release: UpdateItem.
+  # ctl list, ctl members (the STARTED streams a fair share is computed from): Scan.
   statement {
     sid = "StreamsTable"
     actions = [
@@ -214,6 +385,7 @@ data "aws_iam_policy_document" "operator" {
       "dynamodb:GetItem",
       "dynamodb:Scan",
       "dynamodb:UpdateItem",
+      "dynamodb:UpdateTable",
     ]
     resources = [aws_dynamodb_table.streams.arn]
   }
@@ -223,5 +395,28 @@ data "aws_iam_policy_document" "operator" {
     sid       = "EventsTable"
     actions   = ["dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:Query"]
     resources = [aws_dynamodb_table.events.arn]
+  }
+
+  # table create: CreateTable, DescribeTable. ctl members: Query (member rows);
+  # job list and job runs: Query (jobs, a job's runs); job runs: GetItem (does the job
+  # exist when it has no runs).
+  statement {
+    sid       = "FleetTable"
+    actions   = ["dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Query"]
+    resources = [aws_dynamodb_table.fleet.arn]
+  }
+
+  # job put: PutItem; job remove: DeleteItem. Only job items (Pk JOB): operators never
+  # write the members' rows, the leader lease or run records.
+  statement {
+    sid       = "FleetJobs"
+    actions   = ["dynamodb:DeleteItem", "dynamodb:PutItem"]
+    resources = [aws_dynamodb_table.fleet.arn]
+
+    condition {
+      test     = "ForAllValues:StringLike"
+      variable = "dynamodb:LeadingKeys"
+      values   = ["JOB"]
+    }
   }
 }

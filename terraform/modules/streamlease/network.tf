@@ -2,7 +2,8 @@
 #   - 443 to AWS APIs (DynamoDB; on Fargate the image pull from ECR/S3 and the awslogs
 #     driver also leave through the task's network interface), optionally to a DynamoDB
 #     gateway endpoint's prefix list;
-#   - the upstream WebSocket servers (var.upstream_egress; default 443 anywhere).
+#   - the upstream WebSocket servers (var.upstream_egress; default 443 anywhere);
+#   - a Redis leader backend (var.leader_backend_egress; default none).
 # DNS, the task metadata and credentials endpoints (169.254.170.2) and NTP are not
 # filtered by security groups, so they need no rule.
 # Ingress: the metrics port (/metrics, /healthz, /readyz), from the scraper's group only.
@@ -21,6 +22,12 @@ locals {
       to_port     = rule.to_port
       description = rule.description
     }]]),
+    var.leader_backend_egress == null ? [] : [for cidr in var.leader_backend_egress.cidr_blocks : {
+      cidr        = cidr
+      from_port   = var.leader_backend_egress.port
+      to_port     = var.leader_backend_egress.port
+      description = "Redis leader backend (STREAMLEASE_LEADER_BACKEND)"
+    }],
   )
 
   # One rule per CIDR and port range: AWS refuses duplicate rules, and the AWS API and

@@ -24,12 +24,12 @@ output "container_name" {
 }
 
 output "task_role_arn" {
-  description = "Role the worker's AWS SDK runs as (DynamoDB lease and sink calls only)."
+  description = "Role the worker's AWS SDK (and its jobs) run as: DynamoDB calls only."
   value       = aws_iam_role.task.arn
 }
 
 output "execution_role_arn" {
-  description = "Role the ECS agent uses to pull the image and write logs."
+  description = "Role the ECS agent uses to pull the image, read the leader backend's secret and write logs."
   value       = aws_iam_role.execution.arn
 }
 
@@ -53,6 +53,21 @@ output "streams_index_name" {
   value       = local.streams_index_name
 }
 
+output "owner_index_name" {
+  description = "The owner index on the streams table (a dead member's streams)."
+  value       = local.owner_index_name
+}
+
+output "fleet_table_name" {
+  description = "Fleet table (STREAMLEASE_FLEET_TABLE): member rows, the leader lease, jobs and their runs."
+  value       = aws_dynamodb_table.fleet.name
+}
+
+output "fleet_table_arn" {
+  description = "Fleet table ARN."
+  value       = aws_dynamodb_table.fleet.arn
+}
+
 output "events_table_name" {
   description = "Events (sink) table (STREAMLEASE_EVENTS_TABLE)."
   value       = aws_dynamodb_table.events.name
@@ -74,6 +89,6 @@ output "task_policy_json" {
 }
 
 output "operator_policy_json" {
-  description = "IAM policy for people and pipelines that run `streamlease ctl` and `streamlease table create` against these tables; attach it to their role or group."
+  description = "IAM policy for people and pipelines that run `streamlease table create`, `ctl` and `job` (put, list, remove, runs) against these tables; attach it to their role or group."
   value       = data.aws_iam_policy_document.operator.json
 }

@@ -132,6 +132,25 @@ variable "upstream_egress" {
   }
 }
 
+variable "leader_backend_egress" {
+  description = "Where a Redis leader backend is (STREAMLEASE_LEADER_BACKEND=redis://...): IPv4 CIDRs and the port the tasks may reach; null (the default, for the DynamoDB backend): no rule."
+  type = object({
+    cidr_blocks = list(string)
+    port        = number
+  })
+  default = null
+
+  validation {
+    condition = var.leader_backend_egress == null ? true : (
+      length(var.leader_backend_egress.cidr_blocks) > 0
+      && alltrue([for c in var.leader_backend_egress.cidr_blocks : can(cidrnetmask(c))])
+      && floor(var.leader_backend_egress.port) == var.leader_backend_egress.port
+      && var.leader_backend_egress.port >= 1 && var.leader_backend_egress.port <= 65535
+    )
+    error_message = "leader_backend_egress: at least one IPv4 CIDR and a port from 1 to 65535, or null."
+  }
+}
+
 # --- ECS ---------------------------------------------------------------------------------
 
 variable "desired_count" {
@@ -257,7 +276,7 @@ variable "log_kms_key_arn" {
 # --- DynamoDB ----------------------------------------------------------------------------
 
 variable "dynamodb_kms_key_arn" {
-  description = "Customer managed KMS key for both tables; null: the AWS managed key (aws/dynamodb). The key policy must allow use through DynamoDB (kms:ViaService) by the task role and operators."
+  description = "Customer managed KMS key for the three tables; null: the AWS managed key (aws/dynamodb). The key policy must allow use through DynamoDB (kms:ViaService) by the task role and operators."
   type        = string
   default     = null
 
@@ -268,9 +287,44 @@ variable "dynamodb_kms_key_arn" {
 }
 
 variable "deletion_protection" {
-  description = "DynamoDB deletion protection on both tables."
+  description = "DynamoDB deletion protection on the three tables."
   type        = bool
   default     = true
+}
+
+variable "job_write_table_arns" {
+  description = "Tables that jobs may write with `streamlease job write --table T` (ARNs, not the module's own tables): the task role may PutItem into them only inside a TransactWriteItems, i.e. only with the leader's fence check. Empty: none."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for a in var.job_write_table_arns : can(regex("^arn:aws[a-z-]*:dynamodb:[a-z0-9-]+:[0-9]{12}:table/[a-zA-Z0-9_.-]{3,255}$", a))])
+    error_message = "job_write_table_arns: DynamoDB table ARNs (arn:aws:dynamodb:REGION:ACCOUNT:table/NAME), no index ARNs or wildcards."
+  }
+}
+
+# --- the leader backend's secret -----------------------------------------------------------
+
+variable "leader_backend_secret_arn" {
+  description = "A Secrets Manager secret (its ARN, the whole secret a string) or an SSM parameter (SecureString) holding STREAMLEASE_LEADER_BACKEND, e.g. rediss://user:password@host:6380/0. ECS injects it into the container (`secrets`); the execution role may read this one secret. It never passes through terraform. null: leader_backend applies."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.leader_backend_secret_arn == null ? true : can(regex("^arn:aws[a-z-]*:(secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+|ssm:[a-z0-9-]+:[0-9]{12}:parameter/[A-Za-z0-9/_.-]+)$", var.leader_backend_secret_arn))
+    error_message = "leader_backend_secret_arn: a Secrets Manager secret ARN (without a JSON key or version suffix) or an SSM parameter ARN, or null."
+  }
+}
+
+variable "leader_backend_secret_kms_key_arn" {
+  description = "Customer managed KMS key of leader_backend_secret_arn, if it has one: the execution role may decrypt with it through Secrets Manager or SSM only. null: the AWS managed key, which needs no grant."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.leader_backend_secret_kms_key_arn == null ? true : can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/.+$", var.leader_backend_secret_kms_key_arn))
+    error_message = "leader_backend_secret_kms_key_arn: a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID) or null."
+  }
 }
 
 # --- worker settings (STREAMLEASE_*; defaults and rules of worker/config.py) --------------
@@ -289,6 +343,17 @@ variable "table_name" {
   }
 }
 
+variable "fleet_table_name" {
+  description = "STREAMLEASE_FLEET_TABLE: the fleet table (member rows, the leader lease, jobs and their runs)."
+  type        = string
+  default     = "streamlease-fleet"
+
+  validation {
+    condition     = can(regex("^[a-zA-Z0-9_.-]{3,255}$", var.fleet_table_name))
+    error_message = "fleet_table_name: 3-255 characters of letters, digits, '_', '-' and '.'."
+  }
+}
+
 variable "events_table_name" {
   description = "STREAMLEASE_EVENTS_TABLE: the sink table."
   type        = string
@@ -301,7 +366,7 @@ variable "events_table_name" {
 }
 
 variable "lease_seconds" {
-  description = "STREAMLEASE_LEASE_SECONDS: lease time to live."
+  description = "STREAMLEASE_LEASE_SECONDS: a member's lease: a worker whose heartbeat counter has not moved for this long, as its peers observe it, is declared dead."
   type        = number
   default     = 20
 
@@ -312,7 +377,7 @@ variable "lease_seconds" {
 }
 
 variable "heartbeat_seconds" {
-  description = "STREAMLEASE_HEARTBEAT_SECONDS: renewal interval; must be under a third of the lease."
+  description = "STREAMLEASE_HEARTBEAT_SECONDS: member heartbeat interval; must be under a third of the lease."
   type        = number
   default     = 5
 
@@ -363,6 +428,17 @@ variable "metrics_port" {
   validation {
     condition     = floor(var.metrics_port) == var.metrics_port && var.metrics_port >= 0 && var.metrics_port <= 65535
     error_message = "metrics_port: a whole number from 0 to 65535."
+  }
+}
+
+variable "metrics_address" {
+  description = "STREAMLEASE_METRICS_ADDRESS: the IP address /metrics and the health endpoints listen on. The default, every address, lets the scraper reach the task; the security group admits only scraper_security_group_id."
+  type        = string
+  default     = "0.0.0.0"
+
+  validation {
+    condition     = can(cidrhost("${var.metrics_address}/32", 0)) || can(cidrhost("${var.metrics_address}/128", 0))
+    error_message = "metrics_address: an IPv4 or IPv6 address such as 0.0.0.0, 127.0.0.1 or :: (no host name)."
   }
 }
 
@@ -476,5 +552,115 @@ variable "log_level" {
   validation {
     condition     = contains(["DEBUG", "INFO", "WARNING", "ERROR"], upper(var.log_level))
     error_message = "log_level: DEBUG, INFO, WARNING or ERROR."
+  }
+}
+
+variable "stream_lease_seconds" {
+  description = "STREAMLEASE_STREAM_LEASE_SECONDS: each stream's own lease, the safety net under membership; at least lease_seconds."
+  type        = number
+  default     = 1800
+
+  validation {
+    condition     = var.stream_lease_seconds >= 0.1 && var.stream_lease_seconds <= 86400
+    error_message = "stream_lease_seconds: from 0.1 to 86400 seconds."
+  }
+}
+
+variable "stream_renew_seconds" {
+  description = "STREAMLEASE_STREAM_RENEW_SECONDS: how often a holder renews a stream's lease; at most a third of stream_lease_seconds."
+  type        = number
+  default     = 600
+
+  validation {
+    condition     = var.stream_renew_seconds >= 0.03 && var.stream_renew_seconds <= 28800
+    error_message = "stream_renew_seconds: from 0.03 to 28800 seconds."
+  }
+}
+
+variable "stream_check_seconds" {
+  description = "STREAMLEASE_STREAM_CHECK_SECONDS: how often a holder reads its stream's item (ws_url changes, revocation); at most stream_renew_seconds."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.stream_check_seconds >= 0.01 && var.stream_check_seconds <= 3600
+    error_message = "stream_check_seconds: from 0.01 to 3600 seconds."
+  }
+}
+
+variable "min_hold_seconds" {
+  description = "STREAMLEASE_MIN_HOLD_SECONDS: a stream is never handed over for balance sooner after it was acquired."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.min_hold_seconds >= 0 && var.min_hold_seconds <= 86400
+    error_message = "min_hold_seconds: from 0 to 86400 seconds."
+  }
+}
+
+variable "leader_backend" {
+  description = "STREAMLEASE_LEADER_BACKEND: where the fleet leader lease lives: dynamodb (the fleet table) or redis://host:port/db (rediss:// for TLS), without credentials (a URL with user info belongs in leader_backend_secret_arn). Sensitive: plans show it as (sensitive value)."
+  type        = string
+  default     = "dynamodb"
+  sensitive   = true
+
+  validation {
+    condition     = !strcontains(var.leader_backend, "@")
+    error_message = "leader_backend: no user info here: the task definition's environment is readable with ecs:DescribeTaskDefinition. Put a Redis URL with credentials in a secret and pass leader_backend_secret_arn."
+  }
+
+  validation {
+    condition = lower(var.leader_backend) == "dynamodb" || (
+      can(regex("^(?i:rediss?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*)(:[0-9]{1,5})?(/[0-9]{0,10})?$", var.leader_backend))
+      && try(tonumber(regex(":([0-9]+)$", regex("^[^:]+://([^/]*)", var.leader_backend)[0])[0]), 6379) >= 1
+      && try(tonumber(regex(":([0-9]+)$", regex("^[^:]+://([^/]*)", var.leader_backend)[0])[0]), 6379) <= 65535
+      && try(tonumber(regex("//[^/]*/([0-9]+)$", var.leader_backend)[0]), 0) <= 2147483647
+    )
+    error_message = "leader_backend: dynamodb, redis://host:port/db or rediss://host:port/db (host a DNS name, an IPv4 address or [IPv6]; port 1-65535; db 0-2147483647)."
+  }
+}
+
+variable "job_grace_seconds" {
+  description = "STREAMLEASE_JOB_GRACE_SECONDS: a job stopped for its timeout, a lost lease or a shutdown gets SIGTERM, then SIGKILL this long after."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.job_grace_seconds >= 0.1 && var.job_grace_seconds <= 600
+    error_message = "job_grace_seconds: from 0.1 to 600 seconds."
+  }
+}
+
+variable "max_seq_jump" {
+  description = "STREAMLEASE_MAX_SEQ_JUMP: largest forward jump of seq over the highest received; a larger one is refused as malformed."
+  type        = number
+  default     = 1000000000
+
+  validation {
+    condition     = floor(var.max_seq_jump) == var.max_seq_jump && var.max_seq_jump >= 1 && var.max_seq_jump <= 9223372036854775807
+    error_message = "max_seq_jump: a whole number from 1 to 9223372036854775807."
+  }
+}
+
+variable "stall_seconds" {
+  description = "STREAMLEASE_STALL_SECONDS: a stream that receives frames but can deliver none of them for this long reports it (last_error, streamlease_stalled_streams)."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.stall_seconds >= 1 && var.stall_seconds <= 86400
+    error_message = "stall_seconds: from 1 to 86400 seconds."
+  }
+}
+
+variable "buffer_budget_bytes" {
+  description = "STREAMLEASE_BUFFER_BUDGET_BYTES: bytes all held streams may buffer at most; max_streams x one stream's worst case (from max_frame_bytes) must fit in it, and it at most half the task memory."
+  type        = number
+  default     = 536870912
+
+  validation {
+    condition     = floor(var.buffer_budget_bytes) == var.buffer_budget_bytes && var.buffer_budget_bytes >= 1048576 && var.buffer_budget_bytes <= 1099511627776
+    error_message = "buffer_budget_bytes: a whole number from 1048576 (1 MiB) to 1099511627776 (1 TiB)."
   }
 }

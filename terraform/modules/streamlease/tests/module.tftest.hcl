@@ -19,11 +19,31 @@ run "defaults" {
 
   # --- tables ---
   assert {
-    condition = alltrue([for t in [aws_dynamodb_table.streams, aws_dynamodb_table.events] :
+    condition = alltrue([for t in [aws_dynamodb_table.streams, aws_dynamodb_table.events, aws_dynamodb_table.fleet] :
       t.point_in_time_recovery[0].enabled && t.server_side_encryption[0].enabled
       && t.deletion_protection_enabled && t.billing_mode == "PAY_PER_REQUEST"
     ])
-    error_message = "Both tables need point-in-time recovery, encryption at rest, deletion protection and on-demand billing."
+    error_message = "The three tables need point-in-time recovery, encryption at rest, deletion protection and on-demand billing."
+  }
+
+  assert {
+    condition = (
+      aws_dynamodb_table.fleet.name == "streamlease-fleet"
+      && output.fleet_table_name == aws_dynamodb_table.fleet.name
+      && output.fleet_table_arn == aws_dynamodb_table.fleet.arn
+    )
+    error_message = "The fleet table is STREAMLEASE_FLEET_TABLE's default, and its name and ARN are outputs."
+  }
+
+  # --- the leader backend: DynamoDB, in plain sight ---
+  assert {
+    condition = (
+      issensitive(aws_ecs_task_definition.worker.container_definitions) == false
+      && jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].secrets == []
+      && contains(jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].environment,
+      { name = "STREAMLEASE_LEADER_BACKEND", value = "dynamodb" })
+    )
+    error_message = "With the default DynamoDB leader backend the plan shows the container in full, and takes nothing from a secret."
   }
 
   # --- task definition ---
@@ -250,10 +270,11 @@ run "scraper_endpoints_and_keys" {
     condition = (
       aws_dynamodb_table.streams.server_side_encryption[0].kms_key_arn == var.dynamodb_kms_key_arn
       && aws_dynamodb_table.events.server_side_encryption[0].kms_key_arn == var.dynamodb_kms_key_arn
+      && aws_dynamodb_table.fleet.server_side_encryption[0].kms_key_arn == var.dynamodb_kms_key_arn
       && aws_cloudwatch_log_group.worker.kms_key_id == var.log_kms_key_arn
       && aws_cloudwatch_log_group.worker.retention_in_days == 30
     )
-    error_message = "Customer keys reach both tables and the log group; retention follows the input."
+    error_message = "Customer keys reach the three tables and the log group; retention follows the input."
   }
 
   assert {
@@ -263,4 +284,73 @@ run "scraper_endpoints_and_keys" {
     )
     error_message = "The architecture and the metrics port follow the inputs."
   }
+}
+
+run "redis_leader_backend" {
+  command = plan
+
+  variables {
+    leader_backend        = "rediss://cache.internal:6380/0"
+    leader_backend_egress = { cidr_blocks = ["10.20.0.0/24", "10.21.0.0/24"], port = 6380 }
+  }
+
+  assert {
+    condition = { for k, r in aws_vpc_security_group_egress_rule.worker : k => [r.cidr_ipv4, r.from_port, r.to_port] } == {
+      "0.0.0.0/0 443-443"      = ["0.0.0.0/0", 443, 443]
+      "10.20.0.0/24 6380-6380" = ["10.20.0.0/24", 6380, 6380]
+      "10.21.0.0/24 6380-6380" = ["10.21.0.0/24", 6380, 6380]
+    }
+    error_message = "A Redis leader backend adds egress to its CIDRs on its port, nothing else."
+  }
+
+  assert {
+    condition     = strcontains(aws_vpc_security_group_egress_rule.worker["10.20.0.0/24 6380-6380"].description, "Redis")
+    error_message = "The Redis rule says what it is for."
+  }
+
+  assert {
+    condition     = issensitive(aws_ecs_task_definition.worker.container_definitions)
+    error_message = "A Redis URL in the variable makes the container definition sensitive: plans do not show it."
+  }
+}
+
+run "leader_backend_from_a_secret" {
+  command = plan
+
+  variables {
+    leader_backend_secret_arn = "arn:aws:ssm:eu-west-1:123456789012:parameter/streamlease/leader-backend"
+  }
+
+  assert {
+    condition = (
+      jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].secrets == [
+        { name = "STREAMLEASE_LEADER_BACKEND", valueFrom = var.leader_backend_secret_arn },
+      ]
+      && length([for e in jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].environment :
+      e if e.name == "STREAMLEASE_LEADER_BACKEND"]) == 0
+    )
+    error_message = "The leader backend comes from the secret (ECS secrets), not from the environment."
+  }
+
+  assert {
+    condition = (
+      one([for s in data.aws_iam_policy_document.execution.statement : s.actions if s.sid == "ReadLeaderBackendParameter"]) == toset(["ssm:GetParameters"])
+      && one([for s in data.aws_iam_policy_document.execution.statement : s.resources if s.sid == "ReadLeaderBackendParameter"]) == toset([var.leader_backend_secret_arn])
+      && length([for s in data.aws_iam_policy_document.execution.statement : s if s.sid == "DecryptLeaderBackendSecret"]) == 0
+    )
+    error_message = "The execution role reads that one parameter (and needs no KMS grant for the AWS managed key)."
+  }
+}
+
+run "job_writes_into_the_module_s_own_tables" {
+  command = plan
+
+  variables {
+    job_write_table_arns = [
+      "arn:aws:dynamodb:eu-west-1:123456789012:table/ledger",
+      "arn:aws:dynamodb:eu-west-1:123456789012:table/streamlease-fleet",
+    ]
+  }
+
+  expect_failures = [aws_iam_role_policy.task]
 }

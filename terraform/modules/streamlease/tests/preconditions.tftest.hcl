@@ -29,6 +29,26 @@ run "every_rule_holds_at_its_edge" {
     shutdown_seconds      = 25
     stop_timeout_seconds  = 35
     metrics_port          = 1024
+    # renew a third of the stream lease, check-in as long as the renewal, the margins
+    # (8.99 + 2.99) just under stream lease - renewal (12)
+    stream_lease_seconds = 18
+    stream_renew_seconds = 6
+    stream_check_seconds = 6
+    # 100 streams of 262,144-byte frames need exactly 342,144,000 bytes
+    max_streams         = 100
+    max_frame_bytes     = 262144
+    buffer_budget_bytes = 342144000
+  }
+}
+
+run "stream_lease_as_long_as_the_member_lease" {
+  command = plan
+
+  variables {
+    lease_seconds        = 20
+    stream_lease_seconds = 20
+    stream_renew_seconds = 6
+    stream_check_seconds = 6
   }
 }
 
@@ -71,6 +91,91 @@ run "sweep_and_reconcile_reach_a_minute" {
   variables {
     sweep_seconds     = 45
     reconcile_seconds = 5
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "stream_lease_under_the_member_lease" {
+  command = plan
+
+  variables {
+    lease_seconds        = 9
+    heartbeat_seconds    = 2
+    stream_lease_seconds = 8.99
+    stream_renew_seconds = 2
+    stream_check_seconds = 2
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "stream_renewal_over_a_third_of_the_stream_lease" {
+  command = plan
+
+  variables {
+    stream_lease_seconds = 1800
+    stream_renew_seconds = 600.01
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "stream_check_over_the_renewal_interval" {
+  command = plan
+
+  variables {
+    stream_renew_seconds = 600
+    stream_check_seconds = 600.01
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+# skew 12 + safety 2 (a tenth of the lease) = stream lease 20 - renewal 6
+run "margins_reach_the_stream_lease_minus_the_renewal" {
+  command = plan
+
+  variables {
+    lease_seconds        = 20
+    skew_margin_seconds  = 12
+    stream_lease_seconds = 20
+    stream_renew_seconds = 6
+    stream_check_seconds = 6
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "buffers_one_byte_over_the_budget" {
+  command = plan
+
+  variables {
+    max_streams         = 100
+    max_frame_bytes     = 262144
+    buffer_budget_bytes = 342143999
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "buffer_budget_over_half_the_memory" {
+  command = plan
+
+  variables {
+    memory              = 1024
+    buffer_budget_bytes = 536870913
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "leader_backend_in_two_places" {
+  command = plan
+
+  variables {
+    leader_backend            = "redis://cache.internal:6379/0"
+    leader_backend_secret_arn = "arn:aws:ssm:eu-west-1:123456789012:parameter/streamlease/leader-backend"
   }
 
   expect_failures = [aws_ecs_task_definition.worker]

@@ -54,21 +54,69 @@ run "accepts_upper_and_other_edges" {
     dynamodb_kms_key_arn  = "arn:aws-cn:kms:cn-north-1:123456789012:key/00000000-0000-0000-0000-000000000000"
     table_name            = join("", [for i in range(255) : "a"])
     events_table_name     = "ev.t-1_x"
+    fleet_table_name      = "FL.t-1_x"
     lease_seconds         = 3600
     heartbeat_seconds     = 1199
     skew_margin_seconds   = 3599
     safety_margin_seconds = 1199
     sweep_seconds         = 49.9
     reconcile_seconds     = 0.01
-    max_streams           = 100000
     metrics_port          = 65535
+    metrics_address       = "::"
     allowed_urls          = ["ws://127.0.0.1", "wss://"]
     log_format            = "TEXT"
     log_level             = "debug"
     acquire_per_cycle     = 10000
     batch_max_messages    = 1000
     batch_max_seconds     = 60
-    max_frame_bytes       = 300000
+    stream_lease_seconds  = 86400
+    stream_renew_seconds  = 28800
+    stream_check_seconds  = 3600
+    min_hold_seconds      = 86400
+    leader_backend        = "REDISS://[2001:db8::1]:65535/2147483647"
+    job_grace_seconds     = 600
+    max_seq_jump          = 9223372036854775807
+    stall_seconds         = 86400
+    # The most one task can buffer: half of its 120 GiB (the memory rule's edge), which
+    # 17,124 streams of 300,000-byte frames fill (the buffer rule's edge).
+    max_frame_bytes     = 300000
+    max_streams         = 17124
+    buffer_budget_bytes = 64424509440
+    leader_backend_egress = {
+      cidr_blocks = ["10.0.0.0/8", "192.168.1.0/24"]
+      port        = 65535
+    }
+    job_write_table_arns = [
+      "arn:aws:dynamodb:eu-west-1:123456789012:table/ledger",
+      "arn:aws-us-gov:dynamodb:us-gov-west-1:123456789012:table/${join("", [for i in range(255) : "b"])}",
+    ]
+    leader_backend_secret_kms_key_arn = "arn:aws:kms:eu-west-1:123456789012:key/00000000-0000-0000-0000-000000000000"
+  }
+}
+
+# The largest counts the worker accepts: no Fargate task can hold what 100,000 streams of
+# 300,000-byte frames may buffer in half its memory, so the memory rule refuses them
+# (and only it: every input is valid).
+run "accepts_counts_no_task_can_buffer" {
+  command = plan
+
+  variables {
+    memory              = 122880
+    max_streams         = 100000
+    max_frame_bytes     = 300000
+    buffer_budget_bytes = 1099511627776
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "accepts_the_leader_backend_from_a_secret" {
+  command = plan
+
+  variables {
+    leader_backend            = "DynamoDB"
+    leader_backend_secret_arn = "arn:aws:ssm:eu-west-1:123456789012:parameter/streamlease/leader-backend"
+    metrics_address           = "127.0.0.1"
   }
 }
 
@@ -93,6 +141,18 @@ run "accepts_lower_edges" {
     stop_timeout_seconds       = 2
     log_retention_days         = 1
     table_name                 = "abc"
+    fleet_table_name           = "abc"
+    stream_lease_seconds       = 0.1
+    stream_renew_seconds       = 0.03
+    stream_check_seconds       = 0.01
+    min_hold_seconds           = 0
+    leader_backend             = "redis://a"
+    job_grace_seconds          = 0.1
+    max_seq_jump               = 1
+    stall_seconds              = 1
+    buffer_budget_bytes        = 1048576
+    metrics_address            = "0.0.0.0"
+    leader_backend_egress      = { cidr_blocks = ["10.0.0.1/32"], port = 1 }
     lease_seconds              = 0.05
     heartbeat_seconds          = 0.01
     skew_margin_seconds        = 0.001
@@ -143,38 +203,58 @@ run "refuses_values_below_range" {
       from_port   = 0
       to_port     = 65535
     }]
-    desired_count              = -1
-    cpu                        = 128
-    memory                     = 511
-    capacity_provider_strategy = [{ capacity_provider = "EC2", weight = 1, base = 0 }]
-    cpu_architecture           = "arm64"
-    platform_version           = "1.3.0"
-    container_insights         = "on"
-    stop_timeout_seconds       = 1
-    log_retention_days         = 13
-    log_kms_key_arn            = "alias/logs"
-    dynamodb_kms_key_arn       = "key"
-    table_name                 = "ab"
-    events_table_name          = "ev/t"
-    lease_seconds              = 0.049
-    heartbeat_seconds          = 0.009
-    skew_margin_seconds        = 0.0009
-    safety_margin_seconds      = 0.0009
-    sweep_seconds              = 0.09
-    reconcile_seconds          = 0.009
-    shutdown_seconds           = 0.09
-    max_streams                = 0
-    metrics_port               = -1
-    allowed_urls               = ["http://x"]
-    log_format                 = "xml"
-    log_level                  = "TRACE"
-    acquire_per_cycle          = 0
-    batch_max_messages         = 0
-    batch_max_seconds          = 0.009
-    max_frame_bytes            = 1023
+    desired_count                     = -1
+    cpu                               = 128
+    memory                            = 511
+    capacity_provider_strategy        = [{ capacity_provider = "EC2", weight = 1, base = 0 }]
+    cpu_architecture                  = "arm64"
+    platform_version                  = "1.3.0"
+    container_insights                = "on"
+    stop_timeout_seconds              = 1
+    log_retention_days                = 13
+    log_kms_key_arn                   = "alias/logs"
+    dynamodb_kms_key_arn              = "key"
+    table_name                        = "ab"
+    events_table_name                 = "ev/t"
+    lease_seconds                     = 0.049
+    heartbeat_seconds                 = 0.009
+    skew_margin_seconds               = 0.0009
+    safety_margin_seconds             = 0.0009
+    sweep_seconds                     = 0.09
+    reconcile_seconds                 = 0.009
+    shutdown_seconds                  = 0.09
+    max_streams                       = 0
+    metrics_port                      = -1
+    allowed_urls                      = ["http://x"]
+    log_format                        = "xml"
+    log_level                         = "TRACE"
+    acquire_per_cycle                 = 0
+    batch_max_messages                = 0
+    batch_max_seconds                 = 0.009
+    max_frame_bytes                   = 1023
+    fleet_table_name                  = "ab"
+    stream_lease_seconds              = 0.09
+    stream_renew_seconds              = 0.029
+    stream_check_seconds              = 0.009
+    min_hold_seconds                  = -0.001
+    leader_backend                    = "memcached://cache.internal:11211"
+    job_grace_seconds                 = 0.09
+    max_seq_jump                      = 0
+    stall_seconds                     = 0.9
+    buffer_budget_bytes               = 1048575
+    metrics_address                   = "localhost"
+    leader_backend_egress             = { cidr_blocks = [], port = 6379 }
+    job_write_table_arns              = ["arn:aws:dynamodb:eu-west-1:123456789012:table/ledger/index/by-day"]
+    leader_backend_secret_arn         = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:leader-AbCdEf:url::"
+    leader_backend_secret_kms_key_arn = "alias/secrets"
   }
 
   expect_failures = [
+    var.fleet_table_name, var.stream_lease_seconds, var.stream_renew_seconds,
+    var.stream_check_seconds, var.min_hold_seconds, var.leader_backend, var.job_grace_seconds,
+    var.max_seq_jump, var.stall_seconds, var.buffer_budget_bytes, var.metrics_address,
+    var.leader_backend_egress, var.job_write_table_arns, var.leader_backend_secret_arn,
+    var.leader_backend_secret_kms_key_arn,
     var.name, var.image, var.ecr_repository_arn, var.vpc_id, var.subnet_ids,
     var.scraper_security_group_id, var.aws_api_egress_cidr_blocks, var.dynamodb_prefix_list_id,
     var.upstream_egress, var.desired_count, var.cpu, var.memory, var.capacity_provider_strategy,
@@ -219,9 +299,25 @@ run "refuses_values_above_range" {
     batch_max_messages         = 1001
     batch_max_seconds          = 60.1
     max_frame_bytes            = 300001
+    fleet_table_name           = join("", [for i in range(256) : "f"])
+    stream_lease_seconds       = 86400.1
+    stream_renew_seconds       = 28800.1
+    stream_check_seconds       = 3600.1
+    min_hold_seconds           = 86400.1
+    leader_backend             = "redis://cache.internal:65536/0"
+    job_grace_seconds          = 600.1
+    max_seq_jump               = 9223372036854775808
+    stall_seconds              = 86400.1
+    buffer_budget_bytes        = 1099511627777
+    metrics_address            = "256.0.0.1"
+    leader_backend_egress      = { cidr_blocks = ["10.0.0.0/8"], port = 65536 }
   }
 
   expect_failures = [
+    var.fleet_table_name, var.stream_lease_seconds, var.stream_renew_seconds,
+    var.stream_check_seconds, var.min_hold_seconds, var.leader_backend, var.job_grace_seconds,
+    var.max_seq_jump, var.stall_seconds, var.buffer_budget_bytes, var.metrics_address,
+    var.leader_backend_egress,
     var.name, var.image, var.upstream_egress, var.desired_count, var.memory,
     var.capacity_provider_strategy, var.stop_timeout_seconds, var.table_name,
     var.events_table_name, var.lease_seconds, var.heartbeat_seconds, var.skew_margin_seconds,
@@ -255,9 +351,20 @@ run "refuses_fractions_and_malformed_lists" {
     acquire_per_cycle    = 1.5
     batch_max_messages   = 1.5
     max_frame_bytes      = 2048.5
+    max_seq_jump         = 1.5
+    buffer_budget_bytes  = 1048576.5
+    leader_backend       = "redis://cache.internal:6379/0?db=1"
+    metrics_address      = "10.0.0.0/8"
+    leader_backend_egress = {
+      cidr_blocks = ["10.0.0.0/33"]
+      port        = 6379.5
+    }
+    job_write_table_arns = ["arn:aws:dynamodb:eu-west-1:123456789012:table/*"]
   }
 
   expect_failures = [
+    var.max_seq_jump, var.buffer_budget_bytes, var.leader_backend, var.metrics_address,
+    var.leader_backend_egress, var.job_write_table_arns,
     var.subnet_ids, var.upstream_egress, var.desired_count, var.memory,
     var.capacity_provider_strategy, var.stop_timeout_seconds, var.max_streams, var.metrics_port,
     var.allowed_urls, var.acquire_per_cycle, var.batch_max_messages, var.max_frame_bytes,
@@ -292,4 +399,16 @@ run "refuses_an_empty_capacity_strategy" {
   }
 
   expect_failures = [var.capacity_provider_strategy]
+}
+
+# Terraform is stricter than the worker here: credentials in the URL would sit in the task
+# definition's environment, readable by anyone allowed ecs:DescribeTaskDefinition.
+run "refuses_credentials_in_the_leader_backend_variable" {
+  command = plan
+
+  variables {
+    leader_backend = "redis://streamlease:s3cret@cache.internal:6379/0"
+  }
+
+  expect_failures = [var.leader_backend]
 }

@@ -35,6 +35,12 @@ override_resource {
 }
 
 override_resource {
+  target          = aws_dynamodb_table.fleet
+  override_during = plan
+  values          = { arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/streamlease-fleet" }
+}
+
+override_resource {
   target          = aws_cloudwatch_log_group.worker
   override_during = plan
   values          = { arn = "arn:aws:logs:eu-west-1:123456789012:log-group:/ecs/streamlease" }
