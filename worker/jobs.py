@@ -162,14 +162,14 @@ class JobRunner:
               last=slot_name(slots[-1]))
 
     async def _claim(self, run: JobRun, lease: LeaderLease) -> bool:
+        if not lease.backend.conditional_puts:
+            # The lease lives elsewhere (Redis): a claim cannot share its fence check.
+            return await self.jobs.claim_run(run)
         try:
             await lease.fenced_write(self.jobs.claim_write(run))
             return True
         except WriteRefused:
             return False  # claimed already: by us before a restart, or by another leader
-        except TypeError:
-            # The lease lives elsewhere (Redis): claim without the fence check.
-            return await self.jobs.claim_run(run)
 
     async def _run_slot(self, job: Job, slot: int, lease: LeaderLease,
                         stop: asyncio.Event) -> None:

@@ -92,6 +92,11 @@ class WriteRefused(StoreError):
 class LeaderBackend(Protocol):
     """Where named leases live. Every method is one atomic, conditional operation."""
 
+    #: Whether ``fenced_write`` applies a ``PutItem`` with a condition of its own, in
+    #: the same atomic step as the fence check (DynamoDB and the in-memory store; not
+    #: Redis, whose fenced writes are hash sets).
+    conditional_puts: bool
+
     async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
         """The lease as it is (a consistent read); None if absent or expired."""
 

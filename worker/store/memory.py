@@ -359,6 +359,8 @@ class MemoryStore:
 class MemoryLeader:
     """``LeaderBackend`` over a MemoryStore's data (leases named like the fleet's)."""
 
+    conditional_puts = True
+
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
 

@@ -158,6 +158,8 @@ def _key_text(item: Mapping[str, Any], name: str) -> str | None:
 class RedisLeaderBackend:
     """Named leader leases and fenced writes in one Redis database."""
 
+    conditional_puts = False
+
     def __init__(self, client: aioredis.Redis, prefix: str = PREFIX) -> None:
         self.client = client
         self.prefix = prefix

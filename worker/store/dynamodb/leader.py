@@ -21,6 +21,8 @@ from worker.store.dynamodb.client import (
 
 
 class DynamoLeaderBackend(DynamoTable):
+    conditional_puts = True
+
     def __init__(self, client: DynamoClient, table: str) -> None:
         super().__init__(client)
         self.table = table
