@@ -115,7 +115,11 @@ async def test_sigterm_hands_over_well_before_the_lease_would_expire(
     print(f"SIGTERM hand-over: {len(victim_streams)} streams in {handover:.2f} s (lease 8 s)")
     assert handover < 8 / 2
     released = fleet.workers[victim].log_events("lease.released")
-    assert {r["stream"] for r in released} == set(victim_streams)
+    acquired = {n: sorted(str(r["stream"]) for r in w.log_events("lease.acquired"))
+                for n, w in fleet.workers.items()}
+    assert {r["stream"] for r in released} == set(victim_streams), (
+        f"victim {victim}; owners before SIGTERM {owners}; acquired per worker {acquired}; "
+        f"victim's log {fleet.workers[victim].proc.err_lines[-30:]}")
     assert all(r["reason"] == "shutdown" for r in released)
     await fleet.audit()
 
