@@ -183,3 +183,39 @@ async def test_every_crashed_acquisition_is_reported(caplog: pytest.LogCaptureFi
     await asyncio.sleep(3)  # the next cycles take both
     assert fleet.held() == {"a", "b"}
     await fleet.stop()
+
+
+async def test_an_acquire_that_applied_unseen_is_released_and_taken_properly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    fleet = Fleet()
+    await fleet.streams("a")
+    # The conditional write applies; its answer is lost (a timeout).
+    fleet.store.fail("acquire", times=1, apply=True)
+    fleet.start()
+    await asyncio.sleep(0.5)
+    record = await fleet.memory.get("a")
+    assert record is not None and record.lease_owner == "w1" and fleet.held() == set()
+    # Long before that lease would lapse, the next cycle reads the item back, releases the
+    # lease nobody serves, and a later cycle takes the stream properly.
+    await asyncio.sleep(3 * 1.2)
+    assert fleet.held() == {"a"}
+    (released,) = events(caplog, "lease.unserved_released")
+    assert released.sl_fields["fence"] == record.fence  # type: ignore[attr-defined]
+    assert (await fleet.memory.get("a")).fence == record.fence + 1  # type: ignore[union-attr]
+    await fleet.stop()
+    assert fleet.reconciler.unreleased == 0
+
+
+async def test_shutdown_settles_an_unknown_acquire_or_keeps_the_member_row() -> None:
+    fleet = Fleet()
+    await fleet.streams("a", "b")
+    fleet.store.fail("acquire", times=2, apply=True)
+    fleet.start()
+    await asyncio.sleep(0.5)
+    fleet.store.fail("check", times=1)  # one of the two cannot be read back at shutdown
+    await fleet.stop()
+    records = {r.stream_id: r for r in await fleet.memory.list_streams()}
+    still = [s for s, r in records.items() if r.lease_owner == "w1" and r.lease_expires_at_ms]
+    assert len(still) == 1, records
+    # Counted as unreleased: the worker keeps its member row, so a peer releases it.
+    assert fleet.reconciler.unreleased == 1

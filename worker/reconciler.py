@@ -32,7 +32,7 @@ from worker.clock import Clock
 from worker.core import balance
 from worker.core.backoff import jittered
 from worker.core.lease import HolderState, StopReason, resume_point, takeover_threshold_ms
-from worker.core.model import StreamRecord, error_text
+from worker.core.model import StreamRecord, Tenure, error_text
 from worker.core.plan import (
     VALID_STATES,
     fleet_view,
@@ -116,6 +116,10 @@ class Reconciler:
         self._tg: asyncio.TaskGroup | None = None
         self._admitting = True
         self.unreleased = 0  # shutdown drains whose release did not go through
+        # Streams this worker may hold without a supervisor: an acquire (or the release
+        # of a late one) whose outcome is unknown. Settled by reading the item back.
+        self._unsure: set[str] = set()
+        self._acquiring: set[str] = set()
         self.health = health or HealthState(timings.lease_s)
 
     def stop(self, release_by: float | None = None) -> None:
@@ -169,6 +173,10 @@ class Reconciler:
             for supervisor in list(self.supervisors.values()):
                 supervisor.request_drain(StopReason.SHUTDOWN, self._release_by)
         self._tg = None
+        await self._settle_unsure()
+        if self._unsure:
+            # Possibly still held: keep the member row so peers release them on its behalf.
+            self.unreleased += len(self._unsure)
 
     async def _pause(self, seconds: float, also: asyncio.Event | None = None,
                      clear: bool = True) -> None:
@@ -186,6 +194,8 @@ class Reconciler:
             also.clear()
 
     async def _cycle(self) -> None:
+        if self._unsure:
+            await self._settle_unsure()
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
         now = self.clock.monotonic()
@@ -361,6 +371,17 @@ class Reconciler:
                   stream=record.stream_id, error=str(exc))
 
     async def _acquire(self, candidate: StreamRecord) -> None:
+        stream_id = candidate.stream_id
+        self._acquiring.add(stream_id)
+        try:
+            await self._try_acquire(candidate)
+        except BaseException:
+            self._unsure.add(stream_id)  # cancelled mid-call: it may have applied
+            raise
+        finally:
+            self._acquiring.discard(stream_id)
+
+    async def _try_acquire(self, candidate: StreamRecord) -> None:
         timings = self.settings.supervisor.timings
         sent = self.clock.monotonic()
         now_ms = self.clock.wall_ms()
@@ -371,18 +392,26 @@ class Reconciler:
             if got is not None:
                 got = await self._resume_where_the_sink_is(got)
         except StoreError as exc:
-            event(logging.WARNING, "lease.acquire_failed", "acquire failed", error=str(exc),
+            # The write may have applied with its answer lost: read the item back later
+            # and release it if so, or it would sit leased to this worker, unserved, for
+            # a whole stream lease.
+            self._unsure.add(candidate.stream_id)
+            event(logging.WARNING, "lease.acquire_failed",
+                  "acquire failed; its outcome is checked at the next cycle", error=str(exc),
                   stream=candidate.stream_id)
             return
         if got is None:
             return  # someone else won, or the item changed: not an error
         if self._stop.is_set() or len(self.supervisors) >= self.settings.max_streams:
             try:
-                await self.leases.release(got.tenure)
+                released = await self.leases.release(got.tenure)
             except StoreError as exc:
+                released = False
                 event(logging.WARNING, "lease.release_failed",
-                      "release after a late acquire failed; the lease will expire",
+                      "release after a late acquire failed; checked again at the next cycle",
                       stream=got.tenure.stream_id, fence=got.tenure.fence, error=str(exc))
+            if not released:
+                self._unsure.add(got.tenure.stream_id)
             return
         expired = candidate.lease_expires_at_ms
         delay = (now_ms - expired) / 1000 if expired else None
@@ -398,6 +427,35 @@ class Reconciler:
         self.metrics.set_leases_held(len(self.supervisors))
         assert self._tg is not None
         self._tg.create_task(self._supervise(supervisor), name=f"supervise {supervisor.stream}")
+
+    async def _settle_unsure(self) -> None:
+        """Read back each stream whose acquire (or release) outcome was unknown; if this
+        worker holds it with no supervisor, release it now (owner and fence as read)."""
+        for stream_id in sorted(self._unsure):
+            if stream_id in self._acquiring:
+                continue  # being acquired again right now: settled by that attempt
+            if stream_id in self.supervisors:
+                self._unsure.discard(stream_id)  # acquired again since, and served
+                continue
+            try:
+                record = await self.leases.check(stream_id, timeout=self.settings.stopped_check_s)
+                held = (record is not None and record.lease_owner == self.settings.owner
+                        and bool(record.lease_expires_at_ms) and record.fence is not None)
+                if held and record is not None and record.fence is not None:
+                    tenure = Tenure(stream_id, self.settings.owner, record.fence,
+                                    record.last_seq, record.lease_expires_at_ms or 0)
+                    if await self.leases.release(tenure):
+                        self.metrics.lease_released(StopReason.ERROR)
+                        event(logging.WARNING, "lease.unserved_released",
+                              "an acquire whose answer was lost had applied; released the "
+                              "lease this worker was not serving", stream=stream_id,
+                              fence=record.fence)
+            except StoreError as exc:
+                event(logging.WARNING, "lease.settle_failed",
+                      "cannot read back a stream whose acquire outcome is unknown; "
+                      "trying again at the next cycle", stream=stream_id, error=str(exc))
+                continue
+            self._unsure.discard(stream_id)
 
     async def _resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
         """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
