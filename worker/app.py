@@ -25,7 +25,7 @@ from worker import health as http
 from worker.clock import SYSTEM_CLOCK, Clock
 from worker.config import WorkerConfig, default_worker_id
 from worker.core.membership import MemberTimings
-from worker.errors import ConfigError, StoreError
+from worker.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
 from worker.health import HealthState
 from worker.jobs import JobRunner, JobSettings
 from worker.leader import LeaderBackend
@@ -36,7 +36,7 @@ from worker.metrics import Metrics
 from worker.pump import PumpSettings
 from worker.reconciler import Reconciler, ReconcilerSettings
 from worker.store import dynamodb
-from worker.store.protocols import Stores
+from worker.store.protocols import AdminStore, Stores
 from worker.supervisor import SupervisorSettings
 
 
@@ -109,8 +109,9 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         observe=metrics.dynamodb_request,
         call_timeout_s=settings.supervisor.call_timeout_s,
     ) as stores:
-        # Fail fast, with a clear line, if the tables are missing or unreachable.
-        for advice in await stores.admin.check_tables():
+        # Fail fast, with a clear line, if the tables are missing or access is denied; a
+        # store that is only slow or throttling gets a few attempts first.
+        for advice in await check_tables(stores.admin):
             event(logging.WARNING, "table.index_costly", advice)
         reconciler: Reconciler | None = None
 
@@ -286,3 +287,22 @@ def run_worker() -> int:
     except StoreError as exc:
         print(f"streamlease: DynamoDB: {exc}", file=sys.stderr)
         return 1
+
+
+START_ATTEMPTS = 5  # start-up table checks on a slow or throttling store: 1+2+4+8 s apart
+
+
+async def check_tables(admin: AdminStore) -> list[str]:
+    """``admin.check_tables()``, retried with backoff while the store is unavailable or
+    throttling (a deploy onto a struggling table should wait, not crash-loop)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return await admin.check_tables()
+        except (StoreUnavailable, StoreThrottled) as exc:
+            if attempt == START_ATTEMPTS:
+                raise
+            event(logging.WARNING, "worker.tables_unreachable",
+                  "cannot check the tables yet; trying again", attempt=attempt,
+                  error=str(exc))
+            await asyncio.sleep(2 ** (attempt - 1))
+    raise AssertionError("unreachable")
