@@ -121,11 +121,13 @@ def model_text(model: dict[str, Any]) -> str:
         f"({_n(model['streams_per_table_with_daily_deploys'])} with a rolling deploy a day, "
         f"{_n(model['streams_per_table_with_hourly_deploys'])} with one an hour: each moves "
         "every stream twice).",
-        f"Lease upkeep: {_f(model['upkeep_writes_per_stream_minute'])} writes per held "
-        f"stream-minute in this run ({_f(model['member_heartbeats_per_stream_minute'])} member "
-        f"heartbeats + {i['renewals_per_stream_minute']:.3f} renewals); "
-        f"{model['upkeep_writes_per_stream_minute_full_workers']:.3f} with workers holding the "
-        f"default {DEFAULT_MAX_STREAMS} streams each.",
+        f"Lease upkeep: {model['upkeep_writes_per_stream_minute_full_workers']:.3f} writes per "
+        f"held stream-minute at default settings, where a worker holds at most "
+        f"{DEFAULT_MAX_STREAMS} streams ({i['member_heartbeats_per_worker_s'] * 60:.1f} member "
+        f"heartbeats a minute over {DEFAULT_MAX_STREAMS} streams + "
+        f"{i['renewals_per_stream_minute']:.3f} renewals); "
+        f"{_f(model['upkeep_writes_per_stream_minute'])} in this run "
+        f"({i['streams_per_worker']:.0f} streams per worker).",
     ])
 
 

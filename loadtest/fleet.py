@@ -139,6 +139,7 @@ class Fleet:
         # of the embedded server's (serialised) time for 2,000. With ``table_s`` above
         # ``sample_s`` the timeline comes from the workers' leases_held gauges instead.
         self.table_s = sample_s if table_s is None else table_s
+        self.timeline_from_table = self.table_s <= sample_s
         self.watch_upstream = watch_upstream
         self.rng = random.Random(seed)
         width = max(3, len(str(streams)))
@@ -348,7 +349,7 @@ class Fleet:
         await asyncio.gather(*reads)
         t = self.now()
         self.samples += 1
-        if not table_due:
+        if not self.timeline_from_table:
             owned = {w.name: int(w.metrics.get("streamlease_leases_held", 0))
                      for w in live if w.metrics.get("streamlease_leases_held")}
             self.timeline.append((t, owned))
@@ -377,7 +378,8 @@ class Fleet:
                                                      seen[0] if seen else None))
                 self._first_fence.setdefault(sid, fence)
                 self._held[sid] = (r.lease_owner, fence)
-        self.timeline.append((t, owned))
+        if self.timeline_from_table:
+            self.timeline.append((t, owned))
 
     async def _read_upstream(self) -> None:
         found = await asyncio.to_thread(self._upstream_connections)
@@ -431,7 +433,8 @@ class Fleet:
         return streams, {s: self.records[s].last_seq or 0 for s in streams}
 
     def counts(self) -> dict[str, int]:
-        """Streams held per live worker (0 for a live worker holding none), last sample."""
+        """Streams held per live worker (0 for a live worker holding none), last sample
+        (from the table, or from the workers' gauges when the table is read rarely)."""
         last = self.timeline[-1][1] if self.timeline else {}
         return {name: last.get(name, 0) for name in sorted(self.workers, key=_worker_order)}
 
@@ -462,6 +465,42 @@ class Fleet:
                 "to_another_worker": sum(1 for a in moves if a.owner != a.previous),
                 "retaken_by_same_worker": sum(1 for a in moves if a.owner == a.previous),
                 "streams_moved": len({a.stream for a in moves})}
+
+    def unheld(self) -> list[dict[str, Any]]:
+        """Streams no live worker holds, as the last table read shows them: free ones
+        (expiry in the past) and ones whose lease names a worker that is not running."""
+        now_ms = time.time_ns() // 1_000_000
+        live = set(self.workers)
+        out = []
+        for sid in self.ids:
+            r = self.records.get(sid)
+            if r is None or (r.lease_owner in live and (r.lease_expires_at_ms or 0) > now_ms):
+                continue
+            out.append({"stream": sid, "owner": r.lease_owner, "fence": r.fence,
+                        "lease_left_s": round(((r.lease_expires_at_ms or 0) - now_ms) / 1000, 1)})
+        return out
+
+    def untracked(self) -> dict[str, int]:
+        """Per live worker: streams the table says it holds beyond its own leases_held
+        gauge (both as last read). A positive count is a lease the worker does not know
+        it holds, e.g. an acquisition that applied although the worker saw it time out."""
+        now_ms = time.time_ns() // 1_000_000
+        table: dict[str, int] = {}
+        for r in self.records.values():
+            if r.lease_owner and (r.lease_expires_at_ms or 0) > now_ms:
+                table[r.lease_owner] = table.get(r.lease_owner, 0) + 1
+        out = {}
+        for name, w in self.workers.items():
+            gauge = w.metrics.get("streamlease_leases_held")
+            if gauge is not None and table.get(name, 0) > gauge:
+                out[name] = table.get(name, 0) - int(gauge)
+        return out
+
+    def fault_list(self) -> list[dict[str, Any]]:
+        return [{"kind": f.kind, "at": round(f.at, 2), "worker": f.worker,
+                 "streams": len(f.streams), "recovered": len(f.recovered),
+                 "unrecovered": sorted(set(f.streams) - set(f.recovered))}
+                for f in self.faults]
 
     def fence_bumps(self) -> int:
         """Final fence minus the first fence seen held, summed (see the module doc)."""

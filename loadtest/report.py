@@ -244,7 +244,8 @@ def throughput_md(r: dict[str, Any]) -> list[str]:
 def _churn(section: dict[str, Any]) -> list[str]:
     lines = []
     for key, label in (("move_details", "moves"), ("leases_lost", "leases lost, by reason"),
-                       ("leases_released", "leases released, by reason"),
+                       ("leases_released_while_running",
+                        "leases released, by reason (counted before each SIGTERM)"),
                        ("member_heartbeats", "member heartbeats, by outcome"),
                        ("log_events", "warnings and errors in the worker logs")):
         if key in section:
@@ -256,6 +257,13 @@ def _churn(section: dict[str, Any]) -> list[str]:
                        ("dynamodb_request_p99_s_bucket", "DynamoDB request p99 (bucket bound, s)")):
         if key in section:
             lines.append(f"- {label}: {_v(section[key])}")
+    if section.get("untracked_leases"):
+        lines.append("- leases the table gives a live worker beyond its own count (acquired "
+                     f"but not served): {_v(section['untracked_leases'])}")
+    if section.get("unheld_at_end"):
+        lines.append(f"- streams no live worker held at the end: "
+                     f"{section.get('unheld_at_end_count', len(section['unheld_at_end']))}, "
+                     f"e.g. {section['unheld_at_end'][:3]}")
     if section.get("worker_exits"):
         lines.append(f"- workers that exited on their own: {section['worker_exits']}")
     return [*lines, ""]
@@ -404,8 +412,9 @@ def timeline_png(r: dict[str, Any], path: Path) -> None:
         elif panel == "balance":
             _spread(ax, r["balance"])
         else:
-            _stack(ax, r["scale"]["timeline"], [],
-                   f"scale: streams held per worker ({r['scale']['streams']:,} streams)")
+            _stack(ax, r["scale"]["timeline"], r["scale"].get("faults", []),
+                   f"scale: streams held per worker ({r['scale']['streams']:,} streams, "
+                   "each worker's leases_held gauge)")
     if not panels:
         axes[0, 0].text(0.5, 0.5, "no timeline in this run", ha="center", va="center")
     fig.tight_layout()
