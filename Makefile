@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: run test lint typecheck pytest promtool bench loadtest lock clean
+.PHONY: run test lint typecheck pytest promtool faketime bench loadtest lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -45,11 +45,19 @@ promtool:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
+# The load test's skew scenario offsets one worker's clock with libfaketime (Debian
+# package faketime).
+faketime:
+	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { \
+		echo "installing libfaketime (Debian package faketime)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends faketime >/dev/null; }
+
 # Benchmarks: print figures; only the load test's correctness figures can fail it.
 bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_store
 
-loadtest: $(STAMP)
+loadtest: $(STAMP) faketime
 	$(BIN)/python -m loadtest.chaos $(ARGS)
 
 # Re-resolve the lock after changing dependencies in pyproject.toml.
