@@ -466,6 +466,16 @@ class Fleet:
                 "retaken_by_same_worker": sum(1 for a in moves if a.owner == a.previous),
                 "streams_moved": len({a.stream for a in moves})}
 
+    def checkpoints(self) -> dict[str, int]:
+        """Each stream's ``last_seq`` as last read."""
+        return {sid: r.last_seq or 0 for sid, r in self.records.items()}
+
+    def stalled(self, before: dict[str, int]) -> list[str]:
+        """Streams whose checkpoint has not moved since ``before``: not delivering,
+        whatever the table says about who holds them."""
+        now = self.checkpoints()
+        return [sid for sid in self.ids if now.get(sid, 0) <= before.get(sid, 0)]
+
     def unheld(self) -> list[dict[str, Any]]:
         """Streams no live worker holds, as the last table read shows them: free ones
         (expiry in the past) and ones whose lease names a worker that is not running."""

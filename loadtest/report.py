@@ -83,8 +83,12 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          lambda v: None if v is None else v is True),
         ("skew", "a worker's clock behind: moves after the first owner", "skew.moves", "0",
          at_most(0)),
+        ("skew", "a worker's clock behind: streams that delivered nothing while observed",
+         "skew.stalled_streams", "0", at_most(0)),
         ("slow_store", "slow store (20 ms a request): moves after the first owner",
          "slow_store.moves", "0", at_most(0)),
+        ("slow_store", "slow store: streams that delivered nothing while observed",
+         "slow_store.stalled_streams", "0", at_most(0)),
         ("balance", "2 -> 4 workers: time until every worker holds its share +/-1",
          "balance.converge_s", "<= 5 s", at_most(5.0)),
         ("balance", "moves during that convergence (the minimum is 20)", "balance.moves",
@@ -102,6 +106,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
     out = []
     for scenario, label, key, target, check in rows:
         value = _get(r, key)
+        if isinstance(value, list):
+            value = len(value)
         if (scenario not in ran) if isinstance(ran, dict) else value is None:
             continue  # that scenario did not run
         out.append((label, key, value, target, check(value)))
@@ -257,6 +263,15 @@ def _churn(section: dict[str, Any]) -> list[str]:
                        ("dynamodb_request_p99_s_bucket", "DynamoDB request p99 (bucket bound, s)")):
         if key in section:
             lines.append(f"- {label}: {_v(section[key])}")
+    for key, label in (("stalled_streams", "streams that delivered nothing while observed"),
+                       ("stalled_streams_after",
+                        "streams that delivered nothing in the 30 s after")):
+        if section.get(key):
+            lines.append(f"- {label}: **{len(section[key])}** ({', '.join(section[key][:8])}"
+                         + (", ..." if len(section[key]) > 8 else "") + ")")
+    if section.get("untracked_leases_in_window"):
+        lines.append("- leases the table gave a live worker beyond its own count at the end "
+                     f"of the window: {_v(section['untracked_leases_in_window'])}")
     if section.get("untracked_leases"):
         lines.append("- leases the table gives a live worker beyond its own count (acquired "
                      f"but not served): {_v(section['untracked_leases'])}")

@@ -176,11 +176,15 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         section["all_held_s"] = _round(all_held)
         section["held_at_start"] = fleet.counts()
         start = fleet.now()
+        await fleet.read_table()
+        checkpoints = fleet.checkpoints()
         offsets = []
         while fleet.now() - start < args.skew_seconds:
             await asyncio.sleep(min(5.0, args.skew_seconds - (fleet.now() - start)))
             offsets.append(await _member_clock_offset(fleet, skewed.name))
         end = fleet.now()
+        await fleet.read_table()
+        section["stalled_streams"] = fleet.stalled(checkpoints)
         known = [o for o in offsets if o is not None]
         # Its member row carries its own wall clock at its last heartbeat (at most one
         # heartbeat old): the largest reading is the closest to its true offset.
@@ -232,8 +236,16 @@ async def run_slow_store(ctx: Context) -> dict[str, Any]:
         all_held = await _start_and_hold(fleet, 4)
         section["all_held_s"] = _round(all_held)
         start = fleet.now()
+        await fleet.read_table()
+        checkpoints = fleet.checkpoints()
         await asyncio.sleep(args.slow_store_seconds)
         end = fleet.now()
+        await fleet.read_table()
+        # Held in the table is not served: an acquisition can apply while its worker
+        # saw it time out. A stream whose checkpoint never moved was not delivering.
+        section["stalled_streams"] = fleet.stalled(checkpoints)
+        fleet.scrape_all()
+        section["untracked_leases_in_window"] = fleet.untracked()
         section["moves"] = fleet.moves(0, end)
         section["moves_in_window"] = fleet.moves(start, end)
         section.update(move_details=fleet.move_summary(0, end), fence_bumps=fleet.fence_bumps())
@@ -292,7 +304,11 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
         section["moves"] = fleet.moves(scale_at, until)
         section["state_reached"] = fleet.counts()
         section["best_spread"] = _best_spread(fleet, scale_at, until, 4)
+        await fleet.read_table()
+        checkpoints = fleet.checkpoints()
         await asyncio.sleep(MOVES_AFTER_S)
+        await fleet.read_table()
+        section["stalled_streams_after"] = fleet.stalled(checkpoints)
         section["moves_after"] = fleet.moves(until, until + MOVES_AFTER_S)
         section["moves_after_from"] = "converged" if converge is not None else "timeout"
         section["after_30_s"] = fleet.counts()

@@ -85,6 +85,7 @@ def scenario_sections() -> dict[str, Any]:
         "slow_store": {"latency_ms": 20.0, "latency_mode": "serial", "workers": 4,
                        "streams": 40, "rate": 20.0, "observed_s": 60.0, "all_held_s": 6.0,
                        "moves": 29, "moves_in_window": 25, "held_at_end_of_window": {"w1": 10},
+                       "stalled_streams": ["s001", "s002"],
                        "sigterm": FAILOVER, **AUDIT, **churn},
         "balance": {"streams": 40, "workers_before": 2, "workers_after": 4, "share": 10,
                     "timeout_s": 60.0, "all_held_s": 1.5,
@@ -149,6 +150,8 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
     assert "**Not converged** within 60 s: state reached w1 25, w2 15, w3 0, w4 0" in md
     assert "| `balance.converge_s` | - | <= 5 s | - |" in md
     assert "| `slow_store.moves` | 29 | 0 | **no** |" in md
+    assert "| `slow_store.stalled_streams` | 2 | 0 | **no** |" in md
+    assert "streams that delivered nothing while observed: **2** (s001, s002)" in md
     assert "| `streams_per_table_at_defaults` | 150,000 | >= 100,000 | yes |" in md
     assert "(acquired but not served): w2 1" in md
     png = Path(paths["png"]).read_bytes()
@@ -162,7 +165,8 @@ def test_a_run_of_some_scenarios_renders_only_those(tmp_path: Path) -> None:
               "scenarios": {"skew": sections["scenarios"]["skew"]}, "skew": sections["skew"]}
     md = markdown(result)
     assert "## Clock skew" in md and "## Chaos" not in md and "## Balance" not in md
-    assert [row[1] for row in targets(result)] == ["skew.settled", "skew.moves"]
+    assert [row[1] for row in targets(result)] == ["skew.settled", "skew.moves",
+                                                   "skew.stalled_streams"]
     assert Path(write_reports(result, tmp_path)["png"]).exists()
 
 
