@@ -424,6 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serial: a saturated store; parallel: a slow network (see "
                         "worker/dev/dynamodb.py)")
     g.add_argument("--slow-store-seconds", type=float, default=60.0)
+    g.add_argument("--slow-store-rate", type=float, default=None,
+                   help="messages/s per stream in slow_store (default: the profile's)")
+    g.add_argument("--balance-rate", type=float, default=1.0,
+                   help="messages/s per stream in balance (default 1: 40 streams at the "
+                        "small profile's 20 saturated the embedded server on 2 cores)")
     g.add_argument("--balance-timeout", type=float, default=60.0,
                    help="give up waiting for convergence after this long (default 60)")
     g.add_argument("--scale-streams", type=int, default=2000)

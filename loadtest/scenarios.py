@@ -228,9 +228,11 @@ async def run_slow_store(ctx: Context) -> dict[str, Any]:
         return {"slow_store": {"skipped": "needs the embedded server (--dynamodb embedded)"}}
     section: dict[str, Any] = {"latency_ms": args.slow_store_ms,
                                "latency_mode": args.slow_store_mode, "workers": 4,
-                               "streams": 40, "rate": p["rate"],
-                               "observed_s": args.slow_store_seconds}
-    async with ctx.fleet("slow_store", streams=40, rate=p["rate"], worker_env=_timing_env(ctx),
+                               "streams": 40, "observed_s": args.slow_store_seconds,
+                               "rate": args.slow_store_rate if args.slow_store_rate is not None
+                               else p["rate"]}
+    async with ctx.fleet("slow_store", streams=40, rate=section["rate"],
+                         worker_env=_timing_env(ctx),
                          latency_ms=args.slow_store_ms,
                          latency_mode=args.slow_store_mode) as fleet:
         all_held = await _start_and_hold(fleet, 4)
@@ -282,7 +284,12 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
     streams, share = 40, math.ceil(40 / 4)
     section: dict[str, Any] = {"streams": streams, "workers_before": 2, "workers_after": 4,
                                "share": share, "timeout_s": args.balance_timeout}
-    async with ctx.fleet("balance", streams=streams, rate=p["rate"],
+    # Placement, not throughput: at 1 msg/s a stream flushes about once a second, half
+    # the sink load of the profile's rate (40 streams at 20 msg/s saturated the embedded
+    # server on a shared 2-core machine: renewals timed out, members self-fenced).
+    rate = args.balance_rate if args.balance_rate is not None else p["rate"]
+    section["rate"] = rate
+    async with ctx.fleet("balance", streams=streams, rate=rate,
                          worker_env=_timing_env(ctx)) as fleet:
         section["all_held_s"] = _round(await _start_and_hold(fleet, 2))
         await asyncio.sleep(2.0)
