@@ -350,8 +350,7 @@ class Fleet:
         t = self.now()
         self.samples += 1
         if not self.timeline_from_table:
-            owned = {w.name: int(w.metrics.get("streamlease_leases_held", 0))
-                     for w in live if w.metrics.get("streamlease_leases_held")}
+            owned = {w.name: int(w.metrics.get("streamlease_leases_held", 0)) for w in live}
             self.timeline.append((t, owned))
         self.live.append((t, len(self.workers)))
         for fault in self.faults:
@@ -366,7 +365,7 @@ class Fleet:
         now_ms = time.time_ns() // 1_000_000
         t = self.now()
         self.records = records
-        owned: dict[str, int] = {}
+        owned = dict.fromkeys(self.workers, 0)  # a live worker holding none shows as 0
         for sid, r in records.items():
             if not (r.lease_owner and (r.lease_expires_at_ms or 0) > now_ms):
                 continue
