@@ -21,8 +21,9 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 * ``slow_store``: 4 workers, 40 streams, the embedded server slowed to 20 ms a request
   (serial: a saturated store), 60 s: ownership moves; then a rolling SIGTERM restart,
   timed as hand-offs.
-* ``balance``: 40 streams (1 msg/s) on 2 workers, then 4: time until every worker holds its share
-  +/-1, moves during and after; a rolling restart; the spread at its end.
+* ``balance``: 40 streams (1 msg/s) on 2 workers, then 4: time until every worker
+  holds its share +/-1, moves during and after; a rolling restart; the spread at its
+  end.
 * ``scale``: 2,000 idle streams on 4 workers at default timings: the store's requests
   by kind per 1,000 held streams, time until all are held, kill -9 of one worker, and
   the capacity model.
