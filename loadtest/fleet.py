@@ -166,6 +166,7 @@ class Fleet:
         self.records: dict[str, StreamRecord] = {}
         self.connections: dict[str, int] = {}  # upstream /stats, when watched
         self.samples = 0
+        self.stopped_at: float | None = None
         self.live: list[tuple[float, int]] = []  # (t, live workers)
         self._table_read_at = float("-inf")
         self._held: dict[str, tuple[str, int]] = {}  # stream -> (owner, fence) last seen held
@@ -303,6 +304,7 @@ class Fleet:
 
     async def stop_all(self, wait_s: float = 40.0) -> None:
         """SIGTERM every worker at once and wait for them (the end of a scenario)."""
+        self.stopped_at = self.now()
         workers = [self.retire(name) for name in list(self.workers)]
         for w in workers:
             if w.alive():
@@ -556,7 +558,10 @@ class Fleet:
                 "unrecovered": sum(len(f.streams) - len(f.recovered) for f in faults)}
 
     def timeline_out(self, every: int = 1) -> list[tuple[float, dict[str, int]]]:
-        return [(round(t, 2), owned) for t, owned in self.timeline[::max(1, every)]]
+        """The timeline up to the final stop (what follows is the audit: nothing runs)."""
+        until = self.stopped_at if self.stopped_at is not None else float("inf")
+        return [(round(t, 2), owned) for t, owned in self.timeline[::max(1, every)]
+                if t <= until]
 
     # -- audit ------------------------------------------------------------------------------
 
