@@ -50,9 +50,10 @@ promtool:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-# The clock-skew tests run one worker under libfaketime (Debian package faketime).
+# The clock-skew tests and the load test's skew scenario offset one worker's clock with
+# libfaketime (Debian package faketime: the wrapper and the library).
 faketime:
-	@command -v faketime >/dev/null 2>&1 || { \
+	@{ command -v faketime && ls /usr/lib/*/faketime/libfaketime.so.1; } >/dev/null 2>&1 || { \
 		echo "installing faketime (Debian package faketime)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends faketime >/dev/null; }
@@ -68,7 +69,7 @@ redis:
 bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_store
 
-loadtest: $(STAMP)
+loadtest: $(STAMP) faketime
 	$(BIN)/python -m loadtest.chaos $(ARGS)
 
 # Re-resolve the lock after changing dependencies in pyproject.toml.

@@ -1,8 +1,12 @@
-"""Write the benchmark's report: JSON (for tools), Markdown (for people), a PNG timeline."""
+"""Write the benchmark's report: JSON (for tools), Markdown (for people), a PNG timeline.
+
+Every section is optional: a run of some scenarios (``--scenarios``) renders what it has.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -30,80 +34,376 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
+def _v(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if not value.is_integer() \
+            else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_v(v)}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def _get(r: dict[str, Any], path: str) -> Any:
+    value: Any = r
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
+    """(figure, JSON key, result, target, met) for the figures the issues set targets on."""
+    s = r.get("settings", {})
+    kill9 = s.get("lease", 2.0) + 1.2 * s.get("reconcile", 0.5) + 0.5
+    share = _get(r, "balance.share") or 10
+    streams = _get(r, "balance.streams") or 40
+
+    def at_most(bound: float) -> Any:
+        return lambda v: None if v is None or isinstance(v, str) else v <= bound
+
+    def at_least(bound: float) -> Any:
+        return lambda v: None if v is None else v >= bound
+
+    restart_target = _get(r, "balance.after_rolling_restart_target") or share + 1
+    rows = [
+        ("scale", "lease-upkeep writes per held stream-minute (defaults)",
+         "upkeep_writes_per_stream_minute_default", "<= 1", at_most(1.0)),
+        ("scale", "streams per table at defaults (STARTED <= 500 index writes/s)",
+         "streams_per_table_at_defaults", ">= 100,000", at_least(100_000)),
+        ("chaos", "kill -9 failover p99 (small profile)", "failover.kill9.p99",
+         f"<= lease + 1.2 x reconcile + 0.5 = {kill9:.1f} s", at_most(kill9)),
+        ("skew", "a worker's clock behind the others: settled", "skew.settled", "yes",
+         lambda v: None if v is None else v is True),
+        ("skew", "a worker's clock behind: moves after the first owner", "skew.moves", "0",
+         at_most(0)),
+        ("skew", "a worker's clock behind: streams that delivered nothing while observed",
+         "skew.stalled_streams", "0", at_most(0)),
+        ("slow_store", "slow store (20 ms a request): moves after the first owner",
+         "slow_store.moves", "0", at_most(0)),
+        ("slow_store", "slow store: streams that delivered nothing while observed",
+         "slow_store.stalled_streams", "0", at_most(0)),
+        ("balance", "2 -> 4 workers: time until every worker holds its share +/-1",
+         "balance.converge_s", "<= 5 s", at_most(5.0)),
+        ("balance", "moves during that convergence (the minimum is 20)", "balance.moves",
+         "<= 22", at_most(22)),
+        ("balance", "moves in the 30 s after convergence", "balance.moves_after", "0",
+         at_most(0)),
+        ("balance", "rolling restart: largest count one worker holds at its end",
+         "balance.after_rolling_restart_max",
+         f"<= ceil({streams}/4) + 1 = {restart_target}", at_most(restart_target)),
+        ("chaos", "SIGTERM hand-off p99", "failover.sigterm.p99", "<= 1.0 s", at_most(1.0)),
+        ("slow_store", "SIGTERM hand-off p99, store slowed to 20 ms a request",
+         "failover.sigterm_slow_store.p99", "<= 1.0 s", at_most(1.0)),
+    ]
+    ran = r.get("scenarios")
+    out = []
+    for scenario, label, key, target, check in rows:
+        value = _get(r, key)
+        if isinstance(value, list):
+            value = len(value)
+        if (scenario not in ran) if isinstance(ran, dict) else value is None:
+            continue  # that scenario did not run
+        out.append((label, key, value, target, check(value)))
+    return out
+
+
 def markdown(r: dict[str, Any]) -> str:
+    lines = [f"# streamlease load and chaos run ({r.get('profile', '?')} profile, "
+             f"{r.get('started_at', '?')})", ""]
+    scen = r.get("scenarios", {})
+    if scen:
+        lines += ["| scenario | result | seconds | run at |", "|---|---|---|---|"]
+        for name, meta in scen.items():
+            state = "ok" if meta.get("ok") else f"**{meta.get('error', 'failed')}**"
+            if meta.get("from_previous_run"):
+                state += " (kept from an earlier run)"
+            lines.append(f"| {name} | {state} | {_v(meta.get('seconds'))} | "
+                         f"{meta.get('started_at', '-')} |")
+        lines.append("")
+    rows = targets(r)
+    if rows:
+        lines += ["## Targets", "", "| figure | JSON key | result | target | met |",
+                  "|---|---|---|---|---|"]
+        for label, key, value, target, met in rows:
+            mark = "-" if met is None else ("yes" if met else "**no**")
+            lines.append(f"| {label} | `{key}` | {_v(value)} | {target} | {mark} |")
+        lines.append("")
+    if "lost" in r:
+        lines += chaos_md(r)
+    if "msgs_per_s" in r:
+        lines += throughput_md(r)
+    for name, render in (("skew", skew_md), ("slow_store", slow_store_md),
+                         ("balance", balance_md), ("scale", scale_md)):
+        if isinstance(r.get(name), dict):
+            lines += render(r)
+    if isinstance(r.get("capacity_model"), dict) and "text" in r["capacity_model"]:
+        lines += ["## Capacity model", "", r["capacity_model"]["text"], ""]
+    return "\n".join(lines)
+
+
+def _correctness(section: dict[str, Any]) -> list[str]:
+    keys = ("lost", "duplicated", "out_of_order", "stale_accepted", "fleet_caused_gaps")
+    if not all(k in section for k in keys):
+        return []
+    return ["| lost | duplicated | out of order | stale writes accepted | fleet-caused gaps |",
+            "|---|---|---|---|---|",
+            "| " + " | ".join(str(section[k]) for k in keys) + " |", ""]
+
+
+def _failover_rows(failover: dict[str, Any], kinds: list[tuple[str, str]],
+                   targets_s: dict[str, float]) -> list[str]:
+    lines = ["| fault | samples | p50 | p99 | max | target | not recovered |",
+             "|---|---|---|---|---|---|---|"]
+    for kind, label in kinds:
+        f = failover.get(kind)
+        if not f:
+            continue
+        target = f"p99 <= {targets_s[kind]:.2f} s" if kind in targets_s else "-"
+        lines.append(f"| {label} | {f['samples']} | {_s(f['p50'])} | {_s(f['p99'])} | "
+                     f"{_s(f['max'])} | {target} | {f['unrecovered']} |")
+    return [*lines, ""]
+
+
+def chaos_md(r: dict[str, Any]) -> list[str]:
     s = r["settings"]
     lines = [
-        f"# streamlease load and chaos run ({r['profile']} profile, {r['started_at']})",
+        "## Chaos",
         "",
         f"{s['streams']} streams x {s['rate']} msg/s, {s['workers']} workers, lease "
         f"{s['lease']} s, heartbeat {s['heartbeat']} s, reconcile {s['reconcile']} s, skew "
         f"margin {s['skew']} s; DynamoDB: {r['dynamodb']}; {r['chaos_seconds']} s of chaos.",
         "",
-        "## Correctness (must all be 0)",
+        "Correctness (must all be 0):",
         "",
-        "| lost | duplicated | out of order | stale writes accepted | fleet-caused gaps |",
-        "|---|---|---|---|---|",
-        f"| {r['lost']} | {r['duplicated']} | {r['out_of_order']} | {r['stale_accepted']} | "
-        f"{r['fleet_caused_gaps']} |",
-        "",
+        *_correctness({**r, "fleet_caused_gaps": r.get("fleet_caused_gaps", 0)}),
         f"Stale writes rejected by the sink: {r['stale_rejected']}. Messages in the sink: "
         f"{r['messages_in_sink']}.",
         "",
-        "## Failover (fault until the stream delivers again, elsewhere)",
+        "Failover (fault until the stream delivers again, elsewhere):",
         "",
-        "| fault | samples | p50 | p99 | max | target | not recovered |",
-        "|---|---|---|---|---|---|---|",
     ]
-    targets = r["failover_targets_s"]
-    for kind, label in (("kill9", "kill -9"), ("sigterm", "SIGTERM (deploy)"),
-                        ("pause", "SIGSTOP past the lease")):
-        f = r["failover"][kind]
-        target = f"p99 <= {targets[kind]:.2f} s" if kind in targets else "-"
-        lines.append(f"| {label} | {f['samples']} | {_s(f['p50'])} | {_s(f['p99'])} | "
-                     f"{_s(f['max'])} | {target} | {f['unrecovered']} |")
+    lines += _failover_rows(r["failover"], [("kill9", "kill -9"), ("sigterm", "SIGTERM (deploy)"),
+                                            ("pause", "SIGSTOP past the lease")],
+                            r.get("failover_targets_s", {}))
     rpm = r["requests_per_stream_minute"]
     cost = r["cost_per_1000_streams_month_usd"]
     lines += [
-        "",
-        "## DynamoDB requests per stream-minute",
+        "DynamoDB requests per stream-minute (`heartbeat` = member heartbeats + stream "
+        "renewals):",
         "",
         "| " + " | ".join(rpm) + " |",
         "|" + "---|" * len(rpm),
         "| " + " | ".join(f"{v:.2f}" for v in rpm.values()) + " |",
         "",
-        f"Renewals per stream per heartbeat interval: {r['renewals_per_heartbeat_interval']} "
-        "(1.0 is exactly one; more would be retry storms).",
-        "",
+    ]
+    if r.get("member_heartbeats_per_interval") is not None:
+        lines += [f"Member heartbeats per worker per heartbeat interval: "
+                  f"{r['member_heartbeats_per_interval']} (1.0 is exactly one; more would be "
+                  "retries).", ""]
+    lines += [
         f"Implied on-demand cost per 1,000 streams per month, at this run's settings: "
         f"**${cost['total']:,.2f}** (lease upkeep ${cost['lease_overhead']:,.2f}, sink "
-        f"${cost['sink']:,.2f}). At the default settings (5 s heartbeat, 0.2 s batches): "
-        f"**${r['cost_at_defaults_usd']['total']:,.2f}** (lease upkeep "
-        f"${r['cost_at_defaults_usd']['lease_overhead']:,.2f}). Assumptions: "
+        f"${cost['sink']:,.2f}). At the default settings (5 s member heartbeat, 600 s stream "
+        f"renewal, 0.2 s batches): **${r['cost_at_defaults_usd']['total']:,.2f}** (lease "
+        f"upkeep ${r['cost_at_defaults_usd']['lease_overhead']:,.2f}). Assumptions: "
         f"{cost['assumptions']}.",
         "",
         f"DynamoDB requests during the run: {r['dynamodb_requests_per_s']}/s"
         + (" — near the embedded server's ~250/s ceiling: the store, not the worker, bounded "
-           "this run." if r["store_was_bottleneck"] else "."),
+           "this run." if r.get("store_was_bottleneck") else "."),
         "",
+    ]
+    if "rolling_restart_max_held" in r:
+        lines += [f"Largest count one worker held after the last rolling restart: "
+                  f"{r['rolling_restart_max_held']} of {s['streams']}.", ""]
+    return lines
+
+
+def throughput_md(r: dict[str, Any]) -> list[str]:
+    return [
         "## Throughput and cost of one worker",
         "",
         "| null sink | fenced sink | bare websockets client | null/bare | fenced/bare |",
         "|---|---|---|---|---|",
         f"| {r['msgs_per_s']['null_sink']:,} msg/s | {r['msgs_per_s']['fenced_sink']:,} msg/s | "
-        f"{r['msgs_per_s']['bare_client']:,} msg/s | {r['null_sink_ratio']} | "
-        f"{r['fenced_sink_ratio']} |",
+        f"{r['msgs_per_s']['bare_client']:,} msg/s | {r.get('null_sink_ratio')} | "
+        f"{r.get('fenced_sink_ratio')} |",
         "",
-        f"CPU: {r['cpu_seconds_per_1000_messages']} s per 1,000 messages, measured with 100 "
-        f"streams at 10 msg/s, a 5 s heartbeat and 2 s batches so the store is not the limit "
-        f"({r['cpu_phase_msgs_per_s']} msg/s delivered); with large batches (the fenced-sink "
-        f"phase) {r['cpu_seconds_per_1000_messages_saturated']} s per 1,000 messages.",
+        f"CPU: {r.get('cpu_seconds_per_1000_messages')} s per 1,000 messages, measured with "
+        f"100 streams at 10 msg/s, a 5 s heartbeat and 2 s batches so the store is not the "
+        f"limit ({r.get('cpu_phase_msgs_per_s')} msg/s delivered); with large batches (the "
+        f"fenced-sink phase) {r.get('cpu_seconds_per_1000_messages_saturated')} s per 1,000 "
+        "messages.",
         "",
-        f"Memory: {r['rss_bytes_per_stream']:,} bytes resident per held idle stream "
+        f"Memory: {_v(r.get('rss_bytes_per_stream'))} bytes resident per held idle stream "
         f"({r.get('idle_streams', 100)} streams whose upstream sends nothing, default heartbeat; "
-        f"a worker holding none: {r['worker_rss_idle_bytes'] / 2**20:.0f} MiB).",
+        f"a worker holding none: {(r.get('worker_rss_idle_bytes') or 0) / 2**20:.0f} MiB).",
         "",
     ]
-    return "\n".join(lines)
+
+
+def _churn(section: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, label in (("move_details", "moves"), ("leases_lost", "leases lost, by reason"),
+                       ("leases_released_while_running",
+                        "leases released, by reason (counted before each SIGTERM)"),
+                       ("member_heartbeats", "member heartbeats, by outcome"),
+                       ("log_events", "warnings and errors in the worker logs")):
+        if key in section:
+            lines.append(f"- {label}: {_v(section[key])}")
+    for key, label in (("fence_bumps", "fence increments after the first tenure"),
+                       ("members_declared_dead", "members declared dead by a peer"),
+                       ("member_fenced", "workers that found their epoch moved on"),
+                       ("member_heartbeat_p99_s_bucket", "member heartbeat p99 (bucket bound, s)"),
+                       ("dynamodb_request_p99_s_bucket", "DynamoDB request p99 (bucket bound, s)")):
+        if key in section:
+            lines.append(f"- {label}: {_v(section[key])}")
+    for key, label in (("stalled_streams", "streams that delivered nothing while observed"),
+                       ("stalled_streams_after",
+                        "streams that delivered nothing in the 30 s after")):
+        if section.get(key):
+            lines.append(f"- {label}: **{len(section[key])}** ({', '.join(section[key][:8])}"
+                         + (", ..." if len(section[key]) > 8 else "") + ")")
+    if section.get("untracked_leases_in_window"):
+        lines.append("- leases the table gave a live worker beyond its own count at the end "
+                     f"of the window: {_v(section['untracked_leases_in_window'])}")
+    if section.get("untracked_leases"):
+        lines.append("- leases the table gives a live worker beyond its own count (acquired "
+                     f"but not served): {_v(section['untracked_leases'])}")
+    if section.get("unheld_at_end"):
+        lines.append(f"- streams no live worker held at the end: "
+                     f"{section.get('unheld_at_end_count', len(section['unheld_at_end']))}, "
+                     f"e.g. {section['unheld_at_end'][:3]}")
+    if section.get("worker_exits"):
+        lines.append(f"- workers that exited on their own: {section['worker_exits']}")
+    return [*lines, ""]
+
+
+def skew_md(r: dict[str, Any]) -> list[str]:
+    k = r["skew"]
+    if "skipped" in k:
+        return ["## Clock skew", "", f"Skipped: {k['skipped']}", ""]
+    return [
+        "## Clock skew",
+        "",
+        f"{k['workers']} workers, {k['streams']} streams, lease {k['lease_s']} s; "
+        f"{k['skewed_worker']} under `faketime -f {k['offset']}` (its member row showed its "
+        f"clock {_v(k.get('measured_offset_s'))} s off), observed {k['observed_s']:.0f} s "
+        f"after every stream was held ({_s(k.get('all_held_s'))}).",
+        "",
+        f"Settled (no move in the last 20 s): **{_v(k['settled'])}**; moves after the first "
+        f"owner: **{k['moves']}** ({k['moves_in_last_20_s']} in the last 20 s); the skewed "
+        f"worker held {_v(k.get('skewed_worker_held_at_end'))} at the end "
+        f"({_v(k.get('held_at_end'))}).",
+        "",
+        *_correctness(k),
+        *_churn(k),
+    ]
+
+
+def slow_store_md(r: dict[str, Any]) -> list[str]:
+    k = r["slow_store"]
+    if "skipped" in k:
+        return ["## Slow store", "", f"Skipped: {k['skipped']}", ""]
+    lines = [
+        "## Slow store",
+        "",
+        f"{k['workers']} workers, {k['streams']} streams x {k['rate']} msg/s, every request "
+        f"held {k['latency_ms']:g} ms ({k['latency_mode']}: "
+        + ("inside the server's lock, a saturated store of at most "
+           f"{1000 / k['latency_ms']:.0f} requests/s" if k["latency_mode"] == "serial"
+           else "before the server's lock, a slow network") +
+        f"); all held after {_s(k.get('all_held_s'))}, then observed {k['observed_s']:.0f} s.",
+        "",
+        f"Moves after each stream's first owner: **{k['moves']}** "
+        f"({k['moves_in_window']} in the observed window). Held at its end: "
+        f"{_v(k.get('held_at_end_of_window'))}.",
+        "",
+        "Then a rolling restart (new worker, SIGTERM of an old one), each hand-off timed:",
+        "",
+    ]
+    lines += _failover_rows({"sigterm": k.get("sigterm")}, [("sigterm", "SIGTERM, slow store")],
+                            {"sigterm": 1.0})
+    return lines + _correctness(k) + _churn(k)
+
+
+def balance_md(r: dict[str, Any]) -> list[str]:
+    k = r["balance"]
+    conv = k.get("converge_s")
+    lines = [
+        "## Balance",
+        "",
+        f"{k['streams']} streams on {k['workers_before']} workers (held after "
+        f"{_s(k.get('all_held_s'))}: {_v(k.get('before_scale_out'))}), then "
+        f"{k['workers_after']}: share {k['share']} each.",
+        "",
+        ("Every worker held its share +/-1 after **" + _s(conv) + "**." if conv is not None
+         else f"**Not converged** within {k['timeout_s']:.0f} s: state reached "
+              f"{_v(k.get('state_reached'))} (best spread max - min: "
+              f"{_v(k.get('best_spread'))})."),
+        f"Moves during {'convergence' if conv is not None else 'that wait'}: {k['moves']}; "
+        f"in the 30 s after ({k.get('moves_after_from')}): {k['moves_after']}; counts then "
+        f"{_v(k.get('after_30_s'))}.",
+        "",
+        f"Rolling restart of every worker, one at a time: at its end "
+        f"{_v(k.get('after_rolling_restart'))}, largest "
+        f"**{_v(k.get('after_rolling_restart_max'))}** "
+        f"(target <= {k.get('after_rolling_restart_target')}).",
+        "",
+    ]
+    lines += _failover_rows({"sigterm": k.get("sigterm")},
+                            [("sigterm", "SIGTERM (rolling restart)")], {"sigterm": 1.0})
+    return lines + _correctness(k) + _churn(k)
+
+
+def scale_md(r: dict[str, Any]) -> list[str]:
+    k = r["scale"]
+    per = k.get("requests_per_s_per_1000_streams", {})
+    rates = k.get("rates", {})
+    kill = k.get("kill9") or {}
+    lines = [
+        "## Scale",
+        "",
+        f"{k['streams']:,} idle streams on {k['workers']} workers, default timings (raised: "
+        f"{_v(k.get('raised_settings'))}). All held after {_s(k.get('all_held_s'))}, all "
+        f"connected upstream after {_s(k.get('all_connected_s'))}.",
+        "",
+        f"Store requests/s per 1,000 held streams, over {_v(k.get('window_measured_s'))} s "
+        f"with {_v(k.get('held_streams_in_window'))} held (total "
+        f"{_v(k.get('requests_per_s_total'))}/s):",
+        "",
+        "| " + " | ".join(per) + " |",
+        "|" + "---|" * len(per),
+        "| " + " | ".join(_v(v) for v in per.values()) + " |",
+        "",
+        f"Rates: {_v(rates)}. Worker CPU seconds in the window: "
+        f"{_v(k.get('worker_cpu_s_in_window'))}; resident memory (MB): "
+        f"{_v(k.get('worker_rss_mb'))}; upstream process {_v(k.get('upstream_rss_mb'))} MB.",
+        "",
+    ]
+    if kill:
+        lines += [
+            f"kill -9 of {kill.get('victim')} holding {kill.get('streams')} streams (recovered = "
+            f"{k.get('failover_recovery')}):",
+            "",
+            *_failover_rows({"kill9": kill}, [("kill9", "kill -9, scale")], {}),
+        ]
+    return lines + _correctness(k) + _churn(k)
+
+
+# -- the chart ----------------------------------------------------------------------------
+
+
+def _order(worker: str) -> tuple[int, str]:
+    digits = worker.lstrip("w")
+    return (int(digits), worker) if digits.isdigit() else (1 << 30, worker)
 
 
 def timeline_png(r: dict[str, Any], path: Path) -> None:
@@ -112,10 +412,38 @@ def timeline_png(r: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    timeline = r["timeline"]
-    workers = sorted({w for _, owned in timeline for w in owned}, key=lambda w: int(w[1:]))
+    panels = []
+    if r.get("timeline"):
+        panels.append("chaos")
+    if isinstance(r.get("balance"), dict) and r["balance"].get("timeline"):
+        panels.append("balance")
+    if isinstance(r.get("scale"), dict) and r["scale"].get("timeline"):
+        panels.append("scale")
+    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(12, 4.5 * max(1, len(panels))),
+                             dpi=100, squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels, strict=False):
+        if panel == "chaos":
+            _stack(ax, r["timeline"], r.get("faults", []),
+                   f"chaos: streams owned per worker ({r['settings']['streams']} streams); "
+                   "dashed lines: faults")
+        elif panel == "balance":
+            _spread(ax, r["balance"])
+        else:
+            _stack(ax, r["scale"]["timeline"], r["scale"].get("faults", []),
+                   f"scale: streams held per worker ({r['scale']['streams']:,} streams, "
+                   "each worker's leases_held gauge)")
+    if not panels:
+        axes[0, 0].text(0.5, 0.5, "no timeline in this run", ha="center", va="center")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _stack(ax: Any, timeline: list[Any], faults: list[dict[str, Any]], title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    workers = sorted({w for _, owned in timeline for w in owned}, key=_order)
     times = [t for t, _ in timeline]
-    fig, ax = plt.subplots(figsize=(12, 5), dpi=100)
     stacks = [[owned.get(w, 0) for _, owned in timeline] for w in workers]
     if stacks:
         palette = plt.get_cmap("tab20")
@@ -123,16 +451,49 @@ def timeline_png(r: dict[str, Any], path: Path) -> None:
                      colors=[palette(i % 20) for i in range(len(workers))])
     colors = {"kill9": "red", "sigterm": "blue", "pause": "purple", "drop": "gray"}
     seen: set[str] = set()
-    for fault in r["faults"]:
+    for fault in faults:
         label = fault["kind"] if fault["kind"] not in seen else None
         seen.add(fault["kind"])
-        ax.axvline(fault["at"], color=colors[fault["kind"]], linestyle="--", linewidth=1,
-                   label=label)
+        ax.axvline(fault["at"], color=colors.get(fault["kind"], "black"), linestyle="--",
+                   linewidth=1, label=label)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("streams owned")
-    ax.set_title(f"streams owned per worker ({r['settings']['streams']} streams); "
-                 "dashed lines: faults")
+    ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+
+
+def _spread(ax: Any, b: dict[str, Any]) -> None:
+    """Streams per worker over time, the fair share as live workers change, the
+    max - min spread, and the scale events: evening out shows as lines closing in."""
+    import matplotlib.pyplot as plt
+
+    timeline = b["timeline"]
+    times = [t for t, _ in timeline]
+    workers = sorted({w for _, owned in timeline for w in owned}, key=_order)
+    palette = plt.get_cmap("tab20")
+    for i, w in enumerate(workers):
+        ax.step(times, [owned.get(w, math.nan) for _, owned in timeline], where="post",
+                color=palette(i % 20), label=w, linewidth=1.4)
+    spread = [max(owned.values()) - min(owned.values()) if owned else 0
+              for _, owned in timeline]
+    ax.fill_between(times, 0, spread, step="post", color="red", alpha=0.12,
+                    label="spread (max - min)")
+    live = b.get("live_workers") or []
+    if live:
+        ax.step([t for t, _ in live], [math.ceil(b["streams"] / n) if n else math.nan
+                                       for _, n in live],
+                where="post", color="black", linestyle=":", linewidth=1.5, label="fair share")
+    for t, label in b.get("events", []):
+        if label.startswith(("scale-out", "rolling", "sigterm", "exit")):
+            ax.axvline(t, color="blue" if label.startswith("sigterm") else "black",
+                       linestyle="--", linewidth=0.8)
+            if not label.startswith("sigterm"):
+                ax.annotate(label, (t, ax.get_ylim()[1] if ax.get_ylim()[1] > 1 else 1),
+                            fontsize=7, rotation=90, va="top", ha="right")
+    conv = b.get("converge_s")
+    converged = "never" if conv is None else f"after {conv:.1f} s"
+    ax.set_title(f"balance: streams per worker ({b['streams']} streams, 2 -> 4 workers, then a "
+                 f"rolling restart); converged {converged}; dashed: events")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("streams held")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)

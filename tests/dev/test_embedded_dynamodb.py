@@ -155,3 +155,55 @@ async def test_a_wrongly_typed_index_key_is_refused_as_dynamodb_does(dynamo: Sto
     assert record is not None and record.lease_expires_at_ms == 0
     assert await store.get("bad") is None
     assert [r.stream_id for r in await dynamo.leases.orphans(NOW, 10)] == ["good"]
+
+
+async def timed_list_tables(endpoint: str, calls: int, concurrent: bool) -> float:
+    """Seconds for ``calls`` ListTables requests, one after another or all at once (each
+    on a connection of its own, so the server serves them on separate threads)."""
+    import aioboto3
+    from botocore.config import Config
+
+    os.environ.update(local_aws_env(endpoint))
+    config = Config(max_pool_connections=calls + 2, retries={"max_attempts": 1})
+    async with aioboto3.Session().client("dynamodb", endpoint_url=endpoint,
+                                         region_name="us-east-1", config=config) as client:
+        await client.list_tables()  # connect and warm up outside the measurement
+        started = time.perf_counter()
+        if concurrent:
+            await asyncio.gather(*(client.list_tables() for _ in range(calls)))
+        else:
+            for _ in range(calls):
+                await client.list_tables()
+        return time.perf_counter() - started
+
+
+async def test_injected_latency_delays_every_request(env_for: None) -> None:
+    """Lower bounds only: a busy machine makes requests slower, never faster. Without
+    the delay 20 calls take a few tens of milliseconds, so the bound can fail."""
+    with EmbeddedDynamoDB(latency_s=0.05) as server:
+        elapsed = await timed_list_tables(server.endpoint_url, 20, concurrent=False)
+    assert elapsed >= 20 * 0.05
+
+
+async def test_serial_latency_saturates_and_parallel_latency_overlaps(env_for: None) -> None:
+    """Ten requests at once: serial mode serves them one after another (at least ten
+    delays), parallel mode lets the delays overlap. Compared as a ratio of two runs on
+    the same machine, so its speed cancels out; measured about 0.15."""
+    with EmbeddedDynamoDB(latency_s=0.1, latency_mode="serial") as server:
+        serial = await timed_list_tables(server.endpoint_url, 10, concurrent=True)
+    with EmbeddedDynamoDB(latency_s=0.1, latency_mode="parallel") as server:
+        parallel = await timed_list_tables(server.endpoint_url, 10, concurrent=True)
+    print(f"10 concurrent requests, 100 ms each: serial {serial:.2f} s, "
+          f"parallel {parallel:.2f} s")
+    assert serial >= 10 * 0.1
+    assert parallel / serial < 0.5
+
+
+def test_latency_options_are_checked() -> None:
+    from worker.dev.dynamodb import main
+
+    with pytest.raises(ValueError, match="latency_mode"):
+        EmbeddedDynamoDB(latency_mode="sometimes")
+    with pytest.raises(SystemExit) as exited:
+        main(["--port", "0", "--latency-ms", "-1"])
+    assert exited.value.code == 2

@@ -17,6 +17,21 @@ measured problems without forking moto:
   "copied" by reference and only the items the transaction touches are backed up and
   restored, which gives the same all-or-nothing result in O(items touched).
 
+**Injected latency** (``--latency-ms N``, for load tests of a slow store): every request
+waits N ms before it is served, in one of two places:
+
+* ``--latency-mode serial`` (the default): inside the request lock. The server then
+  behaves as a slow *and saturated* store: it completes at most 1000/N requests a
+  second whatever the clients' parallelism, and a request's latency grows with the
+  number of requests queued ahead of it. This is the overload that turned renew
+  timeouts into ownership churn, and the one a lease protocol must survive.
+* ``--latency-mode parallel``: before the lock. Concurrent requests wait out their
+  delays together, so throughput stays near the unslowed server's: a slow network or
+  a distant, well-provisioned service, as DynamoDB is from another region.
+
+The lock is not fair (a waiting request may be overtaken), so in serial mode the tail
+latency under saturation is longer than queue length x N.
+
 Loopback only, no persistence: state lives as long as the process.
 """
 
@@ -28,6 +43,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -51,6 +67,22 @@ _patched = False
 _original_transact: Callable[..., Any] | None = None
 _original_put: Callable[..., Any] | None = None
 _original_update: Callable[..., Any] | None = None
+
+
+LATENCY_MODES = ("serial", "parallel")
+MAX_LATENCY_MS = 10_000.0
+
+
+class DelayedApp:
+    """WSGI middleware that holds every request ``seconds`` before serving it."""
+
+    def __init__(self, app: WSGIApp, seconds: float) -> None:
+        self.app = app
+        self.seconds = seconds
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        time.sleep(self.seconds)
+        return list(self.app(environ, start_response))
 
 
 class SerializedApp:
@@ -189,11 +221,18 @@ class EmbeddedDynamoDB:
     """A DynamoDB-compatible HTTP server on loopback, in a background thread."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, serialize: bool = True,
-                 fast_transactions: bool = True) -> None:
+                 fast_transactions: bool = True, latency_s: float = 0.0,
+                 latency_mode: str = "serial") -> None:
+        if latency_mode not in LATENCY_MODES:
+            raise ValueError(f"latency_mode must be one of {LATENCY_MODES}, got {latency_mode!r}")
+        if not 0.0 <= latency_s <= MAX_LATENCY_MS / 1000:
+            raise ValueError(f"latency_s must be 0-{MAX_LATENCY_MS / 1000:g}, got {latency_s!r}")
         self.host = host
         self.requested_port = port
         self.serialize = serialize
         self.fast_transactions = fast_transactions
+        self.latency_s = latency_s
+        self.latency_mode = latency_mode
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -202,8 +241,15 @@ class EmbeddedDynamoDB:
         if self.fast_transactions:
             install_fast_transactions()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        backend_app = create_backend_app("dynamodb")
-        app: WSGIApp = SerializedApp(backend_app) if self.serialize else backend_app
+        app: WSGIApp = create_backend_app("dynamodb")
+        # Serial latency is served under the lock (a saturated server), parallel latency
+        # before it (a slow path to a server with capacity to spare); see the module doc.
+        if self.latency_s and self.latency_mode == "serial":
+            app = DelayedApp(app, self.latency_s)
+        if self.serialize:
+            app = SerializedApp(app)
+        if self.latency_s and self.latency_mode == "parallel":
+            app = DelayedApp(app, self.latency_s)
         MotoRequestHandler.protocol_version = "HTTP/1.1"  # keep-alive for SDK clients
         self._server = make_server(self.host, self.requested_port, app, threaded=True,
                                    request_handler=MotoRequestHandler)
@@ -246,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Serve an embedded, atomic DynamoDB-compatible API on loopback.")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="hold every request this long (load tests of a slow store)")
+    parser.add_argument("--latency-mode", choices=LATENCY_MODES, default="serial",
+                        help="serial: inside the request lock, a saturated store (1000/N "
+                             "requests/s at most); parallel: before it, a slow network")
     # Test-only knobs: a tiny thread switch interval makes races likely, and --no-lock
     # serves plain moto, so the tests can show the race they guard against is real.
     parser.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
@@ -255,9 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--port must be 0-65535, got {args.port}")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         parser.error(f"--host must be a loopback address, got {args.host!r}")
+    if not 0.0 <= args.latency_ms <= MAX_LATENCY_MS:
+        parser.error(f"--latency-ms must be 0-{MAX_LATENCY_MS:g}, got {args.latency_ms:g}")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    server = EmbeddedDynamoDB(args.host, args.port, serialize=not args.no_lock)
+    server = EmbeddedDynamoDB(args.host, args.port, serialize=not args.no_lock,
+                              latency_s=args.latency_ms / 1000, latency_mode=args.latency_mode)
     try:
         server.start()
     except OSError as exc:

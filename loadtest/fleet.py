@@ -1,0 +1,645 @@
+"""A local fleet for the load scenarios: servers, worker processes, a sampler and an audit.
+
+``Fleet`` starts what one scenario needs — the embedded DynamoDB (optionally slowed, see
+``worker.dev.dynamodb``) or the endpoint the AWS variables name, the reference upstream,
+fresh tables with S streams, and worker processes (optionally under ``faketime``) — and
+watches them from the outside only: the streams table, each worker's ``/metrics``, the
+upstream's ``/stats``. Scenarios drive it and turn what it saw into figures.
+
+What the sampler records, every ``sample_s``:
+
+* **who holds what**: a stream is held by ``lease_owner`` while its stored lease has not
+  expired (on this machine's clock). The timeline keeps the count per worker.
+* **acquisitions**: a stream seen held under a fence it was not held under before is a
+  new tenure. The first is its first owner; every later one is a *move* (whoever the
+  new holder is: a worker that lost and retook its own stream interrupted it too).
+  ``fence_bumps`` (final fence minus the first fence seen held) counts the same from the
+  table alone, so a tenure shorter than one sample cannot hide: equal figures mean none
+  was missed (a release on a dead member's behalf also bumps the fence).
+* **fault recovery**, per stream of the victim: "delivered" (its checkpoint passed the
+  one at the fault, under another holder: the stream delivers again elsewhere) or
+  "connected" (the upstream shows a connection again: for idle streams, where delivery
+  cannot be observed; a killed worker's sockets close with it, so only a new holder can
+  connect).
+* **exits**: a worker that exits while not being stopped is recorded, never fatal.
+
+Worker logs (JSON, INFO) go to ``.run/loadtest/<stamp>/<scenario>/``; ``log_events``
+counts their warnings and errors by event name, the evidence behind a figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import glob
+import itertools
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest.common import Server
+from worker.core.model import StreamRecord
+from worker.dev import local_aws_env
+from worker.dev.upstream import frame_for
+from worker.store.dynamodb import DynamoAdmin, connect_admin
+from worker.store.protocols import Stores
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / ".run" / "loadtest"
+
+
+@dataclass
+class WorkerProc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    skewed: str | None = None  # a faketime offset such as "-2s"
+    metrics: dict[str, float] = field(default_factory=dict)  # last scrape
+    paused: bool = False  # SIGSTOPped: its HTTP endpoint cannot answer
+    started_at: float = 0.0
+
+    def scrape(self) -> None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
+                                        timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return
+        self.metrics = parse_metrics(text)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+@dataclass
+class Fault:
+    kind: str  # kill9 | sigterm | pause | drop
+    at: float  # seconds since the fleet started
+    worker: str | None
+    streams: list[str]  # held by the victim at the fault
+    before: dict[str, int]  # their last_seq at the fault
+    recovery: str = "delivered"  # or "connected" (see the module doc)
+    recovered: dict[str, float] = field(default_factory=dict)  # stream -> seconds
+    released: dict[str, float] = field(default_factory=dict)  # stream -> seconds to expiry 0
+    down: set[str] = field(default_factory=set)  # "connected": seen disconnected since
+
+
+@dataclass
+class Acquisition:
+    at: float
+    stream: str
+    owner: str
+    fence: int
+    previous: str | None  # None: the stream's first owner
+
+
+class Fleet:
+    """One scenario's servers, tables and workers. ``async with Fleet(...) as fleet``."""
+
+    def __init__(self, scenario: str, *, streams: int, rate: float,
+                 worker_env: dict[str, str], dynamodb: str = "embedded",
+                 latency_ms: float = 0.0, latency_mode: str = "serial",
+                 sample_s: float = 0.25, table_s: float | None = None,
+                 watch_upstream: bool = False,
+                 log_root: Path | None = None, seed: int | None = None,
+                 stream_ids: list[str] | None = None) -> None:
+        self.scenario = scenario
+        self.streams = streams
+        self.rate = rate
+        self.base_worker_env = worker_env
+        self.dynamodb = dynamodb
+        self.latency_ms = latency_ms
+        self.latency_mode = latency_mode
+        self.sample_s = sample_s
+        # Reading the whole table is one Scan: cheap for tens of streams, about a second
+        # of the embedded server's (serialised) time for 2,000. With ``table_s`` above
+        # ``sample_s`` the timeline comes from the workers' leases_held gauges instead.
+        self.table_s = sample_s if table_s is None else table_s
+        self.timeline_from_table = self.table_s <= sample_s
+        self.watch_upstream = watch_upstream
+        self.rng = random.Random(seed)
+        width = max(3, len(str(streams)))
+        self.ids = stream_ids or [f"s{i:0{width}d}" for i in range(1, streams + 1)]
+        suffix = uuid.uuid4().hex[:8]
+        self.table, self.events = f"lt-s-{suffix}", f"lt-e-{suffix}"
+        self.fleet_table = f"lt-f-{suffix}"
+        self.log_dir = (log_root or LOGS / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())) \
+            / scenario
+        self.workers: dict[str, WorkerProc] = {}
+        self.retired: list[WorkerProc] = []
+        self.exits: list[dict[str, Any]] = []  # workers that exited on their own
+        self.counter = 0
+        self.t0 = time.monotonic()
+        self.timeline: list[tuple[float, dict[str, int]]] = []
+        self.faults: list[Fault] = []
+        self.events_log: list[tuple[float, str]] = []  # (t, label) for charts
+        self.acquisitions: list[Acquisition] = []
+        self.servers: list[Server] = []
+        self.upstream_url = ""
+        self.env: dict[str, str] = dict(os.environ)
+        self.store: DynamoAdmin | None = None
+        self.stores: Stores | None = None
+        self.records: dict[str, StreamRecord] = {}
+        self.connections: dict[str, int] = {}  # upstream /stats, when watched
+        self.samples = 0
+        self.stopped_at: float | None = None
+        self.live: list[tuple[float, int]] = []  # (t, live workers)
+        self._table_read_at = float("-inf")
+        self._held: dict[str, tuple[str, int]] = {}  # stream -> (owner, fence) last seen held
+        self._first_fence: dict[str, int] = {}
+        self._admin_cm: Any = None
+        self._sampler: asyncio.Task[None] | None = None
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Fleet:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _start(self) -> None:
+        if self.dynamodb == "embedded":
+            args = ["dynamodb", "--port", "0"]
+            if self.latency_ms:
+                args += ["--latency-ms", str(self.latency_ms), "--latency-mode",
+                         self.latency_mode]
+            ddb = Server(*args)
+            self.servers.append(ddb)
+            local = local_aws_env(ddb.url)
+            self.env.update(local)
+            os.environ.update(local)  # for this process's own store
+        up = Server("upstream", "--port", "0", "--streams", "0", "--rate", repr(self.rate))
+        self.servers.append(up)
+        self.upstream_url = up.url
+        self._admin_cm = connect_admin(self.table, self.events, self.fleet_table,
+                                       connections=50)
+        stores = await self._admin_cm.__aenter__()
+        self.stores = stores
+        self.store = stores.admin
+        assert self.store is not None
+        await self.store.create_tables()
+        gate = asyncio.Semaphore(16)
+
+        async def put(sid: str) -> None:
+            assert self.store is not None
+            async with gate:
+                await self.store.put_started(sid, f"{self.upstream_url}/streams/{sid}")
+
+        await asyncio.gather(*(put(sid) for sid in self.ids))
+        self.t0 = time.monotonic()
+        self._sampler = asyncio.ensure_future(self._sample_loop())
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            await asyncio.gather(self._sampler, return_exceptions=True)
+            self._sampler = None
+        for w in list(self.workers.values()) + self.retired:
+            if w.popen.poll() is None:
+                w.popen.send_signal(signal.SIGCONT)
+                w.popen.kill()
+                await asyncio.to_thread(_wait, w.popen, 10)
+        if self._admin_cm is not None:
+            await self._admin_cm.__aexit__(None, None, None)
+            self._admin_cm = None
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers = []
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def worker_env(self, name: str, port: int, extra: dict[str, str] | None) -> dict[str, str]:
+        return {**self.env, "STREAMLEASE_TABLE": self.table,
+                "STREAMLEASE_EVENTS_TABLE": self.events,
+                "STREAMLEASE_FLEET_TABLE": self.fleet_table,
+                "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_METRICS_PORT": str(port),
+                "STREAMLEASE_METRICS_ADDRESS": "127.0.0.1",
+                "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:", "STREAMLEASE_LOG_LEVEL": "INFO",
+                **self.base_worker_env, **(extra or {})}
+
+    def start_worker(self, *, skew: str | None = None,
+                     extra: dict[str, str] | None = None) -> WorkerProc:
+        """A new worker ``wN``; ``skew`` (e.g. ``-2s``) offsets its wall clock with
+        libfaketime, its monotonic clock left alone (see ``loadtest.scenarios.run_skew``)."""
+        self.counter += 1
+        name = f"w{self.counter}"
+        port = free_port()
+        env = self.worker_env(name, port, extra)
+        argv = [sys.executable, "-m", "worker", "run"]
+        if skew is not None:
+            # libfaketime preloaded into the worker itself, not the `faketime` wrapper,
+            # which forks: a SIGTERM would stop the wrapper and orphan the worker.
+            lib = faketime_library()
+            if lib is None:
+                raise RuntimeError("libfaketime not found (Debian package faketime)")
+            preload = env.get("LD_PRELOAD")
+            env.update(LD_PRELOAD=f"{lib} {preload}" if preload else lib, FAKETIME=skew,
+                       **FAKETIME_ENV)
+        log = self.log_dir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(argv, env=env, stdout=out, stderr=out,
+                                     start_new_session=True)
+        worker = WorkerProc(name, popen, port, log, skew, started_at=self.now())
+        self.workers[name] = worker
+        self.events_log.append((self.now(), f"+{name}"))
+        return worker
+
+    def retire(self, name: str) -> WorkerProc:
+        worker = self.workers.pop(name)
+        worker.scrape()
+        self.retired.append(worker)
+        return worker
+
+    def kill9(self, name: str, recovery: str = "delivered") -> Fault:
+        fault = self.fault("kill9", name, recovery)
+        self.retire(name).popen.kill()
+        return fault
+
+    async def sigterm(self, name: str, wait_s: float = 40.0,
+                      recovery: str = "delivered") -> Fault:
+        """SIGTERM and wait for the exit (its hand-off is timed from the signal)."""
+        fault = self.fault("sigterm", name, recovery)
+        worker = self.retire(name)
+        worker.popen.send_signal(signal.SIGTERM)
+        if not await asyncio.to_thread(_wait, worker.popen, wait_s):
+            print(f"  {name} did not exit {wait_s:.0f} s after SIGTERM; killing it",
+                  flush=True)
+            worker.popen.kill()
+            await asyncio.to_thread(_wait, worker.popen, 10)
+        return fault
+
+    async def stop_all(self, wait_s: float = 40.0) -> None:
+        """SIGTERM every worker at once and wait for them (the end of a scenario)."""
+        self.stopped_at = self.now()
+        workers = [self.retire(name) for name in list(self.workers)]
+        for w in workers:
+            if w.alive():
+                w.popen.send_signal(signal.SIGCONT)
+                w.popen.send_signal(signal.SIGTERM)
+        for w in workers:
+            if not await asyncio.to_thread(_wait, w.popen, wait_s):
+                w.popen.kill()
+                await asyncio.to_thread(_wait, w.popen, 10)
+
+    def fault(self, kind: str, worker: str | None, recovery: str = "delivered") -> Fault:
+        streams, before = self.held_by(worker) if worker else ([], {})
+        f = Fault(kind, self.now(), worker, streams, before, recovery)
+        self.faults.append(f)
+        self.events_log.append((f.at, f"{kind} {worker or ''}".strip()))
+        print(f"  {f.at:7.1f}s  {kind:<8} {worker or '-':<5} ({len(streams)} streams)",
+              flush=True)
+        return f
+
+    # -- observation ------------------------------------------------------------------------
+
+    async def _sample_loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.sample()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a slow or failing read: note it, keep sampling
+                print(f"  sampler: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            await asyncio.sleep(max(0.0, self.sample_s - (time.monotonic() - started)))
+
+    async def sample(self) -> None:
+        reads: list[Any] = []
+        table_due = time.monotonic() - self._table_read_at >= self.table_s * 0.95
+        if table_due:
+            reads.append(self.read_table())
+        if self.watch_upstream:
+            reads.append(self._read_upstream())
+        # Scrape off the loop, and never a stopped worker: a blocked scrape would stall
+        # the sampler and distort every time it measures.
+        live = [w for w in self.workers.values() if not w.paused and w.alive()]
+        reads += [asyncio.to_thread(w.scrape) for w in live]
+        await asyncio.gather(*reads)
+        t = self.now()
+        self.samples += 1
+        if not self.timeline_from_table:
+            owned = {w.name: int(w.metrics.get("streamlease_leases_held", 0)) for w in live}
+            self.timeline.append((t, owned))
+        self.live.append((t, len(self.workers)))
+        for fault in self.faults:
+            self._recovery(fault, self.records, t)
+        self._note_exits(t)
+
+    async def read_table(self) -> None:
+        """Read every stream item: who holds what, new tenures, the timeline."""
+        assert self.store is not None
+        self._table_read_at = time.monotonic()
+        records = {r.stream_id: r for r in await self.store.list_streams()}
+        now_ms = time.time_ns() // 1_000_000
+        t = self.now()
+        self.records = records
+        owned = dict.fromkeys(self.workers, 0)  # a live worker holding none shows as 0
+        for sid, r in records.items():
+            if not (r.lease_owner and (r.lease_expires_at_ms or 0) > now_ms):
+                continue
+            owned[r.lease_owner] = owned.get(r.lease_owner, 0) + 1
+            fence = r.fence or 0
+            seen = self._held.get(sid)
+            if seen is None or seen[1] != fence:
+                self.acquisitions.append(Acquisition(t, sid, r.lease_owner, fence,
+                                                     seen[0] if seen else None))
+                self._first_fence.setdefault(sid, fence)
+                self._held[sid] = (r.lease_owner, fence)
+        if self.timeline_from_table:
+            self.timeline.append((t, owned))
+
+    async def _read_upstream(self) -> None:
+        found = await asyncio.to_thread(self._upstream_connections)
+        if found is not None:
+            self.connections = found
+
+    def _recovery(self, fault: Fault, records: dict[str, StreamRecord], t: float) -> None:
+        for sid in fault.streams:
+            r = records.get(sid)
+            if r is None:
+                continue
+            if sid not in fault.released and r.lease_owner == fault.worker and \
+                    r.lease_expires_at_ms == 0:
+                fault.released[sid] = t - fault.at
+            if sid in fault.recovered:
+                continue
+            if fault.recovery == "connected":
+                # The victim's sockets closed with it: once the upstream has seen that, a
+                # connection is a new holder's.
+                if self.connections.get(sid, 0) == 0:
+                    fault.down.add(sid)
+                elif sid in fault.down:
+                    fault.recovered[sid] = t - fault.at
+            elif (r.last_seq or 0) > fault.before[sid] and r.lease_owner != fault.worker:
+                fault.recovered[sid] = t - fault.at
+
+    def _upstream_connections(self) -> dict[str, int] | None:
+        url = self.upstream_url.replace("ws://", "http://") + "/stats"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                stats = json.load(resp)
+        except (OSError, ValueError):
+            return None
+        return {sid: int(s.get("connections", 0)) for sid, s in stats["streams"].items()}
+
+    def _note_exits(self, t: float) -> None:
+        for name, w in list(self.workers.items()):
+            if w.popen.poll() is not None:
+                print(f"  {t:7.1f}s  {name} exited on its own (exit {w.popen.returncode}); "
+                      f"see {w.log}", flush=True)
+                self.exits.append({"worker": name, "at": round(t, 2),
+                                   "exit_code": w.popen.returncode, "log": str(w.log)})
+                self.workers.pop(name)
+                self.retired.append(w)
+                self.events_log.append((t, f"exit {name}"))
+
+    def held_by(self, name: str) -> tuple[list[str], dict[str, int]]:
+        now_ms = time.time_ns() // 1_000_000
+        streams = [s for s, r in self.records.items()
+                   if r.lease_owner == name and (r.lease_expires_at_ms or 0) > now_ms]
+        return streams, {s: self.records[s].last_seq or 0 for s in streams}
+
+    def counts(self) -> dict[str, int]:
+        """Streams held per live worker (0 for a live worker holding none), last sample
+        (from the table, or from the workers' gauges when the table is read rarely)."""
+        last = self.timeline[-1][1] if self.timeline else {}
+        return {name: last.get(name, 0) for name in sorted(self.workers, key=_worker_order)}
+
+    def held_total(self) -> int:
+        return sum(self.timeline[-1][1].values()) if self.timeline else 0
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> float | None:
+        """Seconds until ``predicate`` (checked after every sample) held; None: timed out."""
+        started = self.now()
+        seen = self.samples
+        while self.now() - started < timeout:
+            if self.samples != seen:
+                seen = self.samples
+                if predicate():
+                    return self.now() - started
+            await asyncio.sleep(min(0.05, self.sample_s / 4))
+        return None
+
+    def moves(self, since: float = 0.0, until: float = float("inf")) -> int:
+        """Tenures after each stream's first, begun (first seen) in [since, until)."""
+        return sum(1 for a in self.acquisitions
+                   if a.previous is not None and since <= a.at < until)
+
+    def move_summary(self, since: float = 0.0, until: float = float("inf")) -> dict[str, int]:
+        moves = [a for a in self.acquisitions
+                 if a.previous is not None and since <= a.at < until]
+        return {"moves": len(moves),
+                "to_another_worker": sum(1 for a in moves if a.owner != a.previous),
+                "retaken_by_same_worker": sum(1 for a in moves if a.owner == a.previous),
+                "streams_moved": len({a.stream for a in moves})}
+
+    def checkpoints(self) -> dict[str, int]:
+        """Each stream's ``last_seq`` as last read."""
+        return {sid: r.last_seq or 0 for sid, r in self.records.items()}
+
+    def stalled(self, before: dict[str, int]) -> list[str]:
+        """Streams whose checkpoint has not moved since ``before``: not delivering,
+        whatever the table says about who holds them."""
+        now = self.checkpoints()
+        return [sid for sid in self.ids if now.get(sid, 0) <= before.get(sid, 0)]
+
+    def unheld(self) -> list[dict[str, Any]]:
+        """Streams no live worker holds, as the last table read shows them: free ones
+        (expiry in the past) and ones whose lease names a worker that is not running."""
+        now_ms = time.time_ns() // 1_000_000
+        live = set(self.workers)
+        out = []
+        for sid in self.ids:
+            r = self.records.get(sid)
+            if r is None or (r.lease_owner in live and (r.lease_expires_at_ms or 0) > now_ms):
+                continue
+            out.append({"stream": sid, "owner": r.lease_owner, "fence": r.fence,
+                        "lease_left_s": round(((r.lease_expires_at_ms or 0) - now_ms) / 1000, 1)})
+        return out
+
+    def untracked(self) -> dict[str, int]:
+        """Per live worker: streams the table says it holds beyond its own leases_held
+        gauge (both as last read). A positive count is a lease the worker does not know
+        it holds, e.g. an acquisition that applied although the worker saw it time out."""
+        now_ms = time.time_ns() // 1_000_000
+        table: dict[str, int] = {}
+        for r in self.records.values():
+            if r.lease_owner and (r.lease_expires_at_ms or 0) > now_ms:
+                table[r.lease_owner] = table.get(r.lease_owner, 0) + 1
+        out = {}
+        for name, w in self.workers.items():
+            gauge = w.metrics.get("streamlease_leases_held")
+            if gauge is not None and table.get(name, 0) > gauge:
+                out[name] = table.get(name, 0) - int(gauge)
+        return out
+
+    def fault_list(self) -> list[dict[str, Any]]:
+        return [{"kind": f.kind, "at": round(f.at, 2), "worker": f.worker,
+                 "streams": len(f.streams), "recovered": len(f.recovered),
+                 "unrecovered": sorted(set(f.streams) - set(f.recovered))}
+                for f in self.faults]
+
+    def fence_bumps(self) -> int:
+        """Final fence minus the first fence seen held, summed (see the module doc)."""
+        return sum(max(0, (self.records[s].fence or 0) - f)
+                   for s, f in self._first_fence.items() if s in self.records)
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def everyone(self) -> list[WorkerProc]:
+        return self.retired + list(self.workers.values())
+
+    def total(self, key: str, workers: Iterable[WorkerProc] | None = None) -> float:
+        return sum(w.metrics.get(key, 0.0) for w in (workers or self.everyone()))
+
+    def scrape_all(self) -> None:
+        for w in self.workers.values():
+            if not w.paused and w.alive():
+                w.scrape()
+
+    def log_events(self) -> dict[str, int]:
+        """Warnings and errors in every worker's log, by event name."""
+        counts: collections.Counter[str] = collections.Counter()
+        for w in self.everyone():
+            try:
+                lines = w.log.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    if line.strip():
+                        counts["(not json)"] += 1
+                    continue
+                if isinstance(rec, dict) and rec.get("level") in ("warning", "error", "critical"):
+                    counts[str(rec.get("event"))] += 1
+        return dict(sorted(counts.items()))
+
+    def failover(self, kind: str) -> dict[str, Any]:
+        faults = [f for f in self.faults if f.kind == kind]
+        times = [t for f in faults for t in f.recovered.values()]
+        return {"p50": pct(times, 50), "p99": pct(times, 99),
+                "max": round(max(times), 3) if times else None, "samples": len(times),
+                "unrecovered": sum(len(f.streams) - len(f.recovered) for f in faults)}
+
+    def timeline_out(self, every: int = 1) -> list[tuple[float, dict[str, int]]]:
+        """The timeline up to the final stop (what follows is the audit: nothing runs)."""
+        until = self.stopped_at if self.stopped_at is not None else float("inf")
+        return [(round(t, 2), owned) for t, owned in self.timeline[::max(1, every)]
+                if t <= until]
+
+    # -- audit ------------------------------------------------------------------------------
+
+    async def audit(self, only_delivered: bool = False) -> dict[str, int]:
+        """Read the sink back: every seq once, in order, byte-identical; fences monotonic.
+        ``only_delivered`` skips streams with no checkpoint (idle streams: nothing to read)."""
+        assert self.store is not None
+        lost = duplicated = out_of_order = stale_accepted = gaps = mismatched = 0
+        records = {r.stream_id: r for r in await self.store.list_streams()}
+        for sid in self.ids:
+            last = records[sid].last_seq or 0 if sid in records else 0
+            if only_delivered and not last:
+                continue
+            seqs: list[int] = []
+            async for frame in self.store.read_events(sid):
+                seqs.append(frame.seq)
+                if frame.text != frame_for(sid, frame.seq):
+                    mismatched += 1
+            seen = set(seqs)
+            duplicated += len(seqs) - len(seen)
+            out_of_order += sum(1 for a, b in itertools.pairwise(seqs) if b <= a)
+            lost += sum(1 for s in range(1, last + 1) if s not in seen)
+            ordered = sorted(seen)
+            gaps += sum(1 for a, b in itertools.pairwise(ordered) if b != a + 1)
+            fences = await self.store.event_fences(sid)
+            stale_accepted += sum(1 for a, b in itertools.pairwise(fences) if b < a)
+        return {"lost": lost + mismatched, "duplicated": duplicated,
+                "out_of_order": out_of_order, "stale_accepted": stale_accepted,
+                "fleet_caused_gaps": gaps,
+                "messages_in_sink": sum(r.last_seq or 0 for r in records.values())}
+
+
+CORRECTNESS = ("lost", "duplicated", "out_of_order", "stale_accepted", "fleet_caused_gaps")
+
+
+def pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, -(-p * len(ordered) // 100) - 1))
+    return round(ordered[int(index)], 3)
+
+
+# Only the wall clock is offset; see ``loadtest.scenarios.run_skew`` for what each does.
+FAKETIME_ENV = {"FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_FORCE_MONOTONIC_FIX": "0"}
+
+
+def faketime_library() -> str | None:
+    """libfaketime's path (Debian's package faketime), or None."""
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                    "/usr/local/lib/faketime/libfaketime.so.1"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> None:
+    try:
+        urllib.request.urlopen(url, timeout=5).read()
+    except OSError as exc:
+        print(f"  control call failed: {exc}", file=sys.stderr)
+
+
+def _wait(popen: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        popen.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _worker_order(name: str) -> tuple[int, str]:
+    digits = name.lstrip("w")
+    return (int(digits), name) if digits.isdigit() else (1 << 30, name)

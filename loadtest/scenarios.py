@@ -1,0 +1,506 @@
+"""The fleet scenarios beyond the chaos run: skew, a slow store, balance and scale.
+
+Each returns the JSON section it measured and never raises for what the fleet does:
+workers that exit, streams never held, a fleet that never converges are reported
+(``null`` and the state reached), not turned into a crash. Definitions used throughout
+(see ``loadtest.fleet``):
+
+* a **move** is a new tenure of a stream after its first: a new fence seen held, by
+  whichever worker. ``fence_bumps`` is the same count from the table's fences alone.
+* **hand-off / failover time**: from the signal until the stream delivers again under
+  another holder (its checkpoint passes the one at the signal), or for idle streams
+  until the upstream sees it connected again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from loadtest.capacity import CapacityInputs, capacity_model, model_text, renewal_rate
+from loadtest.fleet import Fleet, WorkerProc, faketime_library
+from worker.config import DEFAULTS
+
+if TYPE_CHECKING:
+    from loadtest.chaos import Context
+
+ALL_HELD_TIMEOUT_S = 60.0
+SETTLED_WINDOW_S = 20.0  # "settled": no move in this last part of an observation
+MOVES_AFTER_S = 30.0
+
+
+def _timing_env(ctx: Context) -> dict[str, str]:
+    from loadtest.chaos import timing_env
+
+    return timing_env(ctx.profile)
+
+
+def _all_held(fleet: Fleet) -> bool:
+    return fleet.held_total() >= fleet.streams
+
+
+def _sum(fleet: Fleet, prefix: str, workers: list[WorkerProc] | None = None) -> float:
+    return sum(v for w in (workers or fleet.everyone()) for k, v in w.metrics.items()
+               if k.startswith(prefix))
+
+
+def _by_label(fleet: Fleet, metric: str, label: str) -> dict[str, int]:
+    """A labelled counter summed over every worker, non-zero values only."""
+    out: dict[str, int] = {}
+    prefix = f"{metric}{{{label}=\""
+    for w in fleet.everyone():
+        for k, v in w.metrics.items():
+            if k.startswith(prefix) and v:
+                value = k[len(prefix):].split('"', 1)[0]
+                out[value] = out.get(value, 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def _histogram_quantile(fleet: Fleet, name: str, q: float) -> float | None:
+    """Upper bound of the bucket holding quantile ``q`` of a histogram summed over every
+    worker (``inf``: beyond the largest bucket). Bucket resolution, not exact."""
+    buckets: dict[float, float] = {}
+    prefix = f'{name}_bucket{{le="'
+    for w in fleet.everyone():
+        for k, v in w.metrics.items():
+            if k.startswith(prefix):
+                le = k[len(prefix):].split('"', 1)[0]
+                bound = math.inf if le == "+Inf" else float(le)
+                buckets[bound] = buckets.get(bound, 0.0) + v
+    if not buckets or not buckets.get(math.inf):
+        return None
+    total = buckets[math.inf]
+    for bound in sorted(buckets):
+        if buckets[bound] >= q * total:
+            return bound
+    return math.inf
+
+
+def _churn_figures(fleet: Fleet) -> dict[str, Any]:
+    """What the workers themselves say about lost leases and fenced members."""
+    return {
+        "leases_lost": _by_label(fleet, "streamlease_lease_lost_total", "reason"),
+        "leases_released_while_running": _by_label(fleet, "streamlease_lease_released_total",
+                                                   "reason"),
+        "members_declared_dead": int(_sum(fleet, "streamlease_members_declared_dead_total")),
+        "member_fenced": int(_sum(fleet, "streamlease_member_fenced_total")),
+        "member_heartbeats": _by_label(fleet, "streamlease_member_heartbeats_total", "outcome"),
+        "member_heartbeat_p99_s_bucket": _json_float(
+            _histogram_quantile(fleet, "streamlease_member_heartbeat_seconds", 0.99)),
+        "log_events": fleet.log_events(),
+        "worker_exits": fleet.exits,
+    }
+
+
+def _json_float(value: float | None) -> float | str | None:
+    return "inf" if value == math.inf else value
+
+
+async def _start_and_hold(fleet: Fleet, workers: int, timeout: float = ALL_HELD_TIMEOUT_S,
+                          **kwargs: Any) -> float | None:
+    for _ in range(workers):
+        fleet.start_worker(**kwargs)
+    return await fleet.wait_until(lambda: _all_held(fleet), timeout)
+
+
+async def _finish(fleet: Fleet, section: dict[str, Any], only_delivered: bool = False) -> None:
+    """Scrape, note what no live worker holds, stop every worker (SIGTERM), audit the
+    sink into ``section``."""
+    await fleet.read_table()
+    fleet.scrape_all()
+    section["untracked_leases"] = fleet.untracked()
+    unheld = fleet.unheld()
+    section["unheld_at_end_count"] = len(unheld)
+    section["unheld_at_end"] = unheld[:20]
+    section["faults"] = fleet.fault_list()
+    section.update(_churn_figures(fleet))
+    await fleet.stop_all()
+    section.update(await fleet.audit(only_delivered=only_delivered))
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# -- skew ---------------------------------------------------------------------------------
+
+
+async def run_skew(ctx: Context) -> dict[str, Any]:
+    """One worker's wall clock behind the others (libfaketime, ``FAKETIME=-2s``), small
+    profile timings, a 2 s member lease. Settled: no move in the last 20 s.
+
+    libfaketime 0.9.10 and Python 3.11 on glibc 2.36, as measured here (the worker is
+    preloaded with libfaketime directly: the ``faketime`` wrapper forks, so a SIGTERM
+    would stop the wrapper and orphan the worker):
+
+    * By default libfaketime fakes CLOCK_MONOTONIC too, moving it to the faked wall
+      clock (a constant offset: intervals stay right), but every timed lock wait
+      (``threading.Event.wait(t)``, ``queue.get(timeout=t)``) then hangs: glibc's
+      sem_clockwait is not intercepted and waits for the faked deadline on the real clock.
+    * ``FAKETIME_DONT_FAKE_MONOTONIC=1`` leaves the monotonic clock alone, but its
+      "monotonic fix" for pthread_cond_timedwait then makes the GIL's timed waits return
+      at once: two busy threads ran 4.5x slower with 150x the context switches, and a
+      worker (event loop plus its /metrics thread) stalled for seconds, self-fenced and
+      was declared dead even with a +0s offset. ``FAKETIME_FORCE_MONOTONIC_FIX=0`` turns
+      that off: the GIL, timed waits and the event loop's timers behave as without
+      libfaketime.
+    * What remains broken is a blocking ``time.sleep``, which fails with EINVAL
+      (libfaketime rewrites its absolute monotonic deadline); the worker never calls it.
+
+    So the skewed worker runs with both variables set: its wall clock alone is off
+    (measured -2.000 s), which is what clock skew between machines is.
+    """
+    p = ctx.profile
+    args = ctx.args
+    if faketime_library() is None and args.skew_offset != "off":
+        return {"skew": {"skipped": "libfaketime is not installed (Debian package faketime; "
+                                    "`make loadtest` installs it)"},
+                "error": "libfaketime is not installed"}
+    section: dict[str, Any] = {"offset": args.skew_offset, "workers": p["workers"],
+                               "streams": p["streams"], "lease_s": p["lease"],
+                               "observed_s": args.skew_seconds}
+    async with ctx.fleet("skew", streams=p["streams"], rate=p["rate"],
+                         worker_env=_timing_env(ctx)) as fleet:
+        # The skewed worker first, capped at its share (STREAMLEASE_MAX_STREAMS), then the
+        # others: the question is whether they take over streams a live member holds.
+        share = math.ceil(p["streams"] / p["workers"])
+        offset = None if args.skew_offset == "off" else args.skew_offset  # "off": a control
+        skewed = fleet.start_worker(skew=offset, extra={"STREAMLEASE_MAX_STREAMS": str(share)})
+        section["skewed_worker"] = skewed.name
+        section["skewed_worker_max_streams"] = share
+        await fleet.wait_until(lambda: fleet.counts().get(skewed.name, 0) >= share, 30.0)
+        section["skewed_worker_held_at_start"] = fleet.counts().get(skewed.name, 0)
+        all_held = await _start_and_hold(fleet, p["workers"] - 1)
+        section["all_held_s"] = _round(all_held)
+        section["held_at_start"] = fleet.counts()
+        start = fleet.now()
+        await fleet.read_table()
+        checkpoints = fleet.checkpoints()
+        offsets = []
+        while fleet.now() - start < args.skew_seconds:
+            await asyncio.sleep(min(5.0, args.skew_seconds - (fleet.now() - start)))
+            offsets.append(await _member_clock_offset(fleet, skewed.name))
+        end = fleet.now()
+        await fleet.read_table()
+        section["stalled_streams"] = fleet.stalled(checkpoints)
+        known = [o for o in offsets if o is not None]
+        # Its member row carries its own wall clock at its last heartbeat (at most one
+        # heartbeat old): the largest reading is the closest to its true offset.
+        section["measured_offset_s"] = round(max(known), 2) if known else None
+        section["moves"] = fleet.moves()
+        section["moves_in_last_20_s"] = fleet.moves(end - SETTLED_WINDOW_S, end)
+        section["settled"] = section["moves_in_last_20_s"] == 0 and all_held is not None
+        section.update(move_details=fleet.move_summary(), fence_bumps=fleet.fence_bumps())
+        section["skewed_worker_held_at_end"] = fleet.counts().get(skewed.name)
+        section["held_at_end"] = fleet.counts()
+        await _finish(fleet, section)
+        section["timeline"] = fleet.timeline_out(every=4)
+    return {"skew": section}
+
+
+async def _member_clock_offset(fleet: Fleet, worker: str) -> float | None:
+    """The member row's ``heartbeat_at_ms`` (the worker's own clock) minus ours, in s."""
+    if fleet.stores is None:
+        return None
+    try:
+        members = await fleet.stores.fleet.members(timeout=5)
+    except Exception:
+        return None
+    now_ms = time.time_ns() // 1_000_000
+    for m in members:
+        if m.worker_id == worker and m.heartbeat_at_ms:
+            return (m.heartbeat_at_ms - now_ms) / 1000
+    return None
+
+
+# -- slow store ---------------------------------------------------------------------------
+
+
+async def run_slow_store(ctx: Context) -> dict[str, Any]:
+    """4 workers, 40 streams, every request to the embedded server held 20 ms, small
+    profile timings, observed for 60 s; then every worker is restarted (a new one, then
+    SIGTERM of an old one) and each hand-off timed."""
+    p = ctx.profile
+    args = ctx.args
+    if args.dynamodb != "embedded":
+        return {"slow_store": {"skipped": "needs the embedded server (--dynamodb embedded)"}}
+    section: dict[str, Any] = {"latency_ms": args.slow_store_ms,
+                               "latency_mode": args.slow_store_mode, "workers": 4,
+                               "streams": 40, "observed_s": args.slow_store_seconds,
+                               "rate": args.slow_store_rate if args.slow_store_rate is not None
+                               else p["rate"]}
+    async with ctx.fleet("slow_store", streams=40, rate=section["rate"],
+                         worker_env=_timing_env(ctx),
+                         latency_ms=args.slow_store_ms,
+                         latency_mode=args.slow_store_mode) as fleet:
+        all_held = await _start_and_hold(fleet, 4)
+        section["all_held_s"] = _round(all_held)
+        start = fleet.now()
+        await fleet.read_table()
+        checkpoints = fleet.checkpoints()
+        await asyncio.sleep(args.slow_store_seconds)
+        end = fleet.now()
+        await fleet.read_table()
+        # Held in the table is not served: an acquisition can apply while its worker
+        # saw it time out. A stream whose checkpoint never moved was not delivering.
+        section["stalled_streams"] = fleet.stalled(checkpoints)
+        fleet.scrape_all()
+        section["untracked_leases_in_window"] = fleet.untracked()
+        section["moves"] = fleet.moves(0, end)
+        section["moves_in_window"] = fleet.moves(start, end)
+        section.update(move_details=fleet.move_summary(0, end), fence_bumps=fleet.fence_bumps())
+        section["held_at_end_of_window"] = fleet.counts()
+        fleet.scrape_all()
+        section["dynamodb_request_p99_s_bucket"] = _json_float(
+            _histogram_quantile(fleet, "streamlease_dynamodb_request_seconds", 0.99))
+        await _rolling_restart(fleet, p)
+        section["sigterm"] = fleet.failover("sigterm")
+        await _finish(fleet, section)
+        section["timeline"] = fleet.timeline_out(every=4)
+    return {"slow_store": section, "failover": {"sigterm_slow_store": section["sigterm"]}}
+
+
+async def _rolling_restart(fleet: Fleet, p: dict[str, Any]) -> None:
+    """Every worker alive now, one at a time: start a new one, then SIGTERM the old."""
+    for name in sorted(fleet.workers):
+        fleet.start_worker()
+        await asyncio.sleep(p["reconcile"] * 2)
+        if name in fleet.workers:
+            await fleet.sigterm(name, wait_s=30)
+        await asyncio.sleep(p["gap"] / 2)
+
+
+# -- balance ------------------------------------------------------------------------------
+
+
+async def run_balance(ctx: Context) -> dict[str, Any]:
+    """40 streams on 2 workers; 2 more join (a scale-out): how long until every worker
+    holds its share (ceil(40/4) = 10) +/-1, the moves that took and in the 30 s after;
+    then a rolling restart of every worker and the largest count one holds at its end."""
+    p = ctx.profile
+    args = ctx.args
+    streams, share = 40, math.ceil(40 / 4)
+    section: dict[str, Any] = {"streams": streams, "workers_before": 2, "workers_after": 4,
+                               "share": share, "timeout_s": args.balance_timeout}
+    # Placement, not throughput: at 1 msg/s a stream flushes about once a second, half
+    # the sink load of the profile's rate (40 streams at 20 msg/s saturated the embedded
+    # server on a shared 2-core machine: renewals timed out, members self-fenced).
+    rate = args.balance_rate if args.balance_rate is not None else p["rate"]
+    section["rate"] = rate
+    async with ctx.fleet("balance", streams=streams, rate=rate,
+                         worker_env=_timing_env(ctx)) as fleet:
+        section["all_held_s"] = _round(await _start_and_hold(fleet, 2))
+        await asyncio.sleep(2.0)
+        section["before_scale_out"] = fleet.counts()
+        scale_at = fleet.now()
+        fleet.events_log.append((scale_at, "scale-out 2 -> 4"))
+        fleet.start_worker()
+        fleet.start_worker()
+
+        def balanced() -> bool:
+            counts = fleet.counts()
+            return len(counts) == 4 and _all_held(fleet) and \
+                all(share - 1 <= c <= share + 1 for c in counts.values())
+
+        converge = await fleet.wait_until(balanced, args.balance_timeout)
+        until = scale_at + (converge if converge is not None else args.balance_timeout)
+        section["converge_s"] = _round(converge)
+        section["converged"] = converge is not None
+        section["moves"] = fleet.moves(scale_at, until)
+        section["state_reached"] = fleet.counts()
+        section["best_spread"] = _best_spread(fleet, scale_at, until, 4)
+        await fleet.read_table()
+        checkpoints = fleet.checkpoints()
+        await asyncio.sleep(MOVES_AFTER_S)
+        await fleet.read_table()
+        section["stalled_streams_after"] = fleet.stalled(checkpoints)
+        section["moves_after"] = fleet.moves(until, until + MOVES_AFTER_S)
+        section["moves_after_from"] = "converged" if converge is not None else "timeout"
+        section["after_30_s"] = fleet.counts()
+
+        restart_at = fleet.now()
+        fleet.events_log.append((restart_at, "rolling restart"))
+        await _rolling_restart(fleet, p)
+        await fleet.wait_until(lambda: _all_held(fleet), 10.0)
+        await asyncio.sleep(2.0)
+        counts = fleet.counts()
+        section["after_rolling_restart"] = counts
+        section["after_rolling_restart_max"] = max(counts.values(), default=None)
+        section["after_rolling_restart_target"] = math.ceil(streams / max(1, len(counts))) + 1
+        section["sigterm"] = fleet.failover("sigterm")
+        section["moves_total"] = fleet.moves()
+        section["fence_bumps"] = fleet.fence_bumps()
+        await _finish(fleet, section)
+        section["timeline"] = fleet.timeline_out(every=2)
+        section["live_workers"] = [(round(t, 2), n) for t, n in fleet.live[::2]]
+        section["events"] = [(round(t, 2), label) for t, label in fleet.events_log]
+    return {"balance": section}
+
+
+def _best_spread(fleet: Fleet, since: float, until: float, workers: int) -> int | None:
+    """The smallest max - min over the samples in [since, until] with ``workers`` holders
+    counted (a live worker holding none counts as 0)."""
+    best = None
+    for t, owned in fleet.timeline:
+        if since <= t <= until:
+            values = list(owned.values()) + [0] * max(0, workers - len(owned))
+            spread = max(values) - min(values) if values else 0
+            best = spread if best is None else min(best, spread)
+    return best
+
+
+# -- scale --------------------------------------------------------------------------------
+
+
+async def run_scale(ctx: Context) -> dict[str, Any]:
+    """2,000 idle streams on 4 workers at the default timings, on the embedded server.
+
+    Only STREAMLEASE_MAX_STREAMS (every stream fits on the survivors of a kill) and
+    STREAMLEASE_ACQUIRE_PER_CYCLE (so the first acquisition does not take minutes) are
+    raised; no STREAMLEASE_*_SECONDS is set. The table is read every 15 s (a Scan of 2,000
+    items occupies the serialised embedded server for about a second); who holds how many
+    comes from each worker's leases_held gauge every second, and the upstream's /stats
+    says which streams are connected. Failover of idle streams is timed until each is
+    connected again: nothing is delivered to observe, and the killed worker's sockets
+    closed with it, so a connection is a new holder's.
+    """
+    args = ctx.args
+    n, workers = args.scale_streams, args.scale_workers
+    env = {"STREAMLEASE_MAX_STREAMS": str(n),
+           "STREAMLEASE_ACQUIRE_PER_CYCLE": str(args.scale_acquire_per_cycle)}
+    section: dict[str, Any] = {"streams": n, "workers": workers, "rate": args.scale_rate,
+                               "raised_settings": env, "window_s": args.scale_window,
+                               "failover_recovery": "upstream connected again (idle streams)"}
+    async with ctx.fleet("scale", streams=n, rate=args.scale_rate, worker_env=env,
+                         sample_s=1.0, table_s=15.0, watch_upstream=True) as fleet:
+        started = fleet.now()
+        for _ in range(workers):
+            fleet.start_worker()
+
+        def connected() -> int:
+            return sum(1 for sid in fleet.ids if fleet.connections.get(sid, 0) > 0)
+
+        held = await fleet.wait_until(lambda: fleet.held_total() >= n, 600.0)
+        section["all_held_s"] = _round(held)
+        all_connected = await fleet.wait_until(lambda: connected() >= n, 60.0)
+        section["all_connected_s"] = _round(None if all_connected is None
+                                            else fleet.now() - started)
+        section["held_when_measured"] = fleet.held_total()
+        section["connected_when_measured"] = connected()
+        await asyncio.sleep(10.0)
+
+        steady = await _steady_window(fleet, args.scale_window)
+        section.update(steady)
+
+        await fleet.read_table()
+        victim = max(fleet.workers, key=lambda w: len(fleet.held_by(w)[0]), default=None)
+        if victim is not None:
+            fault = fleet.kill9(victim, recovery="connected")
+            took = await fleet.wait_until(lambda: len(fault.recovered) >= len(fault.streams),
+                                          180.0)
+            await fleet.read_table()
+            wrong = sum(1 for sid in fault.recovered
+                        if fleet.records.get(sid) is not None
+                        and fleet.records[sid].lease_owner == victim)
+            section["kill9"] = {**fleet.failover("kill9"), "victim": victim,
+                                "streams": len(fault.streams),
+                                "all_back_s": _round(took),
+                                "recovered_still_owned_by_victim": wrong}
+        section["held_at_end"] = fleet.counts()
+        section["upstream_rss_mb"] = _rss_mb(fleet.servers[-1].popen.pid)
+        await _finish(fleet, section, only_delivered=True)
+        section["timeline"] = fleet.timeline_out(every=2)
+    model = capacity_model(_capacity_inputs(section))
+    return {"scale": section, "capacity_model": {**model, "text": model_text(model)},
+            # At default settings a worker holds at most 100 streams, so its heartbeats
+            # are amortised over 100 at best (the scale run raises the cap: see the model).
+            "upkeep_writes_per_stream_minute_default":
+                model["upkeep_writes_per_stream_minute_full_workers"],
+            "streams_per_table_at_defaults": model["streams_per_table"]}
+
+
+async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
+    """Counters of every live worker before and after ``window_s``: the store's
+    requests/s by operation per 1,000 held streams, and the lease-upkeep rates."""
+    fleet.scrape_all()
+    before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+    t0 = time.monotonic()
+    held_samples: list[int] = []
+    while time.monotonic() - t0 < window_s:
+        await asyncio.sleep(min(1.0, window_s - (time.monotonic() - t0)))
+        held_samples.append(fleet.held_total())
+    fleet.scrape_all()
+    elapsed = time.monotonic() - t0
+    after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+    names = [name for name in before if name in after]
+    held = sum(held_samples) / len(held_samples) if held_samples else 0.0
+
+    def delta(prefix: str) -> float:
+        return sum(v - before[name].get(k, 0.0) for name in names
+                   for k, v in after[name].items() if k.startswith(prefix))
+
+    ops: dict[str, float] = {}
+    for name in names:
+        for k in after[name]:
+            if k.startswith('streamlease_dynamodb_requests_total{operation="'):
+                ops.setdefault(k.split('"', 2)[1], 0.0)
+    per_op = {op: delta(f'streamlease_dynamodb_requests_total{{operation="{op}",')
+              for op in sorted(ops)}
+    per_1000 = {op: round(v / elapsed / (held / 1000), 3) for op, v in per_op.items() if v} \
+        if held else {}
+    stream_minutes = held * elapsed / 60
+    cpu = {name: round(after[name].get("process_cpu_seconds_total", 0.0)
+                       - before[name].get("process_cpu_seconds_total", 0.0), 2)
+           for name in names}
+    rates = {
+        "member_heartbeats_per_worker_s": delta("streamlease_member_heartbeats_total")
+        / elapsed / max(1, len(names)),
+        "renewals_per_stream_minute": delta("streamlease_renewals_total") / stream_minutes
+        if stream_minutes else 0.0,
+        "acquisitions_per_stream_minute": delta("streamlease_lease_acquired_total")
+        / stream_minutes if stream_minutes else 0.0,
+        "releases_per_stream_minute": (delta("streamlease_lease_released_total")
+                                       + delta("streamlease_releases_on_behalf_total"))
+        / stream_minutes if stream_minutes else 0.0,
+    }
+    return {
+        "held_streams_in_window": round(held, 1),
+        "window_measured_s": round(elapsed, 1),
+        "requests_per_s_per_1000_streams": per_1000,
+        "requests_per_s_total": round(sum(per_op.values()) / elapsed, 2),
+        "rates": {k: round(v, 5) for k, v in rates.items()},
+        "worker_cpu_s_in_window": cpu,
+        "worker_rss_mb": {w.name: round(w.metrics.get("process_resident_memory_bytes", 0)
+                                        / 2**20, 1) for w in fleet.workers.values()},
+        "event_loop_lag_max_s": round(max((w.metrics.get("streamlease_event_loop_lag_seconds",
+                                                         0.0) for w in fleet.workers.values()),
+                                          default=0.0), 4),
+    }
+
+
+def _capacity_inputs(section: dict[str, Any]) -> CapacityInputs:
+    rates = section.get("rates", {})
+    renew_s = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])
+    measured = rates.get("renewals_per_stream_minute", 0.0)
+    renewals, source = renewal_rate(measured, section.get("window_measured_s", 0.0), renew_s)
+    held = section.get("held_streams_in_window") or section["streams"]
+    return CapacityInputs(
+        member_heartbeats_per_worker_s=rates.get("member_heartbeats_per_worker_s", 0.0),
+        renewals_per_stream_minute=renewals, renewals_source=source,
+        renewals_measured_per_stream_minute=measured,
+        acquisitions_per_stream_minute=rates.get("acquisitions_per_stream_minute", 0.0),
+        releases_per_stream_minute=rates.get("releases_per_stream_minute", 0.0),
+        streams_per_worker=held / section["workers"])
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
