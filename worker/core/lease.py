@@ -269,15 +269,7 @@ class Holding:
             self.deadline = max(self.deadline, local_deadline(sent_at, self.timings))
             if self.check_deadline(now):
                 return self._decision()
-            reconnect = False
-            if record is not None:
-                if record.stopped:
-                    self.begin_drain(StopReason.STOPPED)
-                elif not record.started or url_problem is not None:
-                    self.begin_drain(StopReason.BAD_ITEM)
-                elif record.ws_url is not None and record.ws_url != self.ws_url:
-                    self.ws_url = record.ws_url
-                    reconnect = True
+            reconnect = record is not None and self._apply_item(record, url_problem)
             return RenewDecision(self.state, self.deadline, self.reason, reconnect=reconnect)
         # UNKNOWN or THROTTLED: the lease may still be ours; retry sooner, and let the
         # deadline decide. Retries back off but always leave one attempt before it.
@@ -302,15 +294,21 @@ class Holding:
                 or record.lease_expires_at_ms == 0:
             self._stop(HolderState.LOST, StopReason.CONDITION_FAILED)
             return self._decision()
-        reconnect = False
+        reconnect = self._apply_item(record, url_problem)
+        return RenewDecision(self.state, self.deadline, self.reason, reconnect=reconnect)
+
+    def _apply_item(self, record: StreamRecord, url_problem: str | None) -> bool:
+        """What the item says, read by a renewal or a check-in: STOPPED or unservable
+        drains; a new ``ws_url`` is taken (and dialled, if still holding). True if the
+        pump should reconnect."""
         if record.stopped:
             self.begin_drain(StopReason.STOPPED)
         elif not record.started or url_problem is not None:
             self.begin_drain(StopReason.BAD_ITEM)
         elif record.ws_url is not None and record.ws_url != self.ws_url:
             self.ws_url = record.ws_url
-            reconnect = self.state is HolderState.HOLDING
-        return RenewDecision(self.state, self.deadline, self.reason, reconnect=reconnect)
+            return self.state is HolderState.HOLDING
+        return False
 
     def member_lost(self, fenced: bool) -> None:
         """This worker's membership ended (fenced by a peer) or lapsed (its own deadline):
