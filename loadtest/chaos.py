@@ -1,8 +1,8 @@
 """The load and chaos benchmark: failover, loss, cost, throughput, skew, a slow store,
-balance and scale, in one command.
+balance, singleton jobs and scale, in one command.
 
-    make loadtest                                   # the default scenarios, ~9 minutes
-    make loadtest ARGS="--scenarios all"            # and the scale run: ~12-14 minutes
+    make loadtest                                   # the default scenarios, ~11 minutes
+    make loadtest ARGS="--scenarios all"            # and the scale run: ~14-16 minutes
     make loadtest ARGS="--scenarios scale --merge"  # one scenario into the last results
     make loadtest ARGS="--profile large"
     python -m loadtest.chaos --help
@@ -24,14 +24,18 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 * ``balance``: 40 streams (1 msg/s) on 2 workers, then 4: time until every worker
   holds its share +/-1, moves during and after; a rolling restart; the spread at its
   end.
+* ``jobs``: a singleton job every 2 s on 3 workers through a SIGSTOP of the leader past
+  its lease, a kill -9 of the leader and a rolling restart: slots run twice, stale
+  writes accepted, time to a new leader, start delay (``loadtest.jobs_scenario``).
 * ``scale``: 2,000 idle streams on 4 workers at default timings: the store's requests
   by kind per 1,000 held streams, time until all are held, kill -9 of one worker, and
   the capacity model.
 
 It writes ``loadtest/results/latest.{json,md,png}`` (plus timestamped copies) and exits
 non-zero if a correctness figure (lost, duplicated, out of order, stale writes
-accepted, fleet-caused gaps) of any scenario is not zero, or a scenario could not run.
-It asserts no times: it reports them. Worker logs stay in ``.run/loadtest/``.
+accepted, fleet-caused gaps, job slots run twice) of any scenario is not zero, or a
+scenario could not run. It asserts no times: it reports them. Worker logs stay in
+``.run/loadtest/``.
 """
 
 from __future__ import annotations
@@ -68,9 +72,9 @@ PROFILES: dict[str, dict[str, Any]] = {
               "reconcile": 1.5, "skew": 0.5, "settle": 20.0, "gap": 15.0, "rounds": 3},
 }
 
-SCENARIOS = ("chaos", "throughput", "skew", "slow_store", "balance", "scale")
+SCENARIOS = ("chaos", "throughput", "skew", "slow_store", "balance", "jobs", "scale")
 # The scale run (~5 minutes of 2,000 connections) is not in the default: see --scenarios.
-DEFAULT_SCENARIOS = ("chaos", "throughput", "skew", "slow_store", "balance")
+DEFAULT_SCENARIOS = ("chaos", "throughput", "skew", "slow_store", "balance", "jobs")
 SHARED_SECTIONS = ("failover",)  # sections several scenarios write keys into
 
 
@@ -309,11 +313,11 @@ async def run_throughput(ctx: Context) -> dict[str, Any]:
 
 
 def runners() -> dict[str, Callable[[Context], Awaitable[dict[str, Any]]]]:
-    from loadtest import scenarios
+    from loadtest import jobs_scenario, scenarios
 
     return {"chaos": run_chaos, "throughput": run_throughput, "skew": scenarios.run_skew,
             "slow_store": scenarios.run_slow_store, "balance": scenarios.run_balance,
-            "scale": scenarios.run_scale}
+            "jobs": jobs_scenario.run_jobs, "scale": scenarios.run_scale}
 
 
 def section_paths(part: dict[str, Any]) -> list[str]:
@@ -383,12 +387,17 @@ async def run_scenarios(ctx: Context, names: list[str],
     return result
 
 
+# A scenario section's own correctness figures, beyond the sink audit's.
+SECTION_CORRECTNESS = (*CORRECTNESS, "double_runs")
+
+
 def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
     """Every non-zero correctness figure, top-level (chaos) or in a scenario's section."""
     bad = {k: result[k] for k in CORRECTNESS if result.get(k)}
     for name, section in result.items():
         if isinstance(section, dict):
-            bad.update({f"{name}.{k}": section[k] for k in CORRECTNESS if section.get(k)})
+            bad.update({f"{name}.{k}": section[k] for k in SECTION_CORRECTNESS
+                        if section.get(k)})
     return bad
 
 

@@ -72,6 +72,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
         return lambda v: None if v is None else v >= bound
 
     restart_target = _get(r, "balance.after_rolling_restart_target") or share + 1
+    leader_target = _get(r, "jobs.leader_failover_target_s") or \
+        s.get("lease", 2.0) + s.get("reconcile", 0.5) + 0.5
     rows = [
         ("scale", "lease-upkeep writes per held stream-minute (defaults)",
          "upkeep_writes_per_stream_minute_default", "<= 1", at_most(1.0)),
@@ -101,6 +103,13 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
         ("chaos", "SIGTERM hand-off p99", "failover.sigterm.p99", "<= 1.0 s", at_most(1.0)),
         ("slow_store", "SIGTERM hand-off p99, store slowed to 20 ms a request",
          "failover.sigterm_slow_store.p99", "<= 1.0 s", at_most(1.0)),
+        ("jobs", "job slots run twice (pause, kill -9, rolling restart)", "jobs.double_runs",
+         "0", at_most(0)),
+        ("jobs", "stale-leader job writes accepted", "jobs.stale_accepted", "0", at_most(0)),
+        ("jobs", "new leader after kill -9 of the leader", "jobs.leader_failover_s",
+         f"<= lease + reconcile + 0.5 = {leader_target:.1f} s", at_most(leader_target)),
+        ("jobs", "job slot start delay after its scheduled time, p99, steady state",
+         "jobs.start_delay_p99_s", "<= 1 s", at_most(1.0)),
     ]
     ran = r.get("scenarios")
     out = []
@@ -140,7 +149,7 @@ def markdown(r: dict[str, Any]) -> str:
     if "msgs_per_s" in r:
         lines += throughput_md(r)
     for name, render in (("skew", skew_md), ("slow_store", slow_store_md),
-                         ("balance", balance_md), ("scale", scale_md)):
+                         ("balance", balance_md), ("jobs", jobs_md), ("scale", scale_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
     if isinstance(r.get("capacity_model"), dict) and "text" in r["capacity_model"]:
@@ -361,6 +370,103 @@ def balance_md(r: dict[str, Any]) -> list[str]:
     lines += _failover_rows({"sigterm": k.get("sigterm")},
                             [("sigterm", "SIGTERM (rolling restart)")], {"sigterm": 1.0})
     return lines + _correctness(k) + _churn(k)
+
+
+def jobs_md(r: dict[str, Any]) -> list[str]:
+    k = r["jobs"]
+    lines = [
+        "## Singleton jobs",
+        "",
+        f"A job every {_v(k.get('every_s'))} s on {k.get('workers')} workers (lease "
+        f"{_v(k.get('lease_s'))} s, reconcile {_v(k.get('reconcile_s'))} s); each run sleeps "
+        f"{_v(k.get('job_delay_s'))} s, then writes one item for its slot with `streamlease "
+        f"job write`. {_v(k.get('steady_before_s'))} s steady; the leader and its job "
+        "SIGSTOPped early in a run until another worker has led and run two slots, then "
+        "SIGCONT (the job first, so its write goes out while its leader is still stopped); "
+        "kill -9 of the leader early in a run; a rolling SIGTERM restart; "
+        f"{_v(k.get('steady_after_s'))} s steady. Start delays count only slots due outside "
+        f"each fault and the {_v(k.get('settle_s'))} s after it.",
+        "",
+        "| slots run twice | stale-leader writes accepted | new leader after kill -9 | "
+        "start delay p99, steady |",
+        "|---|---|---|---|",
+        f"| {_v(k.get('double_runs'))} | {_v(k.get('stale_accepted'))} | "
+        f"{_s(k.get('leader_failover_s'))} (target <= "
+        f"{_v(k.get('leader_failover_target_s'))} s) | {_s(k.get('start_delay_p99_s'))} |",
+        "",
+    ]
+    if "runs" in k:
+        lines += [
+            f"- runs: {_v(k['runs'])} ({_v(k.get('outcomes'))}); side-table items: "
+            f"{_v(k.get('side_items'))}; slots with no run between the first and the last: "
+            f"{_v(k.get('skipped_slots'))} ({_v(k.get('skipped_in_steady_state'))} in steady "
+            "state)" + (f": {', '.join(k['skipped'])}" if k.get("skipped") else ""),
+            f"- start delay over {_v(k.get('steady_slots'))} steady slots: p50 "
+            f"{_s(k.get('start_delay_p50_s'))}, p99 {_s(k.get('start_delay_p99_s'))}, max "
+            f"{_s(k.get('start_delay_max_s'))}; over every slot, p99 "
+            f"{_s(k.get('start_delay_p99_all_slots_s'))}",
+        ]
+    for key, label in (("slots_written_twice", "slots written twice"),
+                       ("slots_claimed_twice", "slots claimed twice"),
+                       ("items_without_run", "items for a slot no run claimed"),
+                       ("succeeded_without_item", "runs that succeeded but wrote nothing"),
+                       ("written_by_runs_not_succeeded",
+                        "items written by runs not recorded as succeeded (written before "
+                        "their leader was stopped)")):
+        if k.get(key):
+            lines.append(f"- {label}: **{len(k[key])}** ({', '.join(k[key][:5])})")
+    if "stale_fence_mismatch" in k:
+        watch = k.get("side_watch") or {}
+        lines.append(f"- stale writes accepted, by how they were found: fence not the run's "
+                     f"{_v(k['stale_fence_mismatch'])}, written after a newer leader's fence "
+                     f"was read {_v(k.get('stale_written_after_superseded'))} (side table "
+                     f"read {_v(watch.get('scans'))} times, every {_v(watch.get('every_s'))} s)")
+    pause = k.get("pause") or {}
+    if pause.get("error"):
+        lines.append(f"- pause: **{pause['error']}**")
+    elif pause:
+        saw = pause.get("runner_saw") or {}
+        lines.append(
+            f"- pause: {pause.get('worker')} stopped early in slot {pause.get('slot')} (fence "
+            f"{pause.get('fence')}) for {_s(pause.get('paused_s'))}; "
+            f"{pause.get('new_leader') or 'no worker'} led after "
+            f"{_s(pause.get('new_leader_after_s'))}; its job resumed first and "
+            + ("exited" if pause.get("job_exited_before_its_leader_resumed")
+               else "**had not exited**")
+            + f" before it resumed (its leader saw {_v(saw.get('outcome'))}, exit code "
+            f"{_v(saw.get('exit_code'))}); the slot is recorded "
+            f"**{_outcome(pause)}** with "
+            f"{_v(pause.get('slot_items'))} item(s) written")
+    kill = k.get("kill9") or {}
+    if kill.get("error"):
+        lines.append(f"- kill -9: **{kill['error']}**")
+    elif kill:
+        lines.append(f"- kill -9 of the leader {kill.get('worker')}"
+                     + (f" early in slot {kill['slot']} (its job left running)"
+                        if kill.get("slot") else "")
+                     + f": {kill.get('new_leader') or 'no worker'} led after "
+                     f"{_s(kill.get('failover_s'))}"
+                     + (f"; the slot is recorded {_outcome(kill)} with "
+                        f"{_v(kill.get('slot_items'))} item(s) written"
+                        if kill.get("slot") else ""))
+    handoffs = (k.get("rolling_restart") or {}).get("sigterm_leader_handoffs") or []
+    for h in handoffs:
+        lines.append(f"- rolling restart, SIGTERM of the leader {h.get('worker')}: "
+                     f"{h.get('new_leader') or 'no worker'} led after {_s(h.get('handoff_s'))}")
+    for key, label in (("job_runs_by_metrics", "job runs by outcome, as the workers count them"),
+                       ("leader_changes", "times a worker became the leader"),
+                       ("two_leaders_seen_at_once",
+                        "polls in which two workers said they led"),
+                       ("log_events", "warnings and errors in the worker logs")):
+        if key in k:
+            lines.append(f"- {label}: {_v(k[key])}")
+    if k.get("worker_exits"):
+        lines.append(f"- workers that exited on their own: {k['worker_exits']}")
+    return [*lines, ""]
+
+
+def _outcome(fault: dict[str, Any]) -> str:
+    return str(fault.get("slot_outcome") or "without an outcome")
 
 
 def scale_md(r: dict[str, Any]) -> list[str]:

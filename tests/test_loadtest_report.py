@@ -14,8 +14,11 @@ from loadtest import chaos
 from loadtest.capacity import CapacityInputs, capacity_model, model_text, renewal_rate
 from loadtest.chaos import _cost, _pct
 from loadtest.fleet import Fleet, parse_metrics
+from loadtest.jobs_scenario import Disturbance, SideItem, SideWatch, audit_jobs
 from loadtest.report import markdown, targets, write_reports
+from worker.core.jobs import JobRun, RunOutcome
 from worker.core.model import StreamRecord
+from worker.core.schedule import slot_name
 
 REQUIRED = ("lost", "duplicated", "out_of_order", "stale_accepted", "stale_rejected",
             "failover", "requests_per_stream_minute", "cost_per_1000_streams_month_usd",
@@ -270,5 +273,182 @@ async def test_a_failing_scenario_is_reported_and_the_others_still_run(
 def test_scenario_selection() -> None:
     assert chaos.parse_scenarios("all") == list(chaos.SCENARIOS)
     assert chaos.parse_scenarios("scale,chaos") == ["chaos", "scale"]
+    assert "jobs" in chaos.parse_scenarios("default")
+    assert "jobs" in chaos.runners()
     with pytest.raises(Exception, match="unknown scenario"):
         chaos.parse_scenarios("chaos,nope")
+
+
+# -- the jobs scenario's audit and section --------------------------------------------------
+
+T0 = 1_800_000_000_000  # a slot time (epoch ms), a multiple of 2 s
+
+
+def _run(i: int, fence: int = 7, delay_ms: int = 20,
+         outcome: RunOutcome | None = RunOutcome.SUCCEEDED) -> JobRun:
+    slot = T0 + i * 2000
+    return JobRun("job", slot_name(slot), fence, "w1", slot + delay_ms, slot + 900, outcome)
+
+
+def _item(i: int, fence: int = 7) -> SideItem:
+    return SideItem(slot_name(T0 + i * 2000), fence)
+
+
+def test_a_clean_job_history_audits_to_zero() -> None:
+    runs = [_run(i, delay_ms=10 * (i + 1)) for i in range(10)]
+    found = audit_jobs(runs, [_item(i) for i in range(10)], [])
+    assert found["double_runs"] == 0 and found["stale_accepted"] == 0
+    assert found["skipped_slots"] == 0 and found["steady_slots"] == 10
+    assert found["outcomes"] == {"succeeded": 10}
+    assert found["start_delay_p99_s"] == 0.1 and found["start_delay_p50_s"] == 0.05
+    assert found["start_delay_max_s"] == 0.1
+
+
+def test_slots_run_twice_and_stale_writes_are_counted() -> None:
+    runs = [_run(0), _run(1), _run(2, fence=8), _run(3, fence=8)]
+    items = [
+        _item(0), _item(0),  # slot 0 written twice (by the same fence: a run repeated)
+        _item(1), _item(1, fence=8),  # slot 1 written twice, once by the next leader
+        _item(2, fence=7),  # the old leader's write to a slot the new one claimed
+        _item(3, fence=8),
+        _item(5),  # a write for a slot nobody claimed
+    ]
+    found = audit_jobs(runs, items, [])
+    assert found["slots_written_twice"] == [slot_name(T0), slot_name(T0 + 2000)]
+    assert found["double_runs"] == 2
+    assert found["stale_accepted"] == 3  # slot 1's fence-8 item, slot 2's, slot 5's
+    assert found["items_without_run"] == [slot_name(T0 + 5 * 2000)]
+    assert {"slot": slot_name(T0 + 4000), "fence": 7, "run_fence": 8} in found["stale_items"]
+
+
+async def test_a_write_seen_after_a_newer_fence_is_stale_even_with_its_runs_fence() -> None:
+    reads: list[tuple[int | None, list[SideItem]]] = [
+        (None, [_item(0, fence=7)]),  # no lease read yet: nothing to judge by
+        (7, [_item(0, fence=7), _item(1, fence=7)]),  # fence 7 current: a legitimate write
+        (8, [_item(0, fence=7), _item(1, fence=7), _item(2, fence=7)]),  # read 8, then scan:
+        # slot 2's item was not in the scan before, which began after fence 7 was read
+        # only, so it may have been written before fence 8 existed: not flagged.
+        (8, [_item(0, fence=7), _item(1, fence=7), _item(2, fence=7),
+             SideItem(slot_name(T0 + 3 * 2000), 7, "late"),  # began after 8 was read
+             _item(4, fence=8)]),
+        (None, [_item(5, fence=7)]),  # the lease unreadable: the highest fence seen stands
+    ]
+    fences = iter([f for f, _ in reads])
+    scans = iter([items for _, items in reads])
+
+    async def fence() -> int | None:
+        return next(fences)
+
+    async def items() -> list[SideItem]:
+        return next(scans)
+
+    watch = SideWatch(fence, items)
+    for _ in reads:
+        await watch.step()
+    assert watch.late == [SideItem(slot_name(T0 + 6000), 7, "late"), _item(5, fence=7)]
+    runs = [_run(i, fence=7) for i in range(4)] + [_run(4, fence=8), _run(5, fence=7)]
+    found = audit_jobs(runs, [_item(i, fence=7) for i in range(4)] + [_item(4, fence=8)]
+                       + [_item(5, fence=7)], [], written_superseded=watch.late)
+    assert found["stale_fence_mismatch"] == 0
+    assert found["stale_written_after_superseded"] == 2 and found["stale_accepted"] == 2
+    # Found both ways, an item counts once.
+    both = audit_jobs([_run(0, fence=8)], [_item(0, fence=7)], [],
+                      written_superseded=[_item(0, fence=7)])
+    assert both["stale_accepted"] == 1
+
+
+def test_two_run_records_for_one_slot_count_as_a_double_run() -> None:
+    found = audit_jobs([_run(0), _run(0, fence=8)], [_item(0, fence=8)], [])
+    assert found["slots_claimed_twice"] == [slot_name(T0)]
+    assert found["double_runs"] == 1
+
+
+def test_start_delays_leave_out_slots_near_a_fault_and_skips_are_listed() -> None:
+    # Slots 0-9 and 14-19 run; 10-13 have no run (a fault from slot 10 to 11 and after).
+    runs = [_run(i, delay_ms=5) for i in range(10)] + \
+        [_run(i, delay_ms=3000 if i < 16 else 5) for i in range(14, 20)]
+    pause = Disturbance("pause", T0 + 10 * 2000, T0 + 11 * 2000)
+    stop = Disturbance("stop", T0 + 19 * 2000)
+    found = audit_jobs(runs, [], [pause, stop], settle_ms=4000)
+    # Excluded: slots 10-13 (the fault and 4 s after it) and 19 (stopping): the late
+    # runs of slots 14 and 15 are outside the fault's settle time, so they count.
+    assert found["steady_slots"] == 10 + 5
+    assert found["start_delay_p99_s"] == 3.0
+    assert found["start_delay_p50_s"] == 0.005
+    assert found["skipped_slots"] == 4
+    assert found["skipped"] == [slot_name(T0 + i * 2000) for i in range(10, 14)]
+    assert found["skipped_in_steady_state"] == 0
+    assert found["succeeded_without_item"] == [r.slot for r in runs]
+    # A longer settle time (8 s) leaves out slots 14 and 15 as well.
+    settled = audit_jobs(runs, [], [pause, stop], settle_ms=8000)
+    assert settled["start_delay_p99_s"] == 0.005 and settled["steady_slots"] == 10 + 3
+
+
+def test_outcomes_of_unfinished_and_fenced_runs_are_counted() -> None:
+    runs = [_run(0), _run(1, outcome=RunOutcome.ABANDONED), _run(2, outcome=None),
+            _run(3, outcome=RunOutcome.FENCED)]
+    found = audit_jobs(runs, [_item(0), _item(1)], [])
+    assert found["outcomes"] == {"abandoned": 1, "fenced": 1, "running": 1, "succeeded": 1}
+    assert found["written_by_runs_not_succeeded"] == [slot_name(T0 + 2000)]
+    assert found["stale_accepted"] == 0 and found["double_runs"] == 0
+
+
+def jobs_section(**over: Any) -> dict[str, Any]:
+    runs = [_run(i) for i in range(4)]
+    section = {"workers": 3, "every_s": 2.0, "job_delay_s": 0.5, "lease_s": 2.0,
+               "reconcile_s": 0.5, "steady_before_s": 30.0, "steady_after_s": 20.0,
+               "settle_s": 4.0, "leader_failover_target_s": 3.0, "leader_failover_s": 2.6,
+               **audit_jobs(runs, [_item(i) for i in range(4)], []),
+               "pause": {"worker": "w2", "slot": runs[1].slot, "fence": 7, "paused_s": 9.5,
+                         "new_leader": "w1", "new_leader_after_s": 2.4,
+                         "slot_outcome": "abandoned", "slot_items": 0,
+                         "job_exited_before_its_leader_resumed": True,
+                         "runner_saw": {"outcome": "fenced", "exit_code": 3}},
+               "kill9": {"worker": "w1", "new_leader": "w3", "failover_s": 2.6,
+                         "slot": runs[3].slot, "slot_outcome": "abandoned", "slot_items": 1},
+               "rolling_restart": {"sigterm_leader_handoffs": [
+                   {"worker": "w3", "new_leader": "w5", "handoff_s": 0.8}]},
+               "job_runs_by_metrics": {"succeeded": 4}, "leader_changes": 4,
+               "two_leaders_seen_at_once": 0, "log_events": {}, "worker_exits": []}
+    return {**section, **over}
+
+
+def test_the_jobs_section_renders_with_its_targets(tmp_path: Path) -> None:
+    result = {"profile": "small", "settings": sample_result()["settings"],
+              "started_at": "2026-01-01T00:00:00Z",
+              "scenarios": {"jobs": {"ok": True, "seconds": 120.0, "keys": ["jobs"]}},
+              "jobs": jobs_section(start_delay_p99_s=1.25)}
+    md = markdown(result)
+    assert "## Singleton jobs" in md and "## Chaos" not in md
+    assert [row[1] for row in targets(result)] == [
+        "jobs.double_runs", "jobs.stale_accepted", "jobs.leader_failover_s",
+        "jobs.start_delay_p99_s"]
+    assert "| `jobs.double_runs` | 0 | 0 | yes |" in md
+    assert "| `jobs.leader_failover_s` | 2.6 | <= lease + reconcile + 0.5 = 3.0 s | yes |" in md
+    assert "| `jobs.start_delay_p99_s` | 1.25 | <= 1 s | **no** |" in md
+    assert "its leader saw fenced, exit code 3); the slot is recorded **abandoned** with 0 " \
+        "item(s) written" in md
+    assert f"kill -9 of the leader w1 early in slot {_run(3).slot} (its job left running): w3 " \
+        "led after 2.60 s; the slot is recorded abandoned with 1 item(s) written" in md
+    assert "SIGTERM of the leader w3: w5 led after 0.80 s" in md
+    doc = json.loads(Path(write_reports(result, tmp_path)["json"]).read_text())
+    assert {"double_runs", "stale_accepted", "leader_failover_s",
+            "start_delay_p99_s"} <= set(doc["jobs"])
+
+
+def test_a_jobs_run_that_found_no_new_leader_still_renders() -> None:
+    result = {"profile": "small", "settings": sample_result()["settings"],
+              "scenarios": {"jobs": {"ok": False, "error": "no new leader"}},
+              "jobs": jobs_section(leader_failover_s=None, pause={"error": "no leader to pause"},
+                                   kill9={"worker": "w1", "new_leader": None,
+                                          "failover_s": None})}
+    md = markdown(result)
+    assert "| `jobs.leader_failover_s` | - |" in md
+    assert "- pause: **no leader to pause**" in md
+    assert "no worker led after -" in md
+
+
+def test_jobs_correctness_figures_fail_the_run() -> None:
+    assert chaos.correctness_failures({"jobs": jobs_section()}) == {}
+    bad = {"jobs": jobs_section(double_runs=1, stale_accepted=2)}
+    assert chaos.correctness_failures(bad) == {"jobs.double_runs": 1, "jobs.stale_accepted": 2}
