@@ -211,6 +211,7 @@ async def test_members_observes_liveness_and_shares(tables: dict[str, str]) -> N
             as_json = await asyncio.to_thread(cli, "ctl", "members", "-o", "json",
                                               "--observe", "1.5", env=tables)
             watched = time.monotonic() - started
+            fence = await stores.leader.acquire("fleet", "w-big", 20, None, now)
             as_table = await asyncio.to_thread(cli, "ctl", "members", "--observe", "1",
                                                env=tables)
     assert as_json.returncode == 0, as_json.stderr
@@ -238,7 +239,8 @@ async def test_members_observes_liveness_and_shares(tables: dict[str, str]) -> N
     assert [line.split()[7] for line in lines[1:6]] == [
         "alive", "dead", "alive", "alive", "silent"]
     assert lines[6].split() == ["(5", "members)", "3", "3", "31"]
-    assert lines[7].startswith("3 alive, 1 silent, 1 dead; 3 STARTED streams;")
+    assert lines[7].startswith(
+        f"3 alive, 1 silent, 1 dead; 3 STARTED streams; leader w-big (fence {fence});")
 
 
 async def test_members_stops_watching_once_every_member_proved_alive(

@@ -416,6 +416,7 @@ async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
         reads = await watch_fleet(stores.fleet, SYSTEM_CLOCK, window)
         started = sum(1 for r in await stores.admin.list_streams() if r.started)
     reports = roster.report(reads, started)
+    leader = await _leader_text()
     if args.output == "json":
         print(json.dumps([member_json(r) for r in reports], indent=2))
         return EXIT_OK
@@ -439,9 +440,25 @@ async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
     counts = ", ".join(f"{sum(r.liveness == state for r in reports)} {state}"
                        for state in ("alive", "silent", "dead"))
     watched = reads[-1].received_at - reads[0].received_at
-    print(f"{counts}; {started} STARTED streams; watched {watched:.1f}s in {len(reads)} reads "
-          "(HEARTBEAT AGE: how long this command saw each heartbeat unchanged)")
+    print(f"{counts}; {started} STARTED streams; {leader}; watched {watched:.1f}s in "
+          f"{len(reads)} reads (HEARTBEAT AGE: how long this command saw each heartbeat "
+          "unchanged)")
     return EXIT_OK
+
+
+async def _leader_text() -> str:
+    """Who holds the fleet leader lease, as its backend says (for people: the lease is
+    judged by observation, so a holder shown here may just have been deposed)."""
+    from worker.jobcli import leader_backend
+    from worker.leadership import FLEET_LEASE
+    try:
+        async with leader_backend() as (backend, _):
+            record = await backend.read(FLEET_LEASE)
+    except StoreError as exc:
+        return f"leader unknown ({exc})"
+    if record is None or record.resigned:
+        return "no leader"
+    return f"leader {record.owner} (fence {record.fence})"
 
 
 async def _ctl_show(tables: Tables, args: argparse.Namespace) -> int:

@@ -207,7 +207,7 @@ async def write(args: argparse.Namespace) -> int:
         raise JobUsage("streamlease job write: --item must be an object of DynamoDB JSON "
                        'attributes, such as {"Pk": {"S": "day#1"}, "n": {"N": "3"}}')
     fence = int(fence_text)
-    async with _backend() as (backend, redis):
+    async with leader_backend() as (backend, redis):
         if redis:
             from worker.store.redis_leader import hash_set_for_item
             try:
@@ -229,8 +229,9 @@ async def write(args: argparse.Namespace) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _backend() -> AsyncIterator[tuple[LeaderBackend, bool]]:
-    """The leader backend the worker uses (STREAMLEASE_LEADER_BACKEND)."""
+async def leader_backend() -> AsyncIterator[tuple[LeaderBackend, bool]]:
+    """The leader backend the workers use (STREAMLEASE_LEADER_BACKEND), and whether it
+    is Redis."""
     choice = setting_value("STREAMLEASE_LEADER_BACKEND")
     if choice == "dynamodb":
         from worker.store.dynamodb import connect_admin
