@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from loadtest.capacity import CapacityInputs, capacity_model, model_text, renewal_rate
 from loadtest.fleet import Fleet, WorkerProc, faketime_library
 from worker.config import DEFAULTS
+from worker.core.stream import stream_buffer_bytes
 
 if TYPE_CHECKING:
     from loadtest.chaos import Context
@@ -368,8 +369,13 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
     """
     args = ctx.args
     n, workers = args.scale_streams, args.scale_workers
+    # The buffer budget must cover every held stream's worst case; these streams are idle,
+    # so it is raised to fit rather than the streams spread thinner (the model wants few
+    # workers holding many streams).
+    per_stream = stream_buffer_bytes(int(DEFAULTS["STREAMLEASE_MAX_FRAME_BYTES"]))
     env = {"STREAMLEASE_MAX_STREAMS": str(n),
-           "STREAMLEASE_ACQUIRE_PER_CYCLE": str(args.scale_acquire_per_cycle)}
+           "STREAMLEASE_ACQUIRE_PER_CYCLE": str(args.scale_acquire_per_cycle),
+           "STREAMLEASE_BUFFER_BUDGET_BYTES": str(n * per_stream)}
     section: dict[str, Any] = {"streams": n, "workers": workers, "rate": args.scale_rate,
                                "raised_settings": env, "window_s": args.scale_window,
                                "failover_recovery": "upstream connected again (idle streams)"}
