@@ -17,6 +17,7 @@ from worker.core.frames import Frame
 from worker.core.lease import Holding, LeaseTimings
 from worker.core.model import Tenure
 from worker.core.stream import RECEIVE_QUEUE
+from worker.core.urls import parse_allowed_urls
 from worker.metrics import Metrics
 from worker.pump import Pump, PumpSettings
 
@@ -39,7 +40,8 @@ async def null(urls: list[str], seconds: float) -> float:
     for i, url in enumerate(urls):
         tenure = Tenure(f"b{i}", "bench", 1, 0, 0)
         holding = Holding(tenure, url, SYSTEM_CLOCK.monotonic(), LONG)
-        pumps.append(Pump(tenure, holding, sink, SYSTEM_CLOCK, metrics, PumpSettings()))
+        pumps.append(Pump(tenure, holding, sink, SYSTEM_CLOCK, metrics, PumpSettings(
+            allowed_urls=parse_allowed_urls("ws://127.0.0.1:"))))
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(p.run()) for p in pumps]
         await asyncio.sleep(1.0)  # connections up

@@ -219,6 +219,9 @@ async def measure_throughput(_chaos_upstream: str, env: dict[str, str],
         null_sink = await _child("null", urls, seconds)
         print("throughput: bare client ...", flush=True)
         bare = await _child("bare", urls, seconds)
+        if not null_sink or not bare:
+            raise RuntimeError(f"a reading phase delivered nothing (null sink {null_sink:.0f}, "
+                               f"bare client {bare:.0f} msg/s): see its output above")
         print("throughput: fenced sink (one worker) ...", flush=True)
         fenced = await _worker_phase(env, backlog.url, streams, seconds, {}, streams)
         print("cpu: 100 slow streams ...", flush=True)

@@ -129,3 +129,22 @@ def test_any_start_settles_inside_the_band_and_stays(seed: int, start: dict[str,
     share = -(-total // len(start))
     assert in_band(final, share), final
     assert history[-10:] == [final] * 10
+
+
+def test_a_hand_over_is_taken_in_one_round_though_the_rows_lag() -> None:
+    # d drains: its row still shows 15 while its 15 streams already wait as orphans.
+    counts = {"a": 5, "b": 4, "c": 0, "d": 15}
+    active = {"a", "b", "c"}
+    taken = {}
+    for me in sorted(active):
+        b = plan(me, counts, active, dict.fromkeys(counts, CAP), 15)
+        assert b.share == 8, "the drainer's streams were counted twice"
+        taken[me] = b.take
+    assert taken == {"a": 3, "b": 4, "c": 8}  # every orphan has a taker at once
+
+
+def test_too_few_orphans_are_still_dealt_to_the_furthest_below() -> None:
+    counts = {"a": 10, "b": 7, "c": 5}
+    takes = {me: plan(me, counts, set(counts), dict.fromkeys(counts, CAP), 2).take
+             for me in counts}
+    assert takes == {"a": 0, "b": 0, "c": 2}

@@ -17,8 +17,10 @@ streams its member holds), so no coordinator is needed:
   band, nobody above the band is left to give and no orphan is already waiting to fill
   the gap — the largest holders first, ties by id, as many as the members below the band
   need, so two members never both give for one gap.
-* **Take.** A member below its share takes orphans up to its share; when several are below
-  theirs, the orphans are dealt out one at a time to whoever is furthest below. A member
+* **Take.** A member below its share takes orphans up to its share: all of its gap at once
+  when the orphans cover every member's gap (a hand-over), else the orphans are dealt out
+  one at a time to whoever is furthest below. A draining member's streams are counted
+  once, though its row still shows them while they already wait as orphans. A member
   at or above its share takes none while another live member is below its share, unless
   an orphan has waited two reconcile intervals (no stream stays unserved for balance).
 """
@@ -87,14 +89,23 @@ def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str
     in nobody's count, which would shrink every share and make members over-shed, so the
     caller may pass ``total_at_least`` (the largest total it counted lately).
     """
-    total = max(sum(counts.values()) + servable_orphans, total_at_least)
+    # A draining (or observed-dead) member's row still counts the streams it is releasing
+    # while they already show as orphans: count them once.
+    leaving = sum(n for m, n in counts.items() if m not in active)
+    holding = sum(n for m, n in counts.items() if m in active)
+    total = max(holding + max(leaving, servable_orphans), total_at_least)
     shares = fair_shares(total, {m: capacities.get(m, 0) if m in active else 0
                                  for m in counts})
     share = shares.get(me, 0)
     held = counts.get(me, 0)
     deficits = {m: max(0, shares.get(m, 0) - counts.get(m, 0)) for m in active}
     someone_below = any(d > 0 for m, d in deficits.items() if m != me)
-    take = allocate(deficits, servable_orphans).get(me, 0)
+    if servable_orphans >= sum(deficits.values()):
+        # Enough for everyone (a member's hand-over, a scale-out's shed): each takes its
+        # own gap now, without waiting for the others' rows to show what they took.
+        take = deficits.get(me, 0)
+    else:
+        take = allocate(deficits, servable_orphans).get(me, 0)
     shed = 0
     if me not in active:
         shed = 0  # draining members hand everything over through their own drain
