@@ -96,6 +96,8 @@ def timing_env(p: dict[str, Any]) -> dict[str, str]:
             "STREAMLEASE_HEARTBEAT_SECONDS": str(p["heartbeat"]),
             "STREAMLEASE_RECONCILE_SECONDS": str(p["reconcile"]),
             "STREAMLEASE_SKEW_MARGIN_SECONDS": str(p["skew"]),
+            # Scaled with the lease like the rest (the default is 1.5 x its 20 s lease).
+            "STREAMLEASE_MIN_HOLD_SECONDS": str(1.5 * p["lease"]),
             "STREAMLEASE_BATCH_MAX_SECONDS": "0.5",
             "STREAMLEASE_SHUTDOWN_SECONDS": "10"}
 

@@ -83,7 +83,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          f"<= lease + 1.2 x reconcile + 0.5 = {kill9:.1f} s", at_most(kill9)),
         ("skew", "a worker's clock behind the others: settled", "skew.settled", "yes",
          lambda v: None if v is None else v is True),
-        ("skew", "a worker's clock behind: moves after the first owner", "skew.moves", "0",
+        ("skew", "a worker's clock behind: moves once the fleet is even", "skew.moves", "0",
          at_most(0)),
         ("skew", "a worker's clock behind: streams that delivered nothing while observed",
          "skew.stalled_streams", "0", at_most(0)),
@@ -307,8 +307,10 @@ def skew_md(r: dict[str, Any]) -> list[str]:
         f"clock {_v(k.get('measured_offset_s'))} s off), observed {k['observed_s']:.0f} s "
         f"after every stream was held ({_s(k.get('all_held_s'))}).",
         "",
-        f"Settled (no move in the last 20 s): **{_v(k['settled'])}**; moves after the first "
-        f"owner: **{k['moves']}** ({k['moves_in_last_20_s']} in the last 20 s); the skewed "
+        f"Settled (no move in the last 20 s): **{_v(k['settled'])}**; moves while observed "
+        f"(from when the fleet was even, after {_v(k.get('moves_while_balancing'))} "
+        f"balancing hand-overs): **{k['moves']}** ({k['moves_in_last_20_s']} in the last "
+        f"20 s); the skewed "
         f"worker held {_v(k.get('skewed_worker_held_at_end'))} at the end "
         f"({_v(k.get('held_at_end'))}).",
         "",
@@ -353,7 +355,11 @@ def balance_md(r: dict[str, Any]) -> list[str]:
         f"{_s(k.get('all_held_s'))}: {_v(k.get('before_scale_out'))}), then "
         f"{k['workers_after']}: share {k['share']} each.",
         "",
-        ("Every worker held its share +/-1 after **" + _s(conv) + "**." if conv is not None
+        ("Converged after **" + _s(conv) + "**: the last move of the convergence, after "
+         "which every worker held its share +/-1 with no move for 30 s (first inside the "
+         f"band after {_s(k.get('first_in_band_s'))}; "
+         f"{_v(k.get('moves_after_first_in_band'))} hand-overs already in flight landed "
+         "after that)." if conv is not None
          else f"**Not converged** within {k['timeout_s']:.0f} s: state reached "
               f"{_v(k.get('state_reached'))} (best spread max - min: "
               f"{_v(k.get('best_spread'))})."),

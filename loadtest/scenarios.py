@@ -175,6 +175,18 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         section["skewed_worker_held_at_start"] = fleet.counts().get(skewed.name, 0)
         all_held = await _start_and_hold(fleet, p["workers"] - 1)
         section["all_held_s"] = _round(all_held)
+        # Workers that start together balance first (deliberate hand-overs); the question
+        # is what happens after, so the observation starts once the fleet is even and quiet.
+        begun = fleet.now()
+
+        def even_and_quiet() -> bool:
+            counts = fleet.counts()
+            recent = fleet.moves(fleet.now() - 3.0)
+            return _all_held(fleet) and recent == 0 and \
+                max(counts.values(), default=0) - min(counts.values(), default=0) <= 2
+        settle = await fleet.wait_until(even_and_quiet, 60.0)
+        section["balanced_before_observing_s"] = _round(settle)
+        section["moves_while_balancing"] = fleet.moves(begun)
         section["held_at_start"] = fleet.counts()
         start = fleet.now()
         await fleet.read_table()
@@ -190,7 +202,7 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         # Its member row carries its own wall clock at its last heartbeat (at most one
         # heartbeat old): the largest reading is the closest to its true offset.
         section["measured_offset_s"] = round(max(known), 2) if known else None
-        section["moves"] = fleet.moves()
+        section["moves"] = fleet.moves(start, end)
         section["moves_in_last_20_s"] = fleet.moves(end - SETTLED_WINDOW_S, end)
         section["settled"] = section["moves_in_last_20_s"] == 0 and all_held is not None
         section.update(move_details=fleet.move_summary(), fence_bumps=fleet.fence_bumps())
@@ -305,19 +317,36 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
             return len(counts) == 4 and _all_held(fleet) and \
                 all(share - 1 <= c <= share + 1 for c in counts.values())
 
-        converge = await fleet.wait_until(balanced, args.balance_timeout)
+        # Converged: inside the band with every stream held, and the last move of the
+        # convergence (hand-overs already in flight included) followed by a quiet
+        # MOVES_AFTER_S. A fleet that keeps moving never converges.
+        in_band = await fleet.wait_until(balanced, args.balance_timeout)
+        section["first_in_band_s"] = _round(in_band)
+        await fleet.read_table()
+        checkpoints = fleet.checkpoints()
+        converge: float | None = None
+        deadline = scale_at + args.balance_timeout + MOVES_AFTER_S
+        while in_band is not None and fleet.now() < deadline:
+            moved = [a.at for a in fleet.acquisitions if a.previous is not None
+                     and a.at >= scale_at]
+            last = max(moved, default=scale_at)
+            if fleet.now() - last >= MOVES_AFTER_S and balanced():
+                converge = last - scale_at
+                break
+            await asyncio.sleep(0.5)
         until = scale_at + (converge if converge is not None else args.balance_timeout)
         section["converge_s"] = _round(converge)
         section["converged"] = converge is not None
-        section["moves"] = fleet.moves(scale_at, until)
+        section["moves_after_first_in_band"] = None if in_band is None else \
+            fleet.moves(scale_at + in_band, until + 0.001)
+        section["moves"] = fleet.moves(scale_at, until + 0.001)
         section["state_reached"] = fleet.counts()
         section["best_spread"] = _best_spread(fleet, scale_at, until, 4)
-        await fleet.read_table()
-        checkpoints = fleet.checkpoints()
-        await asyncio.sleep(MOVES_AFTER_S)
+        if converge is None:
+            await asyncio.sleep(MOVES_AFTER_S)
         await fleet.read_table()
         section["stalled_streams_after"] = fleet.stalled(checkpoints)
-        section["moves_after"] = fleet.moves(until, until + MOVES_AFTER_S)
+        section["moves_after"] = fleet.moves(until + 0.001, until + MOVES_AFTER_S)
         section["moves_after_from"] = "converged" if converge is not None else "timeout"
         section["after_30_s"] = fleet.counts()
 
