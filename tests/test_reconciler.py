@@ -219,3 +219,18 @@ async def test_shutdown_settles_an_unknown_acquire_or_keeps_the_member_row() -> 
     assert len(still) == 1, records
     # Counted as unreleased: the worker keeps its member row, so a peer releases it.
     assert fleet.reconciler.unreleased == 1
+
+
+async def test_slow_member_heartbeats_close_admission() -> None:
+    fleet = Fleet()
+    fleet.start()
+    await asyncio.sleep(0.5)
+    await fleet.streams("a")
+    for _ in range(6):  # member heartbeats, each slower than half the interval
+        fleet.reconciler.lease_health.record_call(True, T.heartbeat_s)
+        await asyncio.sleep(0.5)
+    assert fleet.held() == set()
+    assert fleet.metrics.registry.get_sample_value("streamlease_admitting") == 0
+    await asyncio.sleep(2 * T.heartbeat_s + 2)  # heartbeats healthy again
+    assert fleet.held() == {"a"}
+    await fleet.stop()

@@ -24,7 +24,7 @@ from worker import __version__
 from worker import health as http
 from worker.clock import SYSTEM_CLOCK, Clock
 from worker.config import WorkerConfig, default_worker_id
-from worker.core.membership import MemberTimings
+from worker.core.membership import HeartbeatOutcome, MemberTimings
 from worker.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
 from worker.health import HealthState
 from worker.jobs import JobRunner, JobSettings
@@ -33,6 +33,7 @@ from worker.leadership import Leadership, LeadershipSettings
 from worker.logs import CONTEXT, event, setup
 from worker.membership import Hooks, Membership, MembershipSettings
 from worker.metrics import Metrics
+from worker.pacing import PacedSink, SinkGate
 from worker.pump import PumpSettings
 from worker.reconciler import Reconciler, ReconcilerSettings
 from worker.store import dynamodb
@@ -121,6 +122,15 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         def member_proven(at: float) -> None:
             health.renewed(MEMBER_HEALTH_KEY, at)
 
+        gate = SinkGate(config.max_streams, slow_s=config.timings.heartbeat_s / 4,
+                        metrics=metrics)
+
+        def member_beat(outcome: HeartbeatOutcome, seconds: float) -> None:
+            gate.heartbeat(outcome, seconds)
+            if reconciler is not None and outcome is not HeartbeatOutcome.FENCED:
+                reconciler.lease_health.record_call(
+                    outcome is HeartbeatOutcome.RENEWED, seconds)
+
         leadership: Leadership | None = None
         membership = Membership(
             stores.fleet, stores.leases, clock, metrics,
@@ -129,10 +139,10 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   fenced=lambda: reconciler.member_lost(True) if reconciler else None,
                   self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
                   fleet_changed=lambda: reconciler.poke() if reconciler else None,
-                  proven=member_proven,
+                  proven=member_proven, beat=member_beat,
                   leading=lambda: leadership is not None and leadership.leading))
-        reconciler = Reconciler(stores.leases, stores.sink, clock, metrics, settings,
-                                membership, health=health)
+        reconciler = Reconciler(stores.leases, PacedSink(stores.sink, gate), clock, metrics,
+                                settings, membership, health=health)
         async with leader_backend(config, stores) as backend:
             leadership = build_leadership(config, owner, backend, stores, clock, metrics,
                                           reconciler, membership)

@@ -67,6 +67,8 @@ class Hooks:
     self_fenced: Callable[[], None]  # no heartbeat proven in time: stop writing
     fleet_changed: Callable[[], None]  # a peer died, released, drained or handed off
     proven: Callable[[float], None] = lambda at: None  # a heartbeat sent at ``at`` landed
+    # every heartbeat's outcome and latency (admission control, sink pacing)
+    beat: Callable[[HeartbeatOutcome, float], None] = lambda outcome, seconds: None
     leading: Callable[[], bool] = lambda: True  # dead rows are deleted by the leader only
 
 
@@ -216,6 +218,7 @@ class Membership:
             self.handoffs, self.clock.wall_ms(), timeout=self.liveness.call_timeout(sent))
         now = self.clock.monotonic()
         self.metrics.member_heartbeat(now - sent, result.outcome.value)
+        self.hooks.beat(result.outcome, now - sent)
         before = self.liveness.state
         delay = self.liveness.on_heartbeat(result.outcome, sent, now)
         if result.outcome is HeartbeatOutcome.RENEWED:

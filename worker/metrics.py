@@ -146,6 +146,9 @@ class Metrics:
                                         registry=r)
         # Unknown (NaN) until this worker first computes its share, so a balance alert
         # cannot fire on a worker that has not read the fleet yet.
+        self._sink_limit = Gauge(p + "sink_in_flight_limit",
+                                 "Sink transactions this worker lets be in flight at once "
+                                 "(lowered while member heartbeats are slow)", registry=r)
         self._share = Gauge(p + "member_share",
                             "Streams this worker aims to hold: its fair share of the fleet's "
                             "STARTED streams (0 while draining)", registry=r)
@@ -262,6 +265,9 @@ class Metrics:
 
     def bad_item(self, reason: str) -> None:
         self._bad_items.labels(reason).inc()
+
+    def sink_limit(self, limit: int) -> None:
+        self._sink_limit.set(limit)
 
     def member_heartbeat(self, seconds: float, outcome: str) -> None:
         self._member_hb.observe(seconds)

@@ -387,7 +387,7 @@ class Reconciler:
         now_ms = self.clock.wall_ms()
         try:
             got = await self.leases.acquire(candidate.stream_id, self.settings.owner, now_ms,
-                                            timings, timeout=self.settings.stopped_check_s,
+                                            timings, timeout=2 * self.settings.stopped_check_s,
                                             epoch=self.membership.epoch)
             if got is not None:
                 got = await self._resume_where_the_sink_is(got)

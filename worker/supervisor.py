@@ -77,9 +77,9 @@ PumpFactory = Callable[..., PumpLike]
 
 
 class LeaseHealth:
-    """Recent renewal outcomes of this worker, for admission control: a worker whose
-    renewals fail or are slow takes no new streams until they recover (overload must not
-    feed itself)."""
+    """Recent renewal and member heartbeat outcomes of this worker, for admission control:
+    a worker whose renewals or heartbeats fail or are slow takes no new streams until they
+    recover (overload must not feed itself)."""
 
     def __init__(self, clock: Clock, slow_s: float, window_s: float) -> None:
         self.clock = clock
@@ -88,7 +88,13 @@ class LeaseHealth:
         self._bad_until = 0.0
 
     def record(self, outcome: RenewOutcome, seconds: float) -> None:
-        if outcome in (RenewOutcome.UNKNOWN, RenewOutcome.THROTTLED) or seconds > self.slow_s:
+        self.record_call(outcome not in (RenewOutcome.UNKNOWN, RenewOutcome.THROTTLED),
+                         seconds)
+
+    def record_call(self, answered: bool, seconds: float) -> None:
+        """A renewal or member heartbeat: unanswered (unknown, throttled) or slow closes
+        admission for the window."""
+        if not answered or seconds > self.slow_s:
             self._bad_until = self.clock.monotonic() + self.window_s
 
     def admits(self) -> bool:
