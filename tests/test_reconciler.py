@@ -234,3 +234,14 @@ async def test_slow_member_heartbeats_close_admission() -> None:
     await asyncio.sleep(2 * T.heartbeat_s + 2)  # heartbeats healthy again
     assert fleet.held() == {"a"}
     await fleet.stop()
+
+
+async def test_the_wait_of_a_released_stream_is_observed() -> None:
+    fleet = Fleet()
+    await fleet.streams("a")  # expiry 0: free, as after a release
+    fleet.start()
+    await asyncio.sleep(1.5)
+    assert fleet.held() == {"a"}
+    count = fleet.metrics.registry.get_sample_value("streamlease_takeover_delay_seconds_count")
+    assert count == 1
+    await fleet.stop()

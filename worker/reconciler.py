@@ -413,8 +413,12 @@ class Reconciler:
             if not released:
                 self._unsure.add(got.tenure.stream_id)
             return
+        # Unowned since its stored expiry; a released stream (expiry 0: a hand-over, a
+        # release on behalf) since this worker first saw it free, a lower bound.
         expired = candidate.lease_expires_at_ms
-        delay = (now_ms - expired) / 1000 if expired else None
+        seen = self._orphan_since.get(candidate.stream_id)
+        delay = (now_ms - expired) / 1000 if expired else \
+            None if seen is None else max(0.0, sent - seen)
         self.metrics.lease_acquired(delay)
         event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
               fence=got.tenure.fence, last_seq=got.tenure.last_seq,
