@@ -156,3 +156,22 @@ async def test_epochs_keep_moving_forward_after_the_row_is_deleted() -> None:
     m2 = member(store, "a", Calls())
     await m2.register()
     assert m2.epoch > second
+
+
+async def test_a_strained_store_is_read_once_a_heartbeat_instead_of_twice() -> None:
+    store = FaultyStore(MemoryStore())
+    m = member(store, "a", Calls())
+    await m.register()
+    task = asyncio.create_task(m.run())
+    await asyncio.sleep(1.0)
+    before = store.count("members")
+    await asyncio.sleep(5.0)
+    healthy = store.count("members") - before
+    store.fail("heartbeat", times=-1, delay=T.heartbeat_s / 2)  # slow, then unanswered
+    await asyncio.sleep(1.0)
+    before = store.count("members")
+    await asyncio.sleep(5.0)
+    strained = store.count("members") - before
+    assert healthy >= 18 and strained <= 12, (healthy, strained)  # every 0.25 s vs 0.5 s
+    m.stop()
+    await asyncio.gather(task, return_exceptions=True)

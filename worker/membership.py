@@ -122,6 +122,7 @@ class Membership:
         self._stop = asyncio.Event()
         self._pending: dict[str, _Takeover] = {}
         self._working: set[str] = set()  # members this worker is fencing or releasing
+        self._strained_until = 0.0  # heartbeats slow or unanswered until then
         self._unreleased_since: dict[tuple[str, int], float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # takeovers in flight
 
@@ -219,6 +220,9 @@ class Membership:
         now = self.clock.monotonic()
         self.metrics.member_heartbeat(now - sent, result.outcome.value)
         self.hooks.beat(result.outcome, now - sent)
+        if result.outcome in (HeartbeatOutcome.UNKNOWN, HeartbeatOutcome.THROTTLED) or \
+                now - sent > self.timings.heartbeat_s / 4:
+            self._strained_until = now + 2 * self.timings.heartbeat_s
         before = self.liveness.state
         delay = self.liveness.on_heartbeat(result.outcome, sent, now)
         if result.outcome is HeartbeatOutcome.RENEWED:
@@ -286,8 +290,14 @@ class Membership:
             except Exception:
                 event(logging.ERROR, "member.observe_crashed", "observing the fleet crashed",
                       exc_info=True)
+            # A strained store (this worker's own heartbeats slow or unanswered) is read
+            # once a heartbeat instead of twice: deaths are seen a little later, never
+            # sooner, and the heartbeat keeps its place in the store's queue.
+            every = self.timings.observe_s
+            if self.clock.monotonic() < self._strained_until:
+                every = max(every, self.timings.heartbeat_s)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(jittered(self.timings.observe_s, 0.1, self.rng)):
+                async with asyncio.timeout(jittered(every, 0.1, self.rng)):
                     await self._stop.wait()
 
     async def _observe(self) -> None:

@@ -196,6 +196,8 @@ class Reconciler:
     async def _cycle(self) -> None:
         if self._unsure:
             await self._settle_unsure()
+        if not self._admits():
+            return  # nothing will be taken: spare the store the orphan query too
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
         now = self.clock.monotonic()
@@ -219,8 +221,6 @@ class Reconciler:
         )
         for record, problem in plan.unservable:
             await self._report_unservable(record, problem)
-        if not self._admits():
-            return
         want = self._balance(plan.servable, starving, now)
         budget = min(want, self.settings.acquire_per_cycle,
                      self.settings.max_streams - len(self.supervisors))
