@@ -441,9 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skew-seconds", type=float, default=60.0)
     g.add_argument("--slow-store-ms", type=float, default=20.0,
                    help="embedded server latency per request in slow_store (default 20)")
-    g.add_argument("--slow-store-mode", choices=["serial", "parallel"], default="serial",
-                   help="serial: a saturated store; parallel: a slow network (see "
-                        "worker/dev/dynamodb.py)")
+    g.add_argument("--slow-store-mode", choices=["serial", "parallel"], default="parallel",
+                   help="parallel (default): 20 ms added to every request, a slow store or "
+                        "network; serial: the delay held inside the server's lock, a store "
+                        "saturated at 1000/ms requests/s (see worker/dev/dynamodb.py)")
     g.add_argument("--slow-store-seconds", type=float, default=60.0)
     g.add_argument("--slow-store-rate", type=float, default=None,
                    help="messages/s per stream in slow_store (default: the profile's)")
