@@ -11,8 +11,10 @@ import pytest
 from tests.fakes import FaultyStore, PumpScript, StaticMember
 from tests.virtual import LoopClock
 from worker.core.lease import LeaseTimings
+from worker.core.membership import MemberRecord, MemberStatus
 from worker.core.model import MAX_LAST_ERROR_CHARS
 from worker.core.urls import parse_allowed_urls
+from worker.membership import FleetView
 from worker.metrics import Metrics
 from worker.pump import PumpSettings
 from worker.reconciler import REPORTED_LIMIT, Reconciler, ReconcilerSettings
@@ -244,4 +246,31 @@ async def test_the_wait_of_a_released_stream_is_observed() -> None:
     assert fleet.held() == {"a"}
     count = fleet.metrics.registry.get_sample_value("streamlease_takeover_delay_seconds_count")
     assert count == 1
+    await fleet.stop()
+
+
+async def test_an_orphan_left_for_a_member_that_only_looks_short_is_taken_soon(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Rows lag: w2's row still shows 0 though it has since filled up, so the orphan is
+    dealt to w2 and nobody else takes it for balance's sake. w1, below its share by its
+    own live count, takes it once it has waited half a reconcile interval, not two."""
+    fleet = Fleet()
+    await fleet.streams("a", "b")
+    fleet.start()
+    await asyncio.sleep(1.5)
+    assert fleet.held() == {"a", "b"}
+    fleet.member.view = FleetView((
+        MemberRecord("w2", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=0,
+                     capacity=100),
+        MemberRecord("w3", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=4,
+                     capacity=100),
+    ))
+    # total 2 + 0 + 4 + 1 orphan = 7, share 3: w1 is short by 1, w2 (as its row says) by 3.
+    await fleet.streams("c")
+    await asyncio.sleep(4.0)
+    assert fleet.held() == {"a", "b", "c"}
+    [taken] = [r.__dict__["sl_fields"] for r in events(caplog, "lease.acquired")
+               if r.__dict__["sl_fields"]["stream"] == "c"]
+    waited = taken["unowned_s"]
+    assert 0.5 <= waited < 2 * 1.0, waited  # lingering (reconcile / 2), not starving
     await fleet.stop()

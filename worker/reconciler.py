@@ -212,16 +212,17 @@ class Reconciler:
                 held.seen(candidate)  # released or taken from under us (a force release)
         if orphans:
             self.metrics.orphans_found(len(orphans))
-        starving = self._starving(orphans, now)
+        starving = self._waited(orphans, now, 2 * self.settings.reconcile_s)
+        lingering = self._waited(orphans, now, self.settings.reconcile_s / 2)
         plan = plan_cycle(
             orphans, held=set(self.supervisors), max_streams=self.settings.max_streams,
             per_cycle=self.settings.max_streams, now_wall_ms=now_ms, timings=timings,
             allowed_prefixes=self.settings.supervisor.allowed_urls, rng=self.rng,
-            first=starving,
+            first=lingering,
         )
         for record, problem in plan.unservable:
             await self._report_unservable(record, problem)
-        want = self._balance(plan.servable, starving, now)
+        want = self._balance(plan.servable, starving, lingering, now)
         budget = min(want, self.settings.acquire_per_cycle,
                      self.settings.max_streams - len(self.supervisors))
         if budget > 0 and plan.acquire and not self._stop.is_set():
@@ -231,19 +232,27 @@ class Reconciler:
             self.membership.counts_changed()
         self.metrics.set_leases_held(len(self.supervisors))
 
-    def _starving(self, orphans: list[StreamRecord], now: float) -> frozenset[str]:
-        """Orphans this worker has seen waiting two reconcile intervals or more: taken
-        whatever the balance says."""
+    def _waited(self, orphans: list[StreamRecord], now: float,
+                limit: float) -> frozenset[str]:
+        """Orphans this worker has seen waiting ``limit`` seconds or more."""
         current = {o.stream_id for o in orphans}
         for gone in set(self._orphan_since) - current:
             del self._orphan_since[gone]
         for stream_id in current:
             self._orphan_since.setdefault(stream_id, now)
-        limit = 2 * self.settings.reconcile_s
         return frozenset(sid for sid, since in self._orphan_since.items() if now - since >= limit)
 
-    def _balance(self, servable: int, starving: frozenset[str], now: float) -> int:
-        """Shed what the balance plan says; how many orphans to take now."""
+    def _balance(self, servable: int, starving: frozenset[str], lingering: frozenset[str],
+                 now: float) -> int:
+        """Shed what the balance plan says; how many orphans to take now.
+
+        Orphans are dealt to whoever the member rows show furthest below its share, but
+        rows lag: a member may look short only because its row does not yet show what it
+        took. An orphan still waiting half a reconcile interval after it was first seen
+        (its dealt taker, polling every fifth of one, would have had it by then) is taken
+        by any member still below its share by its own live count, which never takes it
+        past its share. At or above its share, only what waited two intervals
+        (``starving``: balance never leaves a stream unserved)."""
         view = self.membership.view
         if not view.members:
             return self.settings.acquire_per_cycle  # no fleet view yet: take as before
@@ -269,6 +278,8 @@ class Reconciler:
             self._shed(plan.shed, now)
         if plan.take > 0:
             return plan.take
+        if keeping < plan.share and lingering:
+            return max(min(plan.share - keeping, len(lingering)), len(starving))
         return len(starving)  # at or above its share: only what waited too long
 
     def _shed(self, count: int, now: float) -> None:
