@@ -276,10 +276,8 @@ class Reconciler:
         self.metrics.share(plan.share)
         if plan.shed:
             self._shed(plan.shed, now)
-        if plan.take > 0:
-            return plan.take
-        if keeping < plan.share and lingering:
-            return max(min(plan.share - keeping, len(lingering)), len(starving))
+        if keeping < plan.share:
+            return max(plan.take, min(plan.share - keeping, len(lingering)), len(starving))
         return len(starving)  # at or above its share: only what waited too long
 
     def _shed(self, count: int, now: float) -> None:
