@@ -214,13 +214,15 @@ def chaos_md(r: dict[str, Any]) -> list[str]:
     ]
     if r.get("member_heartbeats_per_interval") is not None:
         lines += [f"Member heartbeats per worker per heartbeat interval: "
-                  f"{r['member_heartbeats_per_interval']} (1.0 is exactly one; more would be "
-                  "retries).", ""]
+                  f"{r['member_heartbeats_per_interval']} (1.0 is one per interval; early beats "
+                  "that report a changed count, a hand-over or a drain add to it, and so "
+                  "would retries).", ""]
     lines += [
         f"Implied on-demand cost per 1,000 streams per month, at this run's settings: "
         f"**${cost['total']:,.2f}** (lease upkeep ${cost['lease_overhead']:,.2f}, sink "
         f"${cost['sink']:,.2f}). At the default settings (5 s member heartbeat, 600 s stream "
-        f"renewal, 0.2 s batches): **${r['cost_at_defaults_usd']['total']:,.2f}** (lease "
+        f"renewal, 0.2 s batches, a rolling deploy a day): "
+        f"**${r['cost_at_defaults_usd']['total']:,.2f}** (lease "
         f"upkeep ${r['cost_at_defaults_usd']['lease_overhead']:,.2f}). Assumptions: "
         f"{cost['assumptions']}.",
         "",
