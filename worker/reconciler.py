@@ -53,6 +53,20 @@ REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limit
 
 
 @dataclass(frozen=True)
+class _Waited:
+    """Orphans by how long this worker has seen them wait (each set includes the next)."""
+
+    lingering: frozenset[str]  # half a reconcile interval: a dealt taker would have had it
+    starving: frozenset[str]  # two intervals: taken by anyone with room in its band
+    abandoned: frozenset[str]  # three: taken by anyone
+
+    def tier(self, record: StreamRecord) -> int:
+        sid = record.stream_id
+        return 0 if sid in self.abandoned else 1 if sid in self.starving else \
+            2 if sid in self.lingering else 3
+
+
+@dataclass(frozen=True)
 class ReconcilerSettings:
     owner: str
     reconcile_s: float
@@ -106,6 +120,7 @@ class Reconciler:
         self._stop = asyncio.Event()
         self._poke = asyncio.Event()
         self._fast_until = 0.0  # poll orphans often until then (a peer drains or hands off)
+        self._share = 0  # this worker's fair share at the last cycle
         self._next_shed = 0.0
         self._orphan_since: dict[str, float] = {}  # when this worker first saw each orphan
         self._totals: deque[tuple[float, int]] = deque()  # (when, streams counted) lately
@@ -212,17 +227,21 @@ class Reconciler:
                 held.seen(candidate)  # released or taken from under us (a force release)
         if orphans:
             self.metrics.orphans_found(len(orphans))
-        starving = self._waited(orphans, now, 2 * self.settings.reconcile_s)
-        lingering = self._waited(orphans, now, self.settings.reconcile_s / 2)
+        reconcile_s = self.settings.reconcile_s
+        waited = _Waited(lingering=self._waited(orphans, now, reconcile_s / 2),
+                         starving=self._waited(orphans, now, 2 * reconcile_s),
+                         abandoned=self._waited(orphans, now, 3 * reconcile_s))
         plan = plan_cycle(
             orphans, held=set(self.supervisors), max_streams=self.settings.max_streams,
             per_cycle=self.settings.max_streams, now_wall_ms=now_ms, timings=timings,
             allowed_prefixes=self.settings.supervisor.allowed_urls, rng=self.rng,
-            first=lingering,
+            first=waited.lingering,
         )
+        # The longest waiting first (shuffled within each tier, so racing takers spread).
+        plan.acquire.sort(key=waited.tier)
         for record, problem in plan.unservable:
             await self._report_unservable(record, problem)
-        want = self._balance(plan.servable, starving, lingering, now)
+        want = self._balance(plan.servable, waited, now)
         budget = min(want, self.settings.acquire_per_cycle,
                      self.settings.max_streams - len(self.supervisors))
         if budget > 0 and plan.acquire and not self._stop.is_set():
@@ -230,6 +249,12 @@ class Reconciler:
                 for record in plan.acquire[:budget]:
                     tg.create_task(self._acquire(record))
             self.membership.counts_changed()
+        if plan.acquire and len(self.supervisors) < self._share:
+            # Still short with orphans about (dealt to others by rows that may lag, or lost
+            # to a racing peer): look again soon, so the gap is filled before they wait two
+            # intervals and a member already at its share takes them (and sheds them later).
+            self._fast_until = max(self._fast_until,
+                                   self.clock.monotonic() + self.settings.reconcile_s)
         self.metrics.set_leases_held(len(self.supervisors))
 
     def _waited(self, orphans: list[StreamRecord], now: float,
@@ -242,8 +267,7 @@ class Reconciler:
             self._orphan_since.setdefault(stream_id, now)
         return frozenset(sid for sid, since in self._orphan_since.items() if now - since >= limit)
 
-    def _balance(self, servable: int, starving: frozenset[str], lingering: frozenset[str],
-                 now: float) -> int:
+    def _balance(self, servable: int, waited: _Waited, now: float) -> int:
         """Shed what the balance plan says; how many orphans to take now.
 
         Orphans are dealt to whoever the member rows show furthest below its share, but
@@ -251,11 +275,15 @@ class Reconciler:
         took. An orphan still waiting half a reconcile interval after it was first seen
         (its dealt taker, polling every fifth of one, would have had it by then) is taken
         by any member still below its share by its own live count, which never takes it
-        past its share. At or above its share, only what waited two intervals
-        (``starving``: balance never leaves a stream unserved)."""
+        past its share. Orphans that waited two intervals (``starving``) are taken by
+        any member with room inside its band (share + TOLERANCE), so balance never
+        leaves a stream unserved and a member at its share takes one, not a heap it
+        sheds again later; past the band only what waited three (``abandoned``: shares
+        computed from rows that undercount, or short members that cannot take)."""
         view = self.membership.view
         if not view.members:
-            return self.settings.acquire_per_cycle  # no fleet view yet: take as before
+            self._share = self.settings.max_streams  # no fleet view yet: take as before
+            return self.settings.acquire_per_cycle
         # Streams being handed over are no longer this worker's to count.
         keeping = sum(1 for s in self.supervisors.values()
                       if s.holding.reason is not StopReason.REBALANCE)
@@ -274,11 +302,13 @@ class Reconciler:
         plan = balance.plan(self.settings.owner, counts, active, capacities, servable,
                             total_at_least=max(t for _, t in self._totals))
         self.metrics.share(plan.share)
+        self._share = plan.share
         if plan.shed:
             self._shed(plan.shed, now)
-        if keeping < plan.share:
-            return max(plan.take, min(plan.share - keeping, len(lingering)), len(starving))
-        return len(starving)  # at or above its share: only what waited too long
+        gap = max(0, plan.share - keeping)
+        room = max(0, plan.share + balance.TOLERANCE - keeping)
+        return max(plan.take, min(gap, len(waited.lingering)),
+                   min(room, len(waited.starving)), len(waited.abandoned))
 
     def _shed(self, count: int, now: float) -> None:
         """Hand ``count`` streams over through the graceful path (stop reading, flush,

@@ -22,7 +22,10 @@ streams its member holds), so no coordinator is needed:
   one at a time to whoever is furthest below. A draining member's streams are counted
   once, though its row still shows them while they already wait as orphans. A member
   at or above its share takes none while another live member is below its share, unless
-  an orphan has waited two reconcile intervals (no stream stays unserved for balance).
+  an orphan has waited two reconcile intervals (then what fits inside its band) or three
+  (then any): no stream stays unserved for balance. Rows lag, so the reconciler also
+  lets a member below its share by its own live count take an orphan still waiting half
+  an interval after it was dealt elsewhere (``worker/reconciler.py``).
 """
 
 from __future__ import annotations
