@@ -305,3 +305,31 @@ async def test_a_member_at_its_share_takes_starving_orphans_only_inside_its_band
     assert 2.0 <= waits[0] < 3.0, waits  # starving: one, into the band
     assert all(w >= 3.0 for w in waits[1:]), waits  # abandoned: the rest
     await fleet.stop()
+
+
+async def test_a_short_member_takes_its_band_not_every_abandoned_orphan() -> None:
+    """Orphans that waited three intervals (here: every acquire failed meanwhile) go to a
+    member that would otherwise take nothing; a member with a gap of its own fills its
+    band and no more, as a slow start-up would otherwise pile streams on it."""
+    fleet = Fleet()
+    await fleet.streams("a", "b", "c")
+    fleet.start()
+    await asyncio.sleep(1.5)
+    fleet.member.view = FleetView((
+        MemberRecord("w2", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=6,
+                     capacity=100),
+        MemberRecord("w3", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=0,
+                     capacity=100),
+    ))
+    # total 3 + 6 + 0 + 6 orphans = 15, share 5: w1 is short by 2, its band ends at 6.
+    fleet.store.fail("acquire", times=10_000)
+    await fleet.streams("u", "v", "w", "x", "y", "z")
+    await asyncio.sleep(3.5)  # every orphan has now waited three intervals
+    assert fleet.held() == {"a", "b", "c"}
+    fleet.store.heal("acquire")
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if len(fleet.held()) > 3:
+            break
+    assert len(fleet.held()) == 6, fleet.held()  # share + TOLERANCE, not all nine
+    await fleet.stop()

@@ -278,8 +278,9 @@ class Reconciler:
         past its share. Orphans that waited two intervals (``starving``) are taken by
         any member with room inside its band (share + TOLERANCE), so balance never
         leaves a stream unserved and a member at its share takes one, not a heap it
-        sheds again later; past the band only what waited three (``abandoned``: shares
-        computed from rows that undercount, or short members that cannot take)."""
+        sheds again later; past the band, a member that would take nothing else takes
+        what waited three (``abandoned``: shares computed from rows that undercount, or
+        short members that cannot take)."""
         view = self.membership.view
         if not view.members:
             self._share = self.settings.max_streams  # no fleet view yet: take as before
@@ -307,8 +308,10 @@ class Reconciler:
             self._shed(plan.shed, now)
         gap = max(0, plan.share - keeping)
         room = max(0, plan.share + balance.TOLERANCE - keeping)
-        return max(plan.take, min(gap, len(waited.lingering)),
-                   min(room, len(waited.starving)), len(waited.abandoned))
+        want = max(plan.take, min(gap, len(waited.lingering)), min(room, len(waited.starving)))
+        # What waited three intervals only when nothing else would be taken: a member with
+        # a gap of its own fills that, not a heap past its share during a slow start-up.
+        return want or len(waited.abandoned)
 
     def _shed(self, count: int, now: float) -> None:
         """Hand ``count`` streams over through the graceful path (stop reading, flush,
