@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,9 +80,16 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(5)
+        self._kill_strays()
         for t in self._threads:
             t.join(2)
         return self.popen.returncode
+
+    def _kill_strays(self) -> None:
+        """Whatever the process left in its session (it was started in a new one): a
+        wrapper's child must not outlive the test."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
 
     def wait(self, timeout: float = 30.0) -> int:
         """Wait for the process to exit by itself; its exit code."""
@@ -94,6 +102,7 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait(5)
+        self._kill_strays()
 
 
 def python(*args: str) -> list[str]:

@@ -5,14 +5,15 @@ sink at the end of every scenario."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import re
-import shutil
 import signal
 import time
 
 import pytest
 
+from loadtest.fleet import FAKETIME_ENV, faketime_library
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import FAST_ENV, Fleet, HoldingProxy, wait_until
 from worker.errors import StoreError
@@ -354,14 +355,21 @@ async def settled(fleet: Fleet) -> bool:
     return await fleet.balanced() and await fleet.owners() == before
 
 
-@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (Debian package)")
+@pytest.mark.skipif(faketime_library() is None, reason="needs libfaketime (Debian faketime)")
 async def test_a_worker_whose_clock_is_two_leases_behind_is_never_taken_over(
         make_fleet: FleetFactory) -> None:
     # Liveness is observed on each peer's own clock, so a wall clock 2 s behind (twice
     # the 1 s lease) must not make a live member look dead, nor its streams expired.
+    # libfaketime is preloaded into the worker itself: the `faketime` wrapper forks, and
+    # stopping the wrapper would leave the worker running after the test.
     fleet = make_fleet(streams=12)
     await fleet.start(workers=2)
-    late = fleet.start_worker("late", wrap=["faketime", "-f", "-2s"])
+    late = fleet.start_worker("late", env={
+        "LD_PRELOAD": str(faketime_library()), "FAKETIME": "-2s", **FAKETIME_ENV})
+    first = late.proc.wait_for_line('{"ts"', timeout=30, stderr=True)
+    stamped = json.loads(first)["ts"].replace("Z", "+00:00")
+    behind = time.time() - datetime.datetime.fromisoformat(stamped).timestamp()
+    assert behind >= 1.5, f"the late worker's clock is only {behind:.2f} s behind"
     await wait_until(lambda: settled(fleet), 30, "balanced with the late worker")
     counts = await fleet.counts()
     assert counts["late"] >= 3
