@@ -227,10 +227,7 @@ class Reconciler:
                 held.seen(candidate)  # released or taken from under us (a force release)
         if orphans:
             self.metrics.orphans_found(len(orphans))
-        reconcile_s = self.settings.reconcile_s
-        waited = _Waited(lingering=self._waited(orphans, now, reconcile_s / 2),
-                         starving=self._waited(orphans, now, 2 * reconcile_s),
-                         abandoned=self._waited(orphans, now, 3 * reconcile_s))
+        waited = self._waited(orphans, now)
         plan = plan_cycle(
             orphans, held=set(self.supervisors), max_streams=self.settings.max_streams,
             per_cycle=self.settings.max_streams, now_wall_ms=now_ms, timings=timings,
@@ -257,15 +254,21 @@ class Reconciler:
                                    self.clock.monotonic() + self.settings.reconcile_s)
         self.metrics.set_leases_held(len(self.supervisors))
 
-    def _waited(self, orphans: list[StreamRecord], now: float,
-                limit: float) -> frozenset[str]:
-        """Orphans this worker has seen waiting ``limit`` seconds or more."""
+    def _waited(self, orphans: list[StreamRecord], now: float) -> _Waited:
+        """Note when this worker first saw each orphan; the orphans by how long they
+        have waited since, in reconcile intervals."""
         current = {o.stream_id for o in orphans}
         for gone in set(self._orphan_since) - current:
             del self._orphan_since[gone]
         for stream_id in current:
             self._orphan_since.setdefault(stream_id, now)
-        return frozenset(sid for sid, since in self._orphan_since.items() if now - since >= limit)
+        reconcile_s = self.settings.reconcile_s
+
+        def at_least(limit: float) -> frozenset[str]:
+            return frozenset(sid for sid, since in self._orphan_since.items()
+                             if now - since >= limit)
+        return _Waited(lingering=at_least(reconcile_s / 2), starving=at_least(2 * reconcile_s),
+                       abandoned=at_least(3 * reconcile_s))
 
     def _balance(self, servable: int, waited: _Waited, now: float) -> int:
         """Shed what the balance plan says; how many orphans to take now.
@@ -485,9 +488,8 @@ class Reconciler:
                 continue
             try:
                 record = await self.leases.check(stream_id, timeout=self.settings.stopped_check_s)
-                held = (record is not None and record.lease_owner == self.settings.owner
-                        and bool(record.lease_expires_at_ms) and record.fence is not None)
-                if held and record is not None and record.fence is not None:
+                if record is not None and record.lease_owner == self.settings.owner \
+                        and record.lease_expires_at_ms and record.fence is not None:
                     tenure = Tenure(stream_id, self.settings.owner, record.fence,
                                     record.last_seq, record.lease_expires_at_ms or 0)
                     if await self.leases.release(tenure):
