@@ -122,7 +122,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         def member_proven(at: float) -> None:
             health.renewed(MEMBER_HEALTH_KEY, at)
 
-        gate = SinkGate(config.max_streams, slow_s=config.timings.heartbeat_s / 4,
+        gate = SinkGate(config.max_streams, slow_s=member_timings(config).slow_heartbeat_s,
                         metrics=metrics)
 
         def member_beat(outcome: HeartbeatOutcome, seconds: float) -> None:

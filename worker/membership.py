@@ -38,6 +38,7 @@ from worker.core.membership import (
     MemberStatus,
     MemberTimings,
     Observer,
+    heartbeat_strained,
 )
 from worker.errors import StoreError
 from worker.logs import event
@@ -220,8 +221,7 @@ class Membership:
         now = self.clock.monotonic()
         self.metrics.member_heartbeat(now - sent, result.outcome.value)
         self.hooks.beat(result.outcome, now - sent)
-        if result.outcome in (HeartbeatOutcome.UNKNOWN, HeartbeatOutcome.THROTTLED) or \
-                now - sent > self.timings.heartbeat_s / 4:
+        if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
             self._strained_until = now + 2 * self.timings.heartbeat_s
         before = self.liveness.state
         delay = self.liveness.on_heartbeat(result.outcome, sent, now)

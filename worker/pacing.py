@@ -21,7 +21,7 @@ import asyncio
 from collections import deque
 
 from worker.core.frames import Frame
-from worker.core.membership import HeartbeatOutcome
+from worker.core.membership import HeartbeatOutcome, heartbeat_strained
 from worker.core.model import EventMark, Tenure
 from worker.errors import StoreUnavailable
 from worker.metrics import Metrics
@@ -45,7 +45,7 @@ class SinkGate:
         """A member heartbeat's outcome and latency: halve or double the limit."""
         if outcome is HeartbeatOutcome.FENCED:
             return  # says nothing about the store's speed
-        if outcome is not HeartbeatOutcome.RENEWED or seconds > self.slow_s:
+        if heartbeat_strained(outcome, seconds, self.slow_s):
             self.limit = max(1, self.limit // 2)
         else:
             self.limit = min(self.ceiling, self.limit * 2)

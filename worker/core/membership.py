@@ -67,6 +67,11 @@ class MemberTimings:
     safety_margin_s: float
 
     @property
+    def slow_heartbeat_s(self) -> float:
+        """A member heartbeat slower than this says the store is strained."""
+        return self.heartbeat_s / 4
+
+    @property
     def observe_s(self) -> float:
         """How often members read the fleet: often enough that a death is seen within a
         fraction of a heartbeat of becoming provable."""
@@ -124,6 +129,13 @@ class HeartbeatOutcome(StrEnum):
     FENCED = "fenced"  # the epoch moved on: a peer declared us dead, or a duplicate id
     UNKNOWN = "unknown"  # timeout, 5xx: it may or may not have applied
     THROTTLED = "throttled"
+
+
+def heartbeat_strained(outcome: HeartbeatOutcome, seconds: float, slow_s: float) -> bool:
+    """A member heartbeat that went unanswered (unknown, throttled) or took longer than
+    ``slow_s``: the store is strained (read the fleet less often, pace the sink)."""
+    return outcome in (HeartbeatOutcome.UNKNOWN, HeartbeatOutcome.THROTTLED) or \
+        seconds > slow_s
 
 
 class MemberState(StrEnum):
