@@ -59,13 +59,13 @@ class DynamoAdmin(DynamoTable):
         advice: list[str] = []
         for definition in self.definitions():
             name = definition["TableName"]
-            missing = await self._missing_indexes(definition)
+            desc = (await self._call("describe_table", TableName=name))["Table"]
+            found = {i["IndexName"]: i for i in desc.get("GlobalSecondaryIndexes", [])}
+            missing = _absent_indexes(definition, desc)
             if missing:
                 names = ", ".join(i["IndexName"] for i in missing)
                 raise TableMissing(f"table {name} lacks index {names} "
                                    "(run `streamlease table create`)")
-            desc = (await self._call("describe_table", TableName=name))["Table"]
-            found = {i["IndexName"]: i for i in desc.get("GlobalSecondaryIndexes", [])}
             for index in definition.get("GlobalSecondaryIndexes", []):
                 problem, note = _projection(found[index["IndexName"]], index)
                 if problem:
@@ -78,9 +78,7 @@ class DynamoAdmin(DynamoTable):
 
     async def _missing_indexes(self, definition: dict[str, Any]) -> list[dict[str, Any]]:
         desc = (await self._call("describe_table", TableName=definition["TableName"]))["Table"]
-        have = {i["IndexName"] for i in desc.get("GlobalSecondaryIndexes", [])}
-        return [i for i in definition.get("GlobalSecondaryIndexes", [])
-                if i["IndexName"] not in have]
+        return _absent_indexes(definition, desc)
 
     async def _wait_active(self, name: str, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -218,3 +216,10 @@ def _projection(have: dict[str, Any], want: dict[str, Any]) -> tuple[str | None,
     if lacking:
         return f"does not project {', '.join(lacking)}", None
     return None, None
+
+
+def _absent_indexes(definition: dict[str, Any], desc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The indexes ``definition`` names that the described table lacks."""
+    have = {i["IndexName"] for i in desc.get("GlobalSecondaryIndexes", [])}
+    return [i for i in definition.get("GlobalSecondaryIndexes", [])
+            if i["IndexName"] not in have]
