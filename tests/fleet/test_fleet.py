@@ -24,9 +24,8 @@ LEASE = float(FAST_ENV["STREAMLEASE_LEASE_SECONDS"])
 RECONCILE = float(FAST_ENV["STREAMLEASE_RECONCILE_SECONDS"])
 SKEW = float(FAST_ENV["STREAMLEASE_SKEW_MARGIN_SECONDS"])
 HEARTBEAT = float(FAST_ENV["STREAMLEASE_HEARTBEAT_SECONDS"])
-# A process on a loaded 2-core machine needs a moment to notice; the bound under test is
-# lease + reconcile (with its +20 % jitter) + skew margin.
-SLACK = 1.0
+STREAM_LEASE = float(FAST_ENV["STREAMLEASE_STREAM_LEASE_SECONDS"])
+STREAM_RENEW = float(FAST_ENV["STREAMLEASE_STREAM_RENEW_SECONDS"])
 
 
 async def delivering(fleet: object, ids: list[str], beyond: dict[str, int]) -> bool:
@@ -57,34 +56,45 @@ async def test_every_stream_has_exactly_one_owner_and_kill_9_fails_over(
     owners = await fleet.owners()
 
     victim = max(fleet.workers, key=lambda n: sum(o == n for o in owners.values()))
-    victim_streams = [s for s, o in owners.items() if o == victim]
     before = {s: r.last_seq or 0 for s, r in (await fleet.records()).items()}
     survivors = set(fleet.workers) - {victim}
     acquired_before = {n: fleet.workers[n].metric("streamlease_lease_acquired_total")
                        for n in survivors}
-    fleet.workers[victim].proc.kill()
+    # Frozen first, so what it holds is read while it can no longer hand a stream over
+    # (member rows lag a heartbeat, so a fleet balanced by the table's count may still
+    # make one graceful move); it stops heartbeating here, so the clock starts here.
+    fleet.workers[victim].proc.signal(signal.SIGSTOP)
     killed_at = time.monotonic()
-    taken = await wait_until(lambda: fleet.all_owned(by=survivors, ids=victim_streams), 30,
-                             "the victim's streams taken over")
+    victim_streams = [s for s, o in (await fleet.owners()).items() if o == victim]
+    assert victim_streams
+    fleet.workers[victim].proc.kill()
+    await wait_until(lambda: fleet.all_owned(by=survivors, ids=victim_streams), 30,
+                     "the victim's streams taken over")
+    taken = time.monotonic() - killed_at
     await wait_until(lambda: delivering(fleet, victim_streams, before), 30,
                      "the victim's streams delivering again")
     resumed = time.monotonic() - killed_at
     bound = LEASE + RECONCILE * 1.2 + SKEW
     print(f"kill -9 failover: {len(victim_streams)} streams taken over in {taken:.2f} s "
           f"(bound {bound:.2f} s), delivering again after {resumed:.2f} s")
-    assert taken <= bound + SLACK
-    moved = sum(fleet.workers[n].metric("streamlease_lease_acquired_total") - acquired_before[n]
-                for n in survivors)
-    assert moved >= len(victim_streams)
-    orphans = sum(fleet.workers[n].metric("streamlease_orphans_found_total") for n in survivors)
-    assert orphans >= len(victim_streams)
+    # How fast is the load test's figure (failover.kill9); what holds here is the path:
+    # taken over before any of its stream leases (renewed at most a renew interval ago)
+    # could have run out, so by the membership, not by stream-lease expiry.
+    assert taken < STREAM_LEASE - STREAM_RENEW
+
+    def total(name: str) -> float:
+        return sum(fleet.workers[n].metric(name) for n in survivors)
+
+    async def counted() -> bool:
+        # The table shows a move a moment before the taker's counters do.
+        moved = total("streamlease_lease_acquired_total") - sum(acquired_before.values())
+        return (moved >= len(victim_streams)
+                and total("streamlease_orphans_found_total") >= len(victim_streams)
+                and total("streamlease_members_declared_dead_total") >= 1
+                and total("streamlease_releases_on_behalf_total") >= len(victim_streams))
     # Found dead by observation, fenced once, its streams released on its behalf.
-    declared = sum(fleet.workers[n].metric("streamlease_members_declared_dead_total")
-                   for n in survivors)
-    assert declared == 1
-    on_behalf = sum(fleet.workers[n].metric("streamlease_releases_on_behalf_total")
-                    for n in survivors)
-    assert on_behalf >= len(victim_streams)
+    await wait_until(counted, 10, "survivors' counters showing the takeover")
+    assert total("streamlease_members_declared_dead_total") == 1
     await fleet.audit()
 
 
