@@ -191,6 +191,26 @@ class Fleet:
             last = now
         return moves
 
+    def self_fenced(self) -> int:
+        """Times any worker stopped its streams because it could not prove it was alive
+        (the store did not answer its member heartbeat in time)."""
+        return sum(len(w.log_events("member.self_fenced")) for w in self.workers.values())
+
+    async def quiet_moves(self, seconds: float, tries: int = 3) -> int:
+        """``watch_moves`` over a window in which the store answered everyone: a window
+        in which a worker self-fenced (a stalled store on a loaded machine, not a
+        decision to move) is watched again, up to ``tries`` windows in all."""
+        moves = 0
+        for _ in range(tries):
+            fenced = self.self_fenced()
+            moves = await self.watch_moves(seconds)
+            if moves == 0 or self.self_fenced() == fenced:
+                return moves
+            print(f"{moves} moves after a worker self-fenced on a stalled store; "
+                  "watching again")
+            await wait_until(self.balanced, 30, "balanced again after the stall")
+        return moves
+
     async def balanced(self) -> bool:
         """Every running worker holds within one of ceil(streams / workers)."""
         counts = await self.counts()
