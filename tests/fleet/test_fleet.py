@@ -342,7 +342,9 @@ async def test_scale_out_spreads_the_streams_and_then_nothing_moves(
     fleet.start_worker("w4")
     took = await wait_until(fleet.balanced, 30, "5 each within one on four workers")
     print(f"2 -> 4 workers: within one of the share after {took:.2f} s")
-    await wait_until(lambda: settled(fleet), 10, "settled on four workers")
+    # Deadlines, not expectations: a loaded machine whose store stalls a member past its
+    # deadline makes it self-fence and re-take streams, and the fleet settles again after.
+    await wait_until(lambda: settled(fleet), 30, "settled on four workers")
     moved = sum(w.metric("streamlease_rebalance_moves_total")
                 for w in fleet.workers.values()) - moved_before
     # 10 should move (fewer if a stream changed hands another way meanwhile, e.g. a

@@ -220,7 +220,9 @@ async def test_kill_9_of_the_leader_a_new_leader_within_a_lease(
         "another leader")
     print(f"kill -9 of the leader: a new leader after {took:.2f} s "
           f"(lease {LEASE} s + reconcile {RECONCILE} s)")
-    assert time.monotonic() - killed <= LEASE + RECONCILE + 1.0  # 1 s: a loaded machine
+    # The figure is the load test's (jobs.leader_failover_s); this bounds the path: the
+    # lease ran out and a reconcile took it, with 2 s for a loaded 2-core machine.
+    assert time.monotonic() - killed <= LEASE + RECONCILE + 2.0
 
 
 async def test_a_rolling_restart_neither_doubles_nor_skips_a_slot(
