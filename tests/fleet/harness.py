@@ -191,23 +191,44 @@ class Fleet:
             last = now
         return moves
 
-    def self_fenced(self) -> int:
-        """Times any worker stopped its streams because it could not prove it was alive
-        (the store did not answer its member heartbeat in time)."""
-        return sum(len(w.log_events("member.self_fenced")) for w in self.workers.values())
+    DISTURBANCES = ("member.self_fenced", "member.fenced", "member.dead")
+
+    def disturbances(self) -> int:
+        """Times a worker stopped its streams because it could not prove it was alive, or
+        was found dead by a peer: a store that stalled on a loaded machine, a change of
+        membership rather than a decision to move."""
+        return sum(len(w.log_events(name)) for w in self.workers.values()
+                   for name in self.DISTURBANCES)
+
+    def notable(self, since: dict[str, int]) -> dict[str, dict[str, int]]:
+        """Per worker, how often each event other than progress was logged after the
+        ``since`` line counts (what to print when moves were seen)."""
+        seen: dict[str, dict[str, int]] = {}
+        for name, worker in self.workers.items():
+            counts: dict[str, int] = {}
+            for line in worker.proc.err_lines[since.get(name, 0):]:
+                try:
+                    event = str(json.loads(line).get("event"))
+                except ValueError:
+                    continue
+                if not event.startswith("pump."):
+                    counts[event] = counts.get(event, 0) + 1
+            seen[name] = counts
+        return seen
 
     async def quiet_moves(self, seconds: float, tries: int = 3) -> int:
-        """``watch_moves`` over a window in which the store answered everyone: a window
-        in which a worker self-fenced (a stalled store on a loaded machine, not a
-        decision to move) is watched again, up to ``tries`` windows in all."""
+        """``watch_moves`` over a window without disturbances: a window in which a worker
+        self-fenced or was fenced is watched again, up to ``tries`` windows in all."""
         moves = 0
         for _ in range(tries):
-            fenced = self.self_fenced()
+            disturbed = self.disturbances()
+            since = {n: len(w.proc.err_lines) for n, w in self.workers.items()}
             moves = await self.watch_moves(seconds)
-            if moves == 0 or self.self_fenced() == fenced:
+            if moves:
+                print(f"{moves} moves; logged meanwhile: {self.notable(since)}")
+            if moves == 0 or self.disturbances() == disturbed:
                 return moves
-            print(f"{moves} moves after a worker self-fenced on a stalled store; "
-                  "watching again")
+            print("a worker self-fenced or was fenced on a stalled store; watching again")
             await wait_until(self.balanced, 30, "balanced again after the stall")
         return moves
 

@@ -338,6 +338,7 @@ async def test_scale_out_spreads_the_streams_and_then_nothing_moves(
     await wait_until(lambda: settled(fleet), 30, "10/10 on two workers, settled")
     moved_before = sum(w.metric("streamlease_rebalance_moves_total")
                        for w in fleet.workers.values())
+    disturbed = fleet.disturbances()
     fleet.start_worker("w3")
     fleet.start_worker("w4")
     took = await wait_until(fleet.balanced, 30, "5 each within one on four workers")
@@ -347,13 +348,17 @@ async def test_scale_out_spreads_the_streams_and_then_nothing_moves(
     await wait_until(lambda: settled(fleet), 30, "settled on four workers")
     moved = sum(w.metric("streamlease_rebalance_moves_total")
                 for w in fleet.workers.values()) - moved_before
-    # 10 should move (fewer if a stream changed hands another way meanwhile, e.g. a
-    # member that stalled on this loaded machine); never many more.
-    assert moved <= 10 + 2
+    # 10 should move (fewer if a stream changed hands another way meanwhile); never many
+    # more, unless a member stalled on this loaded machine and was fenced (membership
+    # changed, and the fleet rebalanced after it).
+    if fleet.disturbances() == disturbed:
+        assert moved <= 10 + 2
+    else:
+        print(f"{moved} rebalance moves; a member was fenced meanwhile")
     # In balance, it stays put: no move while membership and streams stay the same.
-    fenced = fleet.self_fenced()
+    disturbed = fleet.disturbances()
     assert await fleet.quiet_moves(5.0) == 0
-    if fleet.self_fenced() == fenced:
+    if fleet.disturbances() == disturbed:
         assert sum(w.metric("streamlease_rebalance_moves_total")
                    for w in fleet.workers.values()) - moved_before == moved
     await fleet.audit()
