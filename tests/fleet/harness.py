@@ -207,6 +207,8 @@ class Fleet:
         for name, worker in self.workers.items():
             counts: dict[str, int] = {}
             for line in worker.proc.err_lines[since.get(name, 0):]:
+                if not line.startswith("{"):
+                    continue
                 try:
                     event = str(json.loads(line).get("event"))
                 except ValueError:
@@ -218,7 +220,8 @@ class Fleet:
 
     async def quiet_moves(self, seconds: float, tries: int = 3) -> int:
         """``watch_moves`` over a window without disturbances: a window in which a worker
-        self-fenced or was fenced is watched again, up to ``tries`` windows in all."""
+        self-fenced, was fenced or was found dead is watched again, up to ``tries``
+        windows in all."""
         moves = 0
         for _ in range(tries):
             disturbed = self.disturbances()

@@ -77,7 +77,7 @@ async def test_every_stream_has_exactly_one_owner_and_kill_9_fails_over(
     bound = LEASE + RECONCILE * 1.2 + SKEW
     print(f"kill -9 failover: {len(victim_streams)} streams taken over in {taken:.2f} s "
           f"(bound {bound:.2f} s), delivering again after {resumed:.2f} s")
-    # How fast is the load test's figure (failover.kill9); what holds here is the path:
+    # The speed is the load test's figure (failover.kill9); what holds here is the path:
     # taken over before any of its stream leases (renewed at most a renew interval ago)
     # could have run out, so by the membership, not by stream-lease expiry.
     assert taken < STREAM_LEASE - STREAM_RENEW
