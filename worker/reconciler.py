@@ -232,10 +232,8 @@ class Reconciler:
             orphans, held=set(self.supervisors), max_streams=self.settings.max_streams,
             per_cycle=self.settings.max_streams, now_wall_ms=now_ms, timings=timings,
             allowed_prefixes=self.settings.supervisor.allowed_urls, rng=self.rng,
-            first=waited.lingering,
+            rank=waited.tier,  # the longest waiting first; racing takers spread within a tier
         )
-        # The longest waiting first (shuffled within each tier, so racing takers spread).
-        plan.acquire.sort(key=waited.tier)
         for record, problem in plan.unservable:
             await self._report_unservable(record, problem)
         want = self._balance(plan.servable, waited, now)

@@ -65,6 +65,22 @@ def test_plan_shuffles_so_workers_spread_out() -> None:
     assert plan(cands, seed=1)[0] != plan(cands, seed=2)[0]
 
 
+def test_plan_ranks_before_the_cap_cuts_and_shuffles_within_a_rank() -> None:
+    cands = [rec(f"s{i}") for i in range(20)]
+    waited = {"s3": 0, "s17": 0, "s8": 1}  # lower first; the rest rank 2
+
+    def picked(seed: int) -> list[str]:
+        p = plan_cycle(cands, held=set(), max_streams=4, per_cycle=10,
+                       now_wall_ms=1_000_000, timings=T, allowed_prefixes=WSS,
+                       rng=random.Random(seed), rank=lambda r: waited.get(r.stream_id, 2))
+        return [r.stream_id for r in p.acquire]
+    for seed in range(5):
+        first = picked(seed)
+        assert sorted(first[:2]) == ["s17", "s3"] and first[2] == "s8", first
+        assert len(first) == 4 and first[3] not in waited
+    assert len({tuple(picked(seed)) for seed in range(10)}) > 1
+
+
 def test_plan_skips_held_live_and_unservable_items() -> None:
     cands = [
         rec("held"), rec("live", lease_expires_at_ms=2_000_000),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worker.core.lease import LeaseTimings, can_acquire
@@ -64,7 +65,7 @@ def plan_cycle(
     allowed_prefixes: AllowList,
     rng: random.Random,
     want: int | None = None,
-    first: frozenset[str] = frozenset(),
+    rank: Callable[[StreamRecord], int] | None = None,
 ) -> Plan:
     """Pick the streams to try this cycle.
 
@@ -72,8 +73,8 @@ def plan_cycle(
     conditional acquire is the real arbiter, this only avoids pointless calls. Shuffling
     spreads a fleet that wakes together over different streams, and the per-cycle cap
     keeps one worker from grabbing everything a dead peer left behind. ``want`` caps the
-    take further (the balance plan's), and streams in ``first`` (orphans that have waited
-    too long) go before the rest.
+    take further (the balance plan's), and ``rank`` puts some before others (lower
+    first; the caller's: orphans that have waited longest), before the cap cuts.
     """
     free = max(0, max_streams - len(held))
     budget = min(free, per_cycle, per_cycle if want is None else want)
@@ -90,5 +91,6 @@ def plan_cycle(
         if can_acquire(record, now_wall_ms, timings):
             acquirable.append(record)
     rng.shuffle(acquirable)
-    acquirable.sort(key=lambda r: r.stream_id not in first)  # stable: shuffled within each
+    if rank is not None:
+        acquirable.sort(key=rank)  # stable: shuffled within each rank
     return Plan(acquire=acquirable[:budget], unservable=unservable, servable=len(acquirable))
