@@ -33,7 +33,7 @@ COPY requirements.lock ./
 RUN python -m pip download --require-hashes --no-deps --dest /wheels -r requirements.lock
 
 COPY pyproject.toml README.md ./
-COPY worker ./worker
+COPY streamlease ./streamlease
 RUN python -m pip wheel --no-deps --no-index --find-links /wheels --wheel-dir /dist . \
  && python -m venv --without-pip /opt/venv \
  && python -m pip --python /opt/venv/bin/python install --no-index --find-links /wheels \

@@ -25,7 +25,7 @@ $(CHECKOV_STAMP): requirements-checkov.lock
 	touch $(CHECKOV_STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m worker.dev.demo $(ARGS)
+	$(BIN)/python -m streamlease.dev.demo $(ARGS)
 
 test: $(STAMP) lint typecheck pytest
 

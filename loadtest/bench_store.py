@@ -18,9 +18,9 @@ import uuid
 import uvloop
 
 from loadtest.common import Server, use_local_dynamodb
-from worker.core.frames import Frame
-from worker.core.lease import LeaseTimings
-from worker.store import dynamodb
+from streamlease.core.frames import Frame
+from streamlease.core.lease import LeaseTimings
+from streamlease.store import dynamodb
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 

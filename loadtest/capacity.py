@@ -10,7 +10,7 @@ Which writes land on it: a write to a stream item touches the index only if it c
 an attribute the index holds. ``lease_expires_at_ms`` is the index's *range* key, so a
 lease write (renewal, acquisition, release — the holder's or one on a dead member's
 behalf) moves the entry: a delete and a put, 2 index writes. A sink checkpoint writes
-``last_seq``, which the index does not project (see ``worker/store/schema.py``): none.
+``last_seq``, which the index does not project (see ``streamlease/store/schema.py``): none.
 Member heartbeats go to the fleet table: none.
 
     index writes/s on STARTED = N x (renewals + acquisitions + releases per stream-minute)

@@ -58,7 +58,7 @@ from loadtest.common import Server
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.report import write_reports
 from loadtest.throughput import measure_throughput
-from worker.dev import local_aws_env
+from streamlease.dev import local_aws_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--slow-store-mode", choices=["serial", "parallel"], default="parallel",
                    help="parallel (default): 20 ms added to every request, a slow store or "
                         "network; serial: the delay held inside the server's lock, a store "
-                        "saturated at 1000/ms requests/s (see worker/dev/dynamodb.py)")
+                        "saturated at 1000/ms requests/s (see streamlease/dev/dynamodb.py)")
     g.add_argument("--slow-store-seconds", type=float, default=60.0)
     g.add_argument("--slow-store-rate", type=float, default=None,
                    help="messages/s per stream in slow_store (default: the profile's)")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 import sys
 
-from worker.dev import local_aws_env
-from worker.dev.procs import Child
+from streamlease.dev import local_aws_env
+from streamlease.dev.procs import Child
 
 
 class Server(Child):
     """``streamlease dev ...`` in a child process; ``url`` is what it printed."""
 
     def __init__(self, *args: str) -> None:
-        super().__init__(f"dev {args[0]}", [sys.executable, "-m", "worker", "dev", *args],
+        super().__init__(f"dev {args[0]}", [sys.executable, "-m", "streamlease", "dev", *args],
                          os.environ)
         self.url = self.listening_url()
 

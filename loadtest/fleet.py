@@ -1,7 +1,7 @@
 """A local fleet for the load scenarios: servers, worker processes, a sampler and an audit.
 
 ``Fleet`` starts what one scenario needs — the embedded DynamoDB (optionally slowed, see
-``worker.dev.dynamodb``) or the endpoint the AWS variables name, the reference upstream,
+``streamlease.dev.dynamodb``) or the endpoint the AWS variables name, the reference upstream,
 fresh tables with S streams, and worker processes (optionally under ``faketime``) — and
 watches them from the outside only: the streams table, each worker's ``/metrics``, the
 upstream's ``/stats``. Scenarios drive it and turn what it saw into figures.
@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.common import Server
-from worker.core.model import StreamRecord
-from worker.dev import local_aws_env
-from worker.dev.upstream import frame_for
-from worker.store.dynamodb import DynamoAdmin, connect_admin
-from worker.store.protocols import Stores
+from streamlease.core.model import StreamRecord
+from streamlease.dev import local_aws_env
+from streamlease.dev.upstream import frame_for
+from streamlease.store.dynamodb import DynamoAdmin, connect_admin
+from streamlease.store.protocols import Stores
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".run" / "loadtest"
@@ -259,7 +259,7 @@ class Fleet:
         name = f"w{self.counter}"
         port = free_port()
         env = self.worker_env(name, port, extra)
-        argv = [sys.executable, "-m", "worker", "run"]
+        argv = [sys.executable, "-m", "streamlease", "run"]
         if skew is not None:
             # libfaketime preloaded into the worker itself, not the `faketime` wrapper,
             # which forks: a SIGTERM would stop the wrapper and orphan the worker.

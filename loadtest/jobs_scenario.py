@@ -61,10 +61,10 @@ from typing import TYPE_CHECKING, Any
 import aioboto3
 
 from loadtest.fleet import Fleet, parse_metrics, pct
-from worker.core.jobs import Job, JobRun, RunOutcome
-from worker.core.schedule import Schedule, slot_ms, slot_name
-from worker.leadership import FLEET_LEASE
-from worker.store.protocols import Stores
+from streamlease.core.jobs import Job, JobRun, RunOutcome
+from streamlease.core.schedule import Schedule, slot_ms, slot_name
+from streamlease.leadership import FLEET_LEASE
+from streamlease.store.protocols import Stores
 
 if TYPE_CHECKING:
     from loadtest.chaos import Context
@@ -83,7 +83,7 @@ RUNS_READ = 10_000
 
 JOB_SCRIPT = """#!/bin/sh
 sleep {delay}
-exec {python} -m worker job write --table {table} --item "$(printf \\
+exec {python} -m streamlease job write --table {table} --item "$(printf \\
   '{{"Pk":{{"S":"%s"}},"W":{{"S":"%s"}},"fence":{{"N":"%s"}}}}' \\
   "$STREAMLEASE_SLOT" "$STREAMLEASE_FENCE-$$-$(date +%s%N)" "$STREAMLEASE_FENCE")"
 """

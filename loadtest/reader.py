@@ -12,14 +12,14 @@ from typing import Any
 import uvloop
 from websockets.asyncio.client import connect
 
-from worker.clock import SYSTEM_CLOCK
-from worker.core.frames import Frame
-from worker.core.lease import Holding, LeaseTimings
-from worker.core.model import Tenure
-from worker.core.stream import RECEIVE_QUEUE
-from worker.core.urls import parse_allowed_urls
-from worker.metrics import Metrics
-from worker.pump import Pump, PumpSettings
+from streamlease.clock import SYSTEM_CLOCK
+from streamlease.core.frames import Frame
+from streamlease.core.lease import Holding, LeaseTimings
+from streamlease.core.model import Tenure
+from streamlease.core.stream import RECEIVE_QUEUE
+from streamlease.core.urls import parse_allowed_urls
+from streamlease.metrics import Metrics
+from streamlease.pump import Pump, PumpSettings
 
 LONG = LeaseTimings(lease_s=3600, heartbeat_s=60, skew_margin_s=1, safety_margin_s=2)
 

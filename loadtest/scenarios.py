@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from loadtest.capacity import CapacityInputs, capacity_model, model_text, renewal_rate
 from loadtest.fleet import Fleet, WorkerProc, faketime_library
-from worker.config import DEFAULTS
-from worker.core.stream import stream_buffer_bytes
+from streamlease.config import DEFAULTS
+from streamlease.core.stream import stream_buffer_bytes
 
 if TYPE_CHECKING:
     from loadtest.chaos import Context

@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from loadtest.common import Server
-from worker.store.dynamodb import connect_admin
+from streamlease.store.dynamodb import connect_admin
 
 BACKLOG = 400_000
 IDLE_STREAMS = 200
@@ -110,7 +110,7 @@ async def _worker_phase(env: dict[str, str], upstream: str, streams: int, second
                       "STREAMLEASE_METRICS_PORT": "0", "STREAMLEASE_WORKER_ID": "bench",
                       "STREAMLEASE_LOG_LEVEL": "WARNING",
                       "STREAMLEASE_ACQUIRE_PER_CYCLE": str(max(10, streams)), **extra}
-        worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "worker", "run",
+        worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "streamlease", "run",
                                                       env=worker_env)
         try:
             deadline = time.monotonic() + 60
@@ -156,7 +156,7 @@ async def _idle_phase(env: dict[str, str], upstream: str, streams: int, settle_s
                       "STREAMLEASE_BUFFER_BUDGET_BYTES": str(max(1, streams) * 4 * 2**20),
                       "STREAMLEASE_ACQUIRE_PER_CYCLE": str(max(10, streams))}
         worker = await asyncio.create_subprocess_exec(
-            *(command or [sys.executable, "-m", "worker", "run"]), env=worker_env)
+            *(command or [sys.executable, "-m", "streamlease", "run"]), env=worker_env)
         try:
             deadline = time.monotonic() + 120
             while True:
@@ -251,7 +251,7 @@ async def measure_throughput(_chaos_upstream: str, env: dict[str, str],
 async def _main(streams: int) -> None:
     """``python -m loadtest.throughput [STREAMS]``: the idle-memory phase alone, on an
     embedded DynamoDB; prints its figures as JSON."""
-    from worker.dev import local_aws_env
+    from streamlease.dev import local_aws_env
 
     ddb = Server("dynamodb", "--port", "0")
     try:

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import uvloop
 
+from streamlease.dev import local_aws_env
+from streamlease.store import dynamodb
+from streamlease.store.memory import MemoryStore
+from streamlease.store.protocols import Stores
 from tests.fleet.harness import Fleet
 from tests.procs import Proc, python
 from tests.virtual import VirtualTimeLoop
-from worker.dev import local_aws_env
-from worker.store import dynamodb
-from worker.store.memory import MemoryStore
-from worker.store.protocols import Stores
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def dynamodb_endpoint() -> Iterator[str]:
     """``streamlease dev dynamodb`` on a free loopback port, for the whole session."""
-    proc = Proc(python("-m", "worker", "dev", "dynamodb", "--port", "0"), name="dynamodb")
+    proc = Proc(python("-m", "streamlease", "dev", "dynamodb", "--port", "0"), name="dynamodb")
     try:
         url = proc.url()
         saved = {k: os.environ.get(k) for k in local_aws_env(url)}

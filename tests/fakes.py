@@ -11,16 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.clock import Clock
-from worker.core.frames import Frame
-from worker.core.lease import Holding, RenewOutcome
-from worker.core.membership import HeartbeatOutcome
-from worker.core.model import Tenure
-from worker.errors import SelfFenced, StoreError, StoreThrottled, StoreUnavailable
-from worker.membership import FleetView
-from worker.metrics import Metrics
-from worker.store.memory import MemoryStore
-from worker.store.protocols import HeartbeatResult, RenewResult, Stores
+from streamlease.clock import Clock
+from streamlease.core.frames import Frame
+from streamlease.core.lease import Holding, RenewOutcome
+from streamlease.core.membership import HeartbeatOutcome
+from streamlease.core.model import Tenure
+from streamlease.errors import SelfFenced, StoreError, StoreThrottled, StoreUnavailable
+from streamlease.membership import FleetView
+from streamlease.metrics import Metrics
+from streamlease.store.memory import MemoryStore
+from streamlease.store.protocols import HeartbeatResult, RenewResult, Stores
 
 
 @dataclass

@@ -16,18 +16,18 @@ from typing import Any
 import boto3
 import pytest
 
+from streamlease.core.membership import HeartbeatOutcome, MemberStatus
+from streamlease.core.urls import parse_allowed_urls, url_problem
+from streamlease.dial import dial
+from streamlease.errors import DialError
+from streamlease.store.protocols import FleetStore, Stores
 from tests.procs import ROOT
-from worker.core.membership import HeartbeatOutcome, MemberStatus
-from worker.core.urls import parse_allowed_urls, url_problem
-from worker.dial import dial
-from worker.errors import DialError
-from worker.store.protocols import FleetStore, Stores
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = dict(os.environ)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "worker", *args], cwd=ROOT, env=full,
+    return subprocess.run([sys.executable, "-m", "streamlease", *args], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -125,7 +125,7 @@ def test_unreachable_dynamodb_is_exit_1() -> None:
 
 def test_no_region_is_a_configuration_error() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    result = subprocess.run([sys.executable, "-m", "worker", "ctl", "list"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "streamlease", "ctl", "list"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "AWS_REGION" in result.stderr
 
@@ -136,8 +136,8 @@ def test_dev_dynamodb_rejects_bad_options() -> None:
 
 
 async def test_owners_and_guarded_release(tables: dict[str, str]) -> None:
-    from worker.core.lease import LeaseTimings
-    from worker.store import dynamodb
+    from streamlease.core.lease import LeaseTimings
+    from streamlease.store import dynamodb
 
     assert cli("ctl", "start", "a", "b", "c", "--url", "wss://x/{id}", env=tables).returncode == 0
     timings = LeaseTimings(60, 5, 1, 2)
@@ -284,7 +284,7 @@ def test_members_default_window_follows_the_heartbeat_setting(tables: dict[str, 
 
 
 def dynamodb_stores(tables: dict[str, str]) -> contextlib.AbstractAsyncContextManager[Stores]:
-    from worker.store import dynamodb as backend
+    from streamlease.store import dynamodb as backend
     return backend.connect_admin(tables["STREAMLEASE_TABLE"], tables["STREAMLEASE_EVENTS_TABLE"],
                                  tables["STREAMLEASE_FLEET_TABLE"])
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import SETTINGS, WorkerConfig
-from worker.errors import ConfigError
+from streamlease.config import SETTINGS, WorkerConfig
+from streamlease.errors import ConfigError
 
 
 def test_defaults_match_the_contract() -> None:
@@ -145,7 +145,7 @@ def test_buffers_of_every_stream_must_fit_the_task_budget(name: str, env: dict[s
 
 def test_a_budget_problem_exits_2_naming_the_variables(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from worker.app import run_worker
+    from streamlease.app import run_worker
 
     monkeypatch.setenv("STREAMLEASE_MAX_STREAMS", "5000")
     assert run_worker() == 2

@@ -13,7 +13,7 @@ from tests.procs import ROOT
 
 
 def worker_processes() -> set[int]:
-    """`python -m worker ...` processes of this checkout's interpreter (other checkouts on
+    """`python -m streamlease ...` processes of this checkout's interpreter (other checkouts on
     the same machine may run their own)."""
     found = set()
     ours = os.fsencode(sys.executable)
@@ -23,7 +23,7 @@ def worker_processes() -> set[int]:
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if cmd[0] == ours and b"worker" in cmd and b"-m" in cmd:
+            if cmd[0] == ours and b"streamlease" in cmd and b"-m" in cmd:
                 found.add(int(entry.name))
     return found
 
@@ -32,7 +32,7 @@ def test_make_run_headless(tmp_path: Path) -> None:
     before = worker_processes()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # no AWS account
     result = subprocess.run(
-        [sys.executable, "-m", "worker.dev.demo", "--duration", "8", "--headless",
+        [sys.executable, "-m", "streamlease.dev.demo", "--duration", "8", "--headless",
          "--log-dir", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""``worker.dial``: the allow-list checked right before dialling and on every redirect, no
+"""``streamlease.dial``: the allow-list checked right before dialling and on every redirect, no
 proxy, TLS verified, and errors that are safe to log. Real loopback servers only; every
 address dialled or listened on is in 127.0.0.0/8."""
 
@@ -21,9 +21,9 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from worker.core.urls import ANY_WS_URL, parse_allowed_urls
-from worker.dial import dial, tls_context
-from worker.errors import DialError
+from streamlease.core.urls import ANY_WS_URL, parse_allowed_urls
+from streamlease.dial import dial, tls_context
+from streamlease.errors import DialError
 
 Handler = Callable[[ServerConnection, Request], Awaitable[Response | None] | Response | None]
 

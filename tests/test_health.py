@@ -17,12 +17,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from streamlease.config import WorkerConfig
+from streamlease.errors import ConfigError
+from streamlease.health import HealthServer, HealthState, serve
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import HoldingProxy, wait_until
 from tests.procs import ROOT
-from worker.config import WorkerConfig
-from worker.errors import ConfigError
-from worker.health import HealthServer, HealthState, serve
 
 
 def test_live_until_a_held_stream_goes_unrenewed_for_a_lease() -> None:
@@ -58,7 +58,7 @@ def status(port: int, path: str) -> int:
 
 def healthcheck(port: int) -> int:
     env = {**os.environ, "STREAMLEASE_METRICS_PORT": str(port)}
-    return subprocess.run([sys.executable, "-m", "worker", "healthcheck"], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "streamlease", "healthcheck"], cwd=ROOT, env=env,
                           capture_output=True, timeout=30).returncode
 
 
@@ -95,7 +95,7 @@ async def test_healthz_fails_when_renewals_stop_and_readyz_while_draining(
 def test_healthcheck_without_a_worker_is_unhealthy() -> None:
     assert healthcheck(9) == 1
     env = {**os.environ, "STREAMLEASE_METRICS_PORT": "0"}
-    result = subprocess.run([sys.executable, "-m", "worker", "healthcheck"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "streamlease", "healthcheck"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "STREAMLEASE_METRICS_PORT" in result.stderr
 
@@ -206,7 +206,7 @@ def test_binds_the_configured_address_only(server: HealthServer) -> None:
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
     env = {**os.environ, "STREAMLEASE_METRICS_PORT": str(server.port),
            "STREAMLEASE_METRICS_ADDRESS": "127.0.0.2"}
-    check = subprocess.run([sys.executable, "-m", "worker", "healthcheck"], cwd=ROOT, env=env,
+    check = subprocess.run([sys.executable, "-m", "streamlease", "healthcheck"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=30)
     assert check.returncode == 0 and "ok" in check.stdout, check
 

@@ -12,14 +12,14 @@ from collections.abc import Iterator
 import aioboto3
 import pytest
 
+from streamlease.clock import SYSTEM_CLOCK
+from streamlease.core.jobs import JobRun, RunOutcome
+from streamlease.store import dynamodb
 from tests.procs import ROOT
-from worker.clock import SYSTEM_CLOCK
-from worker.core.jobs import JobRun, RunOutcome
-from worker.store import dynamodb
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "worker", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "streamlease", *args], cwd=ROOT,
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
 
 
@@ -142,7 +142,7 @@ def test_job_write_refuses_bad_input(tables: dict[str, str], env: dict[str, str]
                                      named: str) -> None:
     clean = {k: v for k, v in tables.items()}
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "job", "write", "--table", "t", "--item", item],
+        [sys.executable, "-m", "streamlease", "job", "write", "--table", "t", "--item", item],
         cwd=ROOT, env={**{k: v for k, v in os.environ.items() if k != "STREAMLEASE_FENCE"},
                        **clean, **env}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and named in result.stderr

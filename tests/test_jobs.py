@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from worker.clock import SYSTEM_CLOCK
-from worker.core.jobs import OUTPUT_TAIL_BYTES, Job, JobList, RunOutcome, UnreadableJob
-from worker.core.schedule import Schedule, slot_ms
-from worker.jobs import JobRunner, JobSettings
-from worker.leader import LeaderLease
-from worker.metrics import Metrics
-from worker.store.memory import MemoryStore
+from streamlease.clock import SYSTEM_CLOCK
+from streamlease.core.jobs import OUTPUT_TAIL_BYTES, Job, JobList, RunOutcome, UnreadableJob
+from streamlease.core.schedule import Schedule, slot_ms
+from streamlease.jobs import JobRunner, JobSettings
+from streamlease.leader import LeaderLease
+from streamlease.metrics import Metrics
+from streamlease.store.memory import MemoryStore
 
 
 class Rig:
@@ -149,8 +149,8 @@ async def test_a_claimed_slot_is_never_run_again_and_a_new_leader_marks_it_aband
     slot = now - now % 60_000
     await rig.lease.acquire()
     # A previous leader (an older fence) claimed this slot and vanished mid-run.
-    from worker.core.jobs import JobRun
-    from worker.core.schedule import slot_name
+    from streamlease.core.jobs import JobRun
+    from streamlease.core.schedule import slot_name
     await rig.stores.jobs.claim_run(JobRun("once", slot_name(slot), rig.lease.fence - 1, "w0",
                                            slot))
     task = asyncio.create_task(rig.runner.run(rig.lease, rig.stop))

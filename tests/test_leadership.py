@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from worker.clock import SYSTEM_CLOCK
-from worker.leader import LeaderLease
-from worker.leadership import FLEET_LEASE, Leadership, LeadershipSettings
-from worker.metrics import Metrics
-from worker.store.memory import MemoryStore
+from streamlease.clock import SYSTEM_CLOCK
+from streamlease.leader import LeaderLease
+from streamlease.leadership import FLEET_LEASE, Leadership, LeadershipSettings
+from streamlease.metrics import Metrics
+from streamlease.store.memory import MemoryStore
 
 TTL, HEARTBEAT, SAFETY = 0.6, 0.1, 0.06
 

@@ -16,9 +16,9 @@ from loadtest.chaos import _cost, _pct
 from loadtest.fleet import Fleet, parse_metrics
 from loadtest.jobs_scenario import Disturbance, SideItem, SideWatch, audit_jobs
 from loadtest.report import markdown, targets, write_reports
-from worker.core.jobs import JobRun, RunOutcome
-from worker.core.model import StreamRecord
-from worker.core.schedule import slot_name
+from streamlease.core.jobs import JobRun, RunOutcome
+from streamlease.core.model import StreamRecord
+from streamlease.core.schedule import slot_name
 
 REQUIRED = ("lost", "duplicated", "out_of_order", "stale_accepted", "stale_rejected",
             "failover", "requests_per_stream_minute", "cost_per_1000_streams_month_usd",

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from worker import logs
+from streamlease import logs
 
 
 @pytest.fixture

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from streamlease.core.lease import LeaseTimings
+from streamlease.core.membership import MemberStatus, MemberTimings
+from streamlease.errors import StoreUnavailable
+from streamlease.membership import Hooks, Membership, MembershipSettings
+from streamlease.metrics import Metrics
+from streamlease.store.memory import MemoryStore
 from tests.fakes import FaultyStore
 from tests.virtual import LoopClock
-from worker.core.lease import LeaseTimings
-from worker.core.membership import MemberStatus, MemberTimings
-from worker.errors import StoreUnavailable
-from worker.membership import Hooks, Membership, MembershipSettings
-from worker.metrics import Metrics
-from worker.store.memory import MemoryStore
 
 pytestmark = pytest.mark.virtual_time
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from worker.core.lease import LOST_REASONS, RELEASE_REASONS
-from worker.metrics import (
+from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS
+from streamlease.metrics import (
     JOB_OUTCOMES,
     MEMBER_HEARTBEAT_OUTCOMES,
     MEMBER_STATUSES,

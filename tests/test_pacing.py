@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from worker.core.membership import HeartbeatOutcome
-from worker.errors import StoreUnavailable
-from worker.metrics import Metrics
-from worker.pacing import PacedSink, SinkGate
+from streamlease.core.membership import HeartbeatOutcome
+from streamlease.errors import StoreUnavailable
+from streamlease.metrics import Metrics
+from streamlease.pacing import PacedSink, SinkGate
 
 pytestmark = pytest.mark.virtual_time
 

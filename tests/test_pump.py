@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-import worker.dial
-from worker.clock import SYSTEM_CLOCK
-from worker.core.frames import Frame
-from worker.core.lease import Holding, LeaseTimings
-from worker.core.model import Tenure
-from worker.core.urls import parse_allowed_urls
-from worker.dev.upstream import POISON_SEQ, UpstreamServer, frame_for
-from worker.errors import SelfFenced, StaleFence
-from worker.metrics import Metrics
-from worker.pump import Pump, PumpSettings
+import streamlease.dial
+from streamlease.clock import SYSTEM_CLOCK
+from streamlease.core.frames import Frame
+from streamlease.core.lease import Holding, LeaseTimings
+from streamlease.core.model import Tenure
+from streamlease.core.urls import parse_allowed_urls
+from streamlease.dev.upstream import POISON_SEQ, UpstreamServer, frame_for
+from streamlease.errors import SelfFenced, StaleFence
+from streamlease.metrics import Metrics
+from streamlease.pump import Pump, PumpSettings
 
 LONG = LeaseTimings(lease_s=60, heartbeat_s=5, skew_margin_s=1, safety_margin_s=2)
 
@@ -354,12 +354,12 @@ async def test_the_receive_queue_is_small(monkeypatch: pytest.MonkeyPatch,
     """websockets queues up to max_queue frames per connection: 64 x 256 KiB was 16 MiB a
     stream, 1.6 GB for the default 100 streams of a 1 GiB task."""
     seen: list[Any] = []
-    real = worker.dial.dial
+    real = streamlease.dial.dial
 
     async def recording(url: str, rules: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["max_queue"])
         return await real(url, rules, **kwargs)
-    monkeypatch.setattr("worker.pump.dial", recording)
+    monkeypatch.setattr("streamlease.pump.dial", recording)
     sink = FakeSink()
     pump, _ = make_pump(upstream.url_for("s001"), sink)
     await run_until(pump, lambda: len(sink.seqs) >= 10)

@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
+from streamlease.core.lease import LeaseTimings
+from streamlease.core.membership import MemberRecord, MemberStatus
+from streamlease.core.model import MAX_LAST_ERROR_CHARS
+from streamlease.core.urls import parse_allowed_urls
+from streamlease.membership import FleetView
+from streamlease.metrics import Metrics
+from streamlease.pump import PumpSettings
+from streamlease.reconciler import REPORTED_LIMIT, Reconciler, ReconcilerSettings
+from streamlease.store.memory import MemoryStore
+from streamlease.supervisor import SupervisorSettings
 from tests.fakes import FaultyStore, PumpScript, StaticMember
 from tests.virtual import LoopClock
-from worker.core.lease import LeaseTimings
-from worker.core.membership import MemberRecord, MemberStatus
-from worker.core.model import MAX_LAST_ERROR_CHARS
-from worker.core.urls import parse_allowed_urls
-from worker.membership import FleetView
-from worker.metrics import Metrics
-from worker.pump import PumpSettings
-from worker.reconciler import REPORTED_LIMIT, Reconciler, ReconcilerSettings
-from worker.store.memory import MemoryStore
-from worker.supervisor import SupervisorSettings
 
 pytestmark = pytest.mark.virtual_time
 
@@ -123,7 +123,7 @@ async def test_a_slow_sweep_never_delays_a_takeover() -> None:
 async def test_a_long_problem_is_written_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Whatever produces it, a problem longer than last_error holds is stored truncated.
     long_problem = "upstream refused: " + "x" * (2 * MAX_LAST_ERROR_CHARS)
-    monkeypatch.setattr("worker.core.plan.url_problem", lambda url, allowed: long_problem)
+    monkeypatch.setattr("streamlease.core.plan.url_problem", lambda url, allowed: long_problem)
     fleet = Fleet()
     await fleet.memory.put_started("bad", "wss://feeds.example.com/bad")
     fleet.start()
@@ -139,7 +139,7 @@ async def test_a_long_problem_is_written_once(monkeypatch: pytest.MonkeyPatch) -
 
 async def test_the_memory_of_reported_problems_is_bounded() -> None:
     fleet = Fleet()
-    from worker.core.model import StreamRecord
+    from streamlease.core.model import StreamRecord
     for i in range(REPORTED_LIMIT + 50):
         record = StreamRecord(f"s{i}", "STARTED", "ws://x/")
         await fleet.reconciler._report_unservable(record, "not allowed")

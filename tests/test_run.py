@@ -14,16 +14,16 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from streamlease.dev import local_aws_env
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import HoldingProxy, wait_until
 from tests.procs import ROOT
-from worker.dev import local_aws_env
 
 
 def run_once(env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
     import os
     full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-m", "worker", "run"], cwd=ROOT, env=full,
+    return subprocess.run([sys.executable, "-m", "streamlease", "run"], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from worker.app import START_ATTEMPTS, check_tables
-from worker.errors import StoreThrottled, StoreUnavailable, TableMissing
+from streamlease.app import START_ATTEMPTS, check_tables
+from streamlease.errors import StoreThrottled, StoreUnavailable, TableMissing
 
 pytestmark = pytest.mark.virtual_time
 

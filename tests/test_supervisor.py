@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from streamlease.core.lease import HolderState, LeaseTimings, StopReason
+from streamlease.core.urls import parse_allowed_urls
+from streamlease.errors import StoreUnavailable
+from streamlease.metrics import Metrics
+from streamlease.pump import PumpSettings
+from streamlease.store.memory import MemoryStore
+from streamlease.supervisor import Supervisor, SupervisorSettings
 from tests.fakes import FaultyStore, PumpScript
 from tests.virtual import LoopClock
-from worker.core.lease import HolderState, LeaseTimings, StopReason
-from worker.core.urls import parse_allowed_urls
-from worker.errors import StoreUnavailable
-from worker.metrics import Metrics
-from worker.pump import PumpSettings
-from worker.store.memory import MemoryStore
-from worker.supervisor import Supervisor, SupervisorSettings
 
 pytestmark = pytest.mark.virtual_time
 

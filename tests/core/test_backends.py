@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from worker.core.backends import RedisTarget, parse_leader_backend
+from streamlease.core.backends import RedisTarget, parse_leader_backend
 
 
 @pytest.mark.parametrize(("text", "expected"), [

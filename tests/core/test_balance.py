@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from worker.core.balance import TOLERANCE, plan
-from worker.core.membership import fair_shares
+from streamlease.core.balance import TOLERANCE, plan
+from streamlease.core.membership import fair_shares
 
 
 @pytest.mark.parametrize(("name", "total", "caps", "expected"), [

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from worker.core.frames import Frame, Malformed, export_line, parse_frame
-from worker.core.lease import LeaseTimings
-from worker.core.model import StreamRecord
-from worker.core.plan import fleet_view, item_problem, plan_cycle
-from worker.core.urls import parse_allowed_urls
+from streamlease.core.frames import Frame, Malformed, export_line, parse_frame
+from streamlease.core.lease import LeaseTimings
+from streamlease.core.model import StreamRecord
+from streamlease.core.plan import fleet_view, item_problem, plan_cycle
+from streamlease.core.urls import parse_allowed_urls
 
 
 @pytest.mark.parametrize(("data", "expected"), [

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from worker.core.jobs import MAX_CATCH_UP, Job, UnreadableJob, due_slots, keep_tail
-from worker.core.schedule import (
+from streamlease.core.jobs import MAX_CATCH_UP, Job, UnreadableJob, due_slots, keep_tail
+from streamlease.core.schedule import (
     Schedule,
     checked,
     parse_cron,
@@ -17,7 +17,7 @@ from worker.core.schedule import (
     slot_ms,
     slot_name,
 )
-from worker.store import fleetcodec
+from streamlease.store import fleetcodec
 
 BASE = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
 MIN = 60_000

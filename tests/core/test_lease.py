@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.core.lease import (
+from streamlease.core.lease import (
     HolderState,
     Holding,
     LeaseTimings,
@@ -18,7 +18,7 @@ from worker.core.lease import (
     next_fence,
     takeover_threshold_ms,
 )
-from worker.core.model import StreamRecord, Tenure
+from streamlease.core.model import StreamRecord, Tenure
 
 T = LeaseTimings(lease_s=20.0, heartbeat_s=5.0, skew_margin_s=1.0, safety_margin_s=2.0)
 NOW = 1_000_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.core.membership import (
+from streamlease.core.membership import (
     HeartbeatOutcome,
     Liveness,
     MemberRecord,

@@ -1,11 +1,11 @@
-"""``worker.core`` stays pure: no module under it imports I/O, time or logging."""
+"""``streamlease.core`` stays pure: no module under it imports I/O, time or logging."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import worker.core
+import streamlease.core
 
 FORBIDDEN = {"asyncio", "time", "logging", "socket", "botocore", "aioboto3", "aiobotocore",
              "websockets", "prometheus_client", "os", "subprocess", "uvloop", "threading"}
@@ -22,14 +22,15 @@ ALLOWED = {
 
 def imported_roots(path: Path) -> set[str]:
     """The root of every module ``path`` imports (the full name for those in ALLOWED),
-    plus the full name of every ``worker.`` module outside ``worker.core``."""
+    plus the full name of every ``streamlease.`` module outside ``streamlease.core``."""
     roots: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
-            if node.module.startswith("worker.") and not node.module.startswith("worker.core"):
+            if node.module.startswith("streamlease.") and \
+                    not node.module.startswith("streamlease.core"):
                 roots.add(node.module)
         else:
             continue
@@ -38,18 +39,18 @@ def imported_roots(path: Path) -> set[str]:
 
 
 def test_core_imports_nothing_impure() -> None:
-    core = Path(worker.core.__file__).parent
+    core = Path(streamlease.core.__file__).parent
     files = sorted(core.glob("*.py"))
     assert len(files) >= 5
     for path in files:
-        bad = {r for r in imported_roots(path) if r in FORBIDDEN or r.startswith("worker.")}
+        bad = {r for r in imported_roots(path) if r in FORBIDDEN or r.startswith("streamlease.")}
         assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
 def test_the_check_catches_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "x.py"
-    sample.write_text("import asyncio\nfrom worker.store import codec\n"
+    sample.write_text("import asyncio\nfrom streamlease.store import codec\n"
                       "from websockets.uri import parse_uri\nimport websockets.asyncio.client\n"
                       "from websockets.asyncio import client\n")
-    assert imported_roots(sample) == {"asyncio", "worker", "worker.store", "websockets.uri",
-                                      "websockets"}
+    assert imported_roots(sample) == {"asyncio", "streamlease", "streamlease.store",
+                                      "websockets.uri", "websockets"}

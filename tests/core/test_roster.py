@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.core.membership import MemberRecord, MemberStatus
-from worker.core.roster import FleetRead, report, settled
+from streamlease.core.membership import MemberRecord, MemberStatus
+from streamlease.core.roster import FleetRead, report, settled
 
 ACTIVE, DRAINING, DEAD = MemberStatus.ACTIVE, MemberStatus.DRAINING, MemberStatus.DEAD
 

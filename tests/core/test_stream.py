@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from worker.core.frames import MAX_SEQ, Frame, Malformed
-from worker.core.stream import (
+from streamlease.core.frames import MAX_SEQ, Frame, Malformed
+from streamlease.core.stream import (
     RateLimit,
     Reconnect,
     StreamMachine,

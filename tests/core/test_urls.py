@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.core.urls import (
+from streamlease.core.urls import (
     ANY_WS_URL,
     parse_allowed_urls,
     redact,

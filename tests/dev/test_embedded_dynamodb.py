@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from streamlease.core.frames import Frame
+from streamlease.core.lease import LeaseTimings
+from streamlease.dev import local_aws_env
+from streamlease.dev.dynamodb import EmbeddedDynamoDB
+from streamlease.store import codec, dynamodb
+from streamlease.store.protocols import Stores
 from tests.procs import Proc, python
-from worker.core.frames import Frame
-from worker.core.lease import LeaseTimings
-from worker.dev import local_aws_env
-from worker.dev.dynamodb import EmbeddedDynamoDB
-from worker.store import codec, dynamodb
-from worker.store.protocols import Stores
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 NOW = 1_700_000_000_000
@@ -54,7 +54,7 @@ async def rounds_with_several_winners(endpoint: str, rounds: int, stop_at_first:
 
 
 def start_server(*extra: str) -> Proc:
-    return Proc(python("-m", "worker", "dev", "dynamodb", "--port", "0",
+    return Proc(python("-m", "streamlease", "dev", "dynamodb", "--port", "0",
                        "--switch-interval", "0.00001", *extra), name="dynamodb-race")
 
 
@@ -200,7 +200,7 @@ async def test_serial_latency_saturates_and_parallel_latency_overlaps(env_for: N
 
 
 def test_latency_options_are_checked() -> None:
-    from worker.dev.dynamodb import main
+    from streamlease.dev.dynamodb import main
 
     with pytest.raises(ValueError, match="latency_mode"):
         EmbeddedDynamoDB(latency_mode="sometimes")

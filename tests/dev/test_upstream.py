@@ -1,4 +1,4 @@
-"""Tests of the reference replaying upstream (worker.dev.upstream) over real loopback sockets."""
+"""Tests of the reference replaying upstream (streamlease.dev.upstream), on loopback sockets."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
-from worker.dev.upstream import (
+from streamlease.dev.upstream import (
     MALFORMED_KINDS,
     POISON_SEQ,
     UpstreamServer,
@@ -529,7 +529,7 @@ async def test_main_as_subprocess_serves_and_exits_0_on_signal(sig: signal.Signa
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker.dev.upstream",
+        "streamlease.dev.upstream",
         "--port",
         "0",
         "--streams",

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamlease.core.model import StreamRecord
+from streamlease.dev import local_aws_env
+from streamlease.dev.upstream import frame_for
+from streamlease.store.dynamodb import connect_admin
+from streamlease.store.protocols import AdminStore, Stores
 from tests.procs import Proc, python
-from worker.core.model import StreamRecord
-from worker.dev import local_aws_env
-from worker.dev.upstream import frame_for
-from worker.store.dynamodb import connect_admin
-from worker.store.protocols import AdminStore, Stores
 
 FAST_ENV = {
     "STREAMLEASE_LEASE_SECONDS": "1.0",
@@ -118,7 +118,7 @@ class Fleet:
         self.stream_ids = [f"s{i:03d}" for i in range(1, self.streams + 1)]
 
     async def start(self, workers: int = 3) -> Fleet:
-        self.upstream = Proc(python("-m", "worker", "dev", "upstream", "--port", "0",
+        self.upstream = Proc(python("-m", "streamlease", "dev", "upstream", "--port", "0",
                                     "--streams", str(self.streams), "--rate", str(self.rate)),
                              name="upstream")
         self.upstream_url = self.upstream.url()
@@ -146,7 +146,7 @@ class Fleet:
                 "STREAMLEASE_FLEET_TABLE": self.fleet_table,
                 "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_METRICS_PORT": str(port),
                 **(env or {})}
-        args = [*(wrap or []), *python("-m", "worker", "run")]
+        args = [*(wrap or []), *python("-m", "streamlease", "run")]
         worker = Worker(name, Proc(args, env=full, name=name), port)
         self.workers[name] = worker
         return worker
@@ -276,7 +276,7 @@ class Fleet:
                "STREAMLEASE_EVENTS_TABLE": self.events_table,
                "STREAMLEASE_FLEET_TABLE": self.fleet_table}
         proc = await asyncio.create_subprocess_exec(
-            *python("-m", "worker", "ctl", *args), env=env,
+            *python("-m", "streamlease", "ctl", *args), env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await proc.communicate()
         assert proc.returncode == 0, err.decode()

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from loadtest.fleet import FAKETIME_ENV, faketime_library
+from streamlease.errors import StoreError
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import FAST_ENV, Fleet, HoldingProxy, wait_until
-from worker.errors import StoreError
 
 pytestmark = pytest.mark.fleet
 

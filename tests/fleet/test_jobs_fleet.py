@@ -17,11 +17,11 @@ from pathlib import Path
 import aioboto3
 import pytest
 
+from streamlease.core.jobs import Job, JobRun, RunOutcome
+from streamlease.core.schedule import Schedule, slot_ms
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import FAST_ENV, Fleet, Worker, wait_until
 from tests.redisserver import RedisServer
-from worker.core.jobs import Job, JobRun, RunOutcome
-from worker.core.schedule import Schedule, slot_ms
 
 pytestmark = pytest.mark.fleet
 
@@ -58,7 +58,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> object:
 async def make_sink(fleet: Fleet, env: dict[str, str]) -> Sink:
     name = f"{fleet.table}-side"
     if "STREAMLEASE_LEADER_BACKEND" in env:
-        from worker.store.redis_leader import redis_backend
+        from streamlease.store.redis_leader import redis_backend
 
         async def from_redis() -> list[tuple[str, int]]:
             async with redis_backend(env["STREAMLEASE_LEADER_BACKEND"]) as backend:
@@ -87,7 +87,7 @@ def writing_job(tmp_path: Path, sink: str, delay_s: float) -> str:
     script.write_text(
         "#!/bin/sh\n"
         f"sleep {delay_s}\n"
-        f'exec {sys.executable} -m worker job write --table {sink} --item '
+        f'exec {sys.executable} -m streamlease job write --table {sink} --item '
         f'"$(printf \'{item}\' "$STREAMLEASE_SLOT" "$STREAMLEASE_FENCE")"\n')
     return f"sh {script}"
 

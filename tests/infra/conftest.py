@@ -1,7 +1,7 @@
 """Terraform, once per session: one offline working copy, three ``terraform test`` runs.
 
 - ``module_report``: the module's committed tests (terraform/modules/streamlease/tests/)
-  and the runs worker_cases.py generates from worker/config.py;
+  and the runs worker_cases.py generates from streamlease/config.py;
 - ``module_plans``: plans of the module (defaults, every input changed, the fleet's
   options, a Redis leader backend), printed with ``-verbose`` so the tests can read what
   terraform would create;

@@ -1,10 +1,10 @@
-"""What the worker and the operator commands ask of DynamoDB, read from worker/ without
+"""What the worker and the operator commands ask of DynamoDB, read from streamlease/ without
 running it.
 
 The forms this reader relies on (anything else raises ``DiscoveryError`` naming the file
 and line, so a new call is never silently left out of the IAM comparison):
 
-- every DynamoDB call in worker/store/ is ``self._call("operation", ...)`` with a literal
+- every DynamoDB call in streamlease/store/ is ``self._call("operation", ...)`` with a literal
   operation name, in a method of a store class;
 - a transaction's items are dicts keyed ``"Update"``, ``"Put"``, ``"ConditionCheck"``,
   ``"Delete"`` or ``"Get"``: written in place, bound to a name in the same method
@@ -12,7 +12,7 @@ and line, so a new call is never silently left out of the IAM comparison):
   (``fleetcodec.leader_check(...)``);
 - a request's ``TableName`` is ``self.<attribute>``, an attribute the store's constructor
   sets from the ``table``, ``events_table`` or ``fleet_table`` argument that
-  ``worker.store.dynamodb.connect`` passes it, or one of the run-time choices in
+  ``streamlease.store.dynamodb.connect`` passes it, or one of the run-time choices in
   ``RUNTIME_TABLES``;
 - code outside the store reaches a store through a receiver named after its field of
   ``Stores`` (``self.leases``, ``stores.jobs``, ``self.backend`` for the leader backend,
@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.store import codec, fleetcodec, schema
+from streamlease.store import codec, fleetcodec, schema
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "worker"
+WORKER = ROOT / "streamlease"
 STORE = WORKER / "store"
 CONNECT = STORE / "dynamodb" / "__init__.py"
 CODECS = {"codec": codec, "fleetcodec": fleetcodec}
@@ -131,7 +131,7 @@ class Method:
 
 @dataclass(frozen=True)
 class Stores:
-    """The store classes under worker/store/, and how ``connect`` wires them."""
+    """The store classes under streamlease/store/, and how ``connect`` wires them."""
 
     methods: dict[tuple[str, str], Method]  # (class, method) -> Method
     role_class: dict[str, str]  # Stores field -> DynamoDB class
@@ -248,7 +248,7 @@ def _table_attributes(cls: ast.ClassDef, arguments: tuple[str, ...]) -> dict[str
     return out
 
 
-# --- reading worker/store/ ----------------------------------------------------------------
+# --- reading streamlease/store/ ----------------------------------------------------------------
 
 
 @functools.cache

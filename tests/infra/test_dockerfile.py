@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from streamlease.config import DEFAULTS
 from tests.infra.tf import ROOT, planned
-from worker.config import DEFAULTS
 
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
@@ -257,8 +257,8 @@ def test_dockerignore_keeps_the_context_to_what_the_image_needs(stages: list[Sta
     for source in sources:
         assert (ROOT / source).exists(), source
         assert not ignored(source), f"{source} is copied but .dockerignore excludes it"
-    assert not ignored("worker/store/dynamodb.py")
+    assert not ignored("streamlease/store/dynamodb.py")
     for path in (".git/config", ".venv/bin/python", ".venv-checkov/bin/python", "tests/x.py",
                  "terraform/modules/streamlease/ecs.tf", ".run/w1.log", "loadtest/x.py",
-                 "worker/__pycache__/app.cpython-311.pyc", "Dockerfile", ".env"):
+                 "streamlease/__pycache__/app.cpython-311.pyc", "Dockerfile", ".env"):
         assert ignored(path), f"{path} would be sent to the build"

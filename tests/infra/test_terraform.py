@@ -6,8 +6,8 @@ Where the checks live:
   both ways, and what the plan must always hold (table protection, the container's
   hardening, the service, the security group rules). Run here, one test per run.
 - here, on the module's plan (conftest.PLAN_RUNS): what must match worker/ (the tables
-  and worker/store/schema.py, the task role and the DynamoDB calls in worker/store/, the
-  environment and worker/config.py SETTINGS, the container and the worker's defaults);
+  and streamlease/store/schema.py, the task role and the DynamoDB calls in streamlease/store/, the
+  environment and streamlease/config.py SETTINGS, the container and the worker's defaults);
 - here, worker_cases.py: generated runs compare each worker setting's bounds with its
   variable's validation, and each committed run's expectation is checked against the
   worker's verdict on its inputs;
@@ -25,6 +25,9 @@ from typing import Any
 
 import pytest
 
+from streamlease.config import DEFAULTS, SETTINGS, WorkerConfig
+from streamlease.core.stream import stream_buffer_bytes
+from streamlease.store import fleetcodec, schema
 from tests.infra import store_calls, worker_cases
 from tests.infra.conftest import PLAN_RUNS, Terraform
 from tests.infra.tf import (
@@ -44,9 +47,6 @@ from tests.infra.tf import (
     planned,
     planned_outputs,
 )
-from worker.config import DEFAULTS, SETTINGS, WorkerConfig
-from worker.core.stream import stream_buffer_bytes
-from worker.store import fleetcodec, schema
 
 COMMITTED_TESTS = sorted((MODULE_DIR / "tests").glob("*.tftest.hcl"))
 EXAMPLE_TESTS = sorted((EXAMPLE_DIR / "tests").glob("*.tftest.hcl"))
@@ -175,7 +175,7 @@ def test_the_cases_exercise_both_outcomes() -> None:
 def test_every_worker_setting_is_a_variable_with_the_workers_default(
         module: StaticModule) -> None:
     cases = worker_cases.Cases(module)
-    assert not cases.missing, "worker/config.py SETTINGS has no terraform variable for " + \
+    assert not cases.missing, "streamlease/config.py SETTINGS has no terraform variable for " + \
         ", ".join(f"{name} (add `variable \"{name.removeprefix('STREAMLEASE_').lower()}\"` "
                   f"to terraform/modules/streamlease/variables.tf, its description starting "
                   f"'{name}:', with the worker's default and bounds, and pass it in "
@@ -223,7 +223,7 @@ def as_create_table(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def sorted_definition(definition: dict[str, Any]) -> dict[str, Any]:
-    """worker/store/schema.py's CreateTable arguments in the same order as above."""
+    """streamlease/store/schema.py's CreateTable arguments in the same order as above."""
     out = {**definition, "AttributeDefinitions": sorted(
         definition["AttributeDefinitions"], key=lambda a: a["AttributeName"])}
     if "GlobalSecondaryIndexes" in definition:
@@ -251,13 +251,13 @@ def test_tables_are_the_worker_schema(module_plans: dict[str, Any], name: str,
 def test_orphan_index_never_holds_the_checkpoint() -> None:
     """The projection that keeps sink checkpoints off the hot index (compared with the
     plan above): last_seq is not projected."""
-    from worker.store import codec
+    from streamlease.store import codec
 
     assert codec.LAST_SEQ not in codec.INDEX_PROJECTED
 
 
 def test_index_names_are_the_codec_s(module_plans: dict[str, Any]) -> None:
-    from worker.store import codec
+    from streamlease.store import codec
 
     outputs = planned_outputs(module_plans["defaults"])
     assert outputs["streams_index_name"] == codec.INDEX_NAME
@@ -408,7 +408,7 @@ def test_every_store_method_is_called_or_explained() -> None:
 
 
 def test_store_operations_are_the_known_set() -> None:
-    """A new DynamoDB call anywhere in worker/store/ must come with an IAM review."""
+    """A new DynamoDB call anywhere in streamlease/store/ must come with an IAM review."""
     stores = store_calls.store_classes()
     every = store_calls.needs(stores.public_methods(), [
         store_calls.Request("dynamodb:PutItem", store_calls.JOB_WRITE, None, True, "any")])
@@ -427,12 +427,12 @@ def test_store_operations_are_the_known_set() -> None:
 
 
 def test_nothing_builds_an_arbitrary_transaction() -> None:
-    """``worker.leader.Transaction`` carries actions of its caller's choosing, which
+    """``streamlease.leader.Transaction`` carries actions of its caller's choosing, which
     store_calls cannot read: the worker and its commands must not build one (the IAM
     comparison would not see its actions)."""
     import ast
 
-    found = [f"{p.relative_to(ROOT)}:{n.lineno}" for p in (ROOT / "worker").rglob("*.py")
+    found = [f"{p.relative_to(ROOT)}:{n.lineno}" for p in (ROOT / "streamlease").rglob("*.py")
              for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == "Transaction"]
@@ -540,7 +540,7 @@ def test_operator_policy_covers_table_create_ctl_and_job(module_plans: dict[str,
     assert not differences(granted, expected), "\n".join(differences(granted, expected))
     derived = derived_grants(operator_needs(), arn, [], stream_attribute_list=False)
     assert not differences(derived, expected), (
-        "the operator policy differs from what worker/cli.py and worker/jobcli.py send:\n"
+        "the operator policy differs from what streamlease/cli.py and streamlease/jobcli.py send:\n"
         + "\n".join(differences(derived, expected)))
 
 
@@ -655,7 +655,7 @@ def test_a_redis_url_is_sensitive_in_the_plan(module_plans: dict[str, Any]) -> N
 
 def test_buffer_rule_is_the_worker_s(module: StaticModule) -> None:
     """ecs.tf's precondition computes one stream's buffers as per_frame_byte x
-    max_frame_bytes + fixed: the same line as worker/core/stream.py."""
+    max_frame_bytes + fixed: the same line as streamlease/core/stream.py."""
     locals_ = {}
     for path in sorted(MODULE_DIR.glob("*.tf")):
         for block in parse_hcl(path).get("locals", []):

@@ -1,5 +1,5 @@
 """The worker's settings against the module's rules: which inputs terraform must refuse,
-decided by worker/config.py.
+decided by streamlease/config.py.
 
 Two sources of cases, one rule. For a set of module inputs, the worker's verdict
 (``read_settings`` for each setting alone, then ``WorkerConfig.from_env`` on the
@@ -37,9 +37,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from streamlease.config import SETTINGS, Setting, WorkerConfig, read_settings
+from streamlease.errors import ConfigError
 from tests.infra.tf import TASK_DEFINITION, StaticModule, hcl_value, literal, parse_hcl
-from worker.config import SETTINGS, Setting, WorkerConfig, read_settings
-from worker.errors import ConfigError
 
 # Settings the module deliberately has no variable for, and why.
 NO_VARIABLE = {

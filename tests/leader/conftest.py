@@ -13,11 +13,11 @@ from typing import Any
 import aioboto3
 import pytest
 
+from streamlease.leader import HashSet, LeaderBackend, PutItem
+from streamlease.store import dynamodb
+from streamlease.store.memory import MemoryStore
+from streamlease.store.redis_leader import client_for, lease_keys, redis_backend, redis_target
 from tests.redisserver import RedisServer
-from worker.leader import HashSet, LeaderBackend, PutItem
-from worker.store import dynamodb
-from worker.store.memory import MemoryStore
-from worker.store.redis_leader import client_for, lease_keys, redis_backend, redis_target
 
 SIDE_TABLE_KEY = "Pk"
 

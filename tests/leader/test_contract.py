@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
+from streamlease.core.membership import HeartbeatOutcome
+from streamlease.errors import StaleFence
+from streamlease.leader import LeaderLease, PutItem, WriteRefused
 from tests.leader.conftest import Backend
-from worker.core.membership import HeartbeatOutcome
-from worker.errors import StaleFence
-from worker.leader import LeaderLease, PutItem, WriteRefused
 
 NOW = 1_800_000_000_000
 

@@ -1,5 +1,5 @@
 """The Redis leader backend against a real ``redis-server``: each Lua script's condition
-holds inside Redis, failures map to ``worker.errors``, ``job write`` items map to a
+holds inside Redis, failures map to ``streamlease.errors``, ``job write`` items map to a
 hash, and what a server restart does to leases and fences, with and without AOF."""
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
-from tests.redisserver import RedisServer
-from worker.core.membership import HeartbeatOutcome
-from worker.errors import StaleFence, StoreError, StoreUnavailable
-from worker.leader import HashSet, LeaderLease, PutItem, Transaction
-from worker.store.redis_leader import (
+from streamlease.core.membership import HeartbeatOutcome
+from streamlease.errors import StaleFence, StoreError, StoreUnavailable
+from streamlease.leader import HashSet, LeaderLease, PutItem, Transaction
+from streamlease.store.redis_leader import (
     RedisLeaderBackend,
     client_for,
     hash_set_for_item,
@@ -30,6 +29,7 @@ from worker.store.redis_leader import (
     redis_backend,
     redis_target,
 )
+from tests.redisserver import RedisServer
 
 NOW = 1_800_000_000_000
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from worker.metrics import Metrics
+from streamlease.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "terraform" / "monitoring"

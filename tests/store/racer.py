@@ -10,8 +10,8 @@ import time
 
 import uvloop
 
-from worker.core.lease import LeaseTimings
-from worker.store import dynamodb
+from streamlease.core.lease import LeaseTimings
+from streamlease.store import dynamodb
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 

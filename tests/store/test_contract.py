@@ -9,15 +9,15 @@ from typing import Any
 import aioboto3
 import pytest
 
-from worker.core.frames import Frame
-from worker.core.lease import LeaseTimings, RenewOutcome
-from worker.core.model import MAX_LAST_ERROR_CHARS, EventMark, Tenure
-from worker.core.plan import invisible_to_index
-from worker.errors import SinkConflict, StaleFence, StoreError
-from worker.store import codec
-from worker.store.dynamodb import DynamoAdmin
-from worker.store.memory import MemoryStore
-from worker.store.protocols import SinkOutcome, Stores
+from streamlease.core.frames import Frame
+from streamlease.core.lease import LeaseTimings, RenewOutcome
+from streamlease.core.model import MAX_LAST_ERROR_CHARS, EventMark, Tenure
+from streamlease.core.plan import invisible_to_index
+from streamlease.errors import SinkConflict, StaleFence, StoreError
+from streamlease.store import codec
+from streamlease.store.dynamodb import DynamoAdmin
+from streamlease.store.memory import MemoryStore
+from streamlease.store.protocols import SinkOutcome, Stores
 
 T = LeaseTimings(lease_s=20.0, heartbeat_s=5.0, skew_margin_s=1.0, safety_margin_s=2.0)
 NOW = 1_700_000_000_000
@@ -306,8 +306,8 @@ async def test_dynamodb_pages_through_the_index_and_the_table(dynamo: Stores) ->
 
 
 def test_decode_reports_wrongly_typed_fields() -> None:
-    from worker.core.plan import item_problem
-    from worker.core.urls import parse_allowed_urls
+    from streamlease.core.plan import item_problem
+    from streamlease.core.urls import parse_allowed_urls
 
     record = codec.decode_record({
         "Pk": {"S": "CONN#x"}, "desired_state": {"S": "STARTED"}, "ws_url": {"N": "5"},

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import aioboto3
 import pytest
 
-from worker.errors import StoreUnavailable
-from worker.store.dynamodb import DynamoAdmin
-from worker.store.dynamodb.client import DynamoClient, client_config
-from worker.store.protocols import Stores
+from streamlease.errors import StoreUnavailable
+from streamlease.store.dynamodb import DynamoAdmin
+from streamlease.store.dynamodb.client import DynamoClient, client_config
+from streamlease.store.protocols import Stores
 
 
 async def test_table_create_is_idempotent_and_matches_the_contract(dynamo: Stores) -> None:
@@ -49,8 +49,8 @@ async def test_table_create_is_idempotent_and_matches_the_contract(dynamo: Store
 
 async def test_table_create_adds_the_indexes_an_older_table_lacks(
         dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
-    from worker.errors import TableMissing
-    from worker.store import dynamodb, schema
+    from streamlease.errors import TableMissing
+    from streamlease.store import dynamodb, schema
 
     old = schema.streams_table(table_names[0])
     # As the first release created it: one index, projecting everything.
@@ -70,8 +70,8 @@ async def test_table_create_adds_the_indexes_an_older_table_lacks(
 
 async def test_an_index_that_lacks_what_the_worker_reads_is_refused(
         dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
-    from worker.errors import TableMissing
-    from worker.store import dynamodb, schema
+    from streamlease.errors import TableMissing
+    from streamlease.store import dynamodb, schema
 
     thin = schema.streams_table(table_names[0])
     thin["GlobalSecondaryIndexes"][0]["Projection"] = {"ProjectionType": "KEYS_ONLY"}

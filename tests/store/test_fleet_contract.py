@@ -3,9 +3,9 @@ backends."""
 
 from __future__ import annotations
 
-from worker.core.lease import LeaseTimings
-from worker.core.membership import HeartbeatOutcome, MemberStatus
-from worker.store.protocols import Stores
+from streamlease.core.lease import LeaseTimings
+from streamlease.core.membership import HeartbeatOutcome, MemberStatus
+from streamlease.store.protocols import Stores
 
 NOW = 1_800_000_000_000
 T = LeaseTimings(lease_s=60.0, heartbeat_s=20.0, skew_margin_s=1.0, safety_margin_s=2.0)

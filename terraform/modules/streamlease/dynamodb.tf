@@ -1,4 +1,4 @@
-# The three tables, exactly as worker/store/schema.py creates them (CONTRACT.md):
+# The three tables, exactly as streamlease/store/schema.py creates them (CONTRACT.md):
 # tests/infra/test_terraform.py compares keys, attribute types, indexes and their
 # projections with it.
 #
@@ -9,7 +9,7 @@
 # terraform/README.md, "Upgrading".
 
 locals {
-  # worker/store/codec.py INDEX_NAME: the sparse index the orphan query reads. It
+  # streamlease/store/codec.py INDEX_NAME: the sparse index the orphan query reads. It
   # projects only what planning needs (codec.INDEX_PROJECTED), never last_seq, so a sink
   # checkpoint does not write the index that every lease change already writes.
   streams_index_name      = "desired_state-lease_expires_at_ms-index"
@@ -107,7 +107,7 @@ resource "aws_dynamodb_table" "events" {
   tags = merge(var.tags, { Name = var.events_table_name })
 }
 
-# The fleet's own state (worker/store/fleetcodec.py): member rows (Pk MEMBER), the leader
+# The fleet's own state (streamlease/store/fleetcodec.py): member rows (Pk MEMBER), the leader
 # lease (LEADER), jobs (JOB) and their runs (RUN#<job>), each kind read with one Query.
 resource "aws_dynamodb_table" "fleet" {
   name                        = var.fleet_table_name

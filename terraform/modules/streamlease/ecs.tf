@@ -9,7 +9,7 @@ locals {
   # calls finishing, the HTTP client closing and the interpreter exiting.
   stop_timeout_margin_seconds = 10
 
-  # Worst-case bytes one held stream buffers, as worker/core/stream.py
+  # Worst-case bytes one held stream buffers, as streamlease/core/stream.py
   # stream_buffer_bytes(max_frame_bytes) computes it: websockets' receive queue (4
   # frames), one 256 KiB socket read, the frame in the parser, the frame being handled as
   # text (4 bytes a character) and one sink batch of 800,000 bytes, i.e.
@@ -35,7 +35,7 @@ locals {
     valueFrom = var.leader_backend_secret_arn
   }]
 
-  # Every worker setting, as the environment the worker reads (worker/config.py SETTINGS).
+  # Every worker setting, as the environment the worker reads (streamlease/config.py SETTINGS).
   # STREAMLEASE_WORKER_ID is left out on purpose: the worker then uses its ECS task id.
   # A null value (safety margin not set; the leader backend taken from a secret) leaves
   # the variable out, so the worker's own default, or the secret, applies.
@@ -183,7 +183,7 @@ resource "aws_ecs_task_definition" "worker" {
   tags = var.tags
 
   lifecycle {
-    # Rules between settings, as worker/config.py checks them at start-up (a task that
+    # Rules between settings, as streamlease/config.py checks them at start-up (a task that
     # breaks one would exit 2 and crash-loop); the messages name the variable as the
     # worker does.
     precondition {

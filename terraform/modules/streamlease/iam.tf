@@ -1,6 +1,6 @@
 # Two roles: the task role the worker's AWS SDK uses, holding only the DynamoDB actions
 # `streamlease run` and `streamlease job write` (run by jobs, the worker's subprocesses)
-# call (worker/store/), and the execution role the ECS agent uses to pull the image, read
+# call (streamlease/store/), and the execution role the ECS agent uses to pull the image, read
 # the leader backend's secret and ship logs. The operator policy (for people running
 # `streamlease table create`, `ctl` and `job`) is an output, attached to nothing here.
 # tests/infra/test_terraform.py pins each action set, resource and condition exactly.
@@ -62,7 +62,7 @@ locals {
   # The IAM documentation requires every key attribute of the table and of its indexes
   # in such a list: Pk, desired_state, lease_expires_at_ms, lease_owner and fence are.
   # ws_url is not in it: only operators write it, so a worker's credentials cannot
-  # re-point a stream. tests/infra/test_terraform.py derives this list from worker/store/
+  # re-point a stream. tests/infra/test_terraform.py derives this list from streamlease/store/
   # and compares.
   worker_stream_attributes = [
     "Pk",

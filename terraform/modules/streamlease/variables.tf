@@ -1,7 +1,7 @@
 # Inputs of the streamlease module.
 #
 # Worker settings (the STREAMLEASE_* section below) carry the defaults of
-# worker/config.py and the same per-setting validation; the rules that relate two
+# streamlease/config.py and the same per-setting validation; the rules that relate two
 # settings (heartbeat under a third of the lease, ...) are preconditions on the task
 # definition in ecs.tf, because a variable validation may only reference other
 # variables from terraform 1.9 on. tests/infra/test_terraform.py checks both against
@@ -327,7 +327,7 @@ variable "leader_backend_secret_kms_key_arn" {
   }
 }
 
-# --- worker settings (STREAMLEASE_*; defaults and rules of worker/config.py) --------------
+# --- worker settings (STREAMLEASE_*; defaults and rules of streamlease/config.py) --------------
 # STREAMLEASE_WORKER_ID is deliberately not an input: left unset, each task uses its ECS
 # task id, so no two tasks can share an identity (two holders under one id would renew
 # each other's leases).

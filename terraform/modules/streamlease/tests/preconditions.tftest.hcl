@@ -4,7 +4,7 @@
 # (heartbeat exactly a third of the lease), so `<` and `<=` are told apart. The
 # accepting run puts every rule just inside its edge.
 # tests/infra/test_terraform.py also compares the rules between worker settings with
-# worker/config.py on values on both sides.
+# streamlease/config.py on values on both sides.
 
 mock_provider "aws" {
   source = "./tests/mocks"

@@ -2,7 +2,7 @@
 # accept and one it must refuse. A plan stops at the first invalid input (preconditions
 # are not evaluated then), so one run can refuse many variables at once: it passes only
 # if each variable listed in expect_failures fails its own validation.
-# The worker's settings are also compared value by value with worker/config.py by
+# The worker's settings are also compared value by value with streamlease/config.py by
 # tests/infra/test_terraform.py, which generates more runs of this kind.
 
 mock_provider "aws" {

@@ -1,0 +1,318 @@
+"""Composition root for ``streamlease run``: build everything, handle signals, drain in order.
+
+Order on SIGTERM/SIGINT: stop acquiring; every supervisor stops reading, flushes,
+checkpoints and releases; then the process exits 0. If that does not finish within
+``STREAMLEASE_SHUTDOWN_SECONDS`` the worker exits 1 (leases it still holds expire on
+their own). A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+
+import uvloop
+
+from streamlease import __version__
+from streamlease import health as http
+from streamlease.clock import SYSTEM_CLOCK, Clock
+from streamlease.config import WorkerConfig, default_worker_id
+from streamlease.core.membership import HeartbeatOutcome, MemberTimings
+from streamlease.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
+from streamlease.health import HealthState
+from streamlease.jobs import JobRunner, JobSettings
+from streamlease.leader import LeaderBackend
+from streamlease.leadership import Leadership, LeadershipSettings
+from streamlease.logs import CONTEXT, event, setup
+from streamlease.membership import Hooks, Membership, MembershipSettings
+from streamlease.metrics import Metrics
+from streamlease.pacing import PacedSink, SinkGate
+from streamlease.pump import PumpSettings
+from streamlease.reconciler import Reconciler, ReconcilerSettings
+from streamlease.store import dynamodb
+from streamlease.store.protocols import AdminStore, Stores
+from streamlease.supervisor import SupervisorSettings
+
+
+def resolve_worker_id(config: WorkerConfig) -> str:
+    """STREAMLEASE_WORKER_ID, else the ECS task id, else hostname-pid."""
+    if config.worker_id:
+        return config.worker_id
+    base = os.environ.get("ECS_CONTAINER_METADATA_URI_V4")
+    if base:
+        try:
+            with urllib.request.urlopen(base.rstrip("/") + "/task", timeout=2) as resp:
+                arn = json.load(resp).get("TaskARN", "")
+            if arn:
+                return str(arn).rsplit("/", 1)[-1]
+        except (OSError, ValueError) as exc:
+            event(logging.WARNING, "worker.ecs_metadata_failed",
+                  "cannot read the ECS task id; using hostname-pid", error=str(exc))
+    return default_worker_id()
+
+
+def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
+    timings = config.timings
+    call_timeout = max(1.0, min(10.0, timings.lease_s / 2))
+    # A sink write is not bounded by the lease: the fence, not a timeout, keeps a late
+    # write safe, and waiting for its answer tells a stale holder that it was refused.
+    pump = PumpSettings(
+        batch_max_messages=config.batch_max_messages, batch_max_s=config.batch_max_s,
+        max_frame_bytes=config.max_frame_bytes, max_seq_jump=config.max_seq_jump,
+        stall_s=config.stall_s, allowed_urls=config.allowed_urls, call_timeout_s=10.0,
+        reconnect_cap_s=max(1.0, min(30.0, timings.lease_s)),
+        stable_after_s=max(1.0, timings.lease_s / 4),
+    )
+    supervisor = SupervisorSettings(
+        timings=config.stream_timings, allowed_urls=config.allowed_urls, pump=pump,
+        call_timeout_s=call_timeout, drain_timeout_s=max(1.0, config.shutdown_s / 2),
+        check_s=config.stream_check_s,
+    )
+    return ReconcilerSettings(
+        owner=owner, reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
+        max_streams=config.max_streams, acquire_per_cycle=config.acquire_per_cycle,
+        supervisor=supervisor, stopped_check_s=timings.heartbeat_s,
+        min_hold_s=config.min_hold_s,
+    )
+
+
+def member_timings(config: WorkerConfig) -> MemberTimings:
+    t = config.timings
+    return MemberTimings(t.lease_s, t.heartbeat_s, t.safety_margin_s)
+
+
+async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -> int:
+    metrics = Metrics()
+    metrics.set_capacity(config.max_streams)
+    # Live while the member heartbeat and every stream's check-in are recent.
+    health = HealthState(max(config.timings.lease_s, 3 * config.stream_check_s))
+    if config.metrics_port:
+        try:
+            http.serve(config.metrics_address, config.metrics_port, health, metrics.exposition)
+        except OSError as exc:
+            print(f"streamlease: STREAMLEASE_METRICS_PORT: cannot listen on "
+                  f"{config.metrics_port}: {exc}", file=sys.stderr)
+            return 1
+    settings = build_settings(config, owner)
+    async with dynamodb.connect(
+        config.table, config.events_table, config.fleet_table,
+        # One sink transaction in flight per stream at most; the control plane has its
+        # own pool, so heartbeats, renewals and releases never queue behind sink batches.
+        sink_connections=min(1000, config.max_streams + 10),
+        control_connections=min(200, config.acquire_per_cycle + 40),
+        observe=metrics.dynamodb_request,
+        call_timeout_s=settings.supervisor.call_timeout_s,
+    ) as stores:
+        # Fail fast, with a clear line, if the tables are missing or access is denied; a
+        # store that is only slow or throttling gets a few attempts first.
+        for advice in await check_tables(stores.admin):
+            event(logging.WARNING, "table.index_costly", advice)
+        reconciler: Reconciler | None = None
+
+        def held() -> int:
+            return len(reconciler.supervisors) if reconciler else 0
+
+        def member_proven(at: float) -> None:
+            health.renewed(MEMBER_HEALTH_KEY, at)
+
+        gate = SinkGate(config.max_streams, slow_s=member_timings(config).slow_heartbeat_s,
+                        metrics=metrics)
+
+        def member_beat(outcome: HeartbeatOutcome, seconds: float) -> None:
+            gate.heartbeat(outcome, seconds)
+            if reconciler is not None and outcome is not HeartbeatOutcome.FENCED:
+                reconciler.lease_health.record_call(
+                    outcome is HeartbeatOutcome.RENEWED, seconds)
+
+        leadership: Leadership | None = None
+        membership = Membership(
+            stores.fleet, stores.leases, clock, metrics,
+            MembershipSettings(owner, config.max_streams, member_timings(config)),
+            Hooks(held=held,
+                  fenced=lambda: reconciler.member_lost(True) if reconciler else None,
+                  self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
+                  fleet_changed=lambda: reconciler.poke() if reconciler else None,
+                  proven=member_proven, beat=member_beat,
+                  leading=lambda: leadership is not None and leadership.leading))
+        reconciler = Reconciler(stores.leases, PacedSink(stores.sink, gate), clock, metrics,
+                                settings, membership, health=health)
+        async with leader_backend(config, stores) as backend:
+            leadership = build_leadership(config, owner, backend, stores, clock, metrics,
+                                          reconciler, membership)
+            await membership.register()
+            member_proven(clock.monotonic())
+            return await _serve(config, owner, clock, metrics, health, reconciler, membership,
+                                leadership)
+
+
+@contextlib.asynccontextmanager
+async def leader_backend(config: WorkerConfig, stores: Stores) -> AsyncIterator[LeaderBackend]:
+    """The fleet table's leader backend, or Redis (STREAMLEASE_LEADER_BACKEND)."""
+    if config.leader_backend == "dynamodb":
+        yield stores.leader
+        return
+    from streamlease.store.redis_leader import redis_backend
+    async with redis_backend(config.leader_backend) as backend:
+        yield backend
+
+
+def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, stores: Stores,
+                     clock: Clock, metrics: Metrics, reconciler: Reconciler,
+                     membership: Membership) -> Leadership:
+    t = config.timings
+    # On SIGTERM a running job gets half the shutdown budget to finish, then a quarter
+    # between SIGTERM and SIGKILL (at most STREAMLEASE_JOB_GRACE_SECONDS).
+    runner = JobRunner(stores.jobs, clock, metrics, JobSettings(
+        owner=owner, grace_s=config.job_grace_s, late_ms=t.lease_ms,
+        refresh_s=t.heartbeat_s, shutdown_s=config.shutdown_s / 2,
+        shutdown_grace_s=min(config.job_grace_s, config.shutdown_s / 4),
+        env=dict(os.environ)))
+    return Leadership(backend, clock, metrics,
+                      LeadershipSettings(owner, t.lease_s, t.heartbeat_s, t.safety_margin_s),
+                      [reconciler.sweep_duty, runner.run], eligible=lambda: membership.accepting)
+
+
+async def _serve(config: WorkerConfig, owner: str, clock: Clock, metrics: Metrics,
+                 health: HealthState, reconciler: Reconciler, membership: Membership,
+                 leadership: Leadership) -> int:
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            event(logging.WARNING, "worker.exit_now", "second signal: exiting at once",
+                  signal=signal.Signals(signum).name)
+            os._exit(1)
+        assert reconciler is not None
+        event(logging.INFO, "worker.draining", "draining: releasing every lease",
+              signal=signal.Signals(signum).name, leases=len(reconciler.supervisors))
+        metrics.draining(True)
+        health.draining = True
+        membership.drain()  # peers see DRAINING at once: share 0, poll for releases
+        leadership.stop()  # jobs wind down, then the lease is resigned
+        # Releases are retried until shortly before the shutdown budget runs out.
+        reconciler.stop(release_by=clock.monotonic() + config.shutdown_s * 0.9)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    t = config.timings
+    event(logging.INFO, "worker.started", "worker started", version=__version__,
+          table=config.table, events_table=config.events_table,
+          fleet_table=config.fleet_table, epoch=membership.epoch,
+          leader_backend=config.leader_backend if isinstance(config.leader_backend, str)
+          else config.leader_backend.url, lease_s=t.lease_s,
+          heartbeat_s=t.heartbeat_s, skew_margin_s=t.skew_margin_s,
+          safety_margin_s=t.safety_margin_s,
+          self_fence_after_s=round(t.lease_s - t.safety_margin_s, 3),
+          stream_lease_s=config.stream_lease_s, stream_renew_s=config.stream_renew_s,
+          stream_check_s=config.stream_check_s,
+          reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
+          max_streams=config.max_streams, metrics_port=config.metrics_port,
+          allowed_urls=[str(rule) for rule in config.allowed_urls])
+    health.started = True
+    return await _run_until_drained(reconciler, membership, leadership, config.shutdown_s,
+                                    metrics, clock)
+
+
+MEMBER_HEALTH_KEY = "(member heartbeat)"
+
+
+async def _watch_loop_lag(metrics: Metrics, clock: Clock, period: float = 0.5) -> None:
+    """Sample how late the loop wakes a timer: a busy or blocked loop shows here first."""
+    while True:
+        before = clock.monotonic()
+        await clock.sleep(period)
+        metrics.loop_lag(clock.monotonic() - before - period)
+
+
+async def _run_until_drained(reconciler: Reconciler, membership: Membership,
+                             leadership: Leadership, shutdown_s: float, metrics: Metrics,
+                             clock: Clock) -> int:
+    """Run until a signal; then give the drain ``shutdown_s`` seconds: every stream flushes
+    and releases, the leader's jobs finish and it resigns, then the member row is removed."""
+    async with asyncio.TaskGroup() as tg:
+        lag_task = tg.create_task(_watch_loop_lag(metrics, clock))
+        member_task = tg.create_task(membership.run())
+        leader_task = tg.create_task(leadership.run())
+        run_task = tg.create_task(reconciler.run())
+        stop_task = tg.create_task(reconciler.stopping.wait())
+        await asyncio.wait({run_task, stop_task, member_task},
+                           return_when=asyncio.FIRST_COMPLETED)
+        stop_task.cancel()
+        lag_task.cancel()
+        if not reconciler.stopping.is_set():
+            event(logging.ERROR, "worker.failed", "the reconciler or membership stopped by itself")
+            reconciler.stop()
+            leadership.stop()
+            membership.stop()
+            leader_task.cancel()
+            return 1
+        try:
+            async with asyncio.timeout(shutdown_s):
+                await asyncio.shield(run_task)
+                await asyncio.shield(leader_task)
+        except TimeoutError:
+            event(logging.ERROR, "worker.drain_timeout",
+                  "STREAMLEASE_SHUTDOWN_SECONDS ran out; remaining leases will expire",
+                  leases=len(reconciler.supervisors))
+            run_task.cancel()
+            leader_task.cancel()
+            membership.stop()
+            return 1
+        if not reconciler.unreleased:
+            await membership.leave()
+        membership.stop()
+    if reconciler.unreleased:
+        event(logging.ERROR, "worker.stopped", "exiting; some leases could not be released "
+              "and will expire", unreleased=reconciler.unreleased)
+        return 1
+    event(logging.INFO, "worker.stopped", "every lease released; exiting")
+    return 0
+
+
+def run_worker() -> int:
+    try:
+        config = WorkerConfig.from_env()
+    except ConfigError as exc:
+        print(f"streamlease: {exc}", file=sys.stderr)
+        return 2
+    setup(config.log_format, config.log_level)
+    owner = resolve_worker_id(config)
+    CONTEXT.worker = owner
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(serve(config, owner))
+    except ConfigError as exc:
+        print(f"streamlease: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:
+        print(f"streamlease: DynamoDB: {exc}", file=sys.stderr)
+        return 1
+
+
+START_ATTEMPTS = 5  # start-up table checks on a slow or throttling store: 1+2+4+8 s apart
+
+
+async def check_tables(admin: AdminStore) -> list[str]:
+    """``admin.check_tables()``, retried with backoff while the store is unavailable or
+    throttling (a deploy onto a struggling table should wait, not crash-loop)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return await admin.check_tables()
+        except (StoreUnavailable, StoreThrottled) as exc:
+            if attempt == START_ATTEMPTS:
+                raise
+            event(logging.WARNING, "worker.tables_unreachable",
+                  "cannot check the tables yet; trying again", attempt=attempt,
+                  error=str(exc))
+            await asyncio.sleep(2 ** (attempt - 1))
+    raise AssertionError("unreachable")

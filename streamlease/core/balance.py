@@ -1,0 +1,126 @@
+"""Balance: each member's fair share, and who takes or hands over streams to reach it.
+
+Every member computes the same plan from the same member rows (each row reports the
+streams its member holds), so no coordinator is needed:
+
+* **Shares.** The servable STARTED streams (held by live members plus the orphans seen)
+  are divided as evenly as capacities allow: ``ceil(total / active members)`` each, never
+  above a member's ``STREAMLEASE_MAX_STREAMS`` (what a small member cannot hold goes to
+  the others). Members that drain or were observed dead have a share of 0.
+* **A band, not a point.** A member is balanced while it holds within ``TOLERANCE`` (1) of
+  its share. Counts in the rows lag by up to a heartbeat, so a tighter target would make
+  members chase each other's stale numbers; with the band a balanced fleet makes no move
+  at all while membership and the stream set stay the same.
+* **Shed.** A member above its band hands over at most half its excess per cycle (at
+  least one): a few at a time, because the takers' counts are only seen a heartbeat later.
+  A member at or above its share also gives one stream when some member sits below its
+  band, nobody above the band is left to give and no orphan is already waiting to fill
+  the gap — the largest holders first, ties by id, as many as the members below the band
+  need, so two members never both give for one gap.
+* **Take.** A member below its share takes orphans up to its share: all of its gap at once
+  when the orphans cover every member's gap (a hand-over), else the orphans are dealt out
+  one at a time to whoever is furthest below. A draining member's streams are counted
+  once, though its row still shows them while they already wait as orphans. A member
+  at or above its share takes none while another live member is below its share, unless
+  an orphan has waited two reconcile intervals (then what fits inside its band) or three
+  (then any): no stream stays unserved for balance. Rows lag, so the reconciler also
+  lets a member below its share by its own live count take an orphan still waiting half
+  an interval after it was dealt elsewhere (``streamlease/reconciler.py``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from streamlease.core.membership import MemberRecord, MemberStatus, fair_shares
+
+TOLERANCE = 1
+
+
+@dataclass(frozen=True)
+class Balance:
+    share: int  # this member's fair share
+    take: int  # orphans it may take now (before the per-cycle cap)
+    shed: int  # streams it should hand over now
+    total: int  # servable STARTED streams, as counted
+    someone_below: bool  # a live member holds less than its share
+
+
+def allocate(deficits: dict[str, int], available: int) -> dict[str, int]:
+    """Share ``available`` orphans among members short of their share: one at a time to
+    whoever is furthest below (ties by id), so several takers racing for the same orphans
+    each take their part, and a member short by one never takes what a member short by
+    three needs (counts in the rows lag; a slightly inflated share must not win)."""
+    given = dict.fromkeys(deficits, 0)
+    short = [(-d, m) for m, d in deficits.items() if d > 0]
+    heapq.heapify(short)
+    for _ in range(available):
+        if not short:
+            break
+        negative, member = heapq.heappop(short)
+        given[member] += 1
+        if negative + 1 < 0:
+            heapq.heappush(short, (negative + 1, member))
+    return given
+
+
+def counts_of(members: list[MemberRecord], me: str, my_held: int,
+              observed_dead: frozenset[str] = frozenset()) -> tuple[dict[str, int], set[str]]:
+    """(held per live member, those taking streams): live rows, with this member's own live
+    count in place of its row's (the row lags). Draining and observed-dead members still
+    hold their streams until they are released, but take none."""
+    counts: dict[str, int] = {}
+    active: set[str] = set()
+    for member in members:
+        if not member.live_status:
+            continue
+        counts[member.worker_id] = member.streams
+        if member.status is MemberStatus.ACTIVE and member.worker_id not in observed_dead:
+            active.add(member.worker_id)
+    counts[me] = my_held
+    return counts, active
+
+
+def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str, int],
+         servable_orphans: int, total_at_least: int = 0) -> Balance:
+    """This member's share and moves, from every member's count (``counts[me]`` is live).
+
+    ``active`` are the members taking streams (this one included if it is ACTIVE);
+    ``capacities`` their STREAMLEASE_MAX_STREAMS. Rows lag: a stream just taken may show
+    in nobody's count, which would shrink every share and make members over-shed, so the
+    caller may pass ``total_at_least`` (the largest total it counted lately).
+    """
+    # A draining (or observed-dead) member's row still counts the streams it is releasing
+    # while they already show as orphans: count them once.
+    leaving = sum(n for m, n in counts.items() if m not in active)
+    holding = sum(n for m, n in counts.items() if m in active)
+    total = max(holding + max(leaving, servable_orphans), total_at_least)
+    shares = fair_shares(total, {m: capacities.get(m, 0) if m in active else 0
+                                 for m in counts})
+    share = shares.get(me, 0)
+    held = counts.get(me, 0)
+    deficits = {m: max(0, shares.get(m, 0) - counts.get(m, 0)) for m in active}
+    someone_below = any(d > 0 for m, d in deficits.items() if m != me)
+    if servable_orphans >= sum(deficits.values()):
+        # Enough for everyone (a member's hand-over, a scale-out's shed): each takes its
+        # own gap now, without waiting for the others' rows to show what they took.
+        take = deficits.get(me, 0)
+    else:
+        take = allocate(deficits, servable_orphans).get(me, 0)
+    shed = 0
+    if me not in active:
+        shed = 0  # draining members hand everything over through their own drain
+    elif held > share + TOLERANCE:
+        shed = max(1, math.ceil((held - share) / 2))
+    elif held >= share:
+        # Orphans already waiting fill the gaps first: give only for what they cannot.
+        need = sum(max(0, shares[m] - TOLERANCE - counts.get(m, 0)) for m in active) \
+            - servable_orphans
+        over = any(counts.get(m, 0) > shares[m] + TOLERANCE for m in active)
+        if need > 0 and not over:
+            donors = sorted((m for m in active if counts.get(m, 0) >= shares[m]),
+                            key=lambda m: (-(counts.get(m, 0) - shares[m]), m))
+            shed = 1 if me in donors[:need] else 0
+    return Balance(share=share, take=take, shed=shed, total=total, someone_below=someone_below)

@@ -1,0 +1,96 @@
+"""Reconcile planning: which orphaned streams to try to acquire this cycle."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from streamlease.core.lease import LeaseTimings, can_acquire
+from streamlease.core.model import StreamRecord, error_text
+from streamlease.core.urls import AllowList, url_problem
+
+VALID_STATES = ("STARTED", "STOPPED")
+
+
+def item_problem(record: StreamRecord, allowed_urls: AllowList) -> str | None:
+    """Why a STARTED-or-not item cannot be served as written, or None.
+
+    This is the CONTRACT's list: an unknown ``desired_state``, a missing ``ws_url``, or
+    one outside the allow-list. The text goes to ``last_error`` and the log.
+    """
+    if record.bad_fields:
+        return "wrong attribute type: " + ", ".join(record.bad_fields)
+    if record.desired_state not in VALID_STATES:
+        shown = "missing" if record.desired_state is None else repr(record.desired_state)[:64]
+        return f"desired_state {shown} is not STARTED or STOPPED"
+    if record.started:
+        return url_problem(record.ws_url, allowed_urls)
+    return None
+
+
+def invisible_to_index(record: StreamRecord) -> bool:
+    """Items the orphan query cannot see: no ``lease_expires_at_ms`` (written by hand) or
+    a ``desired_state`` outside STARTED/STOPPED. The sweep handles these."""
+    return record.lease_expires_at_ms is None or record.desired_state not in VALID_STATES
+
+
+def fleet_view(records: list[StreamRecord], now_wall_ms: int) -> dict[tuple[str, str], int]:
+    """Counts by (desired_state, lease): state STARTED/STOPPED/invalid, lease
+    live (expires in the future), expired (past, not released) or none (free or never)."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in records:
+        state = r.desired_state if r.desired_state in VALID_STATES else "invalid"
+        expiry = r.lease_expires_at_ms or 0
+        lease = "none" if expiry == 0 else ("live" if expiry > now_wall_ms else "expired")
+        counts[(state or "invalid", lease)] = counts.get((state or "invalid", lease), 0) + 1
+    return counts
+
+
+@dataclass(frozen=True)
+class Plan:
+    acquire: list[StreamRecord] = field(default_factory=list)
+    unservable: list[tuple[StreamRecord, str]] = field(default_factory=list)
+    servable: int = 0  # orphans that could be acquired, before any cap
+
+
+def plan_cycle(
+    candidates: list[StreamRecord],
+    *,
+    held: set[str],
+    max_streams: int,
+    per_cycle: int,
+    now_wall_ms: int,
+    timings: LeaseTimings,
+    allowed_prefixes: AllowList,
+    rng: random.Random,
+    want: int | None = None,
+    rank: Callable[[StreamRecord], int] | None = None,
+) -> Plan:
+    """Pick the streams to try this cycle.
+
+    Candidates come from the orphan query and may be stale by the time we act; the
+    conditional acquire is the real arbiter, this only avoids pointless calls. Shuffling
+    spreads a fleet that wakes together over different streams, and the per-cycle cap
+    keeps one worker from grabbing everything a dead peer left behind. ``want`` caps the
+    take further (the balance plan's), and ``rank`` puts some before others (lower
+    first; the caller's: orphans that have waited longest), before the cap cuts.
+    """
+    free = max(0, max_streams - len(held))
+    budget = min(free, per_cycle, per_cycle if want is None else want)
+    acquirable: list[StreamRecord] = []
+    unservable: list[tuple[StreamRecord, str]] = []
+    for record in candidates:
+        if record.stream_id in held:
+            continue
+        problem = item_problem(record, allowed_prefixes)
+        if problem is not None:
+            if record.last_error != error_text(problem):
+                unservable.append((record, problem))
+            continue
+        if can_acquire(record, now_wall_ms, timings):
+            acquirable.append(record)
+    rng.shuffle(acquirable)
+    if rank is not None:
+        acquirable.sort(key=rank)  # stable: shuffled within each rank
+    return Plan(acquire=acquirable[:budget], unservable=unservable, servable=len(acquirable))

@@ -1,0 +1,258 @@
+"""Fenced leader leases: one holder of a named lease at a time, and writes that a stale
+holder cannot make. The fleet's own leader (scheduled jobs, the sweep) runs on this; so
+can any asyncio service::
+
+    from streamlease.leader import LeaderLease, PutItem, dynamodb_backend
+
+    async with dynamodb_backend("streamlease-fleet") as backend:
+        async with LeaderLease(backend, "billing", owner="svc-7") as lease:
+            # Leader from here on, under lease.fence, until lease.lost is set.
+            await lease.fenced_write(PutItem("ledger", {"Pk": {"S": "day#2026-12-01"},
+                                                        "fence": {"N": str(lease.fence)}}))
+
+``async with`` waits until this owner holds the lease, renews it every heartbeat in the
+background, and resigns on the way out (the next holder takes it at once). ``lease.lost``
+is set the moment leadership is lost or can no longer be proven (a renewal refused, or
+none proven before ``ttl - safety margin`` on this process's monotonic clock): stop
+acting then. ``fenced_write`` makes the write conditional, atomically, on the lease still
+carrying this holder's fence; a stale holder's write raises ``StaleFence`` and changes
+nothing — also when the holder was paused past its lease and does not know yet.
+
+What this does not guarantee: anything about side effects outside the backend's own
+store. Give such systems the fence and have them refuse a lower one (see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+from streamlease.clock import SYSTEM_CLOCK, Clock
+from streamlease.core.backoff import jittered
+from streamlease.core.leadership import LeaderObserver, LeaderRecord
+from streamlease.core.membership import HeartbeatOutcome, Liveness, MemberState, MemberTimings
+from streamlease.errors import StoreError
+from streamlease.logs import event
+
+__all__ = [
+    "HashSet",
+    "LeaderBackend",
+    "LeaderLease",
+    "LeaderRecord",
+    "PutItem",
+    "Transaction",
+    "dynamodb_backend",
+]
+
+
+# -- writes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PutItem:
+    """DynamoDB: put ``item`` (DynamoDB JSON) into ``table``; ``condition`` (with its
+    names and values) is the put's own condition, e.g. ``attribute_not_exists(Pk)``."""
+
+    table: str
+    item: dict[str, Any]
+    condition: str | None = None
+    names: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """DynamoDB: these ``TransactWriteItems`` actions, all or nothing, with the fence."""
+
+    actions: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class HashSet:
+    """Redis: ``HSET key field value``."""
+
+    key: str
+    field: str
+    value: str
+
+
+class WriteRefused(StoreError):
+    """The write's own condition failed (not the fence): nothing was written."""
+
+
+# -- the backend ----------------------------------------------------------------------
+
+
+class LeaderBackend(Protocol):
+    """Where named leases live. Every method is one atomic, conditional operation."""
+
+    #: Whether ``fenced_write`` applies a ``PutItem`` with a condition of its own, in
+    #: the same atomic step as the fence check (DynamoDB and the in-memory store; not
+    #: Redis, whose fenced writes are hash sets).
+    conditional_puts: bool
+
+    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
+        """The lease as it is (a consistent read); None if absent or expired."""
+
+    async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
+                      now_wall_ms: int, timeout: float | None = None) -> int | None:
+        """Take the lease if it is still exactly as ``seen`` (None: absent); the new
+        fence (above every earlier one), or None if the condition failed."""
+
+    async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
+                    timeout: float | None = None) -> HeartbeatOutcome:
+        """Extend it while it is still this owner's under this fence (RENEWED), or report
+        it gone (FENCED), or that the outcome is unknown."""
+
+    async def resign(self, name: str, owner: str, fence: int,
+                     timeout: float | None = None) -> bool:
+        """Free it now (the fence stays) if still this holder's."""
+
+    async def fenced_write(self, name: str, fence: int, write: Any,
+                           timeout: float | None = None) -> None:
+        """Apply ``write`` only if the lease still carries ``fence``, atomically. Raises
+        StaleFence if it does not, WriteRefused if the write's own condition failed,
+        TypeError for a write this backend cannot apply."""
+
+
+@contextlib.asynccontextmanager
+async def dynamodb_backend(fleet_table: str) -> AsyncIterator[LeaderBackend]:
+    """Leader leases in a fleet table (``streamlease table create`` makes one), through
+    the standard AWS configuration."""
+    from streamlease.store.dynamodb import connect_admin
+    async with connect_admin("unused-streams", "unused-events", fleet_table) as stores:
+        yield stores.leader
+
+
+# -- the lease ------------------------------------------------------------------------
+
+
+class LeaderLease:
+    """One attempt at leadership of ``name`` by ``owner`` (see the module docstring)."""
+
+    def __init__(self, backend: LeaderBackend, name: str, owner: str, *, ttl_s: float = 20.0,
+                 heartbeat_s: float | None = None, safety_margin_s: float | None = None,
+                 clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
+        heartbeat = ttl_s / 4 if heartbeat_s is None else heartbeat_s
+        safety = ttl_s / 10 if safety_margin_s is None else safety_margin_s
+        if not 0 < heartbeat < ttl_s / 3 or not 0 < safety < ttl_s / 3:
+            raise ValueError("heartbeat_s and safety_margin_s must be under a third of ttl_s")
+        self.backend = backend
+        self.name = name
+        self.owner = owner
+        self.timings = MemberTimings(ttl_s, heartbeat, safety)
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.fence = 0
+        self.lost = asyncio.Event()
+        self._liveness: Liveness | None = None
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LeaderLease:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.release()
+
+    def may_write(self) -> bool:
+        """Whether this holder may still act: held, and within its local deadline."""
+        return self._liveness is not None and not self.lost.is_set() and \
+            self._liveness.may_write(self.clock.monotonic())
+
+    async def acquire(self, stop: asyncio.Event | None = None) -> bool:
+        """Wait until this owner holds the lease (True), or ``stop`` is set (False)."""
+        observer = LeaderObserver(self.owner, self.timings.lease_s)
+        while stop is None or not stop.is_set():
+            try:
+                if await self._try(observer):
+                    return True
+            except StoreError as exc:
+                event(logging.WARNING, "leader.acquire_failed", "cannot read or take the lease",
+                      lease=self.name, error=str(exc))
+            delay = jittered(self.timings.observe_s, 0.1, self.rng)
+            if stop is None:
+                await self.clock.sleep(delay)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
+        return False
+
+    async def _try(self, observer: LeaderObserver) -> bool:
+        sent = self.clock.monotonic()
+        record = await self.backend.read(self.name, timeout=self.timings.heartbeat_s)
+        received = self.clock.monotonic()
+        if not observer.may_take(record, sent, received):
+            return False
+        attempt = self.clock.monotonic()
+        fence = await self.backend.acquire(self.name, self.owner, self.timings.lease_s, record,
+                                           self.clock.wall_ms(), timeout=self.timings.heartbeat_s)
+        if fence is None:
+            return False
+        self.fence = fence
+        self.lost.clear()
+        self._liveness = Liveness.registered(attempt, self.timings)
+        self._keeper = asyncio.create_task(self._keep(), name=f"leader {self.name}")
+        event(logging.INFO, "leader.acquired", "leadership acquired", lease=self.name,
+              fence=fence, previous_owner=record.owner if record else None)
+        return True
+
+    async def _keep(self) -> None:
+        """Renew every heartbeat; set ``lost`` on refusal or at the local deadline."""
+        assert self._liveness is not None
+        liveness = self._liveness
+        delay = self.timings.heartbeat_s
+        while True:
+            await self.clock.sleep(min(delay, max(0.0, liveness.deadline - self.clock.monotonic())))
+            if liveness.check_deadline(self.clock.monotonic()):
+                self._lose("no renewal proven before the deadline")
+                return
+            sent = self.clock.monotonic()
+            outcome = await self.backend.renew(self.name, self.owner, self.fence,
+                                               self.timings.lease_s, self.clock.wall_ms(),
+                                               timeout=liveness.call_timeout(sent))
+            delay = liveness.on_heartbeat(outcome, sent, self.clock.monotonic())
+            if liveness.state is not MemberState.ACTIVE:
+                self._lose("renewal refused" if outcome is HeartbeatOutcome.FENCED
+                           else "no renewal proven before the deadline")
+                return
+
+    def _lose(self, why: str) -> None:
+        if not self.lost.is_set():
+            event(logging.WARNING, "leader.lost", "leadership lost", lease=self.name,
+                  fence=self.fence, reason=why)
+            self.lost.set()
+
+    async def release(self) -> None:
+        """Stop renewing and resign (if still held), so the next holder takes it now."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        if self._liveness is not None and not self.lost.is_set():
+            self.lost.set()
+            try:
+                await self.backend.resign(self.name, self.owner, self.fence,
+                                          timeout=self.timings.heartbeat_s)
+                event(logging.INFO, "leader.resigned", "leadership resigned", lease=self.name,
+                      fence=self.fence)
+            except StoreError as exc:
+                event(logging.WARNING, "leader.resign_failed",
+                      "could not resign; the lease will expire", lease=self.name,
+                      error=str(exc))
+        self._liveness = None
+
+    async def fenced_write(self, write: Any, timeout: float | None = None) -> None:
+        """Apply ``write`` (``PutItem``/``Transaction`` on DynamoDB, ``HashSet`` on
+        Redis) only if the lease still carries this holder's fence. StaleFence if not."""
+        await self.backend.fenced_write(self.name, self.fence, write,
+                                        timeout=timeout or self.timings.heartbeat_s)

@@ -1,0 +1,120 @@
+"""The fleet leader: one worker at a time runs the fleet-wide duties.
+
+Every ACTIVE worker is a candidate for the ``fleet`` leader lease (``streamlease.leader``).
+While it holds the lease, the leader runs each duty — the sweep for hand-written items
+and the fleet gauges, the clean-up of dead members' rows, the scheduled jobs — each
+handed the lease (for its fence) and an event set when it must stop. Duties stop when
+the lease is lost (at once: another leader may be starting them) or when the worker
+shuts down (jobs get the shutdown budget to finish); then the lease is resigned so the
+next leader takes it within one observation interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from streamlease.clock import Clock
+from streamlease.leader import LeaderBackend, LeaderLease
+from streamlease.logs import event
+from streamlease.metrics import Metrics
+
+FLEET_LEASE = "fleet"
+
+Duty = Callable[[LeaderLease, asyncio.Event], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class LeadershipSettings:
+    owner: str
+    ttl_s: float
+    heartbeat_s: float
+    safety_margin_s: float
+    name: str = FLEET_LEASE
+
+
+class Leadership:
+    def __init__(self, backend: LeaderBackend, clock: Clock, metrics: Metrics,
+                 settings: LeadershipSettings, duties: list[Duty],
+                 eligible: Callable[[], bool], rng: random.Random | None = None) -> None:
+        self.backend = backend
+        self.clock = clock
+        self.metrics = metrics
+        self.settings = settings
+        self.duties = duties
+        self.eligible = eligible
+        self.rng = rng or random.Random()
+        self.lease: LeaderLease | None = None
+        self._stop = asyncio.Event()
+
+    @property
+    def leading(self) -> bool:
+        return self.lease is not None and self.lease.may_write()
+
+    def stop(self) -> None:
+        """Step down (or stop trying): duties wind down, then the lease is resigned."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        while not self._stop.is_set():
+            if not self.eligible():
+                await self._pause(s.heartbeat_s)
+                continue
+            lease = LeaderLease(self.backend, s.name, s.owner, ttl_s=s.ttl_s,
+                                heartbeat_s=s.heartbeat_s, safety_margin_s=s.safety_margin_s,
+                                clock=self.clock, rng=self.rng)
+            if not await lease.acquire(self._stop):
+                return
+            self.lease = lease
+            self.metrics.leader(True)
+            event(logging.INFO, "leader.duties", "leading the fleet", lease=s.name,
+                  fence=lease.fence)
+            try:
+                await self._lead(lease)
+            finally:
+                self.lease = None
+                self.metrics.leader(False)
+                self.metrics.clear_fleet_view()
+                await lease.release()
+
+    async def _lead(self, lease: LeaderLease) -> None:
+        """Run every duty until the lease is lost or this worker steps down."""
+        done = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            for duty in self.duties:
+                tg.create_task(self._guarded(duty, lease, done))
+            waits = [asyncio.ensure_future(lease.lost.wait()),
+                     asyncio.ensure_future(self._stop.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waits:
+                waiter.cancel()
+            if lease.lost.is_set():
+                # Another leader may be starting already: stop reporting leadership now,
+                # not once the duties (a job's grace period) have wound down.
+                self.metrics.leader(False)
+            done.set()
+
+    async def _guarded(self, duty: Duty, lease: LeaderLease, done: asyncio.Event) -> None:
+        """A duty that crashes is logged and started again; it never ends leadership."""
+        while not done.is_set():
+            try:
+                await duty(lease, done)
+                return
+            except Exception:
+                event(logging.ERROR, "leader.duty_crashed", "a leader duty crashed; restarting",
+                      exc_info=True)
+                await self._pause(self.settings.heartbeat_s, done)
+
+    async def _pause(self, seconds: float, also: asyncio.Event | None = None) -> None:
+        waits = [asyncio.ensure_future(self._stop.wait())]
+        if also is not None:
+            waits.append(asyncio.ensure_future(also.wait()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waits:
+            waiter.cancel()

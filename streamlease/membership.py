@@ -1,0 +1,457 @@
+"""This worker's fleet membership: its member row, its liveness, and its view of peers.
+
+Two loops (the rules are in ``streamlease.core.membership``):
+
+* **heartbeat** — every ``HEARTBEAT_SECONDS`` the row's counter moves on, conditioned on
+  this incarnation's epoch. No heartbeat proven for ``LEASE - safety margin`` (monotonic,
+  from when it was sent): every stream stops writing (self-fence) until one is proven
+  again. The epoch moved on (a peer declared us dead): every stream stops at once, and
+  the worker registers afresh under a new epoch.
+* **observe** — every ``observe_s`` one consistent Query reads every member row. A peer
+  whose counter has not moved for ``LEASE`` on this worker's monotonic clock is dead: the
+  preferred live member (the first by id, or anyone after a grace period) fences it and
+  releases its streams on its behalf — one conditional write each, found through the
+  owner index, not a Scan — so they become orphans and are acquired as usual.
+
+Lease upkeep is therefore O(workers): a member write every heartbeat per worker, however
+many streams it holds; each stream's own lease is renewed only every
+``STREAM_RENEW_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from streamlease.clock import Clock
+from streamlease.core.backoff import Backoff, jittered
+from streamlease.core.membership import (
+    HeartbeatOutcome,
+    Liveness,
+    MemberRecord,
+    MemberState,
+    MemberStatus,
+    MemberTimings,
+    Observer,
+    heartbeat_strained,
+)
+from streamlease.errors import StoreError
+from streamlease.logs import event
+from streamlease.metrics import Metrics
+from streamlease.store.protocols import FleetStore, LeaseStore
+
+RELEASE_CONCURRENCY = 16  # on-behalf releases in flight at once
+# The owner index is eventually consistent (well under a second on DynamoDB): a dead
+# member's streams are looked up again this long after the first pass.
+SECOND_PASS_S = 2.0
+FORGET_AFTER_LEASES = 30  # a dead, released row observed this many leases is deleted
+
+
+@dataclass(frozen=True)
+class MembershipSettings:
+    me: str
+    capacity: int
+    timings: MemberTimings
+
+
+@dataclass
+class Hooks:
+    """What membership asks of the rest of the worker."""
+
+    held: Callable[[], int]  # streams held now (reported in the row)
+    fenced: Callable[[], None]  # our epoch moved on: stop every stream now, no release
+    self_fenced: Callable[[], None]  # no heartbeat proven in time: stop writing
+    fleet_changed: Callable[[], None]  # a peer died, released, drained or handed off
+    proven: Callable[[float], None] = lambda at: None  # a heartbeat sent at ``at`` landed
+    # every heartbeat's outcome and latency (admission control, sink pacing)
+    beat: Callable[[HeartbeatOutcome, float], None] = lambda outcome, seconds: None
+    leading: Callable[[], bool] = lambda: True  # dead rows are deleted by the leader only
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """The members as last read, with what this worker observed about them."""
+
+    members: tuple[MemberRecord, ...] = ()
+    observed_dead: frozenset[str] = frozenset()
+
+    def active(self) -> list[MemberRecord]:
+        """Members taking streams: ACTIVE and not observed dead."""
+        return [m for m in self.members
+                if m.status is MemberStatus.ACTIVE and m.worker_id not in self.observed_dead]
+
+    def live(self) -> list[MemberRecord]:
+        return [m for m in self.members
+                if m.live_status and m.worker_id not in self.observed_dead]
+
+    def draining(self) -> bool:
+        return any(m.status is MemberStatus.DRAINING for m in self.live())
+
+
+@dataclass
+class _Takeover:
+    seen: MemberRecord
+    since: float  # monotonic: when this worker first found it dead
+
+
+class Membership:
+    def __init__(self, fleet: FleetStore, leases: LeaseStore, clock: Clock, metrics: Metrics,
+                 settings: MembershipSettings, hooks: Hooks,
+                 rng: random.Random | None = None) -> None:
+        self.fleet = fleet
+        self.leases = leases
+        self.clock = clock
+        self.metrics = metrics
+        self.settings = settings
+        self.hooks = hooks
+        self.rng = rng or random.Random()
+        self.timings = settings.timings
+        self.epoch = 0
+        self.status = MemberStatus.ACTIVE
+        self.handoffs = 0
+        # Nothing is proven before registration: may_write is false until then.
+        self.liveness = Liveness(self.timings, deadline=float("-inf"))
+        self.view = FleetView()
+        self.observer = Observer(settings.me, self.timings.lease_s)
+        self._beat_now = asyncio.Event()
+        self._last_beat = 0.0
+        self._stop = asyncio.Event()
+        self._pending: dict[str, _Takeover] = {}
+        self._working: set[str] = set()  # members this worker is fencing or releasing
+        self._strained_until = 0.0  # heartbeats slow or unanswered until then
+        self._unreleased_since: dict[tuple[str, int], float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()  # takeovers in flight
+
+    @property
+    def me(self) -> str:
+        return self.settings.me
+
+    def may_write(self, now: float) -> bool:
+        return self.liveness.may_write(now)
+
+    @property
+    def accepting(self) -> bool:
+        """May this worker take streams now (alive, registered, not draining)?"""
+        return self.status is MemberStatus.ACTIVE and \
+            self.liveness.may_write(self.clock.monotonic())
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def register(self) -> None:
+        """Register a new incarnation, then release what earlier incarnations of this
+        worker id left behind (their streams carry an older epoch)."""
+        sent = self.clock.monotonic()
+        record = await self.fleet.register(self.me, self.settings.capacity,
+                                           self.clock.wall_ms(), self.status,
+                                           timeout=self.timings.lease_s)
+        self.epoch = record.epoch
+        self.liveness = Liveness.registered(sent, self.timings)
+        if self.status is MemberStatus.DRAINING:
+            self._beat_now.set()  # fenced while draining: say so again at once
+        event(logging.INFO, "member.registered", "joined the fleet", epoch=self.epoch)
+        released, _ = await self._release_all(self.me, self.epoch)
+        if released:
+            event(logging.WARNING, "member.leftovers_released",
+                  "released streams an earlier incarnation of this worker still held",
+                  epoch=self.epoch, streams=released)
+
+    def drain(self) -> None:
+        """Shutting down: tell peers at once (share 0; they poll for what we release)."""
+        self.status = MemberStatus.DRAINING
+        self._beat_now.set()
+
+    def handed_off(self) -> None:
+        """Streams were released for others to take: tell peers now, not next heartbeat."""
+        self.handoffs += 1
+        self._beat_now.set()
+
+    def counts_changed(self) -> None:
+        """This worker's stream count changed: report it soon (peers plan with it)."""
+        self._beat_now.set()
+
+    async def leave(self) -> None:
+        """A clean exit (every stream released): remove this incarnation's row."""
+        self._stop.set()
+        try:
+            await self.fleet.leave(self.me, self.epoch, timeout=self.timings.heartbeat_s)
+        except StoreError as exc:
+            event(logging.WARNING, "member.leave_failed",
+                  "could not remove the member row; peers will declare it dead",
+                  error=str(exc))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._beat_now.set()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._heartbeat_loop(), name="member heartbeat")
+            tg.create_task(self._observe_loop(), name="member observe")
+
+    # -- heartbeat ------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        delay = self.timings.heartbeat_s
+        while not self._stop.is_set():
+            await self._wait(delay)
+            if self._stop.is_set():
+                return
+            if self.liveness.check_deadline(self.clock.monotonic()):
+                self._on_self_fenced()
+            try:
+                delay = await self._beat()
+            except Exception:
+                # The heartbeat loop must outlive any surprise; the deadline still rules.
+                event(logging.ERROR, "member.heartbeat_crashed", "member heartbeat crashed",
+                      exc_info=True)
+                delay = self.timings.heartbeat_s / 4
+
+    async def _beat(self) -> float:
+        sent = self._last_beat = self.clock.monotonic()
+        result = await self.fleet.heartbeat(
+            self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
+            self.handoffs, self.clock.wall_ms(), timeout=self.liveness.call_timeout(sent))
+        now = self.clock.monotonic()
+        self.metrics.member_heartbeat(now - sent, result.outcome.value)
+        self.hooks.beat(result.outcome, now - sent)
+        if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
+            self._strained_until = now + 2 * self.timings.heartbeat_s
+        before = self.liveness.state
+        delay = self.liveness.on_heartbeat(result.outcome, sent, now)
+        if result.outcome is HeartbeatOutcome.RENEWED:
+            self.hooks.proven(sent)
+        after = self.liveness.state
+        if result.outcome in (HeartbeatOutcome.UNKNOWN, HeartbeatOutcome.THROTTLED):
+            event(logging.WARNING, "member.heartbeat_failed", "member heartbeat failed; retrying",
+                  outcome=result.outcome.value, error=result.error, retry_in_s=round(delay, 3),
+                  deadline_in_s=round(self.liveness.deadline - now, 3))
+        if after is MemberState.FENCED:
+            await self._on_fenced()
+            return 0.0
+        if before is not MemberState.SELF_FENCED and after is MemberState.SELF_FENCED:
+            self._on_self_fenced()
+        elif before is MemberState.SELF_FENCED and after is MemberState.ACTIVE:
+            event(logging.WARNING, "member.recovered",
+                  "heartbeats proven again under the same epoch; taking streams again",
+                  epoch=self.epoch)
+        return delay
+
+    def _on_self_fenced(self) -> None:
+        event(logging.ERROR, "member.self_fenced",
+              "no member heartbeat proven before the deadline: every stream stops writing",
+              epoch=self.epoch)
+        self.hooks.self_fenced()
+
+    async def _on_fenced(self) -> None:
+        event(logging.ERROR, "member.fenced",
+              "this worker's epoch moved on (declared dead, or another process uses this "
+              "worker id): every stream stops; registering again", epoch=self.epoch)
+        self.metrics.member_fenced()
+        self.hooks.fenced()
+        retry = Backoff(0.1, self.timings.heartbeat_s, self.rng)
+        while not self._stop.is_set():
+            try:
+                await self.register()
+                return
+            except StoreError as exc:
+                event(logging.WARNING, "member.register_failed", "cannot register; retrying",
+                      error=str(exc))
+                await self._wait(retry.next_delay())
+
+    async def _wait(self, seconds: float) -> None:
+        """Until the next heartbeat is due, or one is asked for early (a notice: draining,
+        a hand-off, a changed count) — but never sooner than a short gap after the last,
+        so a burst of notices costs one write."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self._beat_now.wait()
+        self._beat_now.clear()
+        gap = self._last_beat + min(self.timings.observe_s, self.timings.heartbeat_s / 4) \
+            - self.clock.monotonic()
+        if gap > 0 and not self._stop.is_set():
+            await self.clock.sleep(gap)
+
+    # -- observing peers ------------------------------------------------------------------
+
+    async def _observe_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self._observe()
+            except StoreError as exc:
+                event(logging.WARNING, "member.observe_failed", "cannot read the fleet",
+                      error=str(exc))
+            except Exception:
+                event(logging.ERROR, "member.observe_crashed", "observing the fleet crashed",
+                      exc_info=True)
+            # A strained store (this worker's own heartbeats slow or unanswered) is read
+            # once a heartbeat instead of twice: deaths are seen a little later, never
+            # sooner, and the heartbeat keeps its place in the store's queue.
+            every = self.timings.observe_s
+            if self.clock.monotonic() < self._strained_until:
+                every = max(every, self.timings.heartbeat_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(jittered(every, 0.1, self.rng)):
+                    await self._stop.wait()
+
+    async def _observe(self) -> None:
+        sent = self.clock.monotonic()
+        members = await self.fleet.members(timeout=self.timings.heartbeat_s)
+        received = self.clock.monotonic()
+        dead = self.observer.observe(members, sent, received)
+        before = self.view
+        self.view = FleetView(tuple(members), frozenset(m.worker_id for m in dead))
+        self.metrics.members(self.view.members, self.view.observed_dead)
+        if _changed(before, self.view):
+            self.hooks.fleet_changed()
+        for member in dead:
+            self._pending.setdefault(member.worker_id, _Takeover(member, received))
+            self._pending[member.worker_id].seen = member
+        for gone in set(self._pending) - {m.worker_id for m in dead}:
+            del self._pending[gone]
+        for takeover in list(self._pending.values()):
+            if self._my_turn(takeover, received):
+                self._spawn(self._take_over(takeover.seen))
+        self._finish_abandoned(members, received)
+
+    def _my_turn(self, takeover: _Takeover, now: float) -> bool:
+        """The first live member by id fences at once; the others give it a quarter
+        lease, so one conditional write usually decides (any of them may still win)."""
+        live = sorted(m.worker_id for m in self.view.live())
+        first = live[0] if live else self.me
+        return first == self.me or now - takeover.since >= self.timings.lease_s / 4
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _take_over(self, seen: MemberRecord) -> None:
+        key = seen.worker_id
+        if key in self._working:
+            return
+        self._working.add(key)
+        try:
+            fenced = await self.fleet.fence(seen, self.me, self.clock.wall_ms(),
+                                            timeout=self.timings.heartbeat_s)
+            if fenced is None:
+                return  # it heartbeated meanwhile, or another peer fenced it
+            self.metrics.member_declared_dead()
+            event(logging.WARNING, "member.dead",
+                  "a member stopped heartbeating; fenced it and releasing its streams",
+                  member=seen.worker_id, epoch=seen.epoch, heartbeat=seen.heartbeat,
+                  new_epoch=fenced.epoch)
+            await self._release_dead(fenced)
+        except StoreError as exc:
+            event(logging.WARNING, "member.takeover_failed", "fencing a dead member failed",
+                  member=seen.worker_id, error=str(exc))
+        finally:
+            self._working.discard(key)
+
+    async def _release_dead(self, fenced: MemberRecord) -> None:
+        """Release every stream of a fenced member; mark its row released only if none
+        failed (else a later pass by any member finishes the job)."""
+        released, failed = await self._release_all(fenced.worker_id, fenced.epoch)
+        self.hooks.fleet_changed()
+        # The owner index is eventually consistent: a stream the member acquired just
+        # before it died may show up a moment later.
+        await self.clock.sleep(min(SECOND_PASS_S, self.timings.lease_s))
+        more, failed_again = await self._release_all(fenced.worker_id, fenced.epoch)
+        released += more
+        if failed or failed_again:
+            event(logging.WARNING, "member.release_incomplete",
+                  "some of a dead member's streams could not be released; retrying later",
+                  member=fenced.worker_id, epoch=fenced.epoch,
+                  failed=failed_again)
+            return
+        await self.fleet.mark_released(fenced.worker_id, fenced.epoch,
+                                       timeout=self.timings.heartbeat_s)
+        event(logging.INFO, "member.released", "released a dead member's streams",
+              member=fenced.worker_id, epoch=fenced.epoch, streams=released)
+
+    async def _release_all(self, owner: str, fenced_epoch: int) -> tuple[int, int]:
+        """Release every stream ``owner`` holds under an epoch older than
+        ``fenced_epoch``, one conditional write each: (released, failed)."""
+        owned = await self.leases.owned_by(owner, timeout=self.timings.lease_s)
+        if not owned:
+            return 0, 0
+        gate = asyncio.Semaphore(RELEASE_CONCURRENCY)
+        results: list[bool] = []
+        failed = 0
+
+        async def one(stream_id: str, fence: int) -> None:
+            nonlocal failed
+            async with gate:
+                try:
+                    results.append(await self.leases.release_for(
+                        stream_id, owner, fence, fenced_epoch, timeout=self.timings.heartbeat_s))
+                except StoreError as exc:
+                    failed += 1
+                    event(logging.WARNING, "member.release_for_failed",
+                          "releasing a dead member's stream failed; the next pass retries",
+                          stream=stream_id, member=owner, error=str(exc))
+
+        async with asyncio.TaskGroup() as tg:
+            for item in owned:
+                tg.create_task(one(item.stream_id, item.fence))
+        count = sum(results)
+        if count:
+            self.metrics.released_on_behalf(count)
+            self.hooks.fleet_changed()
+        return count, failed
+
+    def _finish_abandoned(self, members: list[MemberRecord], now: float) -> None:
+        """A DEAD row whose streams were never marked released (its fencer died too): once
+        it has stayed so for a lease, anyone finishes the job. A released one observed
+        for long enough is deleted (clean exits delete their own rows)."""
+        keys = set()
+        for member in members:
+            if member.status is not MemberStatus.DEAD:
+                continue
+            key = (member.worker_id, member.epoch)
+            keys.add(key)
+            since = self._unreleased_since.setdefault(key, now)
+            if not member.released and now - since >= self.timings.lease_s:
+                self._unreleased_since[key] = now
+                self._spawn(self._finish(member))
+            elif member.released and self.hooks.leading() and \
+                    now - since >= FORGET_AFTER_LEASES * self.timings.lease_s:
+                self._spawn(self._forget(member))
+        for key in set(self._unreleased_since) - keys:
+            del self._unreleased_since[key]
+
+    async def _forget(self, member: MemberRecord) -> None:
+        try:
+            await self.fleet.leave(member.worker_id, member.epoch,
+                                   timeout=self.timings.heartbeat_s)
+        except StoreError as exc:
+            event(logging.WARNING, "member.forget_failed", "could not delete a dead member's row",
+                  member=member.worker_id, error=str(exc))
+
+    async def _finish(self, member: MemberRecord) -> None:
+        key = member.worker_id
+        if key in self._working:
+            return
+        self._working.add(key)
+        try:
+            await self._release_dead(member)
+        except StoreError as exc:
+            event(logging.WARNING, "member.takeover_failed", "finishing a release failed",
+                  member=member.worker_id, error=str(exc))
+        finally:
+            self._working.discard(key)
+
+
+def _changed(before: FleetView, after: FleetView) -> bool:
+    """Worth a reconcile now: someone joined, left, died, was released, started draining,
+    or handed streams over."""
+    def shape(view: FleetView) -> set[tuple[str, str, bool, int, bool]]:
+        return {(m.worker_id, m.status.value, m.released, m.handoffs,
+                 m.worker_id in view.observed_dead) for m in view.members}
+    return shape(before) != shape(after)

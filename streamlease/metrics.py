@@ -1,0 +1,339 @@
+"""Every metric name lives here, behind domain verbs. Only this module imports
+prometheus_client.
+
+No label carries a stream id or worker id (cardinality): the scrape target says which
+worker. Every labelled counter is exposed at 0 for each known label value from start-up,
+so ``rate()`` and alerts work before the first event.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from streamlease import __version__
+from streamlease.core.jobs import RunOutcome
+from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
+from streamlease.core.membership import MemberRecord
+
+RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big")
+BAD_ITEM_REASONS = ("bad_state", "bad_url")
+DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
+                       "delete_item", "put_item", "describe_table", "create_table",
+                       "update_table")
+DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "timeout", "cancelled",
+                     "error")
+
+RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
+MEMBER_HEARTBEAT_OUTCOMES = ("renewed", "fenced", "unknown", "throttled")
+MEMBER_STATUSES = ("ACTIVE", "DRAINING", "DEAD", "UNRESPONSIVE")
+JOB_OUTCOMES = tuple(o.value for o in RunOutcome)
+JOB_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
+FLEET_STATES = ("STARTED", "STOPPED", "invalid")
+FLEET_LEASES = ("live", "expired", "none")
+
+FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+HOLD_BUCKETS = (1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """The worker's metrics in one registry (a fresh one per instance, so tests can
+    make several)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        if registry is None:
+            ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, fds
+            PlatformCollector(registry=r)  # python_info
+        p = "streamlease_"
+        self._leases_held = Gauge(p + "leases_held", "Leases this worker holds now", registry=r)
+        self._acquired = Counter(p + "lease_acquired", "Leases acquired", registry=r)
+        self._lost = Counter(p + "lease_lost", "Leases lost without a release, by reason",
+                             ["reason"], registry=r)
+        self._released = Counter(p + "lease_released", "Leases released, by reason",
+                                 ["reason"], registry=r)
+        self._heartbeat = Histogram(p + "heartbeat_seconds", "Duration of one lease renewal",
+                                    buckets=FAST_BUCKETS, registry=r)
+        self._reconcile = Histogram(p + "reconcile_seconds", "Duration of one reconcile cycle",
+                                    buckets=FAST_BUCKETS, registry=r)
+        self._orphans = Counter(p + "orphans_found", "Orphaned streams seen by the reconciler",
+                                registry=r)
+        self._delivered = Counter(p + "messages_delivered",
+                                  "Messages durably written to the sink", registry=r)
+        self._stale = Counter(p + "stale_writes_rejected",
+                              "Sink batches refused because this holder's fence was stale",
+                              registry=r)
+        self._reconnects = Counter(p + "upstream_reconnects", "Upstream reconnects, by reason",
+                                   ["reason"], registry=r)
+        self._gaps = Counter(p + "sequence_gaps",
+                             "Connections whose first seq was above the one asked for",
+                             registry=r)
+        self._malformed = Counter(p + "malformed_frames",
+                                  "Upstream frames dropped as malformed", registry=r)
+        self._duplicates = Counter(p + "duplicate_frames",
+                                   "Upstream frames dropped as already delivered", registry=r)
+        self._bad_items = Counter(p + "bad_items", "Stream items that cannot be served, by reason",
+                                  ["reason"], registry=r)
+        self._takeover = Histogram(
+            p + "takeover_delay_seconds",
+            "How long a stream went unowned before this worker took it (from the stored expiry)",
+            buckets=TAKEOVER_BUCKETS, registry=r)
+        self._ddb_requests = Counter(p + "dynamodb_requests", "DynamoDB calls",
+                                     ["operation", "outcome"], registry=r)
+        self._ddb_seconds = Histogram(p + "dynamodb_request_seconds", "DynamoDB call duration",
+                                      ["operation"], buckets=FAST_BUCKETS, registry=r)
+        self._renewals = Counter(p + "renewals", "Lease renewals, by outcome", ["outcome"],
+                                 registry=r)
+        self._hold = Histogram(p + "lease_hold_seconds",
+                               "How long a lease was held, observed when it ends",
+                               buckets=HOLD_BUCKETS, registry=r)
+        self._sink_batch = Histogram(p + "sink_batch_seconds",
+                                     "Duration of one fenced sink write, retries included",
+                                     buckets=FAST_BUCKETS, registry=r)
+        self._stalled = Gauge(p + "stalled_streams",
+                              "Streams whose upstream sends frames none of which can be "
+                              "delivered (duplicates, refused seq jumps, malformed)", registry=r)
+        self._connected = Gauge(p + "upstream_connected_streams",
+                                "Streams with an open upstream connection", registry=r)
+        self._loop_lag = Gauge(p + "event_loop_lag_seconds",
+                               "How late the event loop ran a timer, last sample", registry=r)
+        self._streams = Gauge(
+            p + "streams",
+            "Streams in the table by desired_state and lease (the fleet view, from the sweep)",
+            ["desired_state", "lease"], registry=r)
+        self._max_streams = Gauge(p + "max_streams", "STREAMLEASE_MAX_STREAMS", registry=r)
+        self._draining = Gauge(p + "draining", "1 while the worker shuts down", registry=r)
+        self._admitting = Gauge(p + "admitting",
+                                "1 while this worker acquires streams; 0 while its own "
+                                "renewals fail or are slow (admission control)", registry=r)
+        self._admitting.set(1)
+        self._rewound = Counter(p + "checkpoint_rewound",
+                                "Acquisitions that found the item's checkpoint or fence behind "
+                                "the sink and resumed after the sink", registry=r)
+        self._members = Gauge(
+            p + "members",
+            "Fleet members as this worker last read them, by status (UNRESPONSIVE: observed "
+            "dead, not yet fenced)", ["status"], registry=r)
+        self._declared_dead = Counter(p + "members_declared_dead",
+                                      "Members this worker fenced after observing them dead",
+                                      registry=r)
+        self._on_behalf = Counter(p + "releases_on_behalf",
+                                  "Streams of dead members this worker released for them",
+                                  registry=r)
+        self._member_fenced = Counter(p + "member_fenced",
+                                      "Times this worker found its own epoch moved on",
+                                      registry=r)
+        self._member_hb = Histogram(p + "member_heartbeat_seconds",
+                                    "Duration of one member heartbeat", buckets=FAST_BUCKETS,
+                                    registry=r)
+        self._member_hbs = Counter(p + "member_heartbeats", "Member heartbeats, by outcome",
+                                   ["outcome"], registry=r)
+        self._rebalance_moves = Counter(p + "rebalance_moves",
+                                        "Streams this worker handed over to even out the fleet",
+                                        registry=r)
+        # Unknown (NaN) until this worker first computes its share, so a balance alert
+        # cannot fire on a worker that has not read the fleet yet.
+        self._sink_limit = Gauge(p + "sink_in_flight_limit",
+                                 "Sink transactions this worker lets be in flight at once "
+                                 "(lowered while member heartbeats are slow)", registry=r)
+        self._share = Gauge(p + "member_share",
+                            "Streams this worker aims to hold: its fair share of the fleet's "
+                            "STARTED streams (0 while draining)", registry=r)
+        self._share.set(math.nan)
+        self._is_leader = Gauge(p + "is_leader", "1 while this worker is the fleet leader",
+                                registry=r)
+        self._leader_changes = Counter(p + "leader_changes",
+                                       "Times this worker became the fleet leader", registry=r)
+        self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
+        self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
+                                      buckets=JOB_BUCKETS, registry=r)
+        self._job_delay = Histogram(p + "job_start_delay_seconds",
+                                    "How late a job run started after its slot's time",
+                                    buckets=FAST_BUCKETS, registry=r)
+        self._job_skipped = Counter(p + "job_slots_skipped",
+                                    "Slots that came due while no leader could run them",
+                                    registry=r)
+        self._jobs_unreadable = Gauge(p + "jobs_unreadable",
+                                      "Job items the leader cannot run as stored (never run)",
+                                      registry=r)
+        self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
+        self._build.labels(__version__).set(1)
+
+        for reason in LOST_REASONS:
+            self._lost.labels(reason.value)
+        for reason in RELEASE_REASONS:
+            self._released.labels(reason.value)
+        for name in RECONNECT_REASONS:
+            self._reconnects.labels(name)
+        for name in BAD_ITEM_REASONS:
+            self._bad_items.labels(name)
+        for name in RENEW_OUTCOMES:
+            self._renewals.labels(name)
+        for name in JOB_OUTCOMES:
+            self._job_runs.labels(name)
+        for name in MEMBER_HEARTBEAT_OUTCOMES:
+            self._member_hbs.labels(name)
+        for name in MEMBER_STATUSES:
+            self._members.labels(name)
+        for op in DYNAMODB_OPERATIONS:
+            self._ddb_seconds.labels(op)
+            for outcome in DYNAMODB_OUTCOMES:
+                self._ddb_requests.labels(op, outcome)
+        # Hot path: cache the children touched per message.
+        self._delivered_inc = self._delivered.inc
+
+    # -- domain verbs -------------------------------------------------------------------
+
+    def set_capacity(self, max_streams: int) -> None:
+        self._max_streams.set(max_streams)
+
+    def set_leases_held(self, count: int) -> None:
+        self._leases_held.set(count)
+
+    def lease_acquired(self, takeover_delay_s: float | None) -> None:
+        self._acquired.inc()
+        if takeover_delay_s is not None:
+            self._takeover.observe(max(0.0, takeover_delay_s))
+
+    def lease_lost(self, reason: StopReason) -> None:
+        self._lost.labels(reason.value).inc()
+
+    def lease_released(self, reason: StopReason) -> None:
+        self._released.labels(reason.value).inc()
+
+    def heartbeat(self, seconds: float, outcome: str) -> None:
+        self._heartbeat.observe(seconds)
+        self._renewals.labels(outcome).inc()
+
+    def lease_ended(self, held_s: float) -> None:
+        self._hold.observe(max(0.0, held_s))
+
+    def sink_batch(self, seconds: float) -> None:
+        self._sink_batch.observe(seconds)
+
+    def stalled(self, delta: int) -> None:
+        self._stalled.inc(delta)
+
+    def upstream_connected(self, delta: int) -> None:
+        self._connected.inc(delta)
+
+    def loop_lag(self, seconds: float) -> None:
+        self._loop_lag.set(max(0.0, seconds))
+
+    def fleet_view(self, counts: dict[tuple[str, str], int]) -> None:
+        """Set every (desired_state, lease) cell, zero where absent."""
+        for state in FLEET_STATES:
+            for lease in FLEET_LEASES:
+                self._streams.labels(state, lease).set(counts.get((state, lease), 0))
+
+    def reconcile(self, seconds: float) -> None:
+        self._reconcile.observe(seconds)
+
+    def orphans_found(self, count: int) -> None:
+        self._orphans.inc(count)
+
+    def delivered(self, count: int) -> None:
+        self._delivered_inc(count)
+
+    def stale_write_rejected(self) -> None:
+        self._stale.inc()
+
+    def reconnect(self, reason: str) -> None:
+        self._reconnects.labels(reason).inc()
+
+    def gap(self) -> None:
+        self._gaps.inc()
+
+    def malformed(self) -> None:
+        self._malformed.inc()
+
+    def duplicate(self) -> None:
+        self._duplicates.inc()
+
+    def bad_item(self, reason: str) -> None:
+        self._bad_items.labels(reason).inc()
+
+    def sink_limit(self, limit: int) -> None:
+        self._sink_limit.set(limit)
+
+    def member_heartbeat(self, seconds: float, outcome: str) -> None:
+        self._member_hb.observe(seconds)
+        self._heartbeat.observe(seconds)
+        self._member_hbs.labels(outcome).inc()
+
+    def member_fenced(self) -> None:
+        self._member_fenced.inc()
+
+    def members(self, members: Iterable[MemberRecord], observed_dead: Iterable[str]) -> None:
+        dead = set(observed_dead)
+        counts = dict.fromkeys(MEMBER_STATUSES, 0)
+        for member in members:
+            status = "UNRESPONSIVE" if member.worker_id in dead else member.status.value
+            counts[status] += 1
+        for status, value in counts.items():
+            self._members.labels(status).set(value)
+
+    def member_declared_dead(self) -> None:
+        self._declared_dead.inc()
+
+    def released_on_behalf(self, count: int) -> None:
+        self._on_behalf.inc(count)
+
+    def leader(self, leading: bool) -> None:
+        if leading:
+            self._leader_changes.inc()
+        self._is_leader.set(1 if leading else 0)
+
+    def job_run(self, outcome: str, seconds: float) -> None:
+        self._job_runs.labels(outcome).inc()
+        if seconds > 0:
+            self._job_seconds.observe(seconds)
+
+    def job_started(self, delay_s: float) -> None:
+        self._job_delay.observe(max(0.0, delay_s))
+
+    def job_slots_skipped(self, count: int) -> None:
+        self._job_skipped.inc(count)
+
+    def unreadable_jobs(self, count: int) -> None:
+        self._jobs_unreadable.set(count)
+
+    def clear_fleet_view(self) -> None:
+        """Only the leader publishes the fleet view; others expose none (not stale)."""
+        self._streams.clear()
+
+    def rebalance_moved(self, count: int) -> None:
+        self._rebalance_moves.inc(count)
+
+    def share(self, value: int) -> None:
+        self._share.set(value)
+
+    def admission(self, admitting: bool) -> None:
+        self._admitting.set(1 if admitting else 0)
+
+    def checkpoint_rewound(self) -> None:
+        self._rewound.inc()
+
+    def draining(self, on: bool) -> None:
+        self._draining.set(1 if on else 0)
+
+    def dynamodb_request(self, operation: str, outcome: str, seconds: float) -> None:
+        self._ddb_requests.labels(operation, outcome).inc()
+        self._ddb_seconds.labels(operation).observe(seconds)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The /metrics body and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,414 @@
+"""One upstream WebSocket: connect with ``from_seq``, read, batch, hand to the fenced sink.
+
+The protocol decisions — which frame is a duplicate, a refused jump or a gap, when a batch
+is due, what stop, abort and reconnect mean, how long to back off — belong to
+``streamlease.core.stream.StreamMachine`` (pure). This class moves bytes and time: it opens and
+closes the connection, feeds frames and clock readings to the machine, and carries out its
+decisions (write a batch, sleep, reconnect), logging and counting as it goes.
+
+One task does all of it (``run``), and it raises plain exceptions. While it writes a batch
+it does not read: frames wait in websockets' small receive queue, then in the kernel, so a
+stream holds at most one batch and that queue (``streamlease.core.stream.stream_buffer_bytes``).
+A request from the supervisor (stop, abort, reconnect) updates the machine and, if the task
+is waiting for the upstream or the clock (a frame, the handshake, a backoff), interrupts
+that wait. A write in flight is never interrupted: it was sent, so the sink decides it
+either way.
+
+The pump never decides ownership. Before every sink write it asks the holder
+(``Holding.may_write``) whether the tenure's local deadline still allows writing, and the
+sink itself refuses a stale fence. Reconnects flush first, so every connection asks for
+``from_seq = last_seq + 1`` where ``last_seq`` is what the sink has durably taken (CONTRACT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+from websockets.frames import CloseCode
+
+from streamlease.clock import Clock
+from streamlease.core.backoff import Backoff
+from streamlease.core.frames import Frame, Malformed, parse_frame
+from streamlease.core.lease import Holding
+from streamlease.core.model import Tenure
+from streamlease.core.stream import (
+    BATCH_MAX_BYTES,
+    RECEIVE_QUEUE,
+    Ending,
+    StreamMachine,
+    StreamRules,
+    Verdict,
+)
+from streamlease.core.urls import AllowList, redact, with_from_seq
+from streamlease.dial import dial
+from streamlease.errors import DialError, SelfFenced, StoreThrottled, StoreUnavailable
+from streamlease.logs import event
+from streamlease.metrics import Metrics
+
+T = TypeVar("T")
+_ACCEPTED = Verdict.ACCEPTED
+
+
+class Sink(Protocol):
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class PumpSettings:
+    batch_max_messages: int = 200
+    batch_max_bytes: int = BATCH_MAX_BYTES
+    batch_max_s: float = 0.2
+    max_frame_bytes: int = 262_144
+    max_seq_jump: int = 1_000_000_000
+    stall_s: float = 60.0
+    receive_queue: tuple[int, int] = RECEIVE_QUEUE
+    allowed_urls: AllowList = ()  # nothing may be dialled unless the worker says so
+    call_timeout_s: float = 10.0
+    open_timeout_s: float = 10.0
+    reconnect_base_s: float = 0.1
+    reconnect_cap_s: float = 30.0
+    stable_after_s: float = 5.0  # a connection that lived this long resets the backoff
+
+    def rules(self) -> StreamRules:
+        return StreamRules(
+            batch_max_messages=self.batch_max_messages, batch_max_bytes=self.batch_max_bytes,
+            batch_max_s=self.batch_max_s, max_seq_jump=self.max_seq_jump,
+            stall_s=self.stall_s, reconnect_base_s=self.reconnect_base_s,
+            reconnect_cap_s=self.reconnect_cap_s, stable_after_s=self.stable_after_s)
+
+
+class Pump:
+    """``on_problem`` is called with a one-line description when the stream stalls (it
+    receives frames but can deliver none, for ``stall_s``) or the description changes, and
+    with None at the first real progress of this pump and at the end of every stall: once
+    per change, never per frame."""
+
+    def __init__(self, tenure: Tenure, holding: Holding, sink: Sink, clock: Clock,
+                 metrics: Metrics, settings: PumpSettings, rng: random.Random | None = None,
+                 on_delivered: Callable[[int], None] | None = None,
+                 on_problem: Callable[[str | None], None] | None = None) -> None:
+        self.tenure = tenure
+        self.holding = holding
+        self.sink = sink
+        self.clock = clock
+        self.metrics = metrics
+        self.settings = settings
+        self.machine = StreamMachine(settings.rules(), tenure.last_seq or 0, rng)
+        self.connected = False
+        self._on_delivered = on_delivered
+        self._on_problem = on_problem
+        self._task: asyncio.Task[Any] | None = None
+        self._parked = False  # the task waits for the upstream or the clock, not a write
+        self._interrupted = False  # this pump cancelled that wait
+        self._stalled = False  # counted in streamlease_stalled_streams
+
+    @property
+    def stream(self) -> str:
+        return self.tenure.stream_id
+
+    @property
+    def committed(self) -> int:
+        """The highest seq the sink has taken."""
+        return self.machine.committed
+
+    # -- control from the supervisor ------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Graceful: stop reading; ``run`` then flushes what it holds and returns.
+
+        Never waits for the connection to close: the pump's task does that, so a caller
+        (the heartbeat loop) is not held up by a slow close handshake."""
+        self.machine.stop()
+        self._interrupt()
+
+    async def abort(self) -> None:
+        """Ownership is gone: stop reading and start no new write. A write already in
+        flight is left to finish: it was sent, so the sink decides it either way, and its
+        answer (accepted before the takeover, or refused as stale) is worth knowing."""
+        self.machine.abort()
+        self._interrupt()
+
+    async def reconnect(self, reason: str) -> None:
+        """Close the connection; ``run`` flushes and connects again (e.g. a new URL)."""
+        self.machine.reconnect(reason)
+        self._interrupt()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read until stopped. Raises StaleFence, SelfFenced, SinkConflict or StoreError
+        (plain exceptions, never groups) when the tenure can no longer write."""
+        self._task = asyncio.current_task()
+        try:
+            await self._connections()
+            self.machine.flush()
+            await self._write_due()
+        finally:
+            self._task = None
+            self._set_stalled(False)
+
+    async def _connections(self) -> None:
+        machine = self.machine
+        while (from_seq := machine.connect(self.clock.monotonic())) is not None:
+            url = with_from_seq(self.holding.ws_url, from_seq)
+            reason = await self._connection(url, from_seq)
+            machine.flush()  # before reconnecting: the next connection asks committed + 1
+            await self._write_due()
+            step = machine.disconnected(reason, self.clock.monotonic())
+            if step is None:
+                return
+            self.metrics.reconnect(step.reason)
+            event(logging.INFO, "pump.reconnect", "reconnecting to upstream",
+                  stream=self.stream, fence=self.tenure.fence, reason=step.reason,
+                  delay_s=round(step.delay_s, 3), from_seq=step.from_seq)
+            if step.delay_s > 0:
+                await self._interruptible(self.clock.sleep(step.delay_s))
+
+    async def _open(self, url: str) -> ClientConnection:
+        """Dial the upstream: the one place that opens a connection (the allow-list is
+        checked again on the final URL and on every redirect; no proxy; TLS verified)."""
+        return await dial(
+            url, self.settings.allowed_urls, compression=None,
+            max_size=self.settings.max_frame_bytes, open_timeout=self.settings.open_timeout_s,
+            close_timeout=2, max_queue=self.settings.receive_queue, ping_interval=20,
+            ping_timeout=20,
+        )
+
+    async def _connection(self, url: str, asked: int) -> str:
+        """One connection, from the handshake to its end; the reason it ended."""
+        try:
+            ws = await self._interruptible(self._open(url))
+        except DialError as exc:
+            # Only the failure's type, safe facts and the redacted URL: the library's own
+            # message can hold the whole URL with its credentials.
+            event(logging.WARNING, "pump.connect_failed", "cannot connect to upstream",
+                  stream=self.stream, fence=self.tenure.fence, url=exc.url, error=str(exc))
+            return "connect_failed"
+        if ws is None:
+            return "closed"  # stopped, or the URL changed, while the handshake was in flight
+        self.connected = True
+        self.metrics.upstream_connected(1)
+        event(logging.INFO, "pump.connected", "connected to upstream", stream=self.stream,
+              fence=self.tenure.fence, url=redact(url), from_seq=asked)
+        try:
+            return await self._session(ws)
+        finally:
+            self.connected = False
+            self.metrics.upstream_connected(-1)
+
+    async def _session(self, ws: ClientConnection) -> str:
+        """Read and write in turn until the connection ends or a close is asked for."""
+        machine = self.machine
+        try:
+            while not machine.closing:
+                await self._read(ws)
+                await self._write_due()
+        except ConnectionClosedOK:
+            return "closed"
+        except ConnectionClosed as exc:
+            return self._closed(exc)
+        except asyncio.CancelledError:
+            ws.transport.abort()
+            raise
+        except Exception:
+            await self._close(ws)
+            raise
+        await self._close(ws)
+        return "closed"
+
+    async def _read(self, ws: ClientConnection) -> None:
+        """Hand frames to the machine until a batch is due or a close is asked for.
+
+        With nothing buffered it waits for the upstream as long as it takes (an idle stream
+        holds no timer); with frames buffered, until the oldest has waited ``batch_max_s``."""
+        machine = self.machine
+        self._parked = True
+        try:
+            while not machine.pause_reading:
+                deadline = machine.flush_deadline()
+                if deadline is None:
+                    self._on_data(await ws.recv())
+                    continue
+                wait = deadline - self.clock.monotonic()
+                if wait <= 0:
+                    machine.tick(deadline)
+                    continue
+                async with asyncio.timeout(wait):
+                    while not machine.pause_reading:
+                        self._on_data(await ws.recv())
+        except TimeoutError:
+            machine.tick(self.clock.monotonic())
+        except asyncio.CancelledError:
+            if not self._own_interrupt():
+                raise
+        finally:
+            self._parked = False
+
+    def _on_data(self, data: str | bytes) -> None:
+        frame = parse_frame(data)
+        got = self.machine.receive(frame, sys.getsizeof(data), self.clock.monotonic())
+        verdict = got.verdict
+        if verdict is _ACCEPTED:
+            if got.problem_changed:
+                self._report_problem()
+            return
+        if verdict is Verdict.GAP:
+            assert got.seq is not None
+            self.metrics.gap()
+            event(logging.WARNING, "pump.gap", "upstream skipped sequence numbers",
+                  stream=self.stream, fence=self.tenure.fence, asked=got.reference + 1,
+                  got=got.seq, missing=got.seq - got.reference - 1)
+        elif verdict is Verdict.DUPLICATE:
+            self.metrics.duplicate()
+            if got.log is not None:
+                event(logging.WARNING, "pump.duplicate_frame",
+                      "dropped a frame at or below the highest seq received",
+                      stream=self.stream, fence=self.tenure.fence, seq=got.seq,
+                      received=got.reference, suppressed_since_last=got.log)
+        elif verdict is Verdict.JUMP:
+            self.metrics.malformed()
+            if got.log is not None:
+                event(logging.WARNING, "pump.seq_jump_refused",
+                      "refused a frame whose seq jumps past STREAMLEASE_MAX_SEQ_JUMP",
+                      stream=self.stream, fence=self.tenure.fence, seq=got.seq,
+                      received=got.reference, limit=self.settings.max_seq_jump,
+                      suppressed_since_last=got.log)
+        elif verdict is Verdict.MALFORMED:
+            self.metrics.malformed()
+            if got.log is not None:
+                assert isinstance(frame, Malformed)
+                event(logging.WARNING, "pump.malformed_frame",
+                      "dropped a malformed upstream frame", stream=self.stream,
+                      fence=self.tenure.fence, reason=frame.reason, size=len(data),
+                      after_seq=got.reference, suppressed_since_last=got.log)
+        if got.problem_changed:
+            self._report_problem()
+
+    def _report_problem(self) -> None:
+        problem = self.machine.problem
+        if problem is not None:
+            event(logging.WARNING, "pump.stalled", problem, stream=self.stream,
+                  fence=self.tenure.fence, last_seq=self.committed)
+        elif self._stalled:
+            event(logging.INFO, "pump.progress", "upstream delivers again",
+                  stream=self.stream, fence=self.tenure.fence, last_seq=self.committed)
+        self._set_stalled(problem is not None)
+        if self._on_problem is not None:
+            self._on_problem(problem)
+
+    def _set_stalled(self, stalled: bool) -> None:
+        if stalled != self._stalled:
+            self._stalled = stalled
+            self.metrics.stalled(1 if stalled else -1)
+
+    def _closed(self, exc: ConnectionClosed) -> str:
+        code = exc.rcvd.code if exc.rcvd else (exc.sent.code if exc.sent else None)
+        event(logging.INFO, "pump.disconnected", "upstream connection closed",
+              stream=self.stream, fence=self.tenure.fence, code=code,
+              reason=(exc.rcvd.reason if exc.rcvd else "")[:200],
+              after_seq=self.machine.received)
+        if code == CloseCode.MESSAGE_TOO_BIG:
+            event(logging.ERROR, "pump.frame_too_big",
+                  "upstream frame exceeds STREAMLEASE_MAX_FRAME_BYTES",
+                  stream=self.stream, fence=self.tenure.fence,
+                  limit=self.settings.max_frame_bytes, after_seq=self.machine.received)
+            return "too_big"
+        return "error"
+
+    async def _close(self, ws: ClientConnection) -> None:
+        """Close, reading and dropping until the handshake ends: a backlog queued behind
+        the close frame would otherwise hold it up for close_timeout. Nothing is lost: the
+        next connection asks for committed + 1."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(_drop_until_closed(ws))
+                await ws.close()
+        except* Exception as group:
+            event(logging.INFO, "pump.close_failed", "closing the upstream connection failed",
+                  stream=self.stream, fence=self.tenure.fence,
+                  error=type(group.exceptions[0]).__name__)
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def _write_due(self) -> None:
+        """Write every batch the machine has cut, oldest first (none after an abort)."""
+        machine = self.machine
+        while (batch := machine.next_batch()) is not None:
+            await self._write(batch)
+            machine.written(batch)
+
+    async def _write(self, batch: list[Frame]) -> None:
+        """One batch, retried on throttling and unknown outcomes until the deadline."""
+        retry = Backoff(0.05, max(0.1, self.holding.timings.heartbeat_s))
+        started = self.clock.monotonic()
+        while True:
+            now = self.clock.monotonic()
+            if self.machine.ending is Ending.ABORT or not self.holding.may_write(now):
+                raise SelfFenced(f"stream {self.stream}: this tenure may not write any more")
+            try:
+                await self.sink.write_batch(self.tenure, self.committed, batch,
+                                            self.clock.wall_ms(),
+                                            timeout=self.settings.call_timeout_s)
+            except (StoreThrottled, StoreUnavailable) as exc:
+                delay = min(retry.next_delay(), max(0.0, self.holding.deadline - now))
+                event(logging.WARNING, "sink.retry", "sink write failed; retrying",
+                      stream=self.stream, fence=self.tenure.fence, error=str(exc),
+                      delay_s=round(delay, 3), batch=len(batch))
+                await self.clock.sleep(delay)
+                continue
+            self.metrics.sink_batch(self.clock.monotonic() - started)
+            self.metrics.delivered(len(batch))
+            if self._on_delivered is not None:
+                self._on_delivered(len(batch))
+            return
+
+    # -- interrupting a wait ---------------------------------------------------------------
+
+    async def _interruptible(self, aw: Awaitable[T]) -> T | None:
+        """Await ``aw`` (a wait for the upstream or the clock); None if a request from the
+        supervisor interrupted it."""
+        self._parked = True
+        try:
+            return await aw
+        except asyncio.CancelledError:
+            if not self._own_interrupt():
+                raise
+            return None
+        finally:
+            self._parked = False
+
+    def _interrupt(self) -> None:
+        """Wake the task if it waits for the upstream or the clock. The wait is cancelled
+        (websockets' recv and handshake, and sleeps, are safe to cancel); ``_own_interrupt``
+        tells that cancellation apart from one coming from outside."""
+        task = self._task
+        if self._parked and not self._interrupted and task is not None and not task.done():
+            self._interrupted = True
+            task.cancel()
+
+    def _own_interrupt(self) -> bool:
+        """True if the CancelledError being handled is this pump's interrupt and nothing
+        else: a cancellation from outside (the supervisor's timeout) still propagates."""
+        if not self._interrupted:
+            return False
+        self._interrupted = False
+        task = asyncio.current_task()
+        return task is not None and task.uncancel() == 0
+
+
+async def _drop_until_closed(ws: ClientConnection) -> None:
+    try:
+        while True:
+            await ws.recv()
+    except ConnectionClosed:
+        pass
+

@@ -1,0 +1,354 @@
+"""Items <-> model values, attribute names, and the lease rules as DynamoDB expressions.
+
+Pure: no botocore, no I/O. Each expression here is the translation of one rule in
+``streamlease.core.lease``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from streamlease.core.frames import Frame
+from streamlease.core.model import (
+    EventMark,
+    StreamRecord,
+    Tenure,
+    error_text,
+    stream_id_from_key,
+    stream_key,
+)
+from streamlease.errors import SinkConflict, StaleFence
+from streamlease.store.protocols import SinkOutcome
+
+# Streams table (CONTRACT).
+PK = "Pk"
+DESIRED_STATE = "desired_state"
+WS_URL = "ws_url"
+LEASE_OWNER = "lease_owner"
+LEASE_EXPIRES = "lease_expires_at_ms"
+FENCE = "fence"
+LAST_SEQ = "last_seq"
+LAST_ERROR = "last_error"
+LAST_ERROR_AT = "last_error_at_ms"
+LEASE_EPOCH = "lease_epoch"  # the holder's member epoch when it acquired the lease
+INDEX_NAME = "desired_state-lease_expires_at_ms-index"
+OWNER_INDEX_NAME = "lease_owner-fence-index"
+# What the orphan index holds besides its keys and Pk: enough to plan without reading the
+# item, and nothing that a checkpoint or a renewal alone changes.
+INDEX_PROJECTED = (WS_URL, LEASE_OWNER, FENCE, LEASE_EPOCH, LAST_ERROR)
+
+# Events table (ours): one item holds a run of consecutive deliveries of one stream.
+EV_PK = "Pk"  # CONN#<stream_id>, as in the streams table
+EV_SK = "Sk"  # N: first seq in the item
+EV_LAST = "last"  # N: last seq in the item
+EV_FENCE = "fence"  # N: the fence the batch was written under
+EV_MSGS = "msgs"  # L of S: the frames as received, in seq order
+EV_SEQS = "seqs"  # L of N: their sequence numbers (seqs may skip: a gap)
+EV_AT = "at_ms"  # N: wall time of the write
+
+# DynamoDB limits that shape batches: 400 KB an item, 100 actions and 4 MB a transaction.
+ITEM_TEXT_BUDGET = 350_000
+MAX_TRANSACT_ACTIONS = 100
+
+Item = dict[str, Any]
+
+
+def s(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def n(value: int) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def key(stream_id: str) -> Item:
+    return {PK: s(stream_key(stream_id))}
+
+
+def _str(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    if isinstance(value, Mapping) and isinstance(value.get("S"), str):
+        return str(value["S"])
+    return None
+
+
+def _int(item: Mapping[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    if not isinstance(value, Mapping) or not isinstance(value.get("N"), str):
+        return None
+    try:
+        number = int(value["N"])
+    except ValueError:
+        try:
+            as_float = float(value["N"])
+        except ValueError:
+            return None
+        return int(as_float) if as_float.is_integer() else None
+    return number
+
+
+def decode_record(item: Mapping[str, Any]) -> StreamRecord | None:
+    """A streams item as a record; None if its key is not ``CONN#<id>``.
+
+    Attributes of the wrong type read as absent: the worker then reports the item as
+    unservable rather than crash on it.
+    """
+    pk = _str(item, PK)
+    stream_id = stream_id_from_key(pk) if pk is not None else None
+    if stream_id is None:
+        return None
+    bad = tuple(
+        f"{name} is not {'a string' if kind == 'S' else 'a whole number'}"
+        for name, kind in FIELD_TYPES
+        if name in item and (_str(item, name) if kind == "S" else _int(item, name)) is None
+    )
+    return StreamRecord(
+        stream_id=stream_id,
+        desired_state=_raw_state(item),
+        ws_url=_str(item, WS_URL),
+        lease_owner=_str(item, LEASE_OWNER),
+        lease_expires_at_ms=_int(item, LEASE_EXPIRES),
+        fence=_int(item, FENCE),
+        last_seq=_int(item, LAST_SEQ),
+        last_error=_str(item, LAST_ERROR),
+        last_error_at_ms=_int(item, LAST_ERROR_AT),
+        lease_epoch=_int(item, LEASE_EPOCH),
+        bad_fields=bad,
+    )
+
+
+# Attributes whose type the worker relies on; ``desired_state`` is reported verbatim.
+FIELD_TYPES = ((WS_URL, "S"), (LEASE_OWNER, "S"), (LEASE_EXPIRES, "N"), (FENCE, "N"),
+               (LAST_SEQ, "N"), (LEASE_EPOCH, "N"))
+
+
+def _raw_state(item: Mapping[str, Any]) -> str | None:
+    value = item.get(DESIRED_STATE)
+    if value is None:
+        return None
+    if isinstance(value, Mapping) and isinstance(value.get("S"), str):
+        return str(value["S"])
+    return f"<{next(iter(value), 'unknown') if isinstance(value, Mapping) else 'unknown'} value>"
+
+
+@dataclass(frozen=True)
+class Expr:
+    """One condition/update expression with its names and values."""
+
+    condition: str
+    names: dict[str, str]
+    values: dict[str, Any]
+    update: str | None = None
+
+    def update_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for UpdateItem/DeleteItem (no condition when it is empty)."""
+        out: dict[str, Any] = {"ExpressionAttributeNames": self.names}
+        if self.condition:
+            out["ConditionExpression"] = self.condition
+        if self.values:
+            out["ExpressionAttributeValues"] = self.values
+        if self.update is not None:
+            out["UpdateExpression"] = self.update
+        return out
+
+
+NAMES = {
+    "#pk": PK, "#ds": DESIRED_STATE, "#url": WS_URL, "#owner": LEASE_OWNER,
+    "#exp": LEASE_EXPIRES, "#fence": FENCE, "#last": LAST_SEQ,
+    "#err": LAST_ERROR, "#errat": LAST_ERROR_AT, "#epoch": LEASE_EPOCH,
+}
+
+
+def _names(*placeholders: str) -> dict[str, str]:
+    return {p: NAMES[p] for p in placeholders}
+
+
+def acquire_expr(owner: str, new_expiry_ms: int, threshold_ms: int, epoch: int) -> Expr:
+    """``can_acquire`` + ``next_fence``, stamping the holder's member epoch (so a peer
+    releasing a dead incarnation's streams never touches a newer incarnation's).
+    ``attribute_exists(Pk)`` keeps an acquire from creating an item an operator deleted
+    (UpdateItem would otherwise upsert it)."""
+    return Expr(
+        condition=(
+            "attribute_exists(#pk) AND #ds = :started AND "
+            "(attribute_not_exists(#exp) OR #exp < :threshold) AND "
+            # The orphan index does not hold last_seq (so checkpoints never write it): a
+            # wrongly typed one is refused here instead; the sweep reports it.
+            "(attribute_not_exists(#last) OR attribute_type(#last, :number))"
+        ),
+        update=("SET #owner = :me, #exp = :exp, #epoch = :epoch, "
+                "#fence = if_not_exists(#fence, :zero) + :one"),
+        names=_names("#pk", "#ds", "#exp", "#owner", "#fence", "#epoch", "#last"),
+        values={
+            ":started": s("STARTED"), ":threshold": n(threshold_ms), ":me": s(owner),
+            ":exp": n(new_expiry_ms), ":zero": n(0), ":one": n(1), ":epoch": n(epoch),
+            ":number": s("N"),
+        },
+    )
+
+
+def renew_expr(owner: str, fence: int, new_expiry_ms: int) -> Expr:
+    """``holds`` and not released: never resurrects a lease someone else took, one that
+    was force released, or one released (expiry 0, by this holder or an operator)."""
+    return Expr(
+        condition="#owner = :me AND #fence = :fence AND #exp <> :zero",
+        update="SET #exp = :exp",
+        names=_names("#owner", "#fence", "#exp"),
+        values={":me": s(owner), ":fence": n(fence), ":exp": n(new_expiry_ms), ":zero": n(0)},
+    )
+
+
+def release_expr(owner: str, fence: int) -> Expr:
+    """Expiry 0 (free now); owner and fence stay, so the history is kept (CONTRACT)."""
+    return Expr(
+        condition="#owner = :me AND #fence = :fence",
+        update="SET #exp = :zero",
+        names=_names("#owner", "#fence", "#exp"),
+        values={":me": s(owner), ":fence": n(fence), ":zero": n(0)},
+    )
+
+
+def force_release_expr(expect_owner: str | None, expect_fence: int | None) -> Expr:
+    """Expiry 0 and fence + 1 in one write: the old holder is fenced out on return."""
+    parts = ["attribute_exists(#pk)"]
+    names = _names("#pk", "#exp", "#fence")
+    values: dict[str, Any] = {":zero": n(0), ":one": n(1)}
+    if expect_owner is not None:
+        parts.append("#owner = :owner")
+        names.update(_names("#owner"))
+        values[":owner"] = s(expect_owner)
+    if expect_fence is not None:
+        parts.append("#fence = :fence")
+        values[":fence"] = n(expect_fence)
+    return Expr(
+        condition=" AND ".join(parts),
+        update="SET #exp = :zero, #fence = if_not_exists(#fence, :zero) + :one",
+        names=names,
+        values=values,
+    )
+
+
+def release_for_expr(owner: str, fence: int, fenced_epoch: int) -> Expr:
+    """A peer releases a dead member's stream on its behalf: expiry 0 and fence + 1 in one
+    write, conditioned on the owner and fence it saw, on the lease being held, and on the
+    lease having been taken by an incarnation older than the fenced epoch."""
+    return Expr(
+        condition=("#owner = :owner AND #fence = :fence AND #exp <> :zero AND "
+                   "(attribute_not_exists(#epoch) OR #epoch < :epoch)"),
+        update="SET #exp = :zero, #fence = #fence + :one",
+        names=_names("#owner", "#fence", "#exp", "#epoch"),
+        values={":owner": s(owner), ":fence": n(fence), ":zero": n(0), ":one": n(1),
+                ":epoch": n(fenced_epoch)},
+    )
+
+
+def adopt_expr() -> Expr:
+    """Give a hand-written item ``lease_expires_at_ms = 0`` so the sparse index sees it."""
+    return Expr(
+        condition="attribute_exists(#pk) AND attribute_not_exists(#exp)",
+        update="SET #exp = :zero",
+        names=_names("#pk", "#exp"),
+        values={":zero": n(0)},
+    )
+
+
+def record_error_expr(message: str, at_ms: int) -> Expr:
+    return Expr(
+        condition="attribute_exists(#pk)",
+        update="SET #err = :err, #errat = :at",
+        names=_names("#pk", "#err", "#errat"),
+        values={":err": s(error_text(message)), ":at": n(at_ms)},
+    )
+
+
+def advance_expr(owner: str, fence: int, new_fence: int, last_seq: int) -> Expr:
+    """``resume_point`` applied: this tenure's fence and checkpoint move forward together,
+    only while the item still names this owner and fence."""
+    return Expr(
+        condition="#owner = :me AND #fence = :fence",
+        update="SET #fence = :newfence, #last = :last",
+        names=_names("#owner", "#fence", "#last"),
+        values={":me": s(owner), ":fence": n(fence), ":newfence": n(new_fence),
+                ":last": n(last_seq)},
+    )
+
+
+def checkpoint_expr(owner: str, fence: int, prev_seq: int, last_seq: int) -> Expr:
+    """The sink's lease check: this owner, this fence, and the checkpoint where this
+    holder left it. ``prev_seq`` 0 also matches an item that never had a ``last_seq``."""
+    if prev_seq == 0:
+        seq_cond = "(attribute_not_exists(#last) OR #last = :prev)"
+    else:
+        seq_cond = "#last = :prev"
+    return Expr(
+        condition=f"#owner = :me AND #fence = :fence AND {seq_cond}",
+        update="SET #last = :last",
+        names=_names("#owner", "#fence", "#last"),
+        values={":me": s(owner), ":fence": n(fence), ":prev": n(prev_seq), ":last": n(last_seq)},
+    )
+
+
+def chunk_frames(frames: Iterable[Frame], budget: int = ITEM_TEXT_BUDGET) -> list[list[Frame]]:
+    """Split a batch into runs that each fit one events item."""
+    chunks: list[list[Frame]] = []
+    current: list[Frame] = []
+    size = 0
+    for frame in frames:
+        cost = len(frame.text.encode()) + 32
+        if current and size + cost > budget:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(frame)
+        size += cost
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def event_item(stream_id: str, fence: int, frames: list[Frame], at_ms: int) -> Item:
+    return {
+        EV_PK: s(stream_key(stream_id)),
+        EV_SK: n(frames[0].seq),
+        EV_LAST: n(frames[-1].seq),
+        EV_FENCE: n(fence),
+        EV_SEQS: {"L": [n(f.seq) for f in frames]},
+        EV_MSGS: {"L": [s(f.text) for f in frames]},
+        EV_AT: n(at_ms),
+    }
+
+
+def decode_event_item(item: Mapping[str, Any]) -> list[Frame]:
+    seqs = item.get(EV_SEQS, {}).get("L", [])
+    msgs = item.get(EV_MSGS, {}).get("L", [])
+    return [Frame(int(sq["N"]), str(m["S"])) for sq, m in zip(seqs, msgs, strict=True)]
+
+
+def decode_event_mark(item: Mapping[str, Any]) -> EventMark | None:
+    last, fence = _int(item, EV_LAST), _int(item, EV_FENCE)
+    return None if last is None or fence is None else EventMark(last, fence)
+
+
+def refused_batch(codes: list[str], old: StreamRecord | None, tenure: Tenure,
+                  first: int, last: int) -> SinkOutcome:
+    """What a cancelled sink transaction means, from its reasons (one per action: the
+    checkpoint Update first, then the events Puts) and the streams item as it was.
+
+    A re-sent batch that already landed returns ALREADY_COMMITTED; a stale fence raises
+    StaleFence; anything else (a checkpoint or events item moved by something outside the
+    protocol) raises SinkConflict.
+    """
+    if not codes or codes[0] != "ConditionalCheckFailed":
+        if "ConditionalCheckFailed" in codes[1:]:
+            raise SinkConflict(f"stream {tenure.stream_id}: an events item of batch "
+                               f"{first}..{last} already exists")
+        raise SinkConflict(f"sink transaction cancelled: {codes}")
+    if old is None or old.lease_owner != tenure.owner or old.fence != tenure.fence:
+        found = "missing" if old is None else f"owner={old.lease_owner} fence={old.fence}"
+        raise StaleFence(f"stream {tenure.stream_id}: fence {tenure.fence} is stale ({found})")
+    if old.last_seq is not None and old.last_seq >= last:
+        return SinkOutcome.ALREADY_COMMITTED
+    raise SinkConflict(
+        f"stream {tenure.stream_id}: checkpoint is {old.last_seq}, batch {first}..{last} "
+        "does not follow it")

@@ -1,0 +1,94 @@
+"""``FleetStore`` on DynamoDB: member rows in the fleet table (``Pk = MEMBER``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
+from streamlease.errors import StoreError, StoreThrottled
+from streamlease.store import fleetcodec
+from streamlease.store.codec import s
+from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
+from streamlease.store.protocols import HeartbeatResult
+
+
+class DynamoFleetStore(DynamoTable):
+    def __init__(self, client: DynamoClient, table: str) -> None:
+        super().__init__(client)
+        self.table = table
+
+    async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       status: MemberStatus = MemberStatus.ACTIVE,
+                       timeout: float | None = None) -> MemberRecord:
+        expr = fleetcodec.register_expr(capacity, now_wall_ms, status)
+        resp = await self._call("update_item", timeout, TableName=self.table,
+                                Key=fleetcodec.member_key(worker_id), ReturnValues="ALL_NEW",
+                                **expr.update_kwargs())
+        record = fleetcodec.decode_member(resp["Attributes"])
+        if record is None:
+            raise StoreError(f"registering {worker_id} returned an unreadable member row")
+        return record
+
+    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
+                        capacity: int, handoffs: int, now_wall_ms: int,
+                        timeout: float | None = None) -> HeartbeatResult:
+        expr = fleetcodec.heartbeat_expr(epoch, status, streams, capacity, handoffs,
+                                         now_wall_ms)
+        try:
+            resp = await self._call("update_item", timeout, TableName=self.table,
+                                    Key=fleetcodec.member_key(worker_id),
+                                    ReturnValues="UPDATED_NEW", **expr.update_kwargs())
+        except ConditionFailed:
+            return HeartbeatResult(HeartbeatOutcome.FENCED)
+        except StoreThrottled as exc:
+            return HeartbeatResult(HeartbeatOutcome.THROTTLED, error=str(exc))
+        except StoreError as exc:
+            return HeartbeatResult(HeartbeatOutcome.UNKNOWN, error=str(exc))
+        counter = resp.get("Attributes", {}).get(fleetcodec.HEARTBEAT, {}).get("N")
+        return HeartbeatResult(HeartbeatOutcome.RENEWED,
+                               int(counter) if counter is not None else None)
+
+    async def members(self, timeout: float | None = None) -> list[MemberRecord]:
+        found: list[MemberRecord] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self.table, "ConsistentRead": True,
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {"#pk": fleetcodec.PK},
+            "ExpressionAttributeValues": {":pk": s(fleetcodec.MEMBER_PK)},
+        }
+        while True:
+            resp = await self._call("query", timeout, **kwargs)
+            found.extend(m for m in map(fleetcodec.decode_member, resp.get("Items", [])) if m)
+            if "LastEvaluatedKey" not in resp:
+                return found
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
+                    timeout: float | None = None) -> MemberRecord | None:
+        expr = fleetcodec.fence_expr(seen, by, now_wall_ms)
+        try:
+            resp = await self._call("update_item", timeout, TableName=self.table,
+                                    Key=fleetcodec.member_key(seen.worker_id),
+                                    ReturnValues="ALL_NEW", **expr.update_kwargs())
+        except ConditionFailed:
+            return None
+        return fleetcodec.decode_member(resp["Attributes"])
+
+    async def mark_released(self, worker_id: str, epoch: int,
+                            timeout: float | None = None) -> bool:
+        expr = fleetcodec.released_expr(epoch)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=fleetcodec.member_key(worker_id), **expr.update_kwargs())
+        except ConditionFailed:
+            return False
+        return True
+
+    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+        expr = fleetcodec.leave_condition(epoch)
+        try:
+            await self._call("delete_item", timeout, TableName=self.table,
+                             Key=fleetcodec.member_key(worker_id), **expr.update_kwargs())
+        except ConditionFailed:
+            return False
+        return True

@@ -1,0 +1,100 @@
+"""``LeaderBackend`` on DynamoDB: named leader leases in the fleet table (``Pk = LEADER``),
+and fenced writes as transactions that check the lease's fence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamlease.core.leadership import LeaderRecord, initial_fence
+from streamlease.core.membership import HeartbeatOutcome
+from streamlease.errors import StaleFence, StoreError, StoreThrottled, StoreUnavailable
+from streamlease.leader import PutItem, Transaction, WriteRefused
+from streamlease.store import fleetcodec
+from streamlease.store.dynamodb.client import (
+    TXN_CONFLICT_REASONS,
+    TXN_THROTTLE_REASONS,
+    ConditionFailed,
+    DynamoClient,
+    DynamoTable,
+    TransactionCancelled,
+)
+
+
+class DynamoLeaderBackend(DynamoTable):
+    conditional_puts = True
+
+    def __init__(self, client: DynamoClient, table: str) -> None:
+        super().__init__(client)
+        self.table = table
+
+    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
+        resp = await self._call("get_item", timeout, TableName=self.table,
+                                Key=fleetcodec.leader_key(name), ConsistentRead=True)
+        item = resp.get("Item")
+        return fleetcodec.decode_leader(item) if item else None
+
+    async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
+                      now_wall_ms: int, timeout: float | None = None) -> int | None:
+        expr = fleetcodec.leader_acquire_expr(owner, round(ttl_s * 1000), now_wall_ms, seen,
+                                              initial_fence(now_wall_ms))
+        try:
+            resp = await self._call("update_item", timeout, TableName=self.table,
+                                    Key=fleetcodec.leader_key(name), ReturnValues="ALL_NEW",
+                                    **expr.update_kwargs())
+        except ConditionFailed:
+            return None
+        record = fleetcodec.decode_leader(resp["Attributes"])
+        return record.fence if record else None
+
+    async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
+                    timeout: float | None = None) -> HeartbeatOutcome:
+        expr = fleetcodec.leader_renew_expr(owner, fence, round(ttl_s * 1000), now_wall_ms)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=fleetcodec.leader_key(name), **expr.update_kwargs())
+        except ConditionFailed:
+            return HeartbeatOutcome.FENCED
+        except StoreThrottled:
+            return HeartbeatOutcome.THROTTLED
+        except StoreError:
+            return HeartbeatOutcome.UNKNOWN
+        return HeartbeatOutcome.RENEWED
+
+    async def resign(self, name: str, owner: str, fence: int,
+                     timeout: float | None = None) -> bool:
+        expr = fleetcodec.leader_resign_expr(owner, fence)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=fleetcodec.leader_key(name), **expr.update_kwargs())
+        except ConditionFailed:
+            return False
+        return True
+
+    async def fenced_write(self, name: str, fence: int, write: Any,
+                           timeout: float | None = None) -> None:
+        if isinstance(write, PutItem):
+            put: dict[str, Any] = {"TableName": write.table, "Item": write.item}
+            if write.condition:
+                put["ConditionExpression"] = write.condition
+                if write.names:
+                    put["ExpressionAttributeNames"] = write.names
+                if write.values:
+                    put["ExpressionAttributeValues"] = write.values
+            actions = [{"Put": put}]
+        elif isinstance(write, Transaction):
+            actions = list(write.actions)
+        else:
+            raise TypeError(f"DynamoDB leader leases cannot apply {type(write).__name__}")
+        check = fleetcodec.leader_check(name, fence, self.table)
+        try:
+            await self._call("transact_write_items", timeout, TransactItems=[check, *actions])
+        except TransactionCancelled as cancelled:
+            codes = cancelled.codes
+            if any(c in TXN_THROTTLE_REASONS for c in codes):
+                raise StoreThrottled(f"fenced write throttled: {codes}") from cancelled
+            if any(c in TXN_CONFLICT_REASONS for c in codes):
+                raise StoreUnavailable(f"fenced write conflicted: {codes}") from cancelled
+            if codes and codes[0] == "ConditionalCheckFailed":
+                raise StaleFence(f"lease {name}: fence {fence} is no longer current") \
+                    from cancelled
+            raise WriteRefused(f"the write's own condition failed: {codes[1:]}") from cancelled

@@ -1,0 +1,185 @@
+"""``LeaseStore`` on the streams table: the rules of ``streamlease.core.lease`` as conditional
+writes (``streamlease.store.codec`` holds the expressions), the orphan query on the index, and
+the sweep's Scan."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
+from streamlease.core.model import OwnedStream, StreamRecord, Tenure
+from streamlease.errors import StoreError, StoreThrottled
+from streamlease.store import codec
+from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
+from streamlease.store.protocols import Acquired, RenewResult
+
+
+class DynamoLeaseStore(DynamoTable):
+    def __init__(self, client: DynamoClient, table: str) -> None:
+        super().__init__(client)
+        self.table = table
+
+    async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
+                      timings: LeaseTimings, timeout: float | None = None,
+                      epoch: int = 0) -> Acquired | None:
+        expiry = expiry_for(now_wall_ms, timings)
+        expr = codec.acquire_expr(owner, expiry, takeover_threshold_ms(now_wall_ms, timings),
+                                  epoch)
+        try:
+            resp = await self._call(
+                "update_item", timeout, TableName=self.table, Key=codec.key(stream_id),
+                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **expr.update_kwargs(),
+            )
+        except ConditionFailed as failed:
+            # A request that applied but whose answer was lost, re-sent, fails its own
+            # condition; the stamped expiry tells that case apart from a real loss.
+            old = codec.decode_record(failed.item) if failed.item else None
+            if old is not None and old.lease_owner == owner and old.lease_expires_at_ms == expiry:
+                return acquired(old, owner, expiry)
+            return None
+        record = codec.decode_record(resp["Attributes"])
+        if record is None:
+            raise StoreError(f"acquire of {stream_id} returned an item without a stream key")
+        return acquired(record, owner, expiry)
+
+    async def renew(self, tenure: Tenure, now_wall_ms: int, timings: LeaseTimings,
+                    timeout: float | None = None) -> RenewResult:
+        expiry = expiry_for(now_wall_ms, timings)
+        expr = codec.renew_expr(tenure.owner, tenure.fence, expiry)
+        try:
+            resp = await self._call(
+                "update_item", timeout, TableName=self.table, Key=codec.key(tenure.stream_id),
+                ReturnValues="ALL_NEW", **expr.update_kwargs(),
+            )
+        except ConditionFailed:
+            return RenewResult(RenewOutcome.LOST)
+        except StoreThrottled as exc:
+            return RenewResult(RenewOutcome.THROTTLED, error=str(exc))
+        except StoreError as exc:
+            # Unavailable, or not retriable as such (access denied, a table gone):
+            # ownership cannot be proven, so it counts as unknown and the local deadline
+            # decides. The supervisor then still drains and releases in order.
+            return RenewResult(RenewOutcome.UNKNOWN, error=str(exc))
+        return RenewResult(RenewOutcome.RENEWED, codec.decode_record(resp["Attributes"]), expiry)
+
+    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
+        expr = codec.release_expr(tenure.owner, tenure.fence)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(tenure.stream_id), **expr.update_kwargs())
+        except ConditionFailed:
+            return False
+        return True
+
+    async def advance(self, tenure: Tenure, fence: int, last_seq: int,
+                      timeout: float | None = None) -> Tenure | None:
+        expr = codec.advance_expr(tenure.owner, tenure.fence, fence, last_seq)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(tenure.stream_id), **expr.update_kwargs())
+        except ConditionFailed:
+            return None
+        return dataclasses.replace(tenure, fence=fence, last_seq=last_seq)
+
+    async def orphans(self, threshold_ms: int, limit: int, timeout: float | None = None,
+                      page_size: int = 200) -> list[StreamRecord]:
+        return await self._index_query(
+            "#ds = :started AND #exp < :threshold",
+            {":started": codec.s("STARTED"), ":threshold": codec.n(threshold_ms)},
+            limit, timeout, page_size)
+
+    async def held_stopped(self, now_wall_ms: int, limit: int, timeout: float | None = None,
+                           page_size: int = 200) -> list[StreamRecord]:
+        return await self._index_query(
+            "#ds = :stopped AND #exp > :now",
+            {":stopped": codec.s("STOPPED"), ":now": codec.n(now_wall_ms)},
+            limit, timeout, page_size)
+
+    async def _index_query(self, condition: str, values: dict[str, Any], limit: int,
+                           timeout: float | None, page_size: int) -> list[StreamRecord]:
+        found: list[StreamRecord] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self.table, "IndexName": codec.INDEX_NAME,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeNames": {"#ds": codec.DESIRED_STATE, "#exp": codec.LEASE_EXPIRES},
+            "ExpressionAttributeValues": values, "Limit": max(1, min(limit, page_size)),
+        }
+        while len(found) < limit:
+            resp = await self._call("query", timeout, **kwargs)
+            found.extend(r for r in map(codec.decode_record, resp.get("Items", [])) if r)
+            if "LastEvaluatedKey" not in resp:
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return found[:limit]
+
+    async def check(self, stream_id: str, timeout: float | None = None) -> StreamRecord | None:
+        resp = await self._call("get_item", timeout, TableName=self.table,
+                                Key=codec.key(stream_id), ConsistentRead=True)
+        item = resp.get("Item")
+        return codec.decode_record(item) if item else None
+
+    async def owned_by(self, owner: str, timeout: float | None = None,
+                       page_size: int = 500) -> list[OwnedStream]:
+        found: list[OwnedStream] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self.table, "IndexName": codec.OWNER_INDEX_NAME,
+            "KeyConditionExpression": "#owner = :owner",
+            "ExpressionAttributeNames": {"#owner": codec.LEASE_OWNER},
+            "ExpressionAttributeValues": {":owner": codec.s(owner)}, "Limit": page_size,
+        }
+        while True:
+            resp = await self._call("query", timeout, **kwargs)
+            for item in resp.get("Items", []):
+                record = codec.decode_record(item)
+                if record is not None and record.fence is not None:
+                    found.append(OwnedStream(record.stream_id, record.fence))
+            if "LastEvaluatedKey" not in resp:
+                return found
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
+                          timeout: float | None = None) -> bool:
+        expr = codec.release_for_expr(owner, fence, fenced_epoch)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(stream_id), **expr.update_kwargs())
+        except ConditionFailed:
+            return False
+        return True
+
+    async def scan(self, timeout: float | None = None, page_size: int = 500) -> list[StreamRecord]:
+        found: list[StreamRecord] = []
+        kwargs: dict[str, Any] = {"TableName": self.table, "Limit": page_size}
+        while True:
+            resp = await self._call("scan", timeout, **kwargs)
+            found.extend(r for r in map(codec.decode_record, resp.get("Items", [])) if r)
+            if "LastEvaluatedKey" not in resp:
+                return found
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
+        expr = codec.adopt_expr()
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(stream_id), **expr.update_kwargs())
+        except ConditionFailed:
+            return False
+        return True
+
+    async def record_error(self, stream_id: str, message: str, at_ms: int,
+                           timeout: float | None = None) -> None:
+        expr = codec.record_error_expr(message, at_ms)
+        with contextlib.suppress(ConditionFailed):
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(stream_id), **expr.update_kwargs())
+
+
+def acquired(record: StreamRecord, owner: str, expiry: int) -> Acquired:
+    if record.fence is None:
+        raise StoreError(f"stream {record.stream_id} acquired without a fence")
+    return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry,
+                           record.lease_epoch or 0), record)
+

@@ -1,0 +1,547 @@
+"""The stores in memory, with DynamoDB's semantics: for fast tests and simulations.
+
+Items are kept in DynamoDB's own JSON form and read through ``streamlease.store.codec``, so
+wrongly typed attributes behave as they do in the table: a condition comparing a string
+with a number is false, and a write that gives an index key the wrong type is refused.
+Each method checks its condition and applies its write without awaiting in between, so on
+one event loop every call is atomic, and a sink batch is all or nothing.
+
+It has no failure modes of its own: tests wrap it to inject throttling, timeouts and
+lost answers.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from streamlease.core.frames import Frame
+from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
+from streamlease.core.leadership import LeaderRecord, initial_fence
+from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
+from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
+from streamlease.core.model import (
+    EventMark,
+    OwnedStream,
+    StreamRecord,
+    Tenure,
+    error_text,
+    stream_key,
+)
+from streamlease.errors import StaleFence, StoreError, TableMissing
+from streamlease.leader import HashSet, PutItem, Transaction, WriteRefused
+from streamlease.store import codec, fleetcodec
+from streamlease.store.protocols import (
+    Acquired,
+    ForceReleased,
+    HeartbeatResult,
+    RenewResult,
+    SinkOutcome,
+    Stores,
+)
+
+Item = dict[str, Any]
+FLEET_TABLE = "fleet"  # the name fenced writes use for the in-memory fleet table
+INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N", codec.LEASE_OWNER: "S",
+              codec.FENCE: "N"}
+
+
+class MemoryStore:
+    """One object playing every role (``stores()`` hands it out as ``Stores``)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, Item] = {}  # Pk -> streams item
+        self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
+        self.members_by_id: dict[str, MemberRecord] = {}
+        self.leaders: dict[str, LeaderRecord] = {}
+        self.jobs: dict[str, Job] = {}
+        self.runs: dict[tuple[str, str], JobRun] = {}
+        self.written: dict[str, dict[str, Any]] = {}  # fenced writes: table/key -> key -> item
+        self.tables_created = False
+        self.calls: list[str] = []  # method names, in call order (for tests)
+
+    def stores(self) -> Stores:
+        return Stores(leases=self, sink=self, admin=self, fleet=self,
+                      leader=MemoryLeader(self), jobs=MemoryJobs(self))
+
+    # -- LeaseStore -------------------------------------------------------------------
+
+    async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
+                      timings: LeaseTimings, timeout: float | None = None,
+                      epoch: int = 0) -> Acquired | None:
+        self._called("acquire")
+        item = self.items.get(stream_key(stream_id))
+        expiry = expiry_for(now_wall_ms, timings)
+        threshold = takeover_threshold_ms(now_wall_ms, timings)
+        if item is None or _s(item, codec.DESIRED_STATE) != "STARTED":
+            return None
+        if codec.LEASE_EXPIRES in item:
+            current = _n(item, codec.LEASE_EXPIRES)
+            if current is None or current >= threshold:
+                return _resent_acquire(item, owner, expiry)
+        if codec.LAST_SEQ in item and _n(item, codec.LAST_SEQ) is None:
+            return None  # a wrongly typed checkpoint: the condition refuses it
+        fence = _n(item, codec.FENCE)
+        if codec.FENCE in item and fence is None:
+            raise StoreError("ValidationException: fence is not a number")
+        self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
+                         codec.FENCE: codec.n((fence or 0) + 1),
+                         codec.LEASE_EPOCH: codec.n(epoch)})
+        record = _record(item)
+        return Acquired(Tenure(stream_id, owner, (fence or 0) + 1, record.last_seq, expiry,
+                               epoch), record)
+
+    async def renew(self, tenure: Tenure, now_wall_ms: int, timings: LeaseTimings,
+                    timeout: float | None = None) -> RenewResult:
+        self._called("renew")
+        item = self.items.get(stream_key(tenure.stream_id))
+        if not _holds(item, tenure) or _n(item, codec.LEASE_EXPIRES) == 0:
+            return RenewResult(RenewOutcome.LOST)
+        assert item is not None
+        expiry = expiry_for(now_wall_ms, timings)
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(expiry)})
+        return RenewResult(RenewOutcome.RENEWED, _record(item), expiry)
+
+    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
+        self._called("release")
+        item = self.items.get(stream_key(tenure.stream_id))
+        if not _holds(item, tenure):
+            return False
+        assert item is not None
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0)})
+        return True
+
+    async def advance(self, tenure: Tenure, fence: int, last_seq: int,
+                      timeout: float | None = None) -> Tenure | None:
+        self._called("advance")
+        item = self.items.get(stream_key(tenure.stream_id))
+        if not _holds(item, tenure):
+            return None
+        assert item is not None
+        self._set(item, {codec.FENCE: codec.n(fence), codec.LAST_SEQ: codec.n(last_seq)})
+        return dataclasses.replace(tenure, fence=fence, last_seq=last_seq)
+
+    async def orphans(self, threshold_ms: int, limit: int,
+                      timeout: float | None = None) -> list[StreamRecord]:
+        self._called("orphans")
+        return self._index("STARTED", lambda expiry: expiry < threshold_ms, limit)
+
+    async def held_stopped(self, now_wall_ms: int, limit: int,
+                           timeout: float | None = None) -> list[StreamRecord]:
+        self._called("held_stopped")
+        return self._index("STOPPED", lambda expiry: expiry > now_wall_ms, limit)
+
+    def _index(self, state: str, keep: Callable[[int], bool], limit: int) -> list[StreamRecord]:
+        found = []
+        for item in self.items.values():
+            expiry = _n(item, codec.LEASE_EXPIRES)
+            record = codec.decode_record(item)
+            if record is not None and record.desired_state == state and expiry is not None \
+                    and keep(expiry):
+                found.append((expiry, record))
+        found.sort(key=lambda pair: pair[0])  # the index's range-key order
+        return [record for _, record in found[:limit]]
+
+    async def check(self, stream_id: str, timeout: float | None = None) -> StreamRecord | None:
+        self._called("check")
+        item = self.items.get(stream_key(stream_id))
+        return _record(item) if item is not None else None
+
+    async def owned_by(self, owner: str, timeout: float | None = None) -> list[OwnedStream]:
+        self._called("owned_by")
+        return [OwnedStream(r.stream_id, r.fence) for r in _records(self.items.values())
+                if r.lease_owner == owner and r.fence is not None]
+
+    async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
+                          timeout: float | None = None) -> bool:
+        self._called("release_for")
+        item = self.items.get(stream_key(stream_id))
+        if item is None or _s(item, codec.LEASE_OWNER) != owner or \
+                _n(item, codec.FENCE) != fence or _n(item, codec.LEASE_EXPIRES) == 0:
+            return False
+        epoch = _n(item, codec.LEASE_EPOCH)
+        if codec.LEASE_EPOCH in item and (epoch is None or epoch >= fenced_epoch):
+            return False
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1)})
+        return True
+
+    async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
+        self._called("scan")
+        return _records(self.items.values())
+
+    async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
+        self._called("adopt")
+        item = self.items.get(stream_key(stream_id))
+        if item is None or codec.LEASE_EXPIRES in item:
+            return False
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0)})
+        return True
+
+    async def record_error(self, stream_id: str, message: str, at_ms: int,
+                           timeout: float | None = None) -> None:
+        self._called("record_error")
+        item = self.items.get(stream_key(stream_id))
+        if item is not None:
+            self._set(item, {codec.LAST_ERROR: codec.s(error_text(message)),
+                             codec.LAST_ERROR_AT: codec.n(at_ms)})
+
+    # -- Sink -------------------------------------------------------------------------
+
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
+        self._called("write_batch")
+        if not frames:
+            return SinkOutcome.COMMITTED
+        chunks = codec.chunk_frames(frames)
+        if len(chunks) + 1 > codec.MAX_TRANSACT_ACTIONS:
+            raise ValueError(f"batch of {len(frames)} frames needs {len(chunks)} items")
+        first, last = frames[0].seq, frames[-1].seq
+        pk = stream_key(tenure.stream_id)
+        item = self.items.get(pk)
+        checkpoint_ok = _holds(item, tenure) and (
+            _n(item, codec.LAST_SEQ) == prev_seq if prev_seq
+            else (item is not None and (codec.LAST_SEQ not in item
+                                        or _n(item, codec.LAST_SEQ) == 0)))
+        existing = self.events.setdefault(pk, {})
+        codes = ["None" if checkpoint_ok else "ConditionalCheckFailed"]
+        codes += ["ConditionalCheckFailed" if c[0].seq in existing else "None" for c in chunks]
+        if any(code != "None" for code in codes):
+            old = _record(item) if item is not None else None
+            return codec.refused_batch(codes, old, tenure, first, last)
+        assert item is not None
+        self._set(item, {codec.LAST_SEQ: codec.n(last)})
+        for chunk in chunks:
+            existing[chunk[0].seq] = codec.event_item(tenure.stream_id, tenure.fence, chunk,
+                                                      now_wall_ms)
+        return SinkOutcome.COMMITTED
+
+    async def newest_event(self, stream_id: str,
+                           timeout: float | None = None) -> EventMark | None:
+        self._called("newest_event")
+        items = self.events.get(stream_key(stream_id))
+        if not items:
+            return None
+        return codec.decode_event_mark(items[max(items)])
+
+    # -- FleetStore -------------------------------------------------------------------
+
+    async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       status: MemberStatus = MemberStatus.ACTIVE,
+                       timeout: float | None = None) -> MemberRecord:
+        self._called("register")
+        old = self.members_by_id.get(worker_id)
+        record = MemberRecord(worker_id, (old.epoch if old else now_wall_ms) + 1, 0, status,
+                              0, capacity, now_wall_ms)
+        self.members_by_id[worker_id] = record
+        return record
+
+    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
+                        capacity: int, handoffs: int, now_wall_ms: int,
+                        timeout: float | None = None) -> HeartbeatResult:
+        self._called("heartbeat")
+        old = self.members_by_id.get(worker_id)
+        if old is None or old.epoch != epoch:
+            return HeartbeatResult(HeartbeatOutcome.FENCED)
+        new = dataclasses.replace(old, heartbeat=old.heartbeat + 1, status=status,
+                                  streams=streams, capacity=capacity, handoffs=handoffs,
+                                  heartbeat_at_ms=now_wall_ms)
+        self.members_by_id[worker_id] = new
+        return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat)
+
+    async def members(self, timeout: float | None = None) -> list[MemberRecord]:
+        self._called("members")
+        return sorted(self.members_by_id.values(), key=lambda m: m.worker_id)
+
+    async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
+                    timeout: float | None = None) -> MemberRecord | None:
+        self._called("fence")
+        old = self.members_by_id.get(seen.worker_id)
+        if old is None or old.key != seen.key or old.status is MemberStatus.DEAD:
+            return None
+        new = dataclasses.replace(old, epoch=old.epoch + 1, status=MemberStatus.DEAD,
+                                  released=False)
+        self.members_by_id[seen.worker_id] = new
+        return new
+
+    async def mark_released(self, worker_id: str, epoch: int,
+                            timeout: float | None = None) -> bool:
+        self._called("mark_released")
+        old = self.members_by_id.get(worker_id)
+        if old is None or old.epoch != epoch or old.status is not MemberStatus.DEAD:
+            return False
+        self.members_by_id[worker_id] = dataclasses.replace(old, released=True)
+        return True
+
+    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+        self._called("leave")
+        old = self.members_by_id.get(worker_id)
+        if old is None or old.epoch != epoch:
+            return False
+        del self.members_by_id[worker_id]
+        return True
+
+    # -- AdminStore -------------------------------------------------------------------
+
+    async def create_tables(self) -> list[str]:
+        created = [] if self.tables_created else ["streams", "events"]
+        self.tables_created = True
+        return created
+
+    async def check_tables(self) -> list[str]:
+        if not self.tables_created:
+            raise TableMissing("ResourceNotFoundException (run `streamlease table create`)")
+        return []
+
+    async def get(self, stream_id: str) -> StreamRecord | None:
+        item = self.items.get(stream_key(stream_id))
+        return _record(item) if item is not None else None
+
+    async def list_streams(self) -> list[StreamRecord]:
+        return sorted(_records(self.items.values()), key=lambda r: r.stream_id)
+
+    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord:
+        pk = stream_key(stream_id)
+        item = self.items.setdefault(pk, {codec.PK: codec.s(pk)})
+        changes = {codec.DESIRED_STATE: codec.s("STARTED"), codec.WS_URL: codec.s(ws_url)}
+        if codec.LEASE_EXPIRES not in item:
+            changes[codec.LEASE_EXPIRES] = codec.n(0)
+        self._set(item, changes)
+        return _record(item)
+
+    async def set_state(self, stream_id: str, state: str) -> StreamRecord | None:
+        item = self.items.get(stream_key(stream_id))
+        if item is None:
+            return None
+        self._set(item, {codec.DESIRED_STATE: codec.s(state)})
+        return _record(item)
+
+    async def force_release(self, stream_id: str, expect_owner: str | None = None,
+                            expect_fence: int | None = None) -> ForceReleased:
+        item = self.items.get(stream_key(stream_id))
+        if item is None:
+            return ForceReleased(False, None)
+        if (expect_owner is not None and _s(item, codec.LEASE_OWNER) != expect_owner) or \
+                (expect_fence is not None and _n(item, codec.FENCE) != expect_fence):
+            return ForceReleased(False, _record(item))
+        fence = _n(item, codec.FENCE) or 0
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1)})
+        return ForceReleased(True, _record(item))
+
+    async def put_item(self, item: dict[str, Any]) -> None:
+        _check_index_keys(item)
+        self.items[item[codec.PK]["S"]] = copy.deepcopy(item)
+
+    async def read_events(self, stream_id: str) -> AsyncIterator[Frame]:
+        for item in self._event_items(stream_id):
+            for frame in codec.decode_event_item(item):
+                yield frame
+
+    async def event_fences(self, stream_id: str) -> list[int]:
+        return [int(item[codec.EV_FENCE]["N"]) for item in self._event_items(stream_id)]
+
+    def _event_items(self, stream_id: str) -> Iterable[Item]:
+        items = self.events.get(stream_key(stream_id), {})
+        return [items[sk] for sk in sorted(items)]
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _called(self, name: str) -> None:
+        self.calls.append(name)
+
+    def _set(self, item: Item, changes: Item) -> None:
+        _check_index_keys({**item, **changes})
+        item.update(changes)
+
+
+
+class MemoryLeader:
+    """``LeaderBackend`` over a MemoryStore's data (leases named like the fleet's)."""
+
+    conditional_puts = True
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+
+    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
+        self.store._called("leader_read")
+        return self.store.leaders.get(name)
+
+    async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
+                      now_wall_ms: int, timeout: float | None = None) -> int | None:
+        old = self.store.leaders.get(name)
+        if seen is None:
+            ok = old is None
+        elif seen.resigned:
+            ok = old is not None and old.fence == seen.fence and old.resigned
+        else:
+            ok = old is not None and old.key == seen.key
+        if not ok:
+            return None
+        fence = old.fence + 1 if old is not None else initial_fence(now_wall_ms)
+        self.store.leaders[name] = LeaderRecord(name, owner, fence, 0,
+                                          now_wall_ms + round(ttl_s * 1000))
+        return fence
+
+    async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
+                    timeout: float | None = None) -> HeartbeatOutcome:
+        old = self.store.leaders.get(name)
+        if old is None or old.owner != owner or old.fence != fence or old.resigned:
+            return HeartbeatOutcome.FENCED
+        self.store.leaders[name] = dataclasses.replace(old, heartbeat=old.heartbeat + 1,
+                                                 expires_at_ms=now_wall_ms + round(ttl_s * 1000))
+        return HeartbeatOutcome.RENEWED
+
+    async def resign(self, name: str, owner: str, fence: int,
+                     timeout: float | None = None) -> bool:
+        old = self.store.leaders.get(name)
+        if old is None or old.owner != owner or old.fence != fence:
+            return False
+        self.store.leaders[name] = dataclasses.replace(old, expires_at_ms=0)
+        return True
+
+    async def fenced_write(self, name: str, fence: int, write: Any,
+                           timeout: float | None = None) -> None:
+        self.store._called("fenced_write")
+        current = self.store.leaders.get(name)
+        puts: list[tuple[str, str, Item, str | None]]
+        if isinstance(write, HashSet):
+            puts = [(write.key, write.field, {"value": write.value}, None)]
+        elif isinstance(write, PutItem):
+            puts = [(write.table, _item_key(write.item), write.item, write.condition)]
+        elif isinstance(write, Transaction):
+            puts = []
+            for action in write.actions:
+                (kind, body), = action.items()
+                if kind != "Put":
+                    raise TypeError(f"the in-memory store applies Put actions only, not {kind}")
+                puts.append((body["TableName"], _item_key(body["Item"]), body["Item"],
+                             body.get("ConditionExpression")))
+        else:
+            raise TypeError(f"cannot apply {type(write).__name__}")
+        if current is None or current.fence != fence:
+            raise StaleFence(f"lease {name}: fence {fence} is no longer current")
+        for table, key, item, condition in puts:
+            if condition is not None and self._exists(table, key, item):
+                if "attribute_not_exists" not in condition:
+                    raise TypeError("the in-memory store knows attribute_not_exists only")
+                raise WriteRefused("the write's own condition failed")
+        for table, key, item, _ in puts:
+            run = fleetcodec.decode_run(item) if table == FLEET_TABLE else None
+            if run is not None:
+                self.store.runs[(run.job, run.slot)] = run
+            else:
+                self.store.written.setdefault(table, {})[key] = copy.deepcopy(item)
+
+    def _exists(self, table: str, key: str, item: Item) -> bool:
+        run = fleetcodec.decode_run(item) if table == FLEET_TABLE else None
+        if run is not None:
+            return (run.job, run.slot) in self.store.runs
+        return key in self.store.written.get(table, {})
+
+
+class MemoryJobs:
+    """``JobStore`` over a MemoryStore's data."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    async def put_job(self, job: Job) -> bool:
+        new = job.name not in self.store.jobs
+        self.store.jobs[job.name] = job
+        return new
+
+    async def get_job(self, name: str) -> Job | None:
+        return self.store.jobs.get(name)
+
+    async def list_jobs(self, timeout: float | None = None) -> JobList:
+        return JobList(sorted(self.store.jobs.values(), key=lambda j: j.name), [])
+
+    async def remove_job(self, name: str) -> bool:
+        return self.store.jobs.pop(name, None) is not None
+
+    def claim_write(self, run: JobRun) -> PutItem:
+        return PutItem(FLEET_TABLE, fleetcodec.encode_run(run), "attribute_not_exists(#pk)",
+                       {"#pk": fleetcodec.PK})
+
+    async def claim_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        if (run.job, run.slot) in self.store.runs:
+            return False
+        self.store.runs[(run.job, run.slot)] = run
+        return True
+
+    async def finish_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        old = self.store.runs.get((run.job, run.slot))
+        if old is None or old.runner != run.runner or old.fence != run.fence or \
+                old.outcome is not None:
+            return False
+        self.store.runs[(run.job, run.slot)] = run
+        return True
+
+    async def abandon_run(self, job: str, slot: str, fence: int, now_wall_ms: int,
+                          timeout: float | None = None) -> bool:
+        old = self.store.runs.get((job, slot))
+        if old is None or old.fence != fence or old.outcome is not None:
+            return False
+        self.store.runs[(job, slot)] = dataclasses.replace(
+            old, outcome=RunOutcome.ABANDONED, finished_at_ms=now_wall_ms)
+        return True
+
+    async def runs(self, job: str, last: int, timeout: float | None = None) -> list[JobRun]:
+        found = sorted((r for (j, _), r in self.store.runs.items() if j == job),
+                       key=lambda r: r.slot, reverse=True)
+        return found[:last]
+
+
+def _s(item: Item | None, name: str) -> str | None:
+    value = (item or {}).get(name)
+    return value["S"] if isinstance(value, dict) and isinstance(value.get("S"), str) else None
+
+
+def _n(item: Item | None, name: str) -> int | None:
+    value = (item or {}).get(name)
+    if isinstance(value, dict) and isinstance(value.get("N"), str):
+        try:
+            return int(value["N"])
+        except ValueError:
+            return None
+    return None
+
+
+def _holds(item: Item | None, tenure: Tenure) -> bool:
+    return _s(item, codec.LEASE_OWNER) == tenure.owner and _n(item, codec.FENCE) == tenure.fence
+
+
+def _record(item: Item) -> StreamRecord:
+    record = codec.decode_record(item)
+    assert record is not None
+    return record
+
+
+def _item_key(item: Item) -> str:
+    """An item's identity for the in-memory tables: its Pk and Sk, if any."""
+    return "|".join(str(item[k]) for k in ("Pk", "Sk") if k in item)
+
+
+def _records(items: Iterable[Item]) -> list[StreamRecord]:
+    """Stream items only (``CONN#<id>`` keys), as the Scan reads them."""
+    return [r for r in map(codec.decode_record, items) if r is not None]
+
+
+def _resent_acquire(item: Item, owner: str, expiry: int) -> Acquired | None:
+    """An acquire that already applied (its answer lost, the request sent again)."""
+    record = _record(item)
+    if record.lease_owner == owner and record.lease_expires_at_ms == expiry and record.fence:
+        return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry,
+                               record.lease_epoch or 0), record)
+    return None
+
+
+def _check_index_keys(item: Item) -> None:
+    for name, kind in INDEX_KEYS.items():
+        value = item.get(name)
+        if isinstance(value, dict) and value and next(iter(value)) != kind:
+            raise StoreError(f"ValidationException: Type mismatch for Index Key {name} "
+                             f"Expected: {kind}")

@@ -1,0 +1,226 @@
+"""What the worker needs from storage, as narrow protocols, and the values they return.
+
+Six roles, each a handful of methods, each with a DynamoDB implementation
+(``streamlease.store.dynamodb``) and an in-memory one with the same semantics
+(``streamlease.store.memory``); one contract suite (tests/store) runs against both.
+
+* ``LeaseStore`` — the control plane a worker runs on: acquire, renew, release, the
+  orphan query, the sweep, ``last_error``.
+* ``Sink`` — the fenced data plane: one transaction per batch, refused for a stale fence.
+* ``FleetStore`` — member rows: register, heartbeat, read the fleet, fence a dead member.
+* ``LeaderBackend`` (``streamlease.leader``) — named leader leases and fenced writes.
+* ``JobStore`` — singleton jobs and one run record per slot.
+* ``AdminStore`` — what operators and tests do: create tables, upsert and flip streams, force
+  releases, read the sink back.
+
+A failed condition is a value, not an exception: ``acquire`` returns None, ``renew``
+returns ``LOST``, ``release`` returns False. Everything else raises ``streamlease.errors``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from streamlease.core.frames import Frame
+from streamlease.core.jobs import Job, JobList, JobRun, UnreadableJob
+from streamlease.core.lease import LeaseTimings, RenewOutcome
+from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
+from streamlease.core.model import EventMark, OwnedStream, StreamRecord, Tenure
+from streamlease.leader import LeaderBackend, PutItem
+
+
+@dataclass(frozen=True)
+class Acquired:
+    tenure: Tenure
+    record: StreamRecord
+
+
+@dataclass(frozen=True)
+class RenewResult:
+    outcome: RenewOutcome
+    record: StreamRecord | None = None
+    expires_at_ms: int | None = None
+    error: str | None = None
+
+
+class SinkOutcome(enum.Enum):
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already_committed"  # an earlier attempt of this batch landed
+
+
+@dataclass(frozen=True)
+class ForceReleased:
+    changed: bool
+    record: StreamRecord | None  # after the write if changed, else as found (None: missing)
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    outcome: HeartbeatOutcome
+    heartbeat: int | None = None  # the counter as written (RENEWED)
+    error: str | None = None
+
+
+class LeaseStore(Protocol):
+    async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
+                      timings: LeaseTimings, timeout: float | None = None,
+                      epoch: int = 0) -> Acquired | None:
+        """Take a free or expired lease (fence + 1), stamped with the owner's member
+        epoch. None if the condition failed."""
+
+    async def renew(self, tenure: Tenure, now_wall_ms: int, timings: LeaseTimings,
+                    timeout: float | None = None) -> RenewResult:
+        """Extend a lease this tenure still holds; the item as it now is."""
+
+    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
+        """Expiry 0, owner and fence kept. False if the lease had moved on."""
+
+    async def advance(self, tenure: Tenure, fence: int, last_seq: int,
+                      timeout: float | None = None) -> Tenure | None:
+        """Move a just-acquired tenure's fence and checkpoint forward (never back) to where
+        the sink already is. None if the lease moved on meanwhile."""
+
+    async def orphans(self, threshold_ms: int, limit: int,
+                      timeout: float | None = None) -> list[StreamRecord]:
+        """STARTED streams whose lease expired before ``threshold_ms`` (the index)."""
+
+    async def held_stopped(self, now_wall_ms: int, limit: int,
+                           timeout: float | None = None) -> list[StreamRecord]:
+        """STOPPED streams whose lease is still live: their holders must release them."""
+
+    async def check(self, stream_id: str, timeout: float | None = None) -> StreamRecord | None:
+        """The item as it is now (a consistent read): a holder's cheap check-in."""
+
+    async def owned_by(self, owner: str, timeout: float | None = None) -> list[OwnedStream]:
+        """Streams whose ``lease_owner`` is this worker (the owner index), held or not."""
+
+    async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
+                          timeout: float | None = None) -> bool:
+        """Release a fenced member's stream on its behalf: expiry 0 and fence + 1, if the
+        owner and fence are as seen, the lease is held, and it was taken under an epoch
+        older than ``fenced_epoch``. False if any of that no longer holds."""
+
+    async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
+        """Every stream item, including those the index cannot see (the sweep)."""
+
+    async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
+        """Give a hand-written item ``lease_expires_at_ms = 0``. False if it had one."""
+
+    async def record_error(self, stream_id: str, message: str, at_ms: int,
+                           timeout: float | None = None) -> None:
+        """Write ``last_error`` (truncated, see ``codec.error_text``) and its time."""
+
+
+class Sink(Protocol):
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
+        """Deliver ``frames`` after ``prev_seq`` in one transaction, or raise StaleFence."""
+
+    async def newest_event(self, stream_id: str,
+                           timeout: float | None = None) -> EventMark | None:
+        """The highest seq and fence already in the sink for this stream."""
+
+
+class FleetStore(Protocol):
+    """Member rows in the fleet table."""
+
+    async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
+                       status: MemberStatus = MemberStatus.ACTIVE,
+                       timeout: float | None = None) -> MemberRecord:
+        """A new incarnation of this worker: a new epoch (above every earlier one, also
+        if the row was deleted), counter 0."""
+
+    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
+                        capacity: int, handoffs: int, now_wall_ms: int,
+                        timeout: float | None = None) -> HeartbeatResult:
+        """Counter + 1 under this epoch; FENCED if the epoch moved on."""
+
+    async def members(self, timeout: float | None = None) -> list[MemberRecord]:
+        """Every member row, in one consistent Query."""
+
+    async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
+                    timeout: float | None = None) -> MemberRecord | None:
+        """Declare ``seen`` dead (epoch + 1, DEAD) if it is still exactly as seen; the row
+        as fenced, or None if it changed (it lives, or another peer fenced it)."""
+
+    async def mark_released(self, worker_id: str, epoch: int,
+                            timeout: float | None = None) -> bool:
+        """A DEAD member's streams are all released."""
+
+    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+        """Remove this incarnation's row (a clean exit, every stream released)."""
+
+
+class JobStore(Protocol):
+    """Jobs and their runs in the fleet table."""
+
+    async def put_job(self, job: Job) -> bool:
+        """Upsert; True if it was new."""
+
+    async def get_job(self, name: str) -> Job | UnreadableJob | None:
+        """The job, ``UnreadableJob`` if its item cannot be run as stored, None if absent."""
+
+    async def list_jobs(self, timeout: float | None = None) -> JobList:
+        """Every job, sorted by name, and the job items that cannot be run as stored."""
+
+    async def remove_job(self, name: str) -> bool:
+        """False if there was no such job. Its run records stay."""
+
+    def claim_write(self, run: JobRun) -> PutItem:
+        """The conditional put that claims a slot (for a fenced write through the leader
+        lease: claimed only while the lease carries the claim's fence)."""
+
+    async def claim_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        """Claim a slot without the fence check (a leader lease outside this table);
+        False if the slot was already claimed."""
+
+    async def finish_run(self, run: JobRun, timeout: float | None = None) -> bool:
+        """Record the outcome, on this runner's own claim, once."""
+
+    async def abandon_run(self, job: str, slot: str, fence: int, now_wall_ms: int,
+                          timeout: float | None = None) -> bool:
+        """Mark a run whose runner went away (still without an outcome) abandoned."""
+
+    async def runs(self, job: str, last: int, timeout: float | None = None) -> list[JobRun]:
+        """The latest ``last`` runs of a job, newest first."""
+
+
+class AdminStore(Protocol):
+    async def create_tables(self) -> list[str]: ...
+
+    async def check_tables(self) -> list[str]:
+        """TableMissing (naming the fix) unless every table and index this version needs
+        is there; advice about what works but costs more (an older index projection)."""
+
+    async def get(self, stream_id: str) -> StreamRecord | None: ...
+
+    async def list_streams(self) -> list[StreamRecord]: ...
+
+    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord: ...
+
+    async def set_state(self, stream_id: str, state: str) -> StreamRecord | None: ...
+
+    async def force_release(self, stream_id: str, expect_owner: str | None = None,
+                            expect_fence: int | None = None) -> ForceReleased: ...
+
+    def read_events(self, stream_id: str) -> AsyncIterator[Frame]: ...
+
+    async def event_fences(self, stream_id: str) -> list[int]: ...
+
+    async def put_item(self, item: dict[str, Any]) -> None:
+        """A raw streams-table item (DynamoDB JSON), as an operator writes one by hand."""
+
+
+@dataclass(frozen=True)
+class Stores:
+    """One backend's three roles, as a worker or a command opens them."""
+
+    leases: LeaseStore
+    sink: Sink
+    admin: AdminStore
+    fleet: FleetStore
+    leader: LeaderBackend
+    jobs: JobStore

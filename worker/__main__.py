@@ -1,5 +1,0 @@
-"""``python -m worker`` is the ``streamlease`` command."""
-
-from worker.cli import main
-
-raise SystemExit(main())
