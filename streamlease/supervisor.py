@@ -121,7 +121,7 @@ class Supervisor:
         self.pump: PumpLike = (pump_factory or Pump)(
             tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered,
             self._on_problem)
-        self._reporting: set[asyncio.Task[None]] = set()
+        self._tg: asyncio.TaskGroup | None = None  # the tenure's scope while it runs
         self._confirm = asyncio.Event()  # an index hint asks for a consistent read now
         self._record = record
         self._wake = asyncio.Event()
@@ -146,9 +146,17 @@ class Supervisor:
         if text is None or self._record.last_error == error_text(text):
             return
         self._record = dataclasses.replace(self._record, last_error=error_text(text))
-        task = asyncio.ensure_future(self._record_error(text))
-        self._reporting.add(task)
-        task.add_done_callback(self._reporting.discard)
+        if self._tg is not None:
+            self._tg.create_task(self._report(text), name=f"report {self.stream}")
+
+    async def _report(self, text: str) -> None:
+        """Write a stall to ``last_error``, in the tenure's scope; never fails the tenure."""
+        try:
+            await self._record_error(text)
+        except Exception:
+            self.metrics.task_crashed("supervisor")
+            event(logging.ERROR, "stream.report_failed", "could not record a stall",
+                  stream=self.stream, fence=self.tenure.fence, exc_info=True)
 
     def member_lost(self, fenced: bool) -> None:
         """This worker was fenced (or its membership lapsed): stop at once, no flush."""
@@ -204,6 +212,7 @@ class Supervisor:
         # One scope for the tenure: the pump and the heartbeat each turn their own failure
         # into a state (neither raises), and both are gone before the release.
         async with asyncio.TaskGroup() as tg:
+            self._tg = tg
             pump_task = tg.create_task(self._run_pump(), name=f"pump {self.stream}")
             heartbeat = tg.create_task(self._guarded_heartbeat(),
                                        name=f"heartbeat {self.stream}")
@@ -214,6 +223,7 @@ class Supervisor:
                 # Heartbeats ran through the drain; the flush is over (or abandoned) now.
                 heartbeat.cancel()
                 pump_task.cancel()
+                self._tg = None
         await self._finish(self._failure)
 
     async def _wait_until_stopping(self) -> None:
