@@ -22,6 +22,7 @@ from typing import Any
 from streamlease.core.backends import RedisTarget, parse_leader_backend
 from streamlease.core.frames import MAX_SEQ
 from streamlease.core.lease import LeaseTimings
+from streamlease.core.sinks import SinkSpec, parse_dead_letter, parse_sink
 from streamlease.core.stream import stream_buffer_bytes
 from streamlease.core.urls import AllowList, parse_allowed_urls
 from streamlease.errors import ConfigError
@@ -171,6 +172,16 @@ SETTINGS: tuple[Setting, ...] = (
             "reports it (last_error, streamlease_stalled_streams)", seconds(1, 86400)),
     # Half the default 1 GiB task: the rest is the interpreter, the DynamoDB client and
     # requests in flight (an idle worker is about 65 MB resident).
+    Setting("STREAMLEASE_SINK", "sink", "dynamodb",
+            "where messages go: dynamodb (the events table), postgres://..., kinesis://NAME, "
+            "sqs://NAME, s3://BUCKET/PREFIX, http(s)://..., file:///DIR, stdout or "
+            "python:MODULE:ATTR", parse_sink, secret=True),
+    Setting("STREAMLEASE_PROCESS_MAX_ATTEMPTS", "process_max_attempts", "5",
+            "attempts at one batch before it goes to the dead-letter sink (or, without one, "
+            "the stream stops here with last_error set)", count(1, 1000)),
+    Setting("STREAMLEASE_DEAD_LETTER", "dead_letter", "",
+            "a sink URL for batches that failed every attempt (default: none)",
+            parse_dead_letter, secret=True),
     Setting("STREAMLEASE_BUFFER_BUDGET_BYTES", "buffer_budget_bytes", "536870912",
             "bytes all held streams may buffer at most; STREAMLEASE_MAX_STREAMS x one "
             "stream's worst case (from STREAMLEASE_MAX_FRAME_BYTES) must fit in it",
@@ -211,6 +222,9 @@ class WorkerConfig:
     max_seq_jump: int
     stall_s: float
     buffer_budget_bytes: int
+    sink: SinkSpec
+    process_max_attempts: int
+    dead_letter: SinkSpec | None
 
     @property
     def stream_timings(self) -> LeaseTimings:

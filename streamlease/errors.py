@@ -64,6 +64,16 @@ class SinkConflict(StoreError):
 
 
 
+class ProcessorFailed(StoreUnavailable):
+    """A processor (or an output built on one) raised while processing a batch: the batch
+    is retried with backoff, up to ``STREAMLEASE_PROCESS_MAX_ATTEMPTS``."""
+
+
+class SinkGaveUp(StoreError):
+    """A batch failed every attempt and there is no dead-letter destination (or it failed
+    too): the stream stops here, with ``last_error`` saying why. Nothing is skipped."""
+
+
 class DialError(StreamleaseError):
     """An upstream WebSocket could not be opened, or was refused before dialling.
 

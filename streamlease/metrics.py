@@ -46,6 +46,7 @@ FLEET_LEASES = ("live", "expired", "none")
 TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbeat", "pump",
          "membership", "leader", "jobs")
 INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
+SINK_KINDS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "stdout", "python")
 
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -181,6 +182,19 @@ class Metrics:
         self._hints = Counter(p + "index_hints",
                               "Index records about a held stream, by what a consistent read "
                               "made of them", ["outcome"], registry=r)
+        self._sink_batches = Counter(p + "sink_batches", "Batches delivered, by sink",
+                                     ["sink"], registry=r)
+        self._sink_messages = Counter(p + "sink_messages", "Messages delivered, by sink",
+                                      ["sink"], registry=r)
+        self._sink_failures = Counter(p + "sink_failures",
+                                      "Batch attempts that failed, by sink", ["sink"],
+                                      registry=r)
+        self._sink_seconds = Histogram(p + "sink_seconds",
+                                       "One batch attempt through the sink, by sink",
+                                       ["sink"], buckets=FAST_BUCKETS, registry=r)
+        self._dead_lettered = Counter(p + "dead_lettered_messages",
+                                      "Messages sent to the dead-letter sink, by sink",
+                                      ["sink"], registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -196,6 +210,11 @@ class Metrics:
             self._renewals.labels(name)
         for name in TASKS:
             self._crashed.labels(name)
+        for name in SINK_KINDS:
+            for sink_metric in (self._sink_batches, self._sink_messages, self._sink_failures,
+                                self._dead_lettered):
+                sink_metric.labels(name)
+            self._sink_seconds.labels(name)
         for name in INDEX_HINT_OUTCOMES:
             self._hints.labels(name)
         for name in JOB_OUTCOMES:
@@ -339,6 +358,17 @@ class Metrics:
 
     def admission(self, admitting: bool) -> None:
         self._admitting.set(1 if admitting else 0)
+
+    def sink_attempt(self, sink: str, messages: int, seconds: float, ok: bool) -> None:
+        self._sink_seconds.labels(sink).observe(seconds)
+        if ok:
+            self._sink_batches.labels(sink).inc()
+            self._sink_messages.labels(sink).inc(messages)
+        else:
+            self._sink_failures.labels(sink).inc()
+
+    def dead_lettered(self, sink: str, messages: int) -> None:
+        self._dead_lettered.labels(sink).inc(messages)
 
     def unserved_released(self, count: int = 1) -> None:
         self._unserved.inc(count)

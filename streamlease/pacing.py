@@ -22,7 +22,7 @@ from collections import deque
 
 from streamlease.core.frames import Frame
 from streamlease.core.membership import HeartbeatOutcome, heartbeat_strained
-from streamlease.core.model import EventMark, Tenure
+from streamlease.core.model import EventMark, StreamRecord, Tenure
 from streamlease.errors import StoreUnavailable
 from streamlease.metrics import Metrics
 from streamlease.store.protocols import Sink, SinkOutcome
@@ -92,22 +92,37 @@ class SinkGate:
 class PacedSink:
     """A ``Sink`` whose writes pass through a ``SinkGate``; reads pass straight on."""
 
-    def __init__(self, inner: Sink, gate: SinkGate) -> None:
+    def __init__(self, inner: Sink, gate: SinkGate, metrics: Metrics | None = None,
+                 kind: str = "dynamodb") -> None:
         self.inner = inner
         self.gate = gate
+        self.metrics = metrics
+        self.kind = kind  # the sink-labelled metrics' label
 
     async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
                           now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
         loop = asyncio.get_running_loop()
         started = loop.time()
         await self.gate.acquire(timeout)
+        ok = False
+        attempt = loop.time()
         try:
             left = None if timeout is None else max(0.001, timeout - (loop.time() - started))
-            return await self.inner.write_batch(tenure, prev_seq, frames, now_wall_ms,
-                                                timeout=left)
+            outcome = await self.inner.write_batch(tenure, prev_seq, frames, now_wall_ms,
+                                                   timeout=left)
+            ok = True
+            return outcome
         finally:
             self.gate.release()
+            if self.metrics is not None:
+                self.metrics.sink_attempt(self.kind, len(frames), loop.time() - attempt, ok)
 
     async def newest_event(self, stream_id: str,
                            timeout: float | None = None) -> EventMark | None:
         return await self.inner.newest_event(stream_id, timeout=timeout)
+
+    async def open(self, tenure: Tenure, record: StreamRecord) -> int:
+        return await self.inner.open(tenure, record)
+
+    async def close(self, tenure: Tenure, reason: str) -> None:
+        await self.inner.close(tenure, reason)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 KEY_PREFIX = "CONN#"
 MAX_LAST_ERROR_CHARS = 1000
@@ -51,6 +53,9 @@ class StreamRecord:
     last_error_at_ms: int | None = None
     lease_epoch: int | None = None  # the holder's member epoch when it acquired
     bad_fields: tuple[str, ...] = ()  # attributes present with the wrong type
+    # Every attribute of the item as a plain Python value (the operator's own ones
+    # included), for processors and templates; not part of equality.
+    attributes: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def started(self) -> bool:

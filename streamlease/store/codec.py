@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
+
+from boto3.dynamodb.types import Binary, TypeDeserializer
 
 from streamlease.core.frames import Frame
 from streamlease.core.model import (
@@ -116,7 +119,38 @@ def decode_record(item: Mapping[str, Any]) -> StreamRecord | None:
         last_error_at_ms=_int(item, LAST_ERROR_AT),
         lease_epoch=_int(item, LEASE_EPOCH),
         bad_fields=bad,
+        attributes=plain(item),
     )
+
+
+_DESERIALIZER = TypeDeserializer()
+
+
+def plain(item: Mapping[str, Any]) -> dict[str, Any]:
+    """An item in DynamoDB JSON as plain Python values: numbers as int (or Decimal when
+    fractional), sets as sets, binary as bytes. An attribute that does not decode is
+    left out."""
+    out: dict[str, Any] = {}
+    for name, value in item.items():
+        try:
+            out[name] = _plain(_DESERIALIZER.deserialize(value))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            continue
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else value
+    if isinstance(value, Binary):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, set):
+        return {_plain(v) for v in value}
+    return value
 
 
 # Attributes whose type the worker relies on; ``desired_state`` is reported verbatim.

@@ -123,6 +123,19 @@ class MemoryStore:
         self._set(item, {codec.FENCE: codec.n(fence), codec.LAST_SEQ: codec.n(last_seq)})
         return dataclasses.replace(tenure, fence=fence, last_seq=last_seq)
 
+    async def checkpoint(self, tenure: Tenure, prev_seq: int, last_seq: int,
+                         timeout: float | None = None) -> SinkOutcome:
+        self._called("checkpoint")
+        item = self.items.get(stream_key(tenure.stream_id))
+        at = _n(item, codec.LAST_SEQ) or 0
+        if not _holds(item, tenure) or at != prev_seq:
+            old = _record(item) if item is not None else None
+            return codec.refused_batch(["ConditionalCheckFailed"], old, tenure, prev_seq + 1,
+                                       last_seq)
+        assert item is not None
+        self._set(item, {codec.LAST_SEQ: codec.n(last_seq)})
+        return SinkOutcome.COMMITTED
+
     async def orphans(self, threshold_ms: int, limit: int,
                       timeout: float | None = None) -> list[StreamRecord]:
         self._called("orphans")
@@ -216,6 +229,12 @@ class MemoryStore:
             existing[chunk[0].seq] = codec.event_item(tenure.stream_id, tenure.fence, chunk,
                                                       now_wall_ms)
         return SinkOutcome.COMMITTED
+
+    async def open(self, tenure: Tenure, record: StreamRecord) -> int:
+        return 0
+
+    async def close(self, tenure: Tenure, reason: str) -> None:
+        return None
 
     async def newest_event(self, stream_id: str,
                            timeout: float | None = None) -> EventMark | None:

@@ -83,6 +83,13 @@ class LeaseStore(Protocol):
         """Move a just-acquired tenure's fence and checkpoint forward (never back) to where
         the sink already is. None if the lease moved on meanwhile."""
 
+    async def checkpoint(self, tenure: Tenure, prev_seq: int, last_seq: int,
+                         timeout: float | None = None) -> SinkOutcome:
+        """Move ``last_seq`` from ``prev_seq`` to ``last_seq`` if the item still names this
+        owner and fence (the checkpoint of an output that is not the events table).
+        ALREADY_COMMITTED if it is already there; StaleFence if the fence moved on;
+        SinkConflict if the checkpoint is somewhere else."""
+
     async def orphans(self, threshold_ms: int, limit: int,
                       timeout: float | None = None) -> list[StreamRecord]:
         """STARTED streams whose lease expired before ``threshold_ms`` (the index)."""
@@ -122,6 +129,15 @@ class Sink(Protocol):
     async def newest_event(self, stream_id: str,
                            timeout: float | None = None) -> EventMark | None:
         """The highest seq and fence already in the sink for this stream."""
+
+    async def open(self, tenure: Tenure, record: StreamRecord) -> int:
+        """A tenure begins (its processor's ``start``): the last seq the sink holds for
+        the stream beyond the item's checkpoint, or 0 (only outputs that commit their
+        own checkpoint know one)."""
+
+    async def close(self, tenure: Tenure, reason: str) -> None:
+        """The tenure ended (its processor's ``stop``); ``reason`` is one of
+        ``streamlease.processor.STOP_REASONS``. Never raises."""
 
 
 class FleetStore(Protocol):

@@ -13,7 +13,7 @@ from streamlease.core.model import OwnedStream, StreamRecord, Tenure
 from streamlease.errors import StoreError, StoreThrottled
 from streamlease.store import codec
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
-from streamlease.store.protocols import Acquired, RenewResult
+from streamlease.store.protocols import Acquired, RenewResult, SinkOutcome
 
 
 class DynamoLeaseStore(DynamoTable):
@@ -83,6 +83,20 @@ class DynamoLeaseStore(DynamoTable):
         except ConditionFailed:
             return None
         return dataclasses.replace(tenure, fence=fence, last_seq=last_seq)
+
+    async def checkpoint(self, tenure: Tenure, prev_seq: int, last_seq: int,
+                         timeout: float | None = None) -> SinkOutcome:
+        expr = codec.checkpoint_expr(tenure.owner, tenure.fence, prev_seq, last_seq)
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(tenure.stream_id),
+                             ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                             **expr.update_kwargs())
+        except ConditionFailed as failed:
+            old = codec.decode_record(failed.item) if failed.item else None
+            return codec.refused_batch(["ConditionalCheckFailed"], old, tenure, prev_seq + 1,
+                                       last_seq)
+        return SinkOutcome.COMMITTED
 
     async def orphans(self, threshold_ms: int, limit: int, timeout: float | None = None,
                       page_size: int = 200) -> list[StreamRecord]:

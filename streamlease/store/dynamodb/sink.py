@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from streamlease.core.frames import Frame
-from streamlease.core.model import EventMark, Tenure
+from streamlease.core.model import EventMark, StreamRecord, Tenure
 from streamlease.errors import SinkConflict, StaleFence, StoreThrottled, StoreUnavailable
 from streamlease.store import codec
 from streamlease.store.dynamodb.client import (
@@ -60,6 +60,12 @@ class DynamoSink(DynamoTable):
         except TransactionCancelled as cancelled:
             return _cancelled(cancelled, tenure, first, last)
         return SinkOutcome.COMMITTED
+
+    async def open(self, tenure: Tenure, record: StreamRecord) -> int:
+        return 0  # the events item and the checkpoint move together: nothing beyond
+
+    async def close(self, tenure: Tenure, reason: str) -> None:
+        return None
 
     async def newest_event(self, stream_id: str,
                            timeout: float | None = None) -> EventMark | None:

@@ -1,0 +1,152 @@
+"""Processors behind the worker's ``Sink``: one instance per tenure, a fenced checkpoint.
+
+``ProcessorSink`` adapts a processor factory (``streamlease.processor``) to the ``Sink``
+the pump writes through. ``open`` makes the tenure's processor and calls ``start``;
+``write_batch`` calls ``process`` and then checkpoints the batch on the stream item with a
+conditional write naming this owner and fence (the lease store's ``checkpoint``), so a
+stale holder's checkpoint is refused like its sink write would be; ``close`` calls
+``stop``. A processor that commits its own checkpoint (``commits_checkpoint``) is asked
+after ``start`` how far it got, and the tenure resumes after that.
+
+A batch whose ``process`` raises is retried: the first failures raise ``ProcessorFailed``
+(retriable: the pump backs off, interruptibly, and sends the same batch again); after
+``max_attempts`` it goes to the dead-letter output, if there is one, and is checkpointed
+past; otherwise ``SinkGaveUp`` stops the stream here with ``last_error`` set. A batch is
+never skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+
+from streamlease.core.frames import Frame
+from streamlease.core.model import EventMark, StreamRecord, Tenure
+from streamlease.errors import ProcessorFailed, SinkGaveUp
+from streamlease.logs import event
+from streamlease.metrics import Metrics
+from streamlease.processor import Context, Message, Processor, ProcessorFactory
+from streamlease.store.protocols import LeaseStore, SinkOutcome
+
+
+@dataclass
+class _Open:
+    processor: Processor
+    ctx: Context
+    failing: int | None = None  # first seq of the batch that keeps failing
+    attempts: int = 0
+    dead_letter: _Open | None = None
+
+
+@dataclass(frozen=True)
+class ProcessingSettings:
+    kind: str  # the sink kind, a metric label (``python``, ``file``, ...)
+    max_attempts: int = 5
+
+
+def messages(frames: list[Frame]) -> list[Message]:
+    return [Message(f.seq, f.data if f.data is not None else json.loads(f.text), f.text)
+            for f in frames]
+
+
+@dataclass
+class ProcessorSink:
+    """A ``Sink`` over a processor factory; ``checkpoints`` is the lease store."""
+
+    factory: ProcessorFactory
+    checkpoints: LeaseStore
+    metrics: Metrics
+    settings: ProcessingSettings
+    dead_letter: ProcessorFactory | None = None
+    _open: dict[tuple[str, int], _Open] = field(default_factory=dict)
+
+    async def newest_event(self, stream_id: str,
+                           timeout: float | None = None) -> EventMark | None:
+        return None  # no events table: a processor's own checkpoint comes from ``open``
+
+    async def open(self, tenure: Tenure, record: StreamRecord) -> int:
+        after = tenure.last_seq or 0
+        ctx = Context(stream_id=tenure.stream_id, fence=tenure.fence, owner=tenure.owner,
+                      item=dict(record.attributes), resume_after=after, checkpoint=after)
+        processor = self.factory()
+        await processor.start(ctx)
+        committed = 0
+        if getattr(processor, "commits_checkpoint", False):
+            committed = int(await processor.committed(ctx))  # type: ignore[attr-defined]
+            if committed > after:
+                ctx.resume_after = ctx.checkpoint = committed
+        self._open[(tenure.stream_id, tenure.fence)] = _Open(processor, ctx)
+        return committed if committed > after else 0
+
+    async def close(self, tenure: Tenure, reason: str) -> None:
+        entry = self._open.pop((tenure.stream_id, tenure.fence), None)
+        if entry is None:
+            return
+        for name, one in (("processor", entry), ("dead letter", entry.dead_letter)):
+            if one is None:
+                continue
+            try:
+                await one.processor.stop(one.ctx, reason)
+            except Exception:
+                self.metrics.task_crashed("pump")
+                event(logging.ERROR, "processor.stop_failed", f"the {name}'s stop raised",
+                      stream=tenure.stream_id, fence=tenure.fence, reason=reason,
+                      exc_info=True)
+
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
+        if not frames:
+            return SinkOutcome.COMMITTED
+        entry = self._open.get((tenure.stream_id, tenure.fence))
+        if entry is None:
+            raise SinkGaveUp(f"stream {tenure.stream_id}: no processor open for fence "
+                             f"{tenure.fence}")
+        last = frames[-1].seq
+        ctx = entry.ctx
+        ctx.checkpoint = prev_seq
+        batch = messages(frames)
+        try:
+            await entry.processor.process(batch, ctx)
+        except Exception as exc:
+            await self._failed(entry, tenure, batch, exc)
+        entry.failing, entry.attempts = None, 0
+        outcome = await self.checkpoints.checkpoint(tenure, prev_seq, last, timeout)
+        ctx.checkpoint = last
+        return outcome
+
+    async def _failed(self, entry: _Open, tenure: Tenure, batch: list[Message],
+                      exc: Exception) -> None:
+        """Count a failed attempt; raise to retry, or dead-letter the batch (returns), or
+        give up."""
+        first, last = batch[0].seq, batch[-1].seq
+        if entry.failing != first:
+            entry.failing, entry.attempts = first, 0
+        entry.attempts += 1
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        event(logging.WARNING, "processor.failed", "processing a batch failed",
+              stream=tenure.stream_id, fence=tenure.fence, first_seq=first, last_seq=last,
+              attempt=entry.attempts, max_attempts=self.settings.max_attempts, error=error)
+        if entry.attempts < self.settings.max_attempts:
+            raise ProcessorFailed(f"processor failed on seq {first}..{last} (attempt "
+                                  f"{entry.attempts}): {error}") from exc
+        if self.dead_letter is None:
+            raise SinkGaveUp(f"processor failed {entry.attempts} times on seq {first}..{last}"
+                             f" and there is no dead-letter sink: {error}") from exc
+        try:
+            if entry.dead_letter is None:
+                ctx = replace(entry.ctx, state={})
+                dead = self.dead_letter()
+                await dead.start(ctx)
+                entry.dead_letter = _Open(dead, ctx)
+            entry.dead_letter.ctx.failure = error
+            await entry.dead_letter.processor.process(batch, entry.dead_letter.ctx)
+        except Exception as dead_exc:
+            raise SinkGaveUp(f"processor failed {entry.attempts} times on seq {first}..{last}"
+                             f" and the dead-letter sink failed too: {dead_exc!r}") from exc
+        self.metrics.dead_lettered(self.settings.kind, len(batch))
+        event(logging.ERROR, "processor.dead_lettered",
+              "a batch failed every attempt; sent to the dead-letter sink and skipped",
+              stream=tenure.stream_id, fence=tenure.fence, first_seq=first, last_seq=last,
+              attempts=entry.attempts, error=error)
+

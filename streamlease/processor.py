@@ -1,0 +1,104 @@
+"""The processor API: your code on every held stream, with the fence and the checkpoint.
+
+One processor instance serves one tenure of one stream (an acquisition: this worker, this
+fence). The worker calls, in order and never concurrently:
+
+* ``start(ctx)`` once, after the acquisition and before the first batch;
+* ``process(batch, ctx)`` for each batch: the messages of the tenure in ``seq`` order, no
+  gap and no duplicate within the tenure. When it returns, the batch is done: the worker
+  checkpoints it (``last_seq`` on the stream item, a conditional write that names this
+  worker and this fence, so a stale holder's checkpoint is refused). If it raises, the
+  batch is retried (capped, interruptible backoff) up to ``STREAMLEASE_PROCESS_MAX_ATTEMPTS``
+  times, then sent to ``STREAMLEASE_DEAD_LETTER`` or, without one, the stream stops with
+  ``last_error`` set: a batch is never skipped silently;
+* ``stop(ctx, reason)`` once, when the tenure ends, with ``reason`` one of ``drain`` (handed
+  over to even out the fleet), ``stopped`` (``desired_state`` flipped to STOPPED),
+  ``shutdown`` (the worker drains on SIGTERM), ``lost`` (the lease moved on: another holder
+  may already be writing, so ``stop`` must not write anything), ``error`` (the stream cannot
+  go on here: a failed batch, a bad item).
+
+What it guarantees: with a processor that writes its output and then returns, every
+message reaches it at least once; a batch can be seen twice only across a takeover (the
+old holder's output landed, its checkpoint did not). Exactly once needs the output and the
+checkpoint in one transaction: a processor whose destination has transactions sets
+``commits_checkpoint = True``, writes its output together with its own record of
+``(stream_id, fence, last_seq)``, conditioned on ``ctx.fence`` being the highest fence it
+has seen for the stream and on ``ctx.checkpoint`` being the last seq it holds (the
+expected previous checkpoint), and reports that record's ``last_seq`` from
+``committed(ctx)``: a new holder resumes after it (Kafka Connect's exactly-once sources,
+zombies fenced by epoch). The worker still moves ``last_seq`` on the stream item after each
+batch, so ``ctl list`` and a resume read it.
+
+A minimal processor::
+
+    class Printer:
+        async def start(self, ctx: Context) -> None:
+            print("serving", ctx.stream_id, "after", ctx.resume_after)
+
+        async def process(self, batch: Sequence[Message], ctx: Context) -> None:
+            for message in batch:
+                print(ctx.stream_id, message.seq, message.data)
+
+        async def stop(self, ctx: Context, reason: str) -> None:
+            print("stopped", ctx.stream_id, reason)
+
+    def make() -> Printer:          # STREAMLEASE_SINK=python:mymodule:make
+        return Printer()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+STOP_REASONS = ("drain", "stopped", "shutdown", "lost", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One upstream message: its sequence number, the JSON object as parsed (``data``)
+    and the frame's text exactly as received (``text``)."""
+
+    seq: int
+    data: Any
+    text: str
+
+
+@dataclass(slots=True)
+class Context:
+    """What a processor knows of its tenure. ``checkpoint`` is the last seq checkpointed
+    for the stream (``resume_after`` at the start, then the last seq of each batch that
+    completed): the expected previous checkpoint of the next batch."""
+
+    stream_id: str
+    fence: int
+    owner: str
+    item: Mapping[str, Any]
+    resume_after: int
+    checkpoint: int
+    state: dict[str, Any] = field(default_factory=dict)  # the processor's own, per tenure
+    failure: str | None = None  # set for a dead-letter output: why the batch failed
+
+
+@runtime_checkable
+class Processor(Protocol):
+    async def start(self, ctx: Context) -> None: ...
+
+    async def process(self, batch: Sequence[Message], ctx: Context) -> None: ...
+
+    async def stop(self, ctx: Context, reason: str) -> None: ...
+
+
+@runtime_checkable
+class TransactionalProcessor(Processor, Protocol):
+    """A processor that commits its output and the checkpoint in one transaction of its
+    own (``commits_checkpoint = True``); ``committed(ctx)`` is the last seq it holds for
+    ``ctx.stream_id`` (0 if none), read after ``start``."""
+
+    commits_checkpoint: bool
+
+    async def committed(self, ctx: Context) -> int: ...
+
+
+ProcessorFactory = Callable[[], Processor]

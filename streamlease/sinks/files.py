@@ -1,0 +1,89 @@
+"""The ``file:///DIR`` and ``stdout`` outputs: JSON lines, for development and demos.
+
+Each line is ``{"stream_id", "seq", "fence", "data"}`` (``error`` too, for dead-lettered
+messages). ``file`` appends to ``DIR/<stream_id>.jsonl`` (the id percent-encoded where it
+is not a safe file name) and syncs the file before ``process`` returns, so a checkpointed
+batch is on disk: at least once, duplicates only across a takeover (the old holder's lines
+landed, its checkpoint did not). ``stdout`` writes one line a message and flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+from streamlease.core.sinks import SinkSpec
+from streamlease.errors import ConfigError
+from streamlease.processor import Context, Message, ProcessorFactory
+from streamlease.sinks import record_line
+
+
+def _lines(batch: Sequence[Message], ctx: Context) -> str:
+    return "".join(json.dumps(record_line(ctx.stream_id, m.seq, ctx.fence, m.data,
+                                          ctx.failure), separators=(",", ":")) + "\n"
+                   for m in batch)
+
+
+def file_name(stream_id: str) -> str:
+    """A stream id as a file name: safe characters kept, the rest percent-encoded (a
+    leading dot too, so no id names a hidden file or ``..``)."""
+    name = quote(stream_id, safe="-_.~@+=,")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    return f"{name}.jsonl"
+
+
+class FileProcessor:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    async def start(self, ctx: Context) -> None:
+        return None
+
+    async def process(self, batch: Sequence[Message], ctx: Context) -> None:
+        text = _lines(batch, ctx)
+        await asyncio.to_thread(self._append, self.directory / file_name(ctx.stream_id), text)
+
+    async def stop(self, ctx: Context, reason: str) -> None:
+        return None
+
+    @staticmethod
+    def _append(path: Path, text: str) -> None:
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+class StdoutProcessor:
+    async def start(self, ctx: Context) -> None:
+        return None
+
+    async def process(self, batch: Sequence[Message], ctx: Context) -> None:
+        sys.stdout.write(_lines(batch, ctx))
+        sys.stdout.flush()
+
+    async def stop(self, ctx: Context, reason: str) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def output(spec: SinkSpec) -> AsyncIterator[ProcessorFactory]:
+    if spec.kind == "stdout":
+        yield StdoutProcessor
+        return
+    directory = Path(spec.target)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError([f"STREAMLEASE_SINK: cannot create {directory}: {exc.strerror}"]) \
+            from exc
+    if not os.access(directory, os.W_OK):
+        raise ConfigError([f"STREAMLEASE_SINK: {directory} is not writable"])
+    yield lambda: FileProcessor(directory)
