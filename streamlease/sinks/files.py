@@ -79,6 +79,12 @@ async def output(spec: SinkSpec) -> AsyncIterator[ProcessorFactory]:
         yield StdoutProcessor
         return
     directory = Path(spec.target)
+    await asyncio.to_thread(prepare_directory, directory)
+    yield lambda: FileProcessor(directory)
+
+
+def prepare_directory(directory: Path) -> None:
+    """Create the output directory; ConfigError if it cannot be written."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -86,4 +92,3 @@ async def output(spec: SinkSpec) -> AsyncIterator[ProcessorFactory]:
             from exc
     if not os.access(directory, os.W_OK):
         raise ConfigError([f"STREAMLEASE_SINK: {directory} is not writable"])
-    yield lambda: FileProcessor(directory)
