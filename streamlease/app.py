@@ -34,10 +34,12 @@ from streamlease.logs import CONTEXT, event, setup
 from streamlease.membership import Hooks, Membership, MembershipSettings
 from streamlease.metrics import Metrics
 from streamlease.pacing import PacedSink, SinkGate
+from streamlease.processing import ProcessingSettings, ProcessorSink
 from streamlease.pump import PumpSettings
 from streamlease.reconciler import Reconciler, ReconcilerSettings
+from streamlease.sinks import open_output
 from streamlease.store import dynamodb
-from streamlease.store.protocols import AdminStore, Stores
+from streamlease.store.protocols import AdminStore, Sink, Stores
 from streamlease.supervisor import SupervisorSettings
 
 
@@ -141,15 +143,39 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   fleet_changed=lambda: reconciler.poke() if reconciler else None,
                   proven=member_proven, beat=member_beat,
                   leading=lambda: leadership is not None and leadership.leading))
-        reconciler = Reconciler(stores.leases, PacedSink(stores.sink, gate), clock, metrics,
-                                settings, membership, health=health)
-        async with leader_backend(config, stores) as backend:
+        async with worker_sink(config, stores, metrics) as sink, \
+                leader_backend(config, stores) as backend:
+            reconciler = Reconciler(stores.leases,
+                                    PacedSink(sink, gate, metrics, config.sink.kind), clock,
+                                    metrics, settings, membership, health=health)
             leadership = build_leadership(config, owner, backend, stores, clock, metrics,
                                           reconciler, membership)
             await membership.register()
             member_proven(clock.monotonic())
             return await _serve(config, owner, clock, metrics, health, reconciler, membership,
                                 leadership)
+
+
+@contextlib.asynccontextmanager
+async def worker_sink(config: WorkerConfig, stores: Stores,
+                      metrics: Metrics) -> AsyncIterator[Sink]:
+    """Where messages go (STREAMLEASE_SINK): the events table itself, or a processor per
+    tenure (a built-in output or the user's), with its dead-letter destination."""
+    if config.sink.kind == "dynamodb":
+        yield stores.sink
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        factory = await stack.enter_async_context(open_output(config.sink))
+        dead = None
+        if config.dead_letter is not None:
+            dead = await stack.enter_async_context(open_output(config.dead_letter))
+        event(logging.INFO, "sink.opened", "messages go to a processor output",
+              sink=config.sink.describe(),
+              dead_letter=config.dead_letter.describe() if config.dead_letter else None,
+              max_attempts=config.process_max_attempts)
+        yield ProcessorSink(factory, stores.leases, metrics,
+                            ProcessingSettings(config.sink.kind, config.process_max_attempts),
+                            dead)
 
 
 @contextlib.asynccontextmanager

@@ -20,6 +20,7 @@ first, then every supervisor drains, then the group exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -541,6 +542,10 @@ class Reconciler:
             if not released:
                 self._unsure.add(got.tenure.stream_id)
             return
+        opened = await self._open_output(got)
+        if opened is None:
+            return
+        got = opened
         # Unowned since its stored expiry; a released stream (expiry 0: a hand-over, a
         # release on behalf) since this worker first saw it free, a lower bound.
         expired = candidate.lease_expires_at_ms
@@ -587,6 +592,40 @@ class Reconciler:
                       "trying again at the next cycle", stream=stream_id, error=str(exc))
                 continue
             self._unsure.discard(stream_id)
+
+    async def _open_output(self, got: Acquired) -> Acquired | None:
+        """Start the tenure's output (its processor's ``start``); resume after what the
+        output already holds when it keeps its own checkpoint. If it cannot start, the
+        stream is released with ``last_error`` and None is returned."""
+        tenure = got.tenure
+        try:
+            async with asyncio.timeout(self.settings.supervisor.drain_timeout_s):
+                beyond = await self.sink.open(tenure, got.record)
+            if beyond > (tenure.last_seq or 0):
+                event(logging.INFO, "stream.resume_after_output",
+                      "the output holds more than the item's checkpoint; resuming after it",
+                      stream=tenure.stream_id, fence=tenure.fence,
+                      item_last_seq=tenure.last_seq, output_last_seq=beyond)
+                moved = await self.leases.advance(tenure, tenure.fence, beyond)
+                if moved is None:
+                    await self.sink.close(tenure, "lost")
+                    return None
+                return Acquired(moved, got.record)
+            return got
+        except Exception as exc:
+            problem = f"output failed to start: {type(exc).__name__}: {exc}"[:500]
+            event(logging.ERROR, "stream.output_start_failed", "the stream's output could not "
+                  "start; releasing it", stream=tenure.stream_id, fence=tenure.fence,
+                  error=problem)
+            await self.sink.close(tenure, "error")
+            with contextlib.suppress(StoreError):
+                await self.leases.record_error(tenure.stream_id, problem, self.clock.wall_ms())
+            try:
+                if await self.leases.release(tenure):
+                    self.metrics.lease_released(StopReason.ERROR)
+            except StoreError:
+                self._unsure.add(tenure.stream_id)
+            return None
 
     async def _resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
         """If the item's checkpoint or fence was rewound (rewritten by hand, restored from

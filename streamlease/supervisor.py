@@ -118,6 +118,7 @@ class Supervisor:
         self.rng = rng or random.Random()
         self.holding = Holding(tenure, record.ws_url or "", acquire_sent_at, settings.timings,
                                member_alive)
+        self.sink = sink
         self.pump: PumpLike = (pump_factory or Pump)(
             tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered,
             self._on_problem)
@@ -398,6 +399,7 @@ class Supervisor:
         fields: dict[str, Any] = {"stream": self.stream, "fence": self.tenure.fence,
                                   "last_seq": self.pump.committed}
         self.metrics.lease_ended(self.clock.monotonic() - self.acquired_at)
+        await self._close_output(reason)
         if holding.state in (HolderState.LOST, HolderState.SELF_FENCED):
             assert reason is not None
             self.metrics.lease_lost(reason)
@@ -414,6 +416,18 @@ class Supervisor:
                 self.metrics.bad_item("bad_state" if "desired_state" in problem else "bad_url")
             await self._record_error(problem)
         await self._release(reason, fields, log=True)
+
+    async def _close_output(self, reason: StopReason | None) -> None:
+        """The tenure's processor ``stop``: after the last flush, before the release (a
+        lost tenure's processor hears ``lost`` and must not write). Bounded, never raises."""
+        public = processor_reason(reason, self.holding.state)
+        try:
+            async with asyncio.timeout(self.settings.drain_timeout_s):
+                await self.sink.close(self.tenure, public)
+        except Exception:
+            self.metrics.task_crashed("pump")
+            event(logging.ERROR, "processor.stop_failed", "closing the stream's output failed",
+                  stream=self.stream, fence=self.tenure.fence, reason=public, exc_info=True)
 
     async def _release(self, reason: StopReason, fields: dict[str, Any], log: bool) -> None:
         """Release, retried with backoff until the budget: the shutdown deadline if one was
@@ -459,6 +473,14 @@ class Supervisor:
                            self.settings.call_timeout_s, f"record_error {self.stream}")
         event(logging.WARNING, "stream.unservable", "stream cannot be served", problem=problem,
               stream=self.stream, fence=self.tenure.fence)
+
+
+def processor_reason(reason: StopReason | None, state: HolderState) -> str:
+    """Why a tenure ended, as a processor's ``stop`` hears it (``STOP_REASONS``)."""
+    if state in (HolderState.LOST, HolderState.SELF_FENCED):
+        return "lost"
+    return {StopReason.STOPPED: "stopped", StopReason.SHUTDOWN: "shutdown",
+            StopReason.REBALANCE: "drain"}.get(reason, "error") if reason else "error"
 
 
 async def shielded(call: Awaitable[T], timeout: float, name: str) -> T:
