@@ -123,6 +123,7 @@ class Fleet:
     def __init__(self, scenario: str, *, streams: int, rate: float,
                  worker_env: dict[str, str], dynamodb: str = "embedded",
                  latency_ms: float = 0.0, latency_mode: str = "serial",
+                 index_lag_ms: float = 0.0,
                  sample_s: float = 0.25, table_s: float | None = None,
                  watch_upstream: bool = False,
                  log_root: Path | None = None, seed: int | None = None,
@@ -134,6 +135,7 @@ class Fleet:
         self.dynamodb = dynamodb
         self.latency_ms = latency_ms
         self.latency_mode = latency_mode
+        self.index_lag_ms = index_lag_ms
         self.sample_s = sample_s
         # Reading the whole table is one Scan: cheap for tens of streams, about a second
         # of the embedded server's (serialised) time for 2,000. With ``table_s`` above
@@ -171,6 +173,12 @@ class Fleet:
         self._table_read_at = float("-inf")
         self._held: dict[str, tuple[str, int]] = {}  # stream -> (owner, fence) last seen held
         self._first_fence: dict[str, int] = {}
+        # Leased to a live worker but not served: per stream, (last_seq, when it last
+        # moved) and when its current tenure was first seen; the longest such spell.
+        self._progress: dict[str, tuple[int, float]] = {}
+        self._tenure_from: dict[str, float] = {}
+        self.unserved_max_s = 0.0
+        self.unserved_worst: dict[str, Any] = {}
         self._admin_cm: Any = None
         self._sampler: asyncio.Task[None] | None = None
 
@@ -197,6 +205,8 @@ class Fleet:
             if self.latency_ms:
                 args += ["--latency-ms", str(self.latency_ms), "--latency-mode",
                          self.latency_mode]
+            if self.index_lag_ms:
+                args += ["--index-lag-ms", str(self.index_lag_ms)]
             ddb = Server(*args)
             self.servers.append(ddb)
             local = local_aws_env(ddb.url)
@@ -369,6 +379,9 @@ class Fleet:
         self.records = records
         owned = dict.fromkeys(self.workers, 0)  # a live worker holding none shows as 0
         for sid, r in records.items():
+            seq = r.last_seq or 0
+            if self._progress.get(sid, (None,))[0] != seq:
+                self._progress[sid] = (seq, t)
             if not (r.lease_owner and (r.lease_expires_at_ms or 0) > now_ms):
                 continue
             owned[r.lease_owner] = owned.get(r.lease_owner, 0) + 1
@@ -379,8 +392,23 @@ class Fleet:
                                                      seen[0] if seen else None))
                 self._first_fence.setdefault(sid, fence)
                 self._held[sid] = (r.lease_owner, fence)
+                self._tenure_from[sid] = t
+            self._note_unserved(sid, r, t)
         if self.timeline_from_table:
             self.timeline.append((t, owned))
+
+    def _note_unserved(self, sid: str, r: StreamRecord, t: float) -> None:
+        """A stream leased to a live, running worker whose checkpoint has not moved since
+        its tenure began or since it last moved: leased but (so far) unserved. Only
+        meaningful while every stream produces messages (the chaos-style scenarios)."""
+        holder = self.workers.get(r.lease_owner or "")
+        if holder is None or holder.paused or not holder.alive():
+            return
+        since = max(self._progress[sid][1], self._tenure_from.get(sid, t))
+        if t - since > self.unserved_max_s:
+            self.unserved_max_s = t - since
+            self.unserved_worst = {"stream": sid, "owner": r.lease_owner, "fence": r.fence,
+                                   "since": round(since, 2), "at": round(t, 2)}
 
     async def _read_upstream(self) -> None:
         found = await asyncio.to_thread(self._upstream_connections)

@@ -81,6 +81,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          "streams_per_table_at_defaults", ">= 100,000", at_least(100_000)),
         ("chaos", "kill -9 failover p99 (small profile)", "failover.kill9.p99",
          f"<= lease + 1.2 x reconcile + 0.5 = {kill9:.1f} s", at_most(kill9)),
+        ("index_lag", "index reads 1 s behind: longest a stream stayed leased to a live "
+         "worker that did not serve it", "index_lag.unserved_max_s",
+         f"<= one self-audit interval (1.2 x lease = {1.2 * s.get('lease', 2.0):.1f} s)",
+         at_most(1.2 * s.get("lease", 2.0))),
+        ("index_lag", "index reads 1 s behind: lost / duplicated / out of order / stale "
+         "accepted", "index_lag.lost", "0", at_most(0)),
+        ("index_lag", "index reads 1 s behind: kill -9 failover p99", "index_lag.kill9_p99",
+         f"<= lease + 1.2 x reconcile + 1.5 = {kill9 + 1.0:.1f} s", at_most(kill9 + 1.0)),
         ("skew", "a worker's clock behind the others: settled", "skew.settled", "yes",
          lambda v: None if v is None else v is True),
         ("skew", "a worker's clock behind: moves once the fleet is even", "skew.moves", "0",
@@ -148,8 +156,9 @@ def markdown(r: dict[str, Any]) -> str:
         lines += chaos_md(r)
     if "msgs_per_s" in r:
         lines += throughput_md(r)
-    for name, render in (("skew", skew_md), ("slow_store", slow_store_md),
-                         ("balance", balance_md), ("jobs", jobs_md), ("scale", scale_md)):
+    for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
+                         ("slow_store", slow_store_md), ("balance", balance_md),
+                         ("jobs", jobs_md), ("scale", scale_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
     if isinstance(r.get("capacity_model"), dict) and "text" in r["capacity_model"]:
@@ -295,6 +304,34 @@ def _churn(section: dict[str, Any]) -> list[str]:
     if section.get("worker_exits"):
         lines.append(f"- workers that exited on their own: {section['worker_exits']}")
     return [*lines, ""]
+
+
+def index_lag_md(r: dict[str, Any]) -> list[str]:
+    k = r["index_lag"]
+    worst = k.get("unserved_worst") or {}
+    hints = k.get("index_hints") or {}
+    return [
+        "## Index lag",
+        "",
+        f"The chaos schedule again, every index read {_v(k.get('index_lag_ms'))} ms behind "
+        "the table (as DynamoDB's global secondary indexes can be under load).",
+        "",
+        f"Longest a stream stayed leased to a live, running worker without delivering: "
+        f"**{_s(k.get('unserved_max_s'))}** (target {_s(k.get('unserved_target_s'))}"
+        + (f"; {worst.get('stream')} on {worst.get('owner')}, fence {worst.get('fence')}, "
+           f"at {worst.get('at')} s" if worst else "") + "). "
+        f"Leases released by the self-audit: {_v(k.get('unserved_released'))}; index hints "
+        f"ignored as stale {_v(hints.get('stale_fence'))}, confirmed "
+        f"{_v(hints.get('confirmed'))}, dismissed by a consistent read "
+        f"{_v(hints.get('dismissed'))}; leases lost to a refused condition "
+        f"{_v(k.get('lease_lost_condition_failed'))}.",
+        "",
+        f"kill -9 failover p99 {_s(k.get('kill9_p99'))} (target "
+        f"{_s(k.get('kill9_target_s'))}); SIGTERM hand-off p99 "
+        f"{_s((k.get('sigterm') or {}).get('p99'))}.",
+        "",
+        *_correctness(k),
+    ]
 
 
 def skew_md(r: dict[str, Any]) -> list[str]:

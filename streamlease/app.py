@@ -79,7 +79,7 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         owner=owner, reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
         max_streams=config.max_streams, acquire_per_cycle=config.acquire_per_cycle,
         supervisor=supervisor, stopped_check_s=timings.heartbeat_s,
-        min_hold_s=config.min_hold_s,
+        min_hold_s=config.min_hold_s, audit_s=timings.lease_s,
     )
 
 

@@ -42,6 +42,10 @@ JOB_OUTCOMES = tuple(o.value for o in RunOutcome)
 JOB_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
 FLEET_STATES = ("STARTED", "STOPPED", "invalid")
 FLEET_LEASES = ("live", "expired", "none")
+# Long-lived tasks whose crash is counted (each then ends in a defined state).
+TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbeat", "pump",
+         "membership", "leader", "jobs")
+INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
 
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -169,6 +173,14 @@ class Metrics:
         self._jobs_unreadable = Gauge(p + "jobs_unreadable",
                                       "Job items the leader cannot run as stored (never run)",
                                       registry=r)
+        self._unserved = Counter(p + "unserved_leases_released",
+                                 "Leases naming this worker that it did not serve, released by "
+                                 "its self-audit", registry=r)
+        self._crashed = Counter(p + "task_crashed", "Long-lived tasks that failed unexpectedly, "
+                                "by task", ["task"], registry=r)
+        self._hints = Counter(p + "index_hints",
+                              "Index records about a held stream, by what a consistent read "
+                              "made of them", ["outcome"], registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -182,6 +194,10 @@ class Metrics:
             self._bad_items.labels(name)
         for name in RENEW_OUTCOMES:
             self._renewals.labels(name)
+        for name in TASKS:
+            self._crashed.labels(name)
+        for name in INDEX_HINT_OUTCOMES:
+            self._hints.labels(name)
         for name in JOB_OUTCOMES:
             self._job_runs.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
@@ -323,6 +339,15 @@ class Metrics:
 
     def admission(self, admitting: bool) -> None:
         self._admitting.set(1 if admitting else 0)
+
+    def unserved_released(self, count: int = 1) -> None:
+        self._unserved.inc(count)
+
+    def task_crashed(self, task: str) -> None:
+        self._crashed.labels(task).inc()
+
+    def index_hint(self, outcome: str) -> None:
+        self._hints.labels(outcome).inc()
 
     def checkpoint_rewound(self) -> None:
         self._rewound.inc()

@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +50,8 @@ from streamlease.supervisor import LeaseHealth, PumpFactory, Supervisor, Supervi
 
 ORPHAN_QUERY_LIMIT = 1000
 REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
+AUDITED_LIMIT = 100_000  # (stream, fence) pairs the self-audit knows are not leased here
+AUDIT_READS = 200  # consistent reads one self-audit makes at most
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class ReconcilerSettings:
     supervisor: SupervisorSettings
     stopped_check_s: float = 5.0  # the held-STOPPED query (the member heartbeat interval)
     min_hold_s: float = 30.0  # a stream is never handed over sooner after its acquisition
+    audit_s: float = 20.0  # the self-audit's interval (one member lease; at most two)
 
 
 class MemberGate(Protocol):
@@ -135,6 +138,10 @@ class Reconciler:
         # of a late one) whose outcome is unknown. Settled by reading the item back.
         self._unsure: set[str] = set()
         self._acquiring: set[str] = set()
+        # (stream, fence) pairs the owner index lists under this worker that a consistent
+        # read showed not leased here: a fence moves on every acquisition, so such a pair
+        # never becomes a live lease of this worker again and needs no second read.
+        self._audited: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.health = health or HealthState(timings.lease_s)
 
     def stop(self, release_by: float | None = None) -> None:
@@ -171,7 +178,10 @@ class Reconciler:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            stopped = tg.create_task(self._stopped_loop(), name="stopped streams")
+            stopped = tg.create_task(self._guarded("stopped_query", self._stopped_loop),
+                                     name="stopped streams")
+            audit = tg.create_task(self._guarded("audit", self._audit_loop),
+                                   name="self-audit")
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
@@ -180,11 +190,13 @@ class Reconciler:
                     event(logging.WARNING, "reconcile.failed", "reconcile cycle failed",
                           error=str(exc))
                 except Exception:
+                    self.metrics.task_crashed("reconcile")
                     event(logging.ERROR, "reconcile.crashed", "reconcile cycle crashed",
                           exc_info=True)
                 self.metrics.reconcile(time.perf_counter() - started)
                 await self._pause(self._next_pause(), self._poke)
             stopped.cancel()
+            audit.cancel()
             for supervisor in list(self.supervisors.values()):
                 supervisor.request_drain(StopReason.SHUTDOWN, self._release_by)
         self._tg = None
@@ -192,6 +204,74 @@ class Reconciler:
         if self._unsure:
             # Possibly still held: keep the member row so peers release them on its behalf.
             self.unreleased += len(self._unsure)
+
+    async def _guarded(self, task: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run a helper loop of the reconciler; an unexpected failure is logged, counted
+        and the loop starts again after a pause, so it never takes the reconciler (and
+        every supervisor in its scope) down with it."""
+        while not self._stop.is_set():
+            try:
+                await loop()
+                return
+            except Exception:
+                self.metrics.task_crashed(task)
+                event(logging.ERROR, "reconcile.task_crashed", "a reconciler loop failed; "
+                      "restarting it", task=task, exc_info=True)
+                await self._pause(jittered(self.settings.stopped_check_s, 0.2, self.rng))
+
+    async def _audit_loop(self) -> None:
+        """The self-audit, every ``audit_s`` (+/-20 %), the first one a heartbeat after
+        start-up (a previous incarnation's leases whose release failed at registration)."""
+        await self._pause(self.settings.stopped_check_s)
+        while not self._stop.is_set():
+            try:
+                await self.audit()
+            except StoreError as exc:
+                event(logging.WARNING, "audit.failed", "self-audit failed", error=str(exc))
+            await self._pause(jittered(self.settings.audit_s, 0.2, self.rng))
+
+    async def audit(self) -> int:
+        """Release every stream leased to this worker that it does not serve; returns how
+        many. The backstop for every path that would leave a stream leased but unserved
+        until its stream lease runs out: an acquire whose answer was lost, a supervisor
+        that failed, a release that did not go through, a previous incarnation under the
+        same worker id. The owner index (which lags, keys only) says where to look; a
+        consistent read of each item decides, and the release is conditioned on the
+        owner and fence that read showed."""
+        owner = self.settings.owner
+        listed = await self.leases.owned_by(owner, timeout=self.settings.audit_s / 2)
+        todo = [o for o in listed if o.stream_id not in self.supervisors
+                and o.stream_id not in self._acquiring
+                and (o.stream_id, o.fence) not in self._audited]
+        released = 0
+        for owned in todo[:AUDIT_READS]:
+            if self._stop.is_set():
+                break
+            sid = owned.stream_id
+            record = await self.leases.check(sid, timeout=self.settings.stopped_check_s)
+            if sid in self.supervisors or sid in self._acquiring:
+                continue  # taken up while the read was in flight: served
+            if record is None or record.fence is None:
+                continue
+            if record.lease_owner != owner or not record.lease_expires_at_ms:
+                self._remember_audited(sid, record.fence)
+                continue
+            tenure = Tenure(sid, owner, record.fence, record.last_seq,
+                            record.lease_expires_at_ms)
+            if await self.leases.release(tenure, timeout=self.settings.stopped_check_s):
+                released += 1
+                self.metrics.unserved_released()
+                self._unsure.discard(sid)
+                event(logging.WARNING, "lease.unserved_released",
+                      "a stream leased to this worker had no supervisor here; released",
+                      stream=sid, fence=record.fence, source="audit")
+            self._remember_audited(sid, record.fence)
+        return released
+
+    def _remember_audited(self, stream_id: str, fence: int) -> None:
+        self._audited[(stream_id, fence)] = None
+        if len(self._audited) > AUDITED_LIMIT:
+            self._audited.popitem(last=False)
 
     async def _pause(self, seconds: float, also: asyncio.Event | None = None,
                      clear: bool = True) -> None:
@@ -426,6 +506,8 @@ class Reconciler:
 
     async def _try_acquire(self, candidate: StreamRecord) -> None:
         timings = self.settings.supervisor.timings
+        if self._stop.is_set() or not self.membership.accepting:
+            return  # the worker stopped accepting (self-fenced, draining) since the plan
         sent = self.clock.monotonic()
         now_ms = self.clock.wall_ms()
         try:
@@ -445,7 +527,10 @@ class Reconciler:
             return
         if got is None:
             return  # someone else won, or the item changed: not an error
-        if self._stop.is_set() or len(self.supervisors) >= self.settings.max_streams:
+        if self._stop.is_set() or len(self.supervisors) >= self.settings.max_streams \
+                or not self.membership.accepting:
+            # Stopped, full, or no longer a member in good standing while the call was in
+            # flight: nothing may serve it here, so hand it straight back.
             try:
                 released = await self.leases.release(got.tenure)
             except StoreError as exc:

@@ -121,7 +121,8 @@ class Supervisor:
         self.pump: PumpLike = (pump_factory or Pump)(
             tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered,
             self._on_problem)
-        self._reporting: set[asyncio.Task[None]] = set()
+        self._tg: asyncio.TaskGroup | None = None  # the tenure's scope while it runs
+        self._confirm = asyncio.Event()  # an index hint asks for a consistent read now
         self._record = record
         self._wake = asyncio.Event()
         self._drain_reason: StopReason | None = None
@@ -145,9 +146,17 @@ class Supervisor:
         if text is None or self._record.last_error == error_text(text):
             return
         self._record = dataclasses.replace(self._record, last_error=error_text(text))
-        task = asyncio.ensure_future(self._record_error(text))
-        self._reporting.add(task)
-        task.add_done_callback(self._reporting.discard)
+        if self._tg is not None:
+            self._tg.create_task(self._report(text), name=f"report {self.stream}")
+
+    async def _report(self, text: str) -> None:
+        """Write a stall to ``last_error``, in the tenure's scope; never fails the tenure."""
+        try:
+            await self._record_error(text)
+        except Exception:
+            self.metrics.task_crashed("supervisor")
+            event(logging.ERROR, "stream.report_failed", "could not record a stall",
+                  stream=self.stream, fence=self.tenure.fence, exc_info=True)
 
     def member_lost(self, fenced: bool) -> None:
         """This worker was fenced (or its membership lapsed): stop at once, no flush."""
@@ -155,19 +164,30 @@ class Supervisor:
         self._wake.set()
 
     def seen(self, record: StreamRecord) -> None:
-        """The item as another read showed it (the orphan or STOPPED index): act on a
-        revocation or a STOPPED state without waiting for the next check-in."""
+        """The stream as an index read showed it (the orphan or STOPPED index).
+
+        Index reads lag the table and carry only the projected attributes, so a record
+        from one is a hint, never a verdict: the index may still show the item as it was
+        before this tenure began (the previous owner, expiry 0, STOPPED before a flip back).
+        A record under an older fence is a view of an earlier tenure and is ignored. One
+        that suggests the lease moved on, was released or the stream was STOPPED makes
+        the heartbeat read the item consistently now, and only that read is acted on."""
+        if record.fence is not None and record.fence < self.tenure.fence:
+            self.metrics.index_hint("stale_fence")
+            return
         if record.lease_owner != self.tenure.owner or record.fence != self.tenure.fence \
                 or record.lease_expires_at_ms == 0 or record.stopped:
-            self.holding.on_check(record, item_problem(record, self.settings.allowed_urls))
-            self._wake.set()
+            self._confirm.set()
 
     def request_drain(self, reason: StopReason, release_by: float | None = None) -> None:
         """Flush and release (shutdown, STOPPED seen elsewhere, rebalancing); the release
         is retried until ``release_by`` (monotonic), or the tenure's deadline."""
         if self._drain_reason is None:
             self._drain_reason = reason
-            self._release_by = release_by
+        if release_by is not None:
+            # A shutdown during a hand-over (or after a self-fence) brings its budget.
+            self._release_by = release_by if self._release_by is None \
+                else min(self._release_by, release_by)
         self._wake.set()
 
     async def run(self) -> None:
@@ -176,9 +196,12 @@ class Supervisor:
         except asyncio.CancelledError:
             raise
         except Exception:
-            # The last line of defence: log, count, and let the lease expire.
+            # The last line of defence: log, count, and let the self-audit or the expiry
+            # free the lease.
+            self.metrics.task_crashed("supervisor")
             event(logging.ERROR, "supervisor.crashed", "stream supervisor failed; the lease "
-                  "will expire", stream=self.stream, fence=self.tenure.fence, exc_info=True)
+                  "is released by the self-audit or expires", stream=self.stream,
+                  fence=self.tenure.fence, exc_info=True)
 
     async def _run(self) -> None:
         problem = item_problem(self._record, self.settings.allowed_urls)
@@ -186,18 +209,21 @@ class Supervisor:
             self.holding.begin_drain(StopReason.BAD_ITEM)
             await self._finish(problem)
             return
-        pump_task = asyncio.create_task(self._run_pump(), name=f"pump {self.stream}")
-        heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"heartbeat {self.stream}")
-        try:
-            await self._wait_until_stopping()
-            await self._stop_pump(pump_task)
-        finally:
-            # Heartbeats ran through the drain; the flush is over (or abandoned) now.
-            heartbeat.cancel()
-            for task in (pump_task, heartbeat):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(pump_task, heartbeat, return_exceptions=True)
+        # One scope for the tenure: the pump and the heartbeat each turn their own failure
+        # into a state (neither raises), and both are gone before the release.
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            pump_task = tg.create_task(self._run_pump(), name=f"pump {self.stream}")
+            heartbeat = tg.create_task(self._guarded_heartbeat(),
+                                       name=f"heartbeat {self.stream}")
+            try:
+                await self._wait_until_stopping()
+                await self._stop_pump(pump_task)
+            finally:
+                # Heartbeats ran through the drain; the flush is over (or abandoned) now.
+                heartbeat.cancel()
+                pump_task.cancel()
+                self._tg = None
         await self._finish(self._failure)
 
     async def _wait_until_stopping(self) -> None:
@@ -228,8 +254,9 @@ class Supervisor:
         except StoreError as exc:
             self._fail(f"sink error: {exc}")
         except Exception as exc:
+            self.metrics.task_crashed("pump")
             event(logging.ERROR, "pump.crashed", "pump failed", stream=self.stream,
-                  fence=self.tenure.fence, error=repr(exc))
+                  fence=self.tenure.fence, error=repr(exc), exc_info=True)
             self._fail(f"pump failed: {exc!r}")
         finally:
             self._pump_done = True
@@ -239,6 +266,20 @@ class Supervisor:
         if self._failure is None:
             self._failure = message[:500]
         self.holding.begin_drain(StopReason.ERROR)
+
+    async def _guarded_heartbeat(self) -> None:
+        """The heartbeat loop; an unexpected failure in it ends the tenure through the
+        graceful path (flush under the deadline it had, then release) instead of leaving
+        a stream that is neither renewed nor released."""
+        try:
+            await self._heartbeat_loop()
+        except Exception as exc:
+            self.metrics.task_crashed("heartbeat")
+            event(logging.ERROR, "stream.heartbeat_crashed", "heartbeat loop failed; "
+                  "releasing the stream", stream=self.stream, fence=self.tenure.fence,
+                  exc_info=True)
+            self._fail(f"heartbeat failed: {exc!r}")
+            self._wake.set()
 
     async def _heartbeat_loop(self) -> None:
         """Renew every renewal interval while holding or draining (retry sooner after a
@@ -252,14 +293,22 @@ class Supervisor:
         next_check = now + self.rng.uniform(0.5, 1.0) * check_s
         while not self.holding.terminal:
             wait = min(next_renew, next_check, self.holding.deadline) - self.clock.monotonic()
-            if wait > 0:
-                await self.clock.sleep(wait)
+            if wait > 0 and not self._confirm.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._confirm.wait()
             now = self.clock.monotonic()
             if self.holding.check_deadline(now):
                 self._wake.set()
                 return
             state = self.holding.state
-            if now >= next_renew:
+            if self._confirm.is_set() and now < next_renew:
+                # An index hint: read the item now; only that read decides.
+                self._confirm.clear()
+                await self._check_once(hint=True)
+                next_check = self.clock.monotonic() + check_s
+            elif now >= next_renew:
+                self._confirm.clear()  # the renewal reads the item too
                 next_renew = await self._renew_once()
                 next_check = max(next_check, self.clock.monotonic() + check_s)
             elif now >= next_check:
@@ -268,8 +317,9 @@ class Supervisor:
             if self.holding.state is not state:
                 self._wake.set()
 
-    async def _check_once(self) -> None:
-        """A consistent read of the item: no write, no deadline change."""
+    async def _check_once(self, hint: bool = False) -> None:
+        """A consistent read of the item: no write, no deadline change. ``hint``: an
+        index record suggested a change, and this read confirms or dismisses it."""
         try:
             record = await self.leases.check(self.stream, timeout=self.settings.call_timeout_s)
         except StoreError as exc:
@@ -279,6 +329,9 @@ class Supervisor:
         problem = item_problem(record, self.settings.allowed_urls) if record else None
         was_holding = self.holding.state is HolderState.HOLDING
         decision = self.holding.on_check(record, problem)
+        if hint:
+            confirmed = decision.state is not HolderState.HOLDING or not was_holding
+            self.metrics.index_hint("confirmed" if confirmed else "dismissed")
         if record is not None:
             self._record = record
         if decision.state in (HolderState.HOLDING, HolderState.DRAINING) and \
@@ -365,11 +418,12 @@ class Supervisor:
     async def _release(self, reason: StopReason, fields: dict[str, Any], log: bool) -> None:
         """Release, retried with backoff until the budget: the shutdown deadline if one was
         given, else the tenure's own deadline (after it the lease frees itself)."""
-        by = self._release_by if self._release_by is not None else self.holding.deadline
         retry = Backoff(0.05, 1.0, self.rng)
         attempt = 0
         while True:
             attempt += 1
+            # Read each attempt: a shutdown that starts meanwhile brings its own budget.
+            by = self._release_by if self._release_by is not None else self.holding.deadline
             remaining = by - self.clock.monotonic()
             timeout = max(0.05, min(self.settings.call_timeout_s, remaining))
             try:
@@ -383,7 +437,10 @@ class Supervisor:
                           "release failed; the lease will expire", error=str(exc) or "timeout",
                           attempts=attempt, **fields)
                     return
-                await self.clock.sleep(delay)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()  # a shutdown's budget cuts the wait short
         self.holding.on_released()
         if released and log:
             self.metrics.lease_released(reason)

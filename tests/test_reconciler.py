@@ -335,3 +335,81 @@ async def test_a_short_member_takes_its_band_not_every_abandoned_orphan() -> Non
             break
     assert len(fleet.held()) == 6, fleet.held()  # share + TOLERANCE, not all nine
     await fleet.stop()
+
+
+# --- the self-audit and admission at the moment of the call ------------------------------
+
+
+async def test_the_self_audit_releases_a_lease_it_does_not_serve_and_reads_each_once() -> None:
+    """A stream leased to this worker with no supervisor here (an acquire whose answer was
+    lost, a failed supervisor, a previous incarnation) is released by the audit; a stream
+    it serves is left alone; a pair it has read once is not read again."""
+    fleet = Fleet(max_streams=1)
+    await fleet.streams("served", "leaked", "gone")
+    fleet.start()
+    await asyncio.sleep(3)
+    assert len(fleet.held()) == 1
+    served = next(iter(fleet.held()))
+    others = sorted({"served", "leaked", "gone"} - {served})
+    # Leak one: leased to w1 with no supervisor. Another was w1's once and moved on.
+    leaked = await fleet.memory.acquire(others[0], "w1", fleet.clock.wall_ms(), T)
+    assert leaked is not None
+    moved = await fleet.memory.acquire(others[1], "w1", fleet.clock.wall_ms(), T)
+    assert moved is not None and await fleet.memory.release(moved.tenure)
+    assert await fleet.memory.acquire(others[1], "w2", fleet.clock.wall_ms(), T) is not None
+    assert await fleet.reconciler.audit() == 1
+    record = await fleet.memory.get(others[0])
+    assert record is not None and record.lease_expires_at_ms == 0
+    assert (await fleet.memory.get(served)).lease_expires_at_ms > 0  # type: ignore[union-attr]
+    assert fleet.metrics.registry.get_sample_value(
+        "streamlease_unserved_leases_released_total") == 1
+    reads = fleet.store.count("check")
+    assert await fleet.reconciler.audit() == 0
+    assert fleet.store.count("check") == reads  # nothing new under this worker's name
+    await fleet.stop()
+
+
+async def test_the_self_audit_runs_by_itself_within_two_audit_intervals() -> None:
+    fleet = Fleet(max_streams=0, audit_s=4.0)
+    await fleet.streams("x")
+    fleet.start()
+    got = await fleet.memory.acquire("x", "w1", fleet.clock.wall_ms(), T)
+    assert got is not None
+    await asyncio.sleep(2 * 4.0)
+    record = await fleet.memory.get("x")
+    assert record is not None and record.lease_expires_at_ms == 0
+    await fleet.stop()
+
+
+async def test_no_acquisition_is_sent_once_the_worker_stopped_accepting() -> None:
+    """The plan was made while accepting; by the time of the call the member self-fenced.
+    Nothing is sent, and nothing is left leased to this worker."""
+    fleet = Fleet()
+    await fleet.streams("a")
+    record = await fleet.memory.get("a")
+    assert record is not None
+    fleet.member.accepting = False  # type: ignore[misc]
+    await fleet.reconciler._acquire(record)
+    assert fleet.store.count("acquire") == 0
+    assert not fleet.held()
+
+
+async def test_an_acquisition_answered_after_the_worker_stopped_accepting_is_handed_back() -> None:
+    fleet = Fleet()
+    await fleet.streams("a")
+    record = await fleet.memory.get("a")
+    assert record is not None
+    member = fleet.member
+
+    original = fleet.memory.acquire
+
+    async def acquire_then_lapse(*args: Any, **kwargs: Any) -> Any:
+        got = await original(*args, **kwargs)
+        member.accepting = False  # type: ignore[misc]
+        return got
+
+    fleet.memory.acquire = acquire_then_lapse  # type: ignore[method-assign]
+    await fleet.reconciler._acquire(record)
+    assert not fleet.held()
+    after = await fleet.memory.get("a")
+    assert after is not None and after.lease_expires_at_ms == 0

@@ -4,6 +4,7 @@ scripted pump, so every ordering and timeout path runs in milliseconds, determin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 from typing import Any
@@ -38,8 +39,9 @@ class Rig:
         self.clock = LoopClock()
         self.metrics = Metrics()
         self.script = script or PumpScript()
+        timings = settings.pop("timings", T)
         self.settings = SupervisorSettings(
-            timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
+            timings=timings, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
             **{"call_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
 
     async def holder(self, sid: str = "a") -> Supervisor:
@@ -235,3 +237,88 @@ async def test_a_stopped_item_drains_and_a_changed_url_reconnects() -> None:
     await rig.memory.set_state("a", "STOPPED")
     await asyncio.wait_for(task, 10)
     assert rig.metric("streamlease_lease_released_total", reason="stopped") == 1
+
+
+# --- index records are hints; the heartbeat and the release are guarded ------------------
+
+
+async def test_an_index_record_from_an_earlier_tenure_is_ignored() -> None:
+    """The index lags: right after an acquisition it may still show the previous owner
+    and expiry 0. That must never take the live lease away."""
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 1)
+    stale = dataclasses.replace(await rig.record(), lease_owner="w0",
+                                fence=sup.tenure.fence - 1, lease_expires_at_ms=0)
+    sup.seen(stale)
+    await asyncio.sleep(1)
+    assert sup.holding.state is HolderState.HOLDING
+    assert rig.metric("streamlease_index_hints_total", outcome="stale_fence") == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_an_index_record_is_confirmed_by_a_consistent_read_before_acting() -> None:
+    """A STOPPED entry the index still shows after a flip back to STARTED: the holder
+    reads the item, sees STARTED, and keeps serving."""
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 1)
+    stale = dataclasses.replace(await rig.record(), desired_state="STOPPED")
+    checks = rig.store.count("check")
+    sup.seen(stale)
+    await asyncio.sleep(0.5)  # well inside one heartbeat: the read is made at once
+    assert rig.store.count("check") == checks + 1
+    assert sup.holding.state is HolderState.HOLDING
+    assert rig.metric("streamlease_index_hints_total", outcome="dismissed") == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_confirmed_stop_drains_and_releases_without_waiting_for_a_renewal() -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 1)
+    await rig.memory.set_state("a", "STOPPED")
+    sup.seen(await rig.record())
+    await asyncio.wait_for(task, 1.0)  # a renewal would come only after 2 s
+    assert sup.holding.state is HolderState.RELEASED
+    assert (await rig.record()).lease_expires_at_ms == 0
+    assert rig.metric("streamlease_index_hints_total", outcome="confirmed") == 1
+
+
+async def test_a_crashed_heartbeat_releases_the_stream_instead_of_holding_it() -> None:
+    rig = Rig()
+    sup = await rig.holder()
+    rig.store.fail("renew", times=1, error=RuntimeError("bug in a renewal"))
+    task = asyncio.create_task(sup.run())
+    await asyncio.wait_for(task, 30)
+    assert sup.holding.state is HolderState.RELEASED
+    assert (await rig.record()).lease_expires_at_ms == 0
+    assert rig.metric("streamlease_task_crashed_total", task="heartbeat") == 1
+
+
+async def test_a_self_fenced_release_keeps_to_the_shutdown_budget() -> None:
+    """A member whose heartbeat lapsed stops its streams and tries to free them; with a
+    stream lease of minutes, the release must still end within a shutdown's budget."""
+    long = LeaseTimings(lease_s=1800.0, heartbeat_s=500.0, skew_margin_s=1.0,
+                        safety_margin_s=1.0)
+    rig = Rig(timings=long)
+    await rig.memory.put_started("a", URL)
+    got = await rig.memory.acquire("a", "w1", rig.clock.wall_ms(), long)
+    assert got is not None
+    sup = Supervisor(got.tenure, got.record, rig.clock.monotonic(), rig.store, rig.store,
+                     rig.clock, rig.metrics, rig.settings,
+                     pump_factory=rig.script.factory())
+    rig.store.fail("release", times=10_000)
+    task = await run_for(sup, 1)
+    sup.member_lost(fenced=False)
+    await asyncio.sleep(5)
+    assert not task.done()  # still trying to free the lease: the store is down
+    started = asyncio.get_running_loop().time()
+    sup.request_drain(StopReason.SHUTDOWN, release_by=started + 3)
+    await asyncio.wait_for(task, 10)
+    assert asyncio.get_running_loop().time() - started <= 3.5
+    assert sup.holding.state is HolderState.SELF_FENCED
