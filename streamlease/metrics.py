@@ -42,6 +42,7 @@ JOB_OUTCOMES = tuple(o.value for o in RunOutcome)
 JOB_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
 FLEET_STATES = ("STARTED", "STOPPED", "invalid")
 FLEET_LEASES = ("live", "expired", "none")
+UNREPLICATED_OPERATIONS = ("acquire", "renew", "write")  # redis_leader.WAITED_OPERATIONS
 
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -157,6 +158,10 @@ class Metrics:
                                 registry=r)
         self._leader_changes = Counter(p + "leader_changes",
                                        "Times this worker became the fleet leader", registry=r)
+        self._unreplicated = Counter(
+            p + "leader_unreplicated", "Redis leader acquisitions, renewals and fenced writes "
+            "not counted: fewer replicas acknowledged (WAIT) than required", ["operation"],
+            registry=r)
         self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
         self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
                                       buckets=JOB_BUCKETS, registry=r)
@@ -184,6 +189,8 @@ class Metrics:
             self._renewals.labels(name)
         for name in JOB_OUTCOMES:
             self._job_runs.labels(name)
+        for name in UNREPLICATED_OPERATIONS:
+            self._unreplicated.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
             self._member_hbs.labels(name)
         for name in MEMBER_STATUSES:
@@ -296,6 +303,9 @@ class Metrics:
         if leading:
             self._leader_changes.inc()
         self._is_leader.set(1 if leading else 0)
+
+    def leader_unreplicated(self, operation: str) -> None:
+        self._unreplicated.labels(operation).inc()
 
     def job_run(self, outcome: str, seconds: float) -> None:
         self._job_runs.labels(outcome).inc()
