@@ -143,7 +143,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   leading=lambda: leadership is not None and leadership.leading))
         reconciler = Reconciler(stores.leases, PacedSink(stores.sink, gate), clock, metrics,
                                 settings, membership, health=health)
-        async with leader_backend(config, stores) as backend:
+        async with leader_backend(config, stores, metrics) as backend:
             leadership = build_leadership(config, owner, backend, stores, clock, metrics,
                                           reconciler, membership)
             await membership.register()
@@ -153,13 +153,15 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
 
 
 @contextlib.asynccontextmanager
-async def leader_backend(config: WorkerConfig, stores: Stores) -> AsyncIterator[LeaderBackend]:
+async def leader_backend(config: WorkerConfig, stores: Stores,
+                         metrics: Metrics) -> AsyncIterator[LeaderBackend]:
     """The fleet table's leader backend, or Redis (STREAMLEASE_LEADER_BACKEND)."""
     if config.leader_backend == "dynamodb":
         yield stores.leader
         return
     from streamlease.store.redis_leader import redis_backend
-    async with redis_backend(config.leader_backend) as backend:
+    async with redis_backend(config.leader_backend,
+                             unreplicated=metrics.leader_unreplicated) as backend:
         yield backend
 
 

@@ -46,6 +46,7 @@ FLEET_LEASES = ("live", "expired", "none")
 TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbeat", "pump",
          "membership", "leader", "jobs")
 INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
+UNREPLICATED_OPERATIONS = ("acquire", "renew", "write")  # redis_leader.WAITED_OPERATIONS
 
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -161,6 +162,10 @@ class Metrics:
                                 registry=r)
         self._leader_changes = Counter(p + "leader_changes",
                                        "Times this worker became the fleet leader", registry=r)
+        self._unreplicated = Counter(
+            p + "leader_unreplicated", "Redis leader acquisitions, renewals and fenced writes "
+            "not counted: fewer replicas acknowledged (WAIT) than required", ["operation"],
+            registry=r)
         self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
         self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
                                       buckets=JOB_BUCKETS, registry=r)
@@ -200,6 +205,8 @@ class Metrics:
             self._hints.labels(name)
         for name in JOB_OUTCOMES:
             self._job_runs.labels(name)
+        for name in UNREPLICATED_OPERATIONS:
+            self._unreplicated.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
             self._member_hbs.labels(name)
         for name in MEMBER_STATUSES:
@@ -312,6 +319,9 @@ class Metrics:
         if leading:
             self._leader_changes.inc()
         self._is_leader.set(1 if leading else 0)
+
+    def leader_unreplicated(self, operation: str) -> None:
+        self._unreplicated.labels(operation).inc()
 
     def job_run(self, outcome: str, seconds: float) -> None:
         self._job_runs.labels(outcome).inc()
