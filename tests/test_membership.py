@@ -9,14 +9,20 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from streamlease.app import _run_until_drained
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberStatus, MemberTimings
 from streamlease.core.model import OwnedStream
+from streamlease.core.urls import parse_allowed_urls
 from streamlease.errors import StoreUnavailable
+from streamlease.leadership import Leadership, LeadershipSettings
 from streamlease.membership import Hooks, Membership, MembershipSettings
 from streamlease.metrics import Metrics
+from streamlease.pump import PumpSettings
+from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.store.memory import MemoryStore
-from tests.fakes import FaultyStore
+from streamlease.supervisor import SupervisorSettings
+from tests.fakes import FaultyStore, PumpScript
 from tests.virtual import LoopClock
 
 pytestmark = pytest.mark.virtual_time
@@ -273,3 +279,49 @@ async def test_registration_writes_only_for_streams_still_leased_to_the_id() -> 
     for i in range(moved_on):
         record = await memory.get(f"old-{i}")
         assert record is not None and record.lease_owner == ("a" if i % 2 else "b")
+
+
+async def test_the_superseded_worker_stops_its_streams_and_exits_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The worker's exit path for a duplicate id: its stream stops, it takes nothing
+    more, it does not remove the row (the other process's now), and it exits 2."""
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    clock, metrics = LoopClock(), Metrics()
+    await memory.put_started("s1", "wss://feeds.example.com/s1")
+    reconciler: Reconciler | None = None
+    first = Membership(store, store, clock, metrics, MembershipSettings("a", 10, T), Hooks(
+        held=lambda: len(reconciler.supervisors) if reconciler else 0,
+        fenced=lambda: reconciler.member_lost(True) if reconciler else None,
+        self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
+        fleet_changed=lambda: reconciler.poke() if reconciler else None))  # type: ignore[arg-type]
+    script = PumpScript()
+    reconciler = Reconciler(store, store, clock, metrics, ReconcilerSettings(  # type: ignore[arg-type]
+        owner="a", reconcile_s=0.5, sweep_s=10.0, max_streams=10, acquire_per_cycle=10,
+        stopped_check_s=T.heartbeat_s, min_hold_s=0.0,
+        supervisor=SupervisorSettings(timings=STREAM, allowed_urls=parse_allowed_urls("wss://"),
+                                      pump=PumpSettings(), call_timeout_s=1.0,
+                                      drain_timeout_s=2.0)),
+        first, pump_factory=script.factory())
+    leadership = Leadership(memory.stores().leader, clock, metrics,
+                            LeadershipSettings("a", T.lease_s, T.heartbeat_s,
+                                               T.safety_margin_s), [],
+                            eligible=lambda: first.accepting)
+    await first.register()
+    worker = asyncio.create_task(_run_until_drained(reconciler, first, leadership, 5.0,
+                                                    metrics, clock))
+    async with asyncio.timeout(30):
+        while "s1" not in reconciler.supervisors:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    second = member(store, "a", Calls())
+    await second.register()  # another process, same id: it releases what "a" held
+    async with asyncio.timeout(T.lease_s * 10):
+        code = await worker
+    assert code == 2
+    assert "STREAMLEASE_WORKER_ID" in capsys.readouterr().err
+    assert not reconciler.supervisors and "s1:aborted" in script.log
+    assert store.count("leave") == 0
+    (row,) = await memory.members()
+    assert row.incarnation == second.incarnation
+    record = await memory.get("s1")
+    assert record is not None and record.lease_expires_at_ms == 0
