@@ -253,7 +253,7 @@ async def _run_until_drained(reconciler: Reconciler, membership: Membership,
         lag_task.cancel()
         if membership.superseded is not None and not reconciler.stopping.is_set():
             return await _stop_duplicate(reconciler, membership, leadership, shutdown_s,
-                                         run_task, leader_task)
+                                         run_task, leader_task, clock)
         if not reconciler.stopping.is_set():
             event(logging.ERROR, "worker.failed", "the reconciler or membership stopped by itself")
             reconciler.stop()
@@ -291,12 +291,16 @@ EXIT_DUPLICATE_ID = 2  # a configuration error: STREAMLEASE_WORKER_ID is not uni
 
 async def _stop_duplicate(reconciler: Reconciler, membership: Membership,
                           leadership: Leadership, shutdown_s: float,
-                          run_task: asyncio.Task[None], leader_task: asyncio.Task[None]) -> int:
+                          run_task: asyncio.Task[None], leader_task: asyncio.Task[None],
+                          clock: Clock) -> int:
     """Another process registered under this worker id: stop taking streams, wind down what
     is left (its streams already stopped when the epoch moved; the other process's
     registration releases them), resign leadership, and exit with a clear message. The
-    member row is the other process's now: it is not removed."""
-    reconciler.stop(release_by=reconciler.clock.monotonic() + shutdown_s * 0.9)
+    member row is the other process's now: it is not removed. The process stays up for
+    the rest of ``shutdown_s`` first, holding nothing, so Prometheus scrapes
+    ``streamlease_member_duplicate_id_total`` before it goes."""
+    started = clock.monotonic()
+    reconciler.stop(release_by=started + shutdown_s * 0.9)
     leadership.stop()
     try:
         async with asyncio.timeout(shutdown_s):
@@ -305,6 +309,7 @@ async def _stop_duplicate(reconciler: Reconciler, membership: Membership,
     except TimeoutError:
         run_task.cancel()
         leader_task.cancel()
+    await clock.sleep(started + shutdown_s - clock.monotonic())
     return _duplicate_exit(membership)
 
 
