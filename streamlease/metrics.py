@@ -141,6 +141,10 @@ class Metrics:
         self._member_fenced = Counter(p + "member_fenced",
                                       "Times this worker found its own epoch moved on",
                                       registry=r)
+        self._duplicate_id = Counter(p + "member_duplicate_id",
+                                     "Times this worker found its member row registered by "
+                                     "another live process with the same worker id (it "
+                                     "stops and exits)", registry=r)
         self._member_hb = Histogram(p + "member_heartbeat_seconds",
                                     "Duration of one member heartbeat", buckets=FAST_BUCKETS,
                                     registry=r)
@@ -299,6 +303,9 @@ class Metrics:
 
     def member_fenced(self) -> None:
         self._member_fenced.inc()
+
+    def member_duplicate_id(self) -> None:
+        self._duplicate_id.inc()
 
     def members(self, members: Iterable[MemberRecord], observed_dead: Iterable[str]) -> None:
         dead = set(observed_dead)
