@@ -36,6 +36,7 @@ DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "time
                      "error")
 
 RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
+SINK_FAILURE_OUTCOMES = ("retried", "abandoned")
 MEMBER_HEARTBEAT_OUTCOMES = ("renewed", "fenced", "unknown", "throttled")
 MEMBER_STATUSES = ("ACTIVE", "DRAINING", "DEAD", "UNRESPONSIVE")
 JOB_OUTCOMES = tuple(o.value for o in RunOutcome)
@@ -103,6 +104,9 @@ class Metrics:
         self._sink_batch = Histogram(p + "sink_batch_seconds",
                                      "Duration of one fenced sink write, retries included",
                                      buckets=FAST_BUCKETS, registry=r)
+        self._sink_failures = Counter(p + "sink_write_failures",
+                                      "Sink writes that failed without an answer (throttled, "
+                                      "unavailable), by what followed", ["outcome"], registry=r)
         self._stalled = Gauge(p + "stalled_streams",
                               "Streams whose upstream sends frames none of which can be "
                               "delivered (duplicates, refused seq jumps, malformed)", registry=r)
@@ -182,6 +186,8 @@ class Metrics:
             self._bad_items.labels(name)
         for name in RENEW_OUTCOMES:
             self._renewals.labels(name)
+        for name in SINK_FAILURE_OUTCOMES:
+            self._sink_failures.labels(name)
         for name in JOB_OUTCOMES:
             self._job_runs.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
@@ -223,6 +229,10 @@ class Metrics:
 
     def sink_batch(self, seconds: float) -> None:
         self._sink_batch.observe(seconds)
+
+    def sink_write_failed(self, outcome: str) -> None:
+        """``retried`` (after a backoff) or ``abandoned`` (stopping: frames left unwritten)."""
+        self._sink_failures.labels(outcome).inc()
 
     def stalled(self, delta: int) -> None:
         self._stalled.inc(delta)
