@@ -161,6 +161,9 @@ class Metrics:
                                 registry=r)
         self._leader_changes = Counter(p + "leader_changes",
                                        "Times this worker became the fleet leader", registry=r)
+        self._keeper_crashes = Counter(p + "leader_keeper_crashes",
+                                       "Times the fleet leader lease's renewal task failed "
+                                       "(leadership given up)", registry=r)
         self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
         self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
                                       buckets=JOB_BUCKETS, registry=r)
@@ -306,6 +309,9 @@ class Metrics:
         if leading:
             self._leader_changes.inc()
         self._is_leader.set(1 if leading else 0)
+
+    def leader_keeper_crashed(self) -> None:
+        self._keeper_crashes.inc()
 
     def job_run(self, outcome: str, seconds: float) -> None:
         self._job_runs.labels(outcome).inc()
