@@ -24,7 +24,7 @@ Batches: a frame is buffered; a batch is cut when it holds ``batch_max_messages`
 next frame would take it over ``batch_max_bytes``, when its oldest frame has waited
 ``batch_max_s``, and when a connection ends (flush before reconnect), unless aborted.
 
-Sink retries (README, Sinks): a write that fails without an answer (throttled, unavailable,
+Sink retries (README, Overload): a write that fails without an answer (throttled, unavailable,
 timed out; not a stale fence) is retried with capped exponential backoff and jitter. The
 cap is on the member heartbeat's scale (``STREAMLEASE_HEARTBEAT_SECONDS``), never the
 stream lease's renewal interval (minutes): a sink that comes back is written to within a
