@@ -27,6 +27,7 @@ from streamlease import health as http
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
+from streamlease.core.stream import sink_retry_cap
 from streamlease.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
 from streamlease.health import HealthState
 from streamlease.jobs import JobRunner, JobSettings
@@ -71,6 +72,7 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         stall_s=config.stall_s, allowed_urls=config.allowed_urls, call_timeout_s=10.0,
         reconnect_cap_s=max(1.0, min(30.0, timings.lease_s)),
         stable_after_s=max(1.0, timings.lease_s / 4),
+        sink_retry_cap_s=sink_retry_cap(timings.heartbeat_s),
     )
     supervisor = SupervisorSettings(
         timings=config.stream_timings, allowed_urls=config.allowed_urls, pump=pump,

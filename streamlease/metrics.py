@@ -36,6 +36,7 @@ DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "time
                      "error")
 
 RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
+SINK_FAILURE_OUTCOMES = ("retried", "abandoned")
 MEMBER_HEARTBEAT_OUTCOMES = ("renewed", "fenced", "unknown", "throttled")
 MEMBER_STATUSES = ("ACTIVE", "DRAINING", "DEAD", "UNRESPONSIVE")
 JOB_OUTCOMES = tuple(o.value for o in RunOutcome)
@@ -108,6 +109,9 @@ class Metrics:
         self._sink_batch = Histogram(p + "sink_batch_seconds",
                                      "Duration of one fenced sink write, retries included",
                                      buckets=FAST_BUCKETS, registry=r)
+        self._sink_failures = Counter(p + "sink_write_failures",
+                                      "Sink writes that failed without an answer (throttled, "
+                                      "unavailable), by what followed", ["outcome"], registry=r)
         self._stalled = Gauge(p + "stalled_streams",
                               "Streams whose upstream sends frames none of which can be "
                               "delivered (duplicates, refused seq jumps, malformed)", registry=r)
@@ -170,6 +174,9 @@ class Metrics:
             p + "leader_unreplicated", "Redis leader acquisitions, renewals and fenced writes "
             "not counted: fewer replicas acknowledged (WAIT) than required", ["operation"],
             registry=r)
+        self._keeper_crashes = Counter(p + "leader_keeper_crashes",
+                                       "Times the fleet leader lease's renewal task failed "
+                                       "(leadership given up)", registry=r)
         self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
         self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
                                       buckets=JOB_BUCKETS, registry=r)
@@ -207,6 +214,8 @@ class Metrics:
             self._crashed.labels(name)
         for name in INDEX_HINT_OUTCOMES:
             self._hints.labels(name)
+        for name in SINK_FAILURE_OUTCOMES:
+            self._sink_failures.labels(name)
         for name in JOB_OUTCOMES:
             self._job_runs.labels(name)
         for name in UNREPLICATED_OPERATIONS:
@@ -250,6 +259,10 @@ class Metrics:
 
     def sink_batch(self, seconds: float) -> None:
         self._sink_batch.observe(seconds)
+
+    def sink_write_failed(self, outcome: str) -> None:
+        """``retried`` (after a backoff) or ``abandoned`` (stopping: frames left unwritten)."""
+        self._sink_failures.labels(outcome).inc()
 
     def stalled(self, delta: int) -> None:
         self._stalled.inc(delta)
@@ -329,6 +342,8 @@ class Metrics:
 
     def leader_unreplicated(self, operation: str) -> None:
         self._unreplicated.labels(operation).inc()
+    def leader_keeper_crashed(self) -> None:
+        self._keeper_crashes.inc()
 
     def job_run(self, outcome: str, seconds: float) -> None:
         self._job_runs.labels(outcome).inc()
