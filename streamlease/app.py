@@ -3,7 +3,9 @@
 Order on SIGTERM/SIGINT: stop acquiring; every supervisor stops reading, flushes,
 checkpoints and releases; then the process exits 0. If that does not finish within
 ``STREAMLEASE_SHUTDOWN_SECONDS`` the worker exits 1 (leases it still holds expire on
-their own). A second signal exits at once.
+their own). A second signal exits at once. A worker whose member row another live process
+registered under the same worker id stops the same way and exits 2 (a configuration
+error: worker ids must be unique).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from streamlease import health as http
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
+from streamlease.core.stream import sink_retry_cap
 from streamlease.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
 from streamlease.health import HealthState
 from streamlease.jobs import JobRunner, JobSettings
@@ -71,6 +74,7 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         stall_s=config.stall_s, allowed_urls=config.allowed_urls, call_timeout_s=10.0,
         reconnect_cap_s=max(1.0, min(30.0, timings.lease_s)),
         stable_after_s=max(1.0, timings.lease_s / 4),
+        sink_retry_cap_s=sink_retry_cap(timings.heartbeat_s),
     )
     supervisor = SupervisorSettings(
         timings=config.stream_timings, allowed_urls=config.allowed_urls, pump=pump,
@@ -144,7 +148,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   proven=member_proven, beat=member_beat,
                   leading=lambda: leadership is not None and leadership.leading))
         async with worker_sink(config, stores, metrics) as sink, \
-                leader_backend(config, stores) as backend:
+                leader_backend(config, stores, metrics) as backend:
             reconciler = Reconciler(stores.leases,
                                     PacedSink(sink, gate, metrics, config.sink.kind), clock,
                                     metrics, settings, membership, health=health)
@@ -179,13 +183,15 @@ async def worker_sink(config: WorkerConfig, stores: Stores,
 
 
 @contextlib.asynccontextmanager
-async def leader_backend(config: WorkerConfig, stores: Stores) -> AsyncIterator[LeaderBackend]:
+async def leader_backend(config: WorkerConfig, stores: Stores,
+                         metrics: Metrics) -> AsyncIterator[LeaderBackend]:
     """The fleet table's leader backend, or Redis (STREAMLEASE_LEADER_BACKEND)."""
     if config.leader_backend == "dynamodb":
         yield stores.leader
         return
     from streamlease.store.redis_leader import redis_backend
-    async with redis_backend(config.leader_backend) as backend:
+    async with redis_backend(config.leader_backend,
+                             unreplicated=metrics.leader_unreplicated) as backend:
         yield backend
 
 
@@ -275,6 +281,9 @@ async def _run_until_drained(reconciler: Reconciler, membership: Membership,
                            return_when=asyncio.FIRST_COMPLETED)
         stop_task.cancel()
         lag_task.cancel()
+        if membership.superseded is not None and not reconciler.stopping.is_set():
+            return await _stop_duplicate(reconciler, membership, leadership, shutdown_s,
+                                         run_task, leader_task, clock)
         if not reconciler.stopping.is_set():
             event(logging.ERROR, "worker.failed", "the reconciler or membership stopped by itself")
             reconciler.stop()
@@ -294,15 +303,51 @@ async def _run_until_drained(reconciler: Reconciler, membership: Membership,
             leader_task.cancel()
             membership.stop()
             return 1
-        if not reconciler.unreleased:
+        if not reconciler.unreleased and membership.superseded is None:
             await membership.leave()
         membership.stop()
+    if membership.superseded is not None:
+        return _duplicate_exit(membership)
     if reconciler.unreleased:
         event(logging.ERROR, "worker.stopped", "exiting; some leases could not be released "
               "and will expire", unreleased=reconciler.unreleased)
         return 1
     event(logging.INFO, "worker.stopped", "every lease released; exiting")
     return 0
+
+
+EXIT_DUPLICATE_ID = 2  # a configuration error: STREAMLEASE_WORKER_ID is not unique
+
+
+async def _stop_duplicate(reconciler: Reconciler, membership: Membership,
+                          leadership: Leadership, shutdown_s: float,
+                          run_task: asyncio.Task[None], leader_task: asyncio.Task[None],
+                          clock: Clock) -> int:
+    """Another process registered under this worker id: stop taking streams, wind down what
+    is left (its streams already stopped when the epoch moved; the other process's
+    registration releases them), resign leadership, and exit with a clear message. The
+    member row is the other process's now: it is not removed. The process stays up for
+    the rest of ``shutdown_s`` first, holding nothing, so Prometheus scrapes
+    ``streamlease_member_duplicate_id_total`` before it goes."""
+    started = clock.monotonic()
+    reconciler.stop(release_by=started + shutdown_s * 0.9)
+    leadership.stop()
+    try:
+        async with asyncio.timeout(shutdown_s):
+            await asyncio.shield(run_task)
+            await asyncio.shield(leader_task)
+    except TimeoutError:
+        run_task.cancel()
+        leader_task.cancel()
+    await clock.sleep(started + shutdown_s - clock.monotonic())
+    return _duplicate_exit(membership)
+
+
+def _duplicate_exit(membership: Membership) -> int:
+    print(f"streamlease: STREAMLEASE_WORKER_ID: another live process registered as worker "
+          f"{membership.me!r}; this one stopped (each process needs its own worker id)",
+          file=sys.stderr)
+    return EXIT_DUPLICATE_ID
 
 
 def run_worker() -> int:

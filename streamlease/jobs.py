@@ -33,7 +33,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from streamlease.clock import Clock
-from streamlease.core.jobs import Job, JobRun, RunOutcome, UnreadableJob, due_slots, keep_tail
+from streamlease.core.jobs import (
+    Job,
+    JobRun,
+    RunOutcome,
+    UnreadableJob,
+    due_slots,
+    keep_tail,
+    takeover_grace_ms,
+)
 from streamlease.core.schedule import slot_ms, slot_name
 from streamlease.errors import StaleFence, StoreError
 from streamlease.leader import LeaderLease, WriteRefused
@@ -48,7 +56,9 @@ EXIT_STALE_FENCE = 3
 class JobSettings:
     owner: str
     grace_s: float  # SIGTERM -> SIGKILL
-    late_ms: int  # a slot due at most this long before leadership began still runs
+    # A slot due at most this long before leadership began still runs; never less than
+    # a whole takeover of the lease (``takeover_grace_ms``: lease + 2 x heartbeat).
+    late_ms: int
     refresh_s: float  # job definitions are read again this often
     shutdown_s: float  # how long running jobs may finish when the worker shuts down
     env: Mapping[str, str]  # the commands' base environment
@@ -68,6 +78,8 @@ class JobRunner:
         """Run due slots while ``lease`` is held and until ``stop``; then let running
         jobs finish within the shutdown budget (or stop them)."""
         leader_since = self.clock.wall_ms()
+        grace_ms = max(self.settings.late_ms, takeover_grace_ms(lease.timings.lease_s,
+                                                                lease.timings.heartbeat_s))
         last_slot: dict[str, int | None] = {}
         running: dict[str, asyncio.Task[None]] = {}
         jobs: list[Job] = []
@@ -85,7 +97,7 @@ class JobRunner:
                     if job.name in running:
                         continue
                     due, skipped = due_slots(job, now_ms, last_slot[job.name], leader_since,
-                                             self.settings.late_ms)
+                                             grace_ms)
                     if skipped:
                         self._skipped(job, skipped)
                         last_slot[job.name] = skipped[-1]
@@ -189,7 +201,7 @@ class JobRunner:
             return
         self.metrics.job_started((run.started_at_ms - slot) / 1000)
         event(logging.INFO, "job.started", "job started", job=job.name, slot=run.slot,
-              fence=run.fence)
+              fence=run.fence, late_s=round((run.started_at_ms - slot) / 1000, 3))
         started = self.clock.monotonic()
         outcome, code, output = await self._execute(job, run, lease, stop)
         finished = replace(run, finished_at_ms=self.clock.wall_ms(), outcome=outcome,

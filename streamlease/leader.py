@@ -12,11 +12,13 @@ can any asyncio service::
 
 ``async with`` waits until this owner holds the lease, renews it every heartbeat in the
 background, and resigns on the way out (the next holder takes it at once). ``lease.lost``
-is set the moment leadership is lost or can no longer be proven (a renewal refused, or
-none proven before ``ttl - safety margin`` on this process's monotonic clock): stop
-acting then. ``fenced_write`` makes the write conditional, atomically, on the lease still
-carrying this holder's fence; a stale holder's write raises ``StaleFence`` and changes
-nothing — also when the holder was paused past its lease and does not know yet.
+is set the moment leadership is lost or can no longer be proven (a renewal refused, none
+proven before ``ttl - safety margin`` on this process's monotonic clock, or the renewal
+task itself failed: ``keeper_error``): stop acting then. Leaving never raises what the
+renewal task raised; it is logged (``leader.keeper_crashed``). ``fenced_write`` makes the
+write conditional, atomically, on the lease still carrying this holder's fence; a stale
+holder's write raises ``StaleFence`` and changes nothing — also when the holder was paused
+past its lease and does not know yet.
 
 What this does not guarantee: anything about side effects outside the backend's own
 store. Give such systems the fence and have them refuse a lower one (see the README).
@@ -151,6 +153,9 @@ class LeaderLease:
         self.rng = rng or random.Random()
         self.fence = 0
         self.lost = asyncio.Event()
+        # What ended the renewal task, if it failed (a bug, an answer it could not read)
+        # rather than stopping by the rules: leadership was given up because of it.
+        self.keeper_error: Exception | None = None
         self._liveness: Liveness | None = None
         self._keeper: asyncio.Task[None] | None = None
 
@@ -206,6 +211,19 @@ class LeaderLease:
         return True
 
     async def _keep(self) -> None:
+        """Renew until the lease is lost. Every end of this task but ``release`` cancelling
+        it sets ``lost``: a renewal task that died while ``lost`` stayed clear would leave
+        this holder acting on a lease nobody renews, and nobody campaigning."""
+        try:
+            await self._renew()
+        except Exception as exc:  # a bug, an answer that cannot be read: not a store outcome
+            self.keeper_error = exc
+            event(logging.ERROR, "leader.keeper_crashed",
+                  "the leader lease's renewal task failed; leadership given up",
+                  lease=self.name, fence=self.fence, error=repr(exc)[:300], exc_info=True)
+            self._lose("renewal task crashed")
+
+    async def _renew(self) -> None:
         """Renew every heartbeat; set ``lost`` on refusal or at the local deadline."""
         assert self._liveness is not None
         liveness = self._liveness
@@ -232,23 +250,37 @@ class LeaderLease:
             self.lost.set()
 
     async def release(self) -> None:
-        """Stop renewing and resign (if still held), so the next holder takes it now."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
-            self._keeper = None
-        if self._liveness is not None and not self.lost.is_set():
+        """Stop renewing and resign (if still held), so the next holder takes it now.
+
+        Never raises for the renewal task or the resignation (both are logged): it runs on
+        the way out, in a drain that must go on. After the renewal task failed the lease
+        is resigned too: this holder stopped acting when ``lost`` was set, and the fleet
+        need not wait a time to live for a lease nobody uses."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            try:
+                await keeper
+            except asyncio.CancelledError:
+                if not keeper.cancelled():
+                    raise  # release itself is being cancelled
+            except Exception as exc:  # only if _keep's own handler failed
+                self.keeper_error = self.keeper_error or exc
+                event(logging.ERROR, "leader.keeper_crashed",
+                      "the leader lease's renewal task failed", lease=self.name,
+                      fence=self.fence, error=repr(exc)[:300], exc_info=True)
+        if self._liveness is not None and (not self.lost.is_set()
+                                           or self.keeper_error is not None):
             self.lost.set()
             try:
                 await self.backend.resign(self.name, self.owner, self.fence,
                                           timeout=self.timings.heartbeat_s)
                 event(logging.INFO, "leader.resigned", "leadership resigned", lease=self.name,
                       fence=self.fence)
-            except StoreError as exc:
+            except Exception as exc:  # StoreError, or a failure as unexpected as above
                 event(logging.WARNING, "leader.resign_failed",
                       "could not resign; the lease will expire", lease=self.name,
-                      error=str(exc))
+                      error=str(exc) or repr(exc), exc_info=not isinstance(exc, StoreError))
         self._liveness = None
 
     async def fenced_write(self, write: Any, timeout: float | None = None) -> None:

@@ -7,6 +7,12 @@ handed the lease (for its fence) and an event set when it must stop. Duties stop
 the lease is lost (at once: another leader may be starting them) or when the worker
 shuts down (jobs get the shutdown budget to finish); then the lease is resigned so the
 next leader takes it within one observation interval.
+
+If the lease's renewal task fails (a bug, an answer it cannot read: ``leader.keeper_crashed``,
+``streamlease_leader_keeper_crashes_total``), the lease counts as lost: duties stop, the
+lease is resigned, and this worker campaigns again after a backoff (from one heartbeat,
+doubling up to a lease, reset by a leadership that ends any other way), so a lasting
+fault does not make it grab and drop leadership every heartbeat. Leaving never raises it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from streamlease.clock import Clock
+from streamlease.core.backoff import Backoff
 from streamlease.leader import LeaderBackend, LeaderLease
 from streamlease.logs import event
 from streamlease.metrics import Metrics
@@ -61,6 +68,7 @@ class Leadership:
 
     async def run(self) -> None:
         s = self.settings
+        after_crash = Backoff(s.heartbeat_s, s.ttl_s, self.rng)
         while not self._stop.is_set():
             if not self.eligible():
                 await self._pause(s.heartbeat_s)
@@ -81,6 +89,16 @@ class Leadership:
                 self.metrics.leader(False)
                 self.metrics.clear_fleet_view()
                 await lease.release()
+            if lease.keeper_error is None:
+                after_crash.reset()
+                continue
+            self.metrics.leader_keeper_crashed()
+            delay = after_crash.next_delay()
+            event(logging.WARNING, "leader.campaign_paused",
+                  "the leader lease's renewal task failed; campaigning again after a pause",
+                  lease=s.name, fence=lease.fence, delay_s=round(delay, 3),
+                  error=repr(lease.keeper_error)[:300])
+            await self._pause(delay)
 
     async def _lead(self, lease: LeaderLease) -> None:
         """Run every duty until the lease is lost or this worker steps down."""

@@ -5,13 +5,18 @@ Two loops (the rules are in ``streamlease.core.membership``):
 * **heartbeat** — every ``HEARTBEAT_SECONDS`` the row's counter moves on, conditioned on
   this incarnation's epoch. No heartbeat proven for ``LEASE - safety margin`` (monotonic,
   from when it was sent): every stream stops writing (self-fence) until one is proven
-  again. The epoch moved on (a peer declared us dead): every stream stops at once, and
-  the worker registers afresh under a new epoch.
+  again. The epoch moved on: every stream stops at once, and the row says why. A peer
+  declared us dead: the worker registers afresh under a new epoch. Another live process
+  registered under this worker id (a duplicate id): the worker logs
+  ``member.duplicate_id``, leaves the id to that process, stops both loops and sets
+  ``superseded`` (the worker then exits 2) — re-registering would fence the other process,
+  which would re-register in turn, forever.
 * **observe** — every ``observe_s`` one consistent Query reads every member row. A peer
   whose counter has not moved for ``LEASE`` on this worker's monotonic clock is dead: the
   preferred live member (the first by id, or anyone after a grace period) fences it and
-  releases its streams on its behalf — one conditional write each, found through the
-  owner index, not a Scan — so they become orphans and are acquired as usual.
+  releases its streams on its behalf — found through the owner index, not a Scan; each
+  confirmed by a consistent read, and one conditional write for each still leased to
+  it — so they become orphans and are acquired as usual.
 
 Lease upkeep is therefore O(workers): a member write every heartbeat per worker, however
 many streams it holds; each stream's own lease is renewed only every
@@ -24,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +37,7 @@ from typing import Any
 from streamlease.clock import Clock
 from streamlease.core.backoff import Backoff, jittered
 from streamlease.core.membership import (
+    FenceCause,
     HeartbeatOutcome,
     Liveness,
     MemberRecord,
@@ -38,7 +45,9 @@ from streamlease.core.membership import (
     MemberStatus,
     MemberTimings,
     Observer,
+    fence_cause,
     heartbeat_strained,
+    releasable_for,
 )
 from streamlease.errors import StoreError
 from streamlease.logs import event
@@ -112,6 +121,12 @@ class Membership:
         self.rng = rng or random.Random()
         self.timings = settings.timings
         self.epoch = 0
+        # This process's nonce, written by each of its registrations: another process
+        # with the same worker id writes another one.
+        self.incarnation = secrets.token_hex(8)
+        # The row as another process registered it under this worker id: set once, and
+        # then this membership has stopped for good (the worker exits).
+        self.superseded: MemberRecord | None = None
         self.status = MemberStatus.ACTIVE
         self.handoffs = 0
         # Nothing is proven before registration: may_write is false until then.
@@ -148,7 +163,8 @@ class Membership:
         sent = self.clock.monotonic()
         record = await self.fleet.register(self.me, self.settings.capacity,
                                            self.clock.wall_ms(), self.status,
-                                           timeout=self.timings.lease_s)
+                                           timeout=self.timings.lease_s,
+                                           incarnation=self.incarnation)
         self.epoch = record.epoch
         self.liveness = Liveness.registered(sent, self.timings)
         if self.status is MemberStatus.DRAINING:
@@ -250,11 +266,31 @@ class Membership:
         self.hooks.self_fenced()
 
     async def _on_fenced(self) -> None:
-        event(logging.ERROR, "member.fenced",
-              "this worker's epoch moved on (declared dead, or another process uses this "
-              "worker id): every stream stops; registering again", epoch=self.epoch)
         self.metrics.member_fenced()
-        self.hooks.fenced()
+        self.hooks.fenced()  # whatever the cause, every stream stops now
+        retry = Backoff(0.1, self.timings.heartbeat_s, self.rng)
+        row: MemberRecord | None = None
+        while not self._stop.is_set():
+            try:
+                rows = await self.fleet.members(timeout=self.timings.heartbeat_s)
+                row = next((m for m in rows if m.worker_id == self.me), None)
+                break
+            except StoreError as exc:
+                event(logging.WARNING, "member.read_failed",
+                      "cannot read this worker's own row after it was fenced; retrying",
+                      error=str(exc))
+                await self._wait(retry.next_delay())
+        else:
+            return
+        cause = fence_cause(row, self.incarnation)
+        if cause is FenceCause.DUPLICATE:
+            assert row is not None
+            self._on_duplicate(row)
+            return
+        event(logging.ERROR, "member.fenced",
+              "this worker's epoch moved on: every stream stops; registering again",
+              epoch=self.epoch, cause=cause.value,
+              fenced_by=row.fenced_by if row is not None else None)
         retry = Backoff(0.1, self.timings.heartbeat_s, self.rng)
         while not self._stop.is_set():
             try:
@@ -264,6 +300,20 @@ class Membership:
                 event(logging.WARNING, "member.register_failed", "cannot register; retrying",
                       error=str(exc))
                 await self._wait(retry.next_delay())
+
+    def _on_duplicate(self, row: MemberRecord) -> None:
+        """Another live process registered under this worker id while this one was alive
+        and heartbeating. This one learnt it second-hand, so it is the one that stops:
+        registering again would fence the other, which would register again, forever.
+        Its streams stopped already; the other's registration releases them."""
+        self.superseded = row
+        self.metrics.member_duplicate_id()
+        event(logging.ERROR, "member.duplicate_id",
+              "another live process registered with this worker id (STREAMLEASE_WORKER_ID "
+              "must be unique per process): this one stops taking streams and exits",
+              epoch=self.epoch, their_epoch=row.epoch, incarnation=self.incarnation,
+              their_incarnation=row.incarnation)
+        self.stop()
 
     async def _wait(self, seconds: float) -> None:
         """Until the next heartbeat is due, or one is asked for early (a notice: draining,
@@ -376,8 +426,15 @@ class Membership:
               member=fenced.worker_id, epoch=fenced.epoch, streams=released)
 
     async def _release_all(self, owner: str, fenced_epoch: int) -> tuple[int, int]:
-        """Release every stream ``owner`` holds under an epoch older than
-        ``fenced_epoch``, one conditional write each: (released, failed)."""
+        """Release every stream ``owner`` still holds under an epoch older than
+        ``fenced_epoch``: (released, failed).
+
+        The owner index lists every stream that ever named ``owner`` (a release keeps the
+        owner), lags behind the table, and holds only the owner and fence. So each row is
+        a hint: a consistent read of the item decides, and only a stream still leased to
+        an older incarnation of ``owner`` gets the conditional write (with the fence the
+        read shows). Streams that moved on or were released cost a read, not a write that
+        fails."""
         owned = await self.leases.owned_by(owner, timeout=self.timings.lease_s)
         if not owned:
             return 0, 0
@@ -385,12 +442,19 @@ class Membership:
         results: list[bool] = []
         failed = 0
 
-        async def one(stream_id: str, fence: int) -> None:
+        async def one(stream_id: str) -> None:
             nonlocal failed
             async with gate:
                 try:
+                    record = await self.leases.check(stream_id,
+                                                     timeout=self.timings.heartbeat_s)
+                    if record is None or record.fence is None or not releasable_for(
+                            owner, fenced_epoch, record.lease_owner,
+                            record.lease_expires_at_ms, record.fence, record.lease_epoch):
+                        return
                     results.append(await self.leases.release_for(
-                        stream_id, owner, fence, fenced_epoch, timeout=self.timings.heartbeat_s))
+                        stream_id, owner, record.fence, fenced_epoch,
+                        timeout=self.timings.heartbeat_s))
                 except StoreError as exc:
                     failed += 1
                     event(logging.WARNING, "member.release_for_failed",
@@ -398,8 +462,8 @@ class Membership:
                           stream=stream_id, member=owner, error=str(exc))
 
         async with asyncio.TaskGroup() as tg:
-            for item in owned:
-                tg.create_task(one(item.stream_id, item.fence))
+            for stream_id in sorted({item.stream_id for item in owned}):
+                tg.create_task(one(stream_id))
         count = sum(results)
         if count:
             self.metrics.released_on_behalf(count)

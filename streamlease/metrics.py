@@ -36,6 +36,7 @@ DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "time
                      "error")
 
 RENEW_OUTCOMES = ("renewed", "lost", "unknown", "throttled")
+SINK_FAILURE_OUTCOMES = ("retried", "abandoned")
 MEMBER_HEARTBEAT_OUTCOMES = ("renewed", "fenced", "unknown", "throttled")
 MEMBER_STATUSES = ("ACTIVE", "DRAINING", "DEAD", "UNRESPONSIVE")
 JOB_OUTCOMES = tuple(o.value for o in RunOutcome)
@@ -47,6 +48,7 @@ TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbea
          "membership", "leader", "jobs")
 INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
 SINK_KINDS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "stdout", "python")
+UNREPLICATED_OPERATIONS = ("acquire", "renew", "write")  # redis_leader.WAITED_OPERATIONS
 
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -108,6 +110,9 @@ class Metrics:
         self._sink_batch = Histogram(p + "sink_batch_seconds",
                                      "Duration of one fenced sink write, retries included",
                                      buckets=FAST_BUCKETS, registry=r)
+        self._sink_failures = Counter(p + "sink_write_failures",
+                                      "Sink writes that failed without an answer (throttled, "
+                                      "unavailable), by what followed", ["outcome"], registry=r)
         self._stalled = Gauge(p + "stalled_streams",
                               "Streams whose upstream sends frames none of which can be "
                               "delivered (duplicates, refused seq jumps, malformed)", registry=r)
@@ -141,6 +146,10 @@ class Metrics:
         self._member_fenced = Counter(p + "member_fenced",
                                       "Times this worker found its own epoch moved on",
                                       registry=r)
+        self._duplicate_id = Counter(p + "member_duplicate_id",
+                                     "Times this worker found its member row registered by "
+                                     "another live process with the same worker id (it "
+                                     "stops and exits)", registry=r)
         self._member_hb = Histogram(p + "member_heartbeat_seconds",
                                     "Duration of one member heartbeat", buckets=FAST_BUCKETS,
                                     registry=r)
@@ -162,6 +171,13 @@ class Metrics:
                                 registry=r)
         self._leader_changes = Counter(p + "leader_changes",
                                        "Times this worker became the fleet leader", registry=r)
+        self._unreplicated = Counter(
+            p + "leader_unreplicated", "Redis leader acquisitions, renewals and fenced writes "
+            "not counted: fewer replicas acknowledged (WAIT) than required", ["operation"],
+            registry=r)
+        self._keeper_crashes = Counter(p + "leader_keeper_crashes",
+                                       "Times the fleet leader lease's renewal task failed "
+                                       "(leadership given up)", registry=r)
         self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
         self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
                                       buckets=JOB_BUCKETS, registry=r)
@@ -186,9 +202,9 @@ class Metrics:
                                      ["sink"], registry=r)
         self._sink_messages = Counter(p + "sink_messages", "Messages delivered, by sink",
                                       ["sink"], registry=r)
-        self._sink_failures = Counter(p + "sink_failures",
-                                      "Batch attempts that failed, by sink", ["sink"],
-                                      registry=r)
+        self._sink_kind_failures = Counter(p + "sink_failures",
+                                           "Batch attempts that failed, by sink", ["sink"],
+                                           registry=r)
         self._sink_seconds = Histogram(p + "sink_seconds",
                                        "One batch attempt through the sink, by sink",
                                        ["sink"], buckets=FAST_BUCKETS, registry=r)
@@ -211,14 +227,18 @@ class Metrics:
         for name in TASKS:
             self._crashed.labels(name)
         for name in SINK_KINDS:
-            for sink_metric in (self._sink_batches, self._sink_messages, self._sink_failures,
-                                self._dead_lettered):
+            for sink_metric in (self._sink_batches, self._sink_messages,
+                                self._sink_kind_failures, self._dead_lettered):
                 sink_metric.labels(name)
             self._sink_seconds.labels(name)
         for name in INDEX_HINT_OUTCOMES:
             self._hints.labels(name)
+        for name in SINK_FAILURE_OUTCOMES:
+            self._sink_failures.labels(name)
         for name in JOB_OUTCOMES:
             self._job_runs.labels(name)
+        for name in UNREPLICATED_OPERATIONS:
+            self._unreplicated.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
             self._member_hbs.labels(name)
         for name in MEMBER_STATUSES:
@@ -258,6 +278,10 @@ class Metrics:
 
     def sink_batch(self, seconds: float) -> None:
         self._sink_batch.observe(seconds)
+
+    def sink_write_failed(self, outcome: str) -> None:
+        """``retried`` (after a backoff) or ``abandoned`` (stopping: frames left unwritten)."""
+        self._sink_failures.labels(outcome).inc()
 
     def stalled(self, delta: int) -> None:
         self._stalled.inc(delta)
@@ -312,6 +336,9 @@ class Metrics:
     def member_fenced(self) -> None:
         self._member_fenced.inc()
 
+    def member_duplicate_id(self) -> None:
+        self._duplicate_id.inc()
+
     def members(self, members: Iterable[MemberRecord], observed_dead: Iterable[str]) -> None:
         dead = set(observed_dead)
         counts = dict.fromkeys(MEMBER_STATUSES, 0)
@@ -331,6 +358,11 @@ class Metrics:
         if leading:
             self._leader_changes.inc()
         self._is_leader.set(1 if leading else 0)
+
+    def leader_unreplicated(self, operation: str) -> None:
+        self._unreplicated.labels(operation).inc()
+    def leader_keeper_crashed(self) -> None:
+        self._keeper_crashes.inc()
 
     def job_run(self, outcome: str, seconds: float) -> None:
         self._job_runs.labels(outcome).inc()
@@ -365,7 +397,7 @@ class Metrics:
             self._sink_batches.labels(sink).inc()
             self._sink_messages.labels(sink).inc(messages)
         else:
-            self._sink_failures.labels(sink).inc()
+            self._sink_kind_failures.labels(sink).inc()
 
     def dead_lettered(self, sink: str, messages: int) -> None:
         self._dead_lettered.labels(sink).inc(messages)

@@ -10,9 +10,9 @@ One task does all of it (``run``), and it raises plain exceptions. While it writ
 it does not read: frames wait in websockets' small receive queue, then in the kernel, so a
 stream holds at most one batch and that queue (``streamlease.core.stream.stream_buffer_bytes``).
 A request from the supervisor (stop, abort, reconnect) updates the machine and, if the task
-is waiting for the upstream or the clock (a frame, the handshake, a backoff), interrupts
-that wait. A write in flight is never interrupted: it was sent, so the sink decides it
-either way.
+is waiting for the upstream or the clock (a frame, the handshake, a reconnect backoff, a
+sink-retry backoff), interrupts that wait: no wait of the pump outlasts a request. A write
+in flight is never interrupted: it was sent, so the sink decides it either way.
 
 The pump never decides ownership. Before every sink write it asks the holder
 (``Holding.may_write``) whether the tenure's local deadline still allows writing, and the
@@ -35,7 +35,6 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.frames import CloseCode
 
 from streamlease.clock import Clock
-from streamlease.core.backoff import Backoff
 from streamlease.core.frames import Frame, Malformed, parse_frame
 from streamlease.core.lease import Holding
 from streamlease.core.model import Tenure
@@ -77,13 +76,17 @@ class PumpSettings:
     reconnect_base_s: float = 0.1
     reconnect_cap_s: float = 30.0
     stable_after_s: float = 5.0  # a connection that lived this long resets the backoff
+    # A failed sink write waits at most this long before it is tried again: the member
+    # heartbeat (``streamlease.core.stream.sink_retry_cap``), 5 s at the defaults.
+    sink_retry_cap_s: float = 5.0
 
     def rules(self) -> StreamRules:
         return StreamRules(
             batch_max_messages=self.batch_max_messages, batch_max_bytes=self.batch_max_bytes,
             batch_max_s=self.batch_max_s, max_seq_jump=self.max_seq_jump,
             stall_s=self.stall_s, reconnect_base_s=self.reconnect_base_s,
-            reconnect_cap_s=self.reconnect_cap_s, stable_after_s=self.stable_after_s)
+            reconnect_cap_s=self.reconnect_cap_s, stable_after_s=self.stable_after_s,
+            sink_retry_cap_s=self.sink_retry_cap_s)
 
 
 class Pump:
@@ -343,33 +346,51 @@ class Pump:
         """Write every batch the machine has cut, oldest first (none after an abort)."""
         machine = self.machine
         while (batch := machine.next_batch()) is not None:
-            await self._write(batch)
-            machine.written(batch)
+            if await self._write(batch):
+                machine.written(batch)
 
-    async def _write(self, batch: list[Frame]) -> None:
-        """One batch, retried on throttling and unknown outcomes until the deadline."""
-        retry = Backoff(0.05, max(0.1, self.holding.timings.heartbeat_s))
+    async def _write(self, batch: list[Frame]) -> bool:
+        """One batch, retried on throttling and unknown outcomes (backoff capped at the
+        member heartbeat) until the deadline, or until a stop gives it up. True if written.
+        """
+        machine = self.machine
         started = self.clock.monotonic()
         while True:
             now = self.clock.monotonic()
-            if self.machine.ending is Ending.ABORT or not self.holding.may_write(now):
+            if machine.ending is Ending.ABORT or not self.holding.may_write(now):
                 raise SelfFenced(f"stream {self.stream}: this tenure may not write any more")
             try:
                 await self.sink.write_batch(self.tenure, self.committed, batch,
                                             self.clock.wall_ms(),
                                             timeout=self.settings.call_timeout_s)
             except (StoreThrottled, StoreUnavailable) as exc:
-                delay = min(retry.next_delay(), max(0.0, self.holding.deadline - now))
+                wait = machine.write_failed()
+                if wait is None:
+                    self._give_up(exc)
+                    return False
+                delay = min(wait, max(0.0, self.holding.deadline - now))
+                self.metrics.sink_write_failed("retried")
                 event(logging.WARNING, "sink.retry", "sink write failed; retrying",
                       stream=self.stream, fence=self.tenure.fence, error=str(exc),
                       delay_s=round(delay, 3), batch=len(batch))
-                await self.clock.sleep(delay)
+                # A stop, abort or reconnect wakes this wait: the loop then checks again.
+                await self._interruptible(self.clock.sleep(delay))
                 continue
             self.metrics.sink_batch(self.clock.monotonic() - started)
             self.metrics.delivered(len(batch))
             if self._on_delivered is not None:
                 self._on_delivered(len(batch))
-            return
+            return True
+
+    def _give_up(self, exc: Exception) -> None:
+        """Stopping, and the sink does not take the held frames: drop them unwritten.
+        ``last_seq`` did not move, so whoever holds the stream next asks for them again."""
+        dropped = self.machine.give_up()
+        self.metrics.sink_write_failed("abandoned")
+        event(logging.WARNING, "sink.flush_abandoned",
+              "sink write failed while stopping; held frames left for the next holder",
+              stream=self.stream, fence=self.tenure.fence, error=str(exc), frames=dropped,
+              last_seq=self.committed)
 
     # -- interrupting a wait ---------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """A real ``redis-server`` (Debian's package) on a free loopback port, for the Redis
-leader backend's tests.
+leader backend's tests; ``replica_of`` starts one replicating another, for failovers.
 
 ``make test`` installs the package and sets ``REQUIRE_REDIS_SERVER=1``: a missing
 binary then fails the tests. Run bare without it, they are skipped with the reason.
@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 from tests.procs import Proc
 
@@ -114,6 +119,37 @@ class RedisServer:
         except OSError:
             return None
 
+    def command(self, *args: Any) -> Any:
+        """One command on a fresh connection, its answer parsed (``INFO`` as a dict)."""
+        with redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True,
+                         socket_timeout=5, socket_connect_timeout=5) as client:
+            return client.execute_command(*args)
+
+    def info(self, section: str = "replication") -> dict[str, Any]:
+        return dict(self.command("INFO", section))
+
+    def wait_replicating(self, primary: RedisServer, timeout: float = 20.0) -> None:
+        """Return once this replica's link to ``primary`` is up and it has processed
+        everything ``primary`` had written when the call started."""
+        target = int(primary.info()["master_repl_offset"])
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.info()
+            if info.get("master_link_status") == "up" and \
+                    int(info.get("slave_repl_offset", -1)) >= target:
+                return
+            assert time.monotonic() < deadline, \
+                f"replica :{self.port} not caught up with :{primary.port} in {timeout} s: {info}"
+            time.sleep(0.02)  # polling replication state, with a deadline
+
+    def promote(self, timeout: float = 20.0) -> None:
+        """``REPLICAOF NO ONE``; return once it reports itself a primary."""
+        assert self.command("REPLICAOF", "NO", "ONE") in ("OK", True)
+        deadline = time.monotonic() + timeout
+        while self.info().get("role") != "master":
+            assert time.monotonic() < deadline, f"replica :{self.port} was not promoted"
+            time.sleep(0.02)  # polling the role, with a deadline
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         """Stop it (SIGTERM: a clean shutdown; SIGKILL: a crash); its exit code."""
         assert self.proc is not None, "not running"
@@ -128,3 +164,108 @@ class RedisServer:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
+
+
+def replica_of(primary: RedisServer, directory: Path, *, via: Link | None = None
+               ) -> RedisServer:
+    """A second ``redis-server`` (no persistence) replicating ``primary`` (through the
+    relay ``via`` if given), started and caught up. The primary should run with
+    ``--repl-diskless-sync-delay 0`` so the first sync does not wait five seconds for
+    more replicas."""
+    port = primary.port if via is None else via.port
+    replica = RedisServer(directory, aof=False, extra=("--replicaof", "127.0.0.1", str(port)))
+    replica.start()
+    try:
+        replica.wait_replicating(primary)
+    except BaseException:
+        replica.close()
+        raise
+    return replica
+
+
+class Link:
+    """A TCP relay on loopback, standing for the network between a replica and its
+    primary. ``hold()`` is a partition that leaves both connections open: bytes stay
+    unread in the relay, so the primary still counts the replica as connected but
+    receives no acknowledgement, and the replica receives nothing. ``release()`` lets
+    them through; ``cut()`` resets both sides and drops whatever was held."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.peers: dict[socket.socket, socket.socket] = {}
+        self.held = threading.Event()
+        self.closing = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._relay, name=f"link:{self.port}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _relay(self) -> None:
+        while not self.closing.is_set():
+            with self.lock:
+                watched = [self.listener] if self.listener.fileno() != -1 else []
+                watched += [] if self.held.is_set() else list(self.peers)
+            try:
+                readable, _, _ = select.select(watched, [], [], 0.05)
+            except (OSError, ValueError):  # closed by cut() meanwhile: look again
+                continue
+            with self.lock:
+                for sock in readable:
+                    if sock is self.listener:
+                        if sock.fileno() != -1:
+                            self._accept()
+                    elif sock in self.peers and not self.held.is_set():
+                        self._forward(sock)
+
+    def _accept(self) -> None:
+        inbound, _ = self.listener.accept()
+        try:
+            outbound = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+        except OSError:
+            inbound.close()
+            return
+        self.peers[inbound] = outbound
+        self.peers[outbound] = inbound
+
+    def _forward(self, sock: socket.socket) -> None:
+        other = self.peers[sock]
+        try:
+            data = sock.recv(65536)
+            if data:
+                other.sendall(data)
+                return
+        except OSError:
+            pass
+        self._drop(sock, reset=False)
+
+    def _drop(self, sock: socket.socket, *, reset: bool) -> None:
+        other = self.peers.pop(sock)
+        self.peers.pop(other, None)
+        for s in (sock, other):
+            if reset:  # an RST, and whatever the kernel still buffers is discarded
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held.set()
+
+    def release(self) -> None:
+        with self.lock:
+            self.held.clear()
+
+    def cut(self) -> None:
+        """Reset every connection now, held bytes dropped; later ones are refused."""
+        with self.lock:
+            self.listener.close()
+            while self.peers:
+                self._drop(next(iter(self.peers)), reset=True)
+            self.held.clear()
+
+    def close(self) -> None:
+        if not self.closing.is_set():
+            self.cut()
+            self.closing.set()
+            self.thread.join(5)

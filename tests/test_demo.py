@@ -1,47 +1,267 @@
-"""`make run` headless for a bounded time: the whole embedded fleet comes up, owns and
-delivers every stream, and leaves nothing behind."""
+"""`make run` as a real process: the whole embedded fleet comes up, owns and delivers every
+stream, and every way out (``--duration``, Ctrl-C, a second Ctrl-C, SIGTERM, SIGHUP, a closed
+stdout, ``q``, even SIGKILL of the demo) leaves no process behind; the graceful ways stop
+the workers, which release their leases, before the servers.
+
+Every demo gets a marker in its environment, which its children inherit, so the check for
+leftovers scans /proc for that marker and is blind to other test runs on the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
+
+import pytest
 
 from tests.procs import ROOT
 
+MARK = "STREAMLEASE_DEMO_TEST_MARK"
+STREAMS = 4
 
-def worker_processes() -> set[int]:
-    """`python -m streamlease ...` processes of this checkout's interpreter (other checkouts on
-    the same machine may run their own)."""
+
+def marked(marker: str) -> set[int]:
+    """Processes of this user whose environment carries ``marker``."""
+    want = f"{MARK}={marker}".encode()
     found = set()
-    ours = os.fsencode(sys.executable)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+                environ = (entry / "environ").read_bytes()
             except OSError:
                 continue
-            if cmd[0] == ours and b"streamlease" in cmd and b"-m" in cmd:
+            if want in environ.split(b"\0"):
                 found.add(int(entry.name))
     return found
 
 
-def test_make_run_headless(tmp_path: Path) -> None:
-    before = worker_processes()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # no AWS account
-    result = subprocess.run(
-        [sys.executable, "-m", "streamlease.dev.demo", "--duration", "8", "--headless",
-         "--log-dir", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
-    assert result.returncode == 0, result.stderr[-2000:]
-    owned = [int(m) for m in re.findall(r"owned (\d+)/12", result.stdout)]
-    assert owned and max(owned) == 12, result.stdout
-    delivered = [int(m) for m in re.findall(r"delivered (\d+)", result.stdout)]
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+class Demo:
+    """``python -m streamlease.dev.demo`` in a process group of its own (as a shell puts a
+    foreground job), stdout a pipe, children marked through the environment."""
+
+    def __init__(self, log_dir: Path, *args: str, stdin: int | IO[bytes] | None = None) -> None:
+        self.marker = uuid.uuid4().hex
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # no account
+        env[MARK] = self.marker
+        self.stderr_path = log_dir / "demo.stderr"
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "streamlease.dev.demo", "--workers", "2", "--streams",
+             str(STREAMS), "--log-dir", str(log_dir), *args],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin,
+            stdout=subprocess.PIPE, stderr=self.stderr_path.open("wb"), start_new_session=True)
+        assert self.popen.stdout is not None
+        self.stdout = self.popen.stdout
+        self.out = ""
+
+    def read_until(self, pattern: str, timeout: float = 30.0) -> None:
+        fd = self.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.out):
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {pattern!r} within {timeout} s:\n{self.out}\n{self.stderr()}"
+            if select.select([fd], [], [], min(left, 0.5))[0]:
+                chunk = os.read(fd, 65536)
+                assert chunk, f"stdout closed before {pattern!r}:\n{self.out}\n{self.stderr()}"
+                self.out += chunk.decode()
+
+    def owned(self) -> None:
+        """Wait until the workers own every stream and both are alive members (so both are
+        past start-up, where a SIGTERM would end them before they could drain)."""
+        self.read_until(rf"owned {STREAMS}/{STREAMS} .* members 2 alive")
+
+    def finish(self, timeout: float = 30.0) -> int:
+        """Read stdout to its end (unless closed here) and reap the demo."""
+        if not self.stdout.closed:
+            self.out += self.stdout.read().decode()
+        return self.popen.wait(timeout)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def log(self) -> list[tuple[str, dict[str, str]]]:
+        """demo.log as (event, fields) pairs."""
+        out = []
+        for line in (self.log_dir / "demo.log").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[2].startswith("demo."):
+                out.append((parts[2], dict(re.findall(r"(\w+)=(\S+)", line))))
+        return out
+
+    def children(self) -> dict[str, int]:
+        return {f["child"]: int(f["pid"]) for e, f in self.log() if e == "demo.child_started"}
+
+    def kill_leftovers(self) -> None:
+        for pid in marked(self.marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+Start = Callable[..., Demo]
+
+
+@pytest.fixture
+def demos(tmp_path: Path) -> Iterator[Start]:
+    """Start demos; whatever a failed test leaves running is killed afterwards."""
+    started: list[Demo] = []
+
+    def start(*args: str, stdin: int | IO[bytes] | None = None) -> Demo:
+        demo = Demo(tmp_path / f"demo{len(started)}", *args, stdin=stdin)
+        started.append(demo)
+        return demo
+
+    yield start
+    for demo in started:
+        if demo.popen.poll() is None:
+            demo.popen.kill()
+            demo.popen.wait(10)
+        demo.kill_leftovers()
+
+
+def assert_nothing_left(demo: Demo) -> None:
+    children = demo.children()
+    assert {"dynamodb", "upstream", "worker-1", "worker-2"} <= set(children), children
+    assert not marked(demo.marker), f"left behind: {marked(demo.marker)} of {children}"
+
+
+def assert_orderly(demo: Demo, reason: str) -> None:
+    """Workers exited 0 (released, drained) before any server was stopped; the table, read
+    while the servers still ran, showed no lease held by a stopped worker."""
+    log = demo.log()
+    events = [e for e, _ in log]
+    assert ("demo.stopped", {"reason": reason}) in [
+        (e, {"reason": f["reason"]}) for e, f in log if e == "demo.stopped"], log
+    servers_at = events.index("demo.stopping_servers")
+    workers = {f["child"]: (i, f["code"]) for i, (e, f) in enumerate(log)
+               if e == "demo.child_exited" and f["child"].startswith("worker-")}
+    assert set(workers) == {"worker-1", "worker-2"}, log
+    assert all(i < servers_at and code == "0" for i, code in workers.values()), log
+    held = [f for e, f in log if e == "demo.leases_held"]
+    assert held and held[0]["held"] == "0", log
+    assert events.index("demo.leases_held") < servers_at
+    released = "".join((demo.log_dir / f"worker-{n}.log").read_text() for n in (1, 2))
+    assert re.search(r"lease\.released .*reason=shutdown", released), released[-3000:]
+    assert "Traceback" not in demo.stderr(), demo.stderr()
+
+
+def test_make_run_headless(demos: Start) -> None:
+    demo = demos("--duration", "8", "--headless", "--streams", "12", "--workers", "3")
+    assert demo.finish(90) == 0, demo.stderr()[-2000:]
+    owned = [int(m) for m in re.findall(r"owned (\d+)/12", demo.out)]
+    assert owned and max(owned) == 12, demo.out
+    delivered = [int(m) for m in re.findall(r"delivered (\d+)", demo.out)]
     assert delivered[-1] > delivered[len(delivered) // 2] > 0
-    assert "leases they still hold: 0" in result.stdout
-    assert result.stdout.count("exited 0") == 3
-    assert worker_processes() <= before, "the demo left processes behind"
-    assert {p.name for p in tmp_path.iterdir()} >= {"dynamodb.log", "upstream.log",
-                                                     "worker-1.log"}
+    assert "leases they still hold: 0" in demo.out
+    assert demo.out.count("exited 0") == 3
+    assert_nothing_left(demo)
+    assert {p.name for p in demo.log_dir.iterdir()} >= {"dynamodb.log", "upstream.log",
+                                                        "worker-1.log", "demo.log"}
+
+
+@pytest.mark.parametrize(("sig", "reason"), [(signal.SIGINT, "SIGINT"),
+                                             (signal.SIGTERM, "SIGTERM")], ids=["int", "term"])
+def test_a_signal_stops_workers_then_servers(demos: Start, sig: int, reason: str) -> None:
+    """Ctrl-C reaches the whole foreground process group: the demo's; SIGTERM the demo."""
+    demo = demos("--headless")
+    demo.owned()
+    if sig == signal.SIGINT:
+        os.killpg(demo.popen.pid, sig)
+    else:
+        demo.popen.send_signal(sig)
+    assert demo.finish() == 0, demo.stderr()
+    assert "leases they still hold: 0" in demo.out
+    assert_orderly(demo, reason)
+    assert_nothing_left(demo)
+
+
+def test_a_closed_terminal_twice_still_drains(demos: Start) -> None:
+    """A closed terminal sends SIGHUP to the job, often twice (shell, then kernel): the
+    second must not cut the workers' release short."""
+    demo = demos("--headless")
+    demo.owned()
+    os.killpg(demo.popen.pid, signal.SIGHUP)
+    os.killpg(demo.popen.pid, signal.SIGHUP)
+    assert demo.finish() == 0, demo.stderr()
+    assert_orderly(demo, "SIGHUP")
+    assert_nothing_left(demo)
+
+
+def test_a_closed_stdout_stops_everything(demos: Start) -> None:
+    """`make run | head`: the reader goes away; the next write gets EPIPE."""
+    demo = demos("--headless")
+    demo.owned()
+    demo.stdout.close()
+    assert demo.finish() == 0, demo.stderr()
+    assert_orderly(demo, "stdout-closed")  # also: no BrokenPipeError trace on stderr
+    assert_nothing_left(demo)
+
+
+def test_ctrl_c_when_the_pipe_reader_dies_with_it(demos: Start) -> None:
+    """`make run | tee run.log`, Ctrl-C: tee dies of the same SIGINT, so every line the demo
+    prints while stopping (each worker's exit) meets a closed pipe."""
+    demo = demos("--headless")
+    demo.owned()
+    demo.stdout.close()
+    os.killpg(demo.popen.pid, signal.SIGINT)
+    assert demo.finish() == 0, demo.stderr()
+    stopped = [f["reason"] for e, f in demo.log() if e == "demo.stopped"]
+    assert stopped in (["SIGINT"], ["stdout-closed"]), stopped  # whichever came first
+    assert_orderly(demo, stopped[0])
+    assert_nothing_left(demo)
+
+
+def test_q_on_a_terminal_stops_everything(demos: Start) -> None:
+    """Keys come from a terminal on stdin, also when stdout is piped (`make run | tee`)."""
+    master, slave = pty.openpty()
+    try:
+        demo = demos(stdin=slave)
+        demo.owned()
+        os.write(master, b"q")
+        assert demo.finish() == 0, demo.stderr()
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert_orderly(demo, "q")
+    assert_nothing_left(demo)
+
+
+def test_a_second_ctrl_c_cuts_the_drain_short_and_leaves_nothing(demos: Start) -> None:
+    demo = demos("--headless")
+    demo.owned()
+    os.killpg(demo.popen.pid, signal.SIGINT)
+    wait_until(lambda: "demo.stopping_workers" in [e for e, _ in demo.log()], 10,
+               "the demo starts stopping its workers")
+    os.killpg(demo.popen.pid, signal.SIGINT)
+    assert demo.finish() == 0, demo.stderr()
+    assert "demo.stopping_servers" in [e for e, _ in demo.log()]
+    assert_nothing_left(demo)
+
+
+def test_children_die_with_a_killed_demo(demos: Start) -> None:
+    """SIGKILL leaves the demo no chance to stop anything: the kernel signals the children."""
+    demo = demos("--headless")
+    demo.owned()
+    children = demo.children()
+    demo.popen.kill()
+    demo.finish()
+    wait_until(lambda: not marked(demo.marker), 20,
+               f"every child of the killed demo exits ({children})")
+    assert {"dynamodb", "upstream", "worker-1", "worker-2"} <= set(children)

@@ -5,20 +5,32 @@ lost lease (their whole process group), output kept to a bounded tail."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streamlease.clock import SYSTEM_CLOCK
-from streamlease.core.jobs import OUTPUT_TAIL_BYTES, Job, JobList, RunOutcome, UnreadableJob
-from streamlease.core.schedule import Schedule, slot_ms
+from streamlease.core.jobs import (
+    OUTPUT_TAIL_BYTES,
+    Job,
+    JobList,
+    JobRun,
+    RunOutcome,
+    UnreadableJob,
+)
+from streamlease.core.schedule import Schedule, slot_ms, slot_name
+from streamlease.errors import StoreUnavailable
 from streamlease.jobs import JobRunner, JobSettings
 from streamlease.leader import LeaderLease
 from streamlease.metrics import Metrics
 from streamlease.store.memory import MemoryStore
+from streamlease.store.protocols import Stores
 
 
 class Rig:
@@ -217,3 +229,118 @@ async def test_an_unreadable_job_item_is_reported_and_never_run(
         await asyncio.wait_for(task, 30)
         await rig.lease.release()
     assert rig.metric("streamlease_jobs_unreadable") == 0  # no longer leading: not reported
+
+
+class ShiftedClock:
+    """The system clock with its wall time moved by ``shift_ms``: puts a slot where a test
+    needs it relative to when this leader began."""
+
+    def __init__(self) -> None:
+        self.shift_ms = 0
+
+    def monotonic(self) -> float:
+        return SYSTEM_CLOCK.monotonic()
+
+    def wall_ms(self) -> int:
+        return SYSTEM_CLOCK.wall_ms() + self.shift_ms
+
+    async def sleep(self, seconds: float) -> None:
+        await SYSTEM_CLOCK.sleep(seconds)
+
+
+class ReadsOfRuns:
+    """The job store, counting job-list reads; its first read of a job's runs can fail."""
+
+    def __init__(self, inner: Any, fail_first_runs: bool) -> None:
+        self.inner = inner
+        self.listings = 0
+        self.fail_runs = fail_first_runs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def list_jobs(self, timeout: float | None = None) -> JobList:
+        self.listings += 1
+        return await self.inner.list_jobs(timeout)
+
+    async def runs(self, job: str, last: int, timeout: float | None = None) -> list[JobRun]:
+        if self.fail_runs:
+            self.fail_runs = False
+            raise StoreUnavailable("fleet table unavailable")
+        return list(await self.inner.runs(job, last, timeout))
+
+
+TTL, HEARTBEAT, SAFETY = 1.0, 0.3, 0.1
+EVERY_MS = 300_000
+
+
+async def take_over_from_a_dead_leader(stores: Stores, old_ran_the_slot: bool,
+                                       ) -> tuple[LeaderLease, int, int]:
+    """The old leader w0 runs a five-minutely job's slots, renews one last time, and dies;
+    w1 waits it out (a full lease of unchanged reads) and takes the lease. The slot due
+    next, in the runner's shifted time, and both fences."""
+    await stores.jobs.put_job(Job("report", Schedule(every_ms=EVERY_MS), "true"))
+    old_fence = await stores.leader.acquire("fleet", "w0", TTL, None, SYSTEM_CLOCK.wall_ms())
+    assert old_fence is not None
+    now = SYSTEM_CLOCK.wall_ms()
+    slot = now - now % EVERY_MS + EVERY_MS
+    for ran in [slot - EVERY_MS] + ([slot] if old_ran_the_slot else []):
+        run = JobRun("report", slot_name(ran), old_fence, "w0", now)
+        assert await stores.jobs.claim_run(run)
+        assert await stores.jobs.finish_run(replace(run, finished_at_ms=now,
+                                                    outcome=RunOutcome.SUCCEEDED, exit_code=0))
+    await stores.leader.renew("fleet", "w0", old_fence, TTL, SYSTEM_CLOCK.wall_ms())
+    lease = LeaderLease(stores.leader, "fleet", "w1", ttl_s=TTL, heartbeat_s=HEARTBEAT,
+                        safety_margin_s=SAFETY)
+    async with asyncio.timeout(10):
+        await lease.acquire()
+    assert lease.fence > old_fence
+    return lease, slot, old_fence
+
+
+@pytest.mark.parametrize("old_ran_the_slot", [False, True],
+                         ids=["slot-missed", "slot-ran-before-the-death"])
+async def test_a_slot_due_during_a_takeover_from_a_dead_leader_runs_exactly_once(
+        old_ran_the_slot: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """The slot came due in the takeover: a lease and a heartbeat before the new leader
+    held the lease (the dead leader's lease running out, then observation and acquisition).
+    If the old leader did not run it, the new one does, instead of skipping it for the
+    takeover's length; if it did, the new one never runs it again — even when it cannot
+    read the run records and falls back on the window: the claim is refused."""
+    caplog.set_level(logging.INFO, logger="streamlease")
+    store = MemoryStore()
+    stores = store.stores()
+    metrics = Metrics()
+    clock = ShiftedClock()
+    lease, slot, old_fence = await take_over_from_a_dead_leader(stores, old_ran_the_slot)
+    jobs = ReadsOfRuns(stores.jobs, fail_first_runs=old_ran_the_slot)
+    # As the app wires it, late_ms is one lease: too short for a whole takeover.
+    runner = JobRunner(jobs, clock, metrics, JobSettings(  # type: ignore[arg-type]
+        owner="w1", grace_s=0.5, late_ms=int(TTL * 1000), refresh_s=0.2, shutdown_s=1.0,
+        env=dict(os.environ)))
+    clock.shift_ms = slot + int((TTL + HEARTBEAT) * 1000) - SYSTEM_CLOCK.wall_ms()
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(lease, stop))
+    try:
+        if old_ran_the_slot:
+            await until(lambda: asyncio.sleep(0, result=any(
+                getattr(r, "sl_event", "") == "job.claimed_already" for r in caplog.records)))
+        else:
+            async def ran() -> bool:
+                return any(r.slot == slot_name(slot) and r.outcome is RunOutcome.SUCCEEDED
+                           for r in await stores.jobs.runs("report", 10))
+            await until(ran, 5)
+        listed = jobs.listings
+        await until(lambda: asyncio.sleep(0, result=jobs.listings >= listed + 2))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await lease.release()
+    runs = list(reversed(await stores.jobs.runs("report", 10)))
+    runner_of_slot = "w0" if old_ran_the_slot else "w1"
+    assert [(r.slot, r.runner) for r in runs] == [
+        (slot_name(slot - EVERY_MS), "w0"), (slot_name(slot), runner_of_slot)]
+    assert runs[1].fence == (old_fence if old_ran_the_slot else lease.fence)
+    assert (metrics.registry.get_sample_value("streamlease_job_slots_skipped_total") or 0) == 0
+    started = [r for r in caplog.records if getattr(r, "sl_event", "") == "job.started"]
+    assert len(started) == (0 if old_ran_the_slot else 1)

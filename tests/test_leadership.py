@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from streamlease.clock import SYSTEM_CLOCK
-from streamlease.leader import LeaderLease
+from streamlease.leader import LeaderBackend, LeaderLease
 from streamlease.leadership import FLEET_LEASE, Leadership, LeadershipSettings
 from streamlease.metrics import Metrics
 from streamlease.store.memory import MemoryStore
+from tests.virtual import LoopClock
 
 TTL, HEARTBEAT, SAFETY = 0.6, 0.1, 0.06
 
@@ -121,3 +123,107 @@ async def test_the_gauge_drops_when_the_lease_is_lost_not_when_duties_end(
     await asyncio.wait_for(noticed.wait(), 5)
     assert leader.gauge() == 0, "still reporting leadership while its duty winds down"
     release.set()
+
+
+# -- the renewal task fails: leadership ends, the candidate campaigns again -------------------
+
+
+class RenewRaises:
+    """The leader backend, whose renewals raise what no store outcome is (a bug, an answer
+    that cannot be decoded) while ``broken``."""
+
+    def __init__(self, inner: LeaderBackend) -> None:
+        self.inner = inner
+        self.broken = True
+        self.raised = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broken:
+            self.raised += 1
+            raise RuntimeError("cannot decode the renewal's answer")
+        return await self.inner.renew(*args, **kwargs)
+
+
+class CrashRig:
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+        self.backend = RenewRaises(self.store.stores().leader)
+        self.metrics = Metrics()
+        self.clock = LoopClock()
+        self.started: list[int] = []  # the fence of each leadership the duty ran under
+        self.stopped: list[int] = []
+        self.leadership = Leadership(
+            self.backend, self.clock, self.metrics,  # type: ignore[arg-type]
+            LeadershipSettings("w1", TTL, HEARTBEAT, SAFETY), [self.job],
+            eligible=lambda: True)
+        self.task = asyncio.create_task(self.leadership.run())
+
+    async def job(self, lease: LeaderLease, done: asyncio.Event) -> None:
+        self.started.append(lease.fence)
+        await done.wait()  # what the job runner does: run until leadership ends
+        self.stopped.append(lease.fence)
+
+    def crashes(self) -> float:
+        return self.metrics.registry.get_sample_value(
+            "streamlease_leader_keeper_crashes_total") or 0.0
+
+
+@pytest.mark.virtual_time
+async def test_a_crashed_renewal_task_ends_leadership_and_the_candidate_leads_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The renewal task used to die silently: ``lost`` never set, the jobs kept running on
+    a lease nobody renewed, and nobody campaigned."""
+    rig = CrashRig()
+    try:
+        await until(lambda: rig.backend.raised >= 1 and rig.stopped)
+        first = rig.started[0]
+        assert rig.stopped == [first]  # the job stopped: leadership ended with the crash
+        assert not rig.leadership.leading
+        rig.backend.broken = False  # the store heals
+        await until(lambda: len(rig.started) >= 2 and rig.leadership.leading)
+        second = rig.started[-1]
+        assert second > first and rig.stopped == [first]
+        lease = rig.leadership.lease
+        assert lease is not None
+        # It leads again for good: renewals go on for several leases, under the same fence.
+        since = rig.clock.monotonic()
+        await until(lambda: rig.clock.monotonic() - since >= 3 * TTL)
+        assert rig.leadership.leading and rig.leadership.lease is lease
+        assert rig.started == [first, second] and rig.crashes() == 1
+    finally:
+        rig.leadership.stop()
+        await asyncio.wait_for(rig.task, 10)
+    crashed = [r for r in caplog.records if getattr(r, "sl_event", "") == "leader.keeper_crashed"]
+    assert len(crashed) == 1 and crashed[0].exc_info is not None
+
+
+@pytest.mark.virtual_time
+async def test_shutdown_after_the_renewal_task_crashed_completes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Leaving after a crash never raises the renewal task's exception into the drain, and
+    the lease is resigned: another worker may take it at once."""
+    rig = CrashRig()
+    await until(lambda: rig.backend.raised >= 1 and rig.stopped)
+    rig.leadership.stop()
+    await asyncio.wait_for(rig.task, 10)  # returns: no RuntimeError out of release()
+    record = await rig.store.stores().leader.read(FLEET_LEASE)
+    assert record is None or record.resigned
+    assert rig.crashes() == 1 and rig.stopped == rig.started
+
+
+@pytest.mark.virtual_time
+async def test_a_lease_left_after_its_renewal_task_crashed_does_not_raise() -> None:
+    """``async with LeaderLease``: ``lost`` set by the crash, ``keeper_error`` says why,
+    and leaving resigns instead of raising."""
+    store = MemoryStore()
+    backend = RenewRaises(store.stores().leader)
+    lease = LeaderLease(backend, "billing", "w1", ttl_s=TTL,  # type: ignore[arg-type]
+                        heartbeat_s=HEARTBEAT, safety_margin_s=SAFETY, clock=LoopClock())
+    async with lease:
+        await asyncio.wait_for(lease.lost.wait(), 5)
+        assert isinstance(lease.keeper_error, RuntimeError) and not lease.may_write()
+    record = await store.stores().leader.read("billing")
+    assert record is None or record.resigned

@@ -4,17 +4,25 @@ silenced, fenced, revived; failures injected into releases."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 import pytest
 
+from streamlease.app import _run_until_drained
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberStatus, MemberTimings
+from streamlease.core.model import OwnedStream
+from streamlease.core.urls import parse_allowed_urls
 from streamlease.errors import StoreUnavailable
+from streamlease.leadership import Leadership, LeadershipSettings
 from streamlease.membership import Hooks, Membership, MembershipSettings
 from streamlease.metrics import Metrics
+from streamlease.pump import PumpSettings
+from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.store.memory import MemoryStore
-from tests.fakes import FaultyStore
+from streamlease.supervisor import SupervisorSettings
+from tests.fakes import FaultyStore, PumpScript
 from tests.virtual import LoopClock
 
 pytestmark = pytest.mark.virtual_time
@@ -175,3 +183,145 @@ async def test_a_strained_store_is_read_once_a_heartbeat_instead_of_twice() -> N
     assert healthy >= 18 and strained <= 12, (healthy, strained)  # every 0.25 s vs 0.5 s
     m.stop()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_two_processes_with_one_worker_id_stop_fencing_each_other(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A second live process registers under a running worker's id (a copy-pasted task
+    definition, a restart whose predecessor still runs). The first finds its row moved on
+    by a registration, not a peer's fence: it stops for good instead of registering back
+    over the other, and the other keeps the id, heartbeating under one epoch."""
+    caplog.set_level(logging.INFO, logger="streamlease")
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    first_calls, second_calls = Calls(), Calls()
+    first, second = member(store, "a", first_calls), member(store, "a", second_calls)
+    await first.register()
+    first_task = asyncio.create_task(first.run())
+    await asyncio.sleep(T.heartbeat_s * 3)
+    await second.register()
+    second_task = asyncio.create_task(second.run())
+    async with asyncio.timeout(T.lease_s * 5):
+        await first_task  # its loops end by themselves
+    await asyncio.sleep(T.lease_s * 3)
+    assert first.superseded is not None and first.superseded.epoch == second.epoch
+    assert second.superseded is None and not second_task.done()
+    assert store.count("register") == 2, "nobody registered back over the other"
+    (row,) = await memory.members()
+    assert (row.epoch, row.incarnation) == (second.epoch, second.incarnation)
+    assert row.heartbeat >= 5 and row.status is MemberStatus.ACTIVE
+    assert first_calls.fenced == 1 and second_calls.fenced == 0
+    assert not first.accepting and second.accepting
+    assert first.metrics.registry.get_sample_value(
+        "streamlease_member_duplicate_id_total") == 1.0
+    (logged,) = [r for r in caplog.records if getattr(r, "sl_event", None)
+                 == "member.duplicate_id"]
+    assert logged.levelno == logging.ERROR
+    second.stop()
+    await asyncio.gather(second_task, return_exceptions=True)
+
+
+async def test_a_peers_fence_is_not_taken_for_a_duplicate_id() -> None:
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    calls = Calls()
+    m = member(store, "a", calls)
+    await m.register()
+    first = m.epoch
+    task = asyncio.create_task(m.run())
+    await asyncio.sleep(1)
+    (row,) = await memory.members()
+    assert await memory.fence(row, "peer", 0) is not None
+    await asyncio.sleep(T.heartbeat_s * 3)
+    assert m.superseded is None and not task.done()
+    (row,) = await memory.members()
+    assert m.epoch > first + 1 and row.epoch == m.epoch and row.status is MemberStatus.ACTIVE
+    m.stop()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_registration_writes_only_for_streams_still_leased_to_the_id() -> None:
+    """The owner index lists every stream that ever named this worker id (a release keeps
+    the owner). Of N such streams that moved on and M still leased to an earlier
+    incarnation, registration writes M releases and none for the N."""
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    moved_on, still_held = 7, 3
+    clock = LoopClock()
+    tenures = []
+    for i in range(moved_on):
+        sid = f"old-{i}"
+        await memory.put_started(sid, "wss://x/")
+        got = await memory.acquire(sid, "a", clock.wall_ms(), STREAM, epoch=5)
+        assert got is not None
+        tenures.append(got.tenure)
+    held = await held_by(memory, "a", still_held, epoch=5)
+    # The index as a lagging replica may still show it: every stream as "a" took it.
+    lagging = await memory.owned_by("a")
+    for i, tenure in enumerate(tenures):
+        if i % 2:
+            await memory.release(tenure)  # released cleanly: expiry 0, owner kept
+        else:  # force released and taken by another worker
+            await memory.force_release(tenure.stream_id)
+            assert await memory.acquire(tenure.stream_id, "b", clock.wall_ms(), STREAM,
+                                        epoch=9)
+
+    async def owned_by(owner: str, timeout: float | None = None) -> list[OwnedStream]:
+        return list(lagging) if owner == "a" else []
+
+    memory.owned_by = owned_by  # type: ignore[method-assign]
+    m = member(store, "a", Calls())
+    await m.register()
+    assert store.count("release_for") == still_held
+    for sid in held:
+        record = await memory.get(sid)
+        assert record is not None and record.lease_expires_at_ms == 0 and record.fence == 2
+    for i in range(moved_on):
+        record = await memory.get(f"old-{i}")
+        assert record is not None and record.lease_owner == ("a" if i % 2 else "b")
+
+
+async def test_the_superseded_worker_stops_its_streams_and_exits_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The worker's exit path for a duplicate id: its stream stops, it takes nothing
+    more, it does not remove the row (the other process's now), and it exits 2."""
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    clock, metrics = LoopClock(), Metrics()
+    await memory.put_started("s1", "wss://feeds.example.com/s1")
+    reconciler: Reconciler | None = None
+    first = Membership(store, store, clock, metrics, MembershipSettings("a", 10, T), Hooks(
+        held=lambda: len(reconciler.supervisors) if reconciler else 0,
+        fenced=lambda: reconciler.member_lost(True) if reconciler else None,
+        self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
+        fleet_changed=lambda: reconciler.poke() if reconciler else None))  # type: ignore[arg-type]
+    script = PumpScript()
+    reconciler = Reconciler(store, store, clock, metrics, ReconcilerSettings(  # type: ignore[arg-type]
+        owner="a", reconcile_s=0.5, sweep_s=10.0, max_streams=10, acquire_per_cycle=10,
+        stopped_check_s=T.heartbeat_s, min_hold_s=0.0,
+        supervisor=SupervisorSettings(timings=STREAM, allowed_urls=parse_allowed_urls("wss://"),
+                                      pump=PumpSettings(), call_timeout_s=1.0,
+                                      drain_timeout_s=2.0)),
+        first, pump_factory=script.factory())
+    leadership = Leadership(memory.stores().leader, clock, metrics,
+                            LeadershipSettings("a", T.lease_s, T.heartbeat_s,
+                                               T.safety_margin_s), [],
+                            eligible=lambda: first.accepting)
+    await first.register()
+    worker = asyncio.create_task(_run_until_drained(reconciler, first, leadership, 5.0,
+                                                    metrics, clock))
+    async with asyncio.timeout(30):
+        while "s1" not in reconciler.supervisors:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    second = member(store, "a", Calls())
+    await second.register()  # another process, same id: it releases what "a" held
+    async with asyncio.timeout(T.lease_s * 10):
+        code = await worker
+    assert code == 2
+    assert "STREAMLEASE_WORKER_ID" in capsys.readouterr().err
+    assert not reconciler.supervisors and "s1:aborted" in script.log
+    assert store.count("leave") == 0
+    (row,) = await memory.members()
+    assert row.incarnation == second.incarnation
+    record = await memory.get("s1")
+    assert record is not None and record.lease_expires_at_ms == 0

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosedOK
+from websockets.frames import Close
 
 import streamlease.dial
+from streamlease.app import build_settings
 from streamlease.clock import SYSTEM_CLOCK
+from streamlease.config import WorkerConfig
 from streamlease.core.frames import Frame
 from streamlease.core.lease import Holding, LeaseTimings
 from streamlease.core.model import Tenure
 from streamlease.core.urls import parse_allowed_urls
 from streamlease.dev.upstream import POISON_SEQ, UpstreamServer, frame_for
-from streamlease.errors import SelfFenced, StaleFence
+from streamlease.errors import SelfFenced, StaleFence, StoreUnavailable
 from streamlease.metrics import Metrics
 from streamlease.pump import Pump, PumpSettings
+from tests.virtual import LoopClock
 
 LONG = LeaseTimings(lease_s=60, heartbeat_s=5, skew_margin_s=1, safety_margin_s=2)
 
@@ -436,3 +442,140 @@ async def test_a_cancellation_from_outside_is_never_taken_for_a_stop(
         finally:
             task.cancel()
     assert task.cancelled()
+
+
+# -- a sink that fails: the backoff stays on the heartbeat's scale, a drain never waits it out --
+
+
+class UnreachableUpstream:
+    """A connection without a socket, for virtual time: hands out ``frames``, then waits
+    until closed (``streamlease.pump.dial`` is replaced by ``dial``)."""
+
+    def __init__(self, frames: list[int]) -> None:
+        self.frames = [f'{{"seq": {seq}}}' for seq in frames]
+        self.closed = asyncio.Event()
+        self.transport = self  # websockets' transport, for abort()
+
+    async def dial(self, url: str, rules: Any, **kwargs: Any) -> UnreachableUpstream:
+        return self
+
+    async def recv(self) -> str:
+        if self.frames and not self.closed.is_set():
+            return self.frames.pop(0)
+        await self.closed.wait()
+        raise ConnectionClosedOK(Close(1000, ""), Close(1000, ""))
+
+    async def close(self) -> None:
+        self.closed.set()
+
+    def abort(self) -> None:
+        self.closed.set()
+
+
+class OutageSink(FakeSink):
+    """Unavailable until ``heal_at`` (loop time); records when each call came."""
+
+    def __init__(self, heal_at: float = float("inf")) -> None:
+        super().__init__()
+        self.heal_at = heal_at
+        self.call_times: list[float] = []
+
+    async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
+                          now_wall_ms: int, timeout: float | None = None) -> Any:
+        now = asyncio.get_running_loop().time()
+        self.call_times.append(now)
+        if now < self.heal_at:
+            self.calls += 1
+            raise StoreUnavailable("sink unavailable")
+        return await super().write_batch(tenure, prev_seq, frames, now_wall_ms, timeout)
+
+
+class SleepWatch(LoopClock):
+    """The loop's clock; says how long the sleep the pump is in now was meant to last."""
+
+    def __init__(self) -> None:
+        self.sleeping: float | None = None
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeping = seconds
+        try:
+            await super().sleep(seconds)
+        finally:
+            self.sleeping = None
+
+
+def default_pump(monkeypatch: pytest.MonkeyPatch, sink: FakeSink,
+                 upstream: UnreachableUpstream, clock: LoopClock) -> Pump:
+    """A pump wired as ``streamlease run`` wires it with every setting at its default."""
+    monkeypatch.setattr("streamlease.pump.dial", upstream.dial)
+    config = WorkerConfig.from_env({})
+    settings = build_settings(config, "w1").supervisor
+    tenure = Tenure("s001", "w1", 1, 0, 0)
+    holding = Holding(tenure, "wss://feed.example/s001", clock.monotonic(), settings.timings)
+    assert holding.timings.heartbeat_s == 600  # the stream lease's renewal interval
+    pump = Pump(tenure, holding, sink, clock, Metrics(), settings.pump)
+    sink.pump = pump
+    return pump
+
+
+@pytest.mark.virtual_time
+async def test_after_a_sink_outage_the_stream_writes_within_a_heartbeat(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A two-minute outage used to leave the stream backing off for up to the stream
+    lease's renewal interval (600 s at the defaults) before it tried again."""
+    clock = SleepWatch()
+    start = clock.monotonic()
+    sink = OutageSink(heal_at=start + 120)
+    pump = default_pump(monkeypatch, sink, UnreachableUpstream([1, 2, 3]), clock)
+    heartbeat = WorkerConfig.from_env({}).timings.heartbeat_s
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(pump.run())
+        await until(lambda: sink.seqs == [1, 2, 3], timeout=3600)
+        await pump.stop()
+        await task
+    gaps = [b - a for a, b in itertools.pairwise(sink.call_times)]
+    assert max(gaps) <= heartbeat, [round(g, 1) for g in gaps]
+    assert sink.call_times[-1] - sink.heal_at <= heartbeat
+    assert len(gaps) > 20
+    retried = value(pump.metrics, "streamlease_sink_write_failures_total", outcome="retried")
+    assert retried == len(sink.call_times) - 1
+
+
+@pytest.mark.virtual_time
+async def test_a_drain_wakes_the_pump_from_a_sink_retry_backoff(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Stopping while the pump waits to retry a failed write: one more try, then the held
+    frames are given up (last_seq did not move; the next holder asks for them again) and
+    ``run`` returns — not after the backoff, nor by retrying until the lease runs out."""
+    clock = SleepWatch()
+    sink = OutageSink()
+    pump = default_pump(monkeypatch, sink, UnreachableUpstream([1, 2, 3]), clock)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(pump.run())
+        # Deep in the outage: the pump sleeps a backoff of seconds.
+        await until(lambda: sink.calls >= 10 and (clock.sleeping or 0) >= 2.0, timeout=3600)
+        stopped_at = clock.monotonic()
+        await pump.stop()
+        async with asyncio.timeout(0.5):  # virtual seconds: well under the backoff
+            await task
+    assert clock.monotonic() - stopped_at < 0.5
+    assert sink.batches == [] and pump.committed == 0
+    assert value(pump.metrics, "streamlease_sink_write_failures_total",
+                 outcome="abandoned") == 1
+    assert [r for r in caplog.records if getattr(r, "sl_event", "") == "sink.flush_abandoned"]
+
+
+@pytest.mark.virtual_time
+async def test_an_abort_wakes_the_pump_from_a_sink_retry_backoff(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SleepWatch()
+    sink = OutageSink()
+    pump = default_pump(monkeypatch, sink, UnreachableUpstream([1]), clock)
+    task = asyncio.get_running_loop().create_task(pump.run())
+    await until(lambda: sink.calls >= 10 and (clock.sleeping or 0) >= 2.0, timeout=3600)
+    calls = sink.calls
+    await pump.abort()
+    with pytest.raises(SelfFenced):
+        async with asyncio.timeout(0.5):
+            await task
+    assert sink.calls == calls  # no write after the abort

@@ -6,6 +6,12 @@ whose slots cannot hold a fenced write to an arbitrary key). The port defaults t
 the database to 0. User info (``redis://user:password@host``, percent-encoded) is the
 server's ACL credentials; it is kept out of every message and of ``repr``.
 
+Two query parameters say how a fence is made durable on a primary's replicas (see
+``streamlease.store.redis_leader``): ``min_replicas=N`` (the replicas that must acknowledge
+every acquisition, renewal and fenced write, at least; absent: a standalone server, and a
+primary with connected replicas is refused) and ``wait_ms=M`` (how long ``WAIT`` waits for
+them, default 500). No other query parameter, and no fragment, is accepted.
+
 Nothing is resolved or dialled here. Messages never quote the text they refuse, since
 it may hold a password.
 """
@@ -21,6 +27,10 @@ from urllib.parse import unquote, urlsplit
 DYNAMODB: Literal["dynamodb"] = "dynamodb"
 DEFAULT_PORT = 6379
 MAX_DB = 2**31 - 1
+DEFAULT_WAIT_MS = 500
+MAX_REPLICAS = 1000
+MAX_WAIT_MS = 60_000
+QUERY_KEYS = ("min_replicas", "wait_ms")
 USAGE = "must be dynamodb, redis://host:port/db or rediss://host:port/db"
 
 _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
@@ -36,13 +46,21 @@ class RedisTarget:
     tls: bool = False
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    #: Replicas that must acknowledge (``WAIT``) each acquisition, renewal and fenced
+    #: write, at least; every connected replica must too. None: a standalone server.
+    min_replicas: int | None = None
+    wait_ms: int = DEFAULT_WAIT_MS
 
     @property
     def url(self) -> str:
         """The URL without credentials, for logs and messages."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         user = "***@" if self.username or self.password else ""
-        return f"{'rediss' if self.tls else 'redis'}://{user}{host}:{self.port}/{self.db}"
+        query = [f"min_replicas={self.min_replicas}"] if self.min_replicas is not None else []
+        if self.wait_ms != DEFAULT_WAIT_MS:
+            query.append(f"wait_ms={self.wait_ms}")
+        tail = "?" + "&".join(query) if query else ""
+        return f"{'rediss' if self.tls else 'redis'}://{user}{host}:{self.port}/{self.db}{tail}"
 
 
 def parse_leader_backend(text: str) -> Literal["dynamodb"] | RedisTarget:
@@ -60,15 +78,36 @@ def parse_leader_backend(text: str) -> Literal["dynamodb"] | RedisTarget:
         parts = urlsplit(text)
     except ValueError:
         raise ValueError("the Redis URL does not parse: " + USAGE) from None
-    if parts.query or parts.fragment or "?" in text or "#" in text:
-        raise ValueError("a Redis URL takes no query or fragment: " + USAGE)
+    if parts.fragment or "#" in text:
+        raise ValueError("a Redis URL takes no fragment: " + USAGE)
+    if "?" in text and not parts.query:
+        raise ValueError("the Redis URL has an empty query")
+    query = _query(parts.query)
     _, at, hostport = parts.netloc.rpartition("@")
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password else None
     if at and username is None and password is None:
         raise ValueError("empty user info before '@' in the Redis URL")
     return RedisTarget(_host(hostport, parts.hostname), _port(hostport), _db(parts.path),
-                       scheme.lower() == "rediss", username, password)
+                       scheme.lower() == "rediss", username, password,
+                       query.get("min_replicas"), query.get("wait_ms", DEFAULT_WAIT_MS))
+
+
+def _query(text: str) -> dict[str, int]:
+    """``min_replicas`` (0 to 1000) and ``wait_ms`` (1 to 60000), each at most once."""
+    found: dict[str, int] = {}
+    for pair in text.split("&") if text else []:
+        key, eq, value = pair.partition("=")
+        if key not in QUERY_KEYS or not eq:
+            raise ValueError("a Redis URL's query takes only min_replicas=N and wait_ms=M")
+        if key in found:
+            raise ValueError(f"{key} appears more than once in the Redis URL")
+        low, high = (0, MAX_REPLICAS) if key == "min_replicas" else (1, MAX_WAIT_MS)
+        if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
+            raise ValueError(f"the Redis URL's {key} must be a whole number from {low} to "
+                             f"{high}")
+        found[key] = int(value)
+    return found
 
 
 def _host(hostport: str, hostname: str | None) -> str:

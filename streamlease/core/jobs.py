@@ -7,7 +7,10 @@ a claimed slot is never run again — whoever claimed it, whatever happened to i
 Which due slots a leader runs:
 
 * a slot that came due while this leader held the lease, or at most ``grace_ms`` before
-  it took the lease (a hand-over gap), runs — late if need be;
+  it took the lease (a hand-over gap), runs — late if need be. The runner's grace is at
+  least a whole takeover (``takeover_grace_ms``: lease + 2 x heartbeat), so a slot that
+  came due after the previous leader's last renewal is never skipped for the time the
+  fleet needed to notice that leader was gone;
 * a slot that came due earlier than that (while no leader existed) is skipped, unless
   the job has ``catch_up``: then every such slot since the job's last run runs once, late,
   oldest first (at most ``MAX_CATCH_UP`` of them);
@@ -20,6 +23,7 @@ Which due slots a leader runs:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -75,6 +79,23 @@ class JobRun:
     outcome: RunOutcome | None = None  # None: running (or its runner vanished)
     exit_code: int | None = None
     output: str = ""  # the tail of stdout and stderr
+
+
+def takeover_grace_ms(lease_s: float, heartbeat_s: float) -> int:
+    """The longest a leader change can take after a leader dies, from its last renewal to
+    the moment its successor holds the lease: ``lease + 2 x heartbeat`` (leader lease
+    timings; the member timings for the fleet leader). A slot due that long before a new
+    leader took over may have come due after the old one stopped, so it still runs.
+
+    Why it is enough: a candidate reads the lease every observation interval, at most half
+    a heartbeat, jittered by up to 10 % (``LeaderLease.acquire``). It receives the dead
+    leader's last renewal within one interval and a read, waits until a read sent a full
+    lease later still shows it, and acquires after that read: at most a lease plus two
+    intervals (1.1 heartbeats) plus three calls. The other 0.9 heartbeat covers the calls
+    and the clock skew between the two leaders (slots are wall-clock times). A slot the old
+    leader did run is not run again: it left a run record, and a claim is conditional.
+    """
+    return math.ceil(1000 * (lease_s + 2 * heartbeat_s))
 
 
 def due_slots(job: Job, now_ms: int, last_slot_ms: int | None, leader_since_ms: int,

@@ -19,7 +19,13 @@ the check and a write), the fences still refuse the stale holder's writes.
 
 The peer then *fences* the member (a conditional write moving its epoch on, conditioned
 on the epoch and counter it saw: exactly one peer wins) and releases its streams on its
-behalf. A member that finds its epoch moved stops every stream and registers afresh.
+behalf. A member that finds its epoch moved stops every stream, then reads its row to learn
+why (``fence_cause``): fenced by a peer, it registers afresh; moved on by another process's
+*registration* under the same worker id (a duplicate id), it leaves the id to that process
+and the worker exits, instead of the two fencing each other forever.
+
+Epochs never decrease (``next_epoch``): a row that was deleted is re-created above the
+fleet's epoch high-water mark, however far behind this machine's clock is.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class MemberRecord:
     heartbeat_at_ms: int | None = None
     released: bool = False  # DEAD rows: its streams were released on its behalf
     handoffs: int = 0  # bumped each time it hands streams over (drain, rebalancing)
+    incarnation: str | None = None  # a nonce per process, written by each registration
+    fenced_by: str | None = None  # DEAD rows: the peer that fenced it
 
     @property
     def key(self) -> tuple[int, int]:
@@ -194,6 +202,60 @@ class Liveness:
         if self.state is MemberState.ACTIVE:
             return max(0.01, min(self.timings.heartbeat_s, self.deadline - now))
         return self.timings.heartbeat_s
+
+
+class FenceCause(StrEnum):
+    """Why a member's epoch moved on, as its row tells (``fence_cause``)."""
+
+    PEER = "peer"  # a peer declared it dead (the row is DEAD): register afresh
+    GONE = "gone"  # the row was deleted (forgotten, or the other process left): register
+    OWN = "own"  # this process's own registration (an answer lost, a retry): register
+    DUPLICATE = "duplicate"  # another live process registered under this worker id
+
+
+def fence_cause(row: MemberRecord | None, incarnation: str) -> FenceCause:
+    """Classify a member's own row, read after its heartbeat was refused for its epoch.
+
+    Only two writes move an epoch: a peer's fence (which also sets the row DEAD and names
+    the fencer) and a registration (which sets ACTIVE or DRAINING and writes the
+    registering process's incarnation nonce). So a row that is not DEAD and carries
+    another nonce — or none, written by an older version — was registered by another
+    process using this worker id while this one was alive and heartbeating.
+    """
+    if row is None:
+        return FenceCause.GONE
+    if row.status is MemberStatus.DEAD:
+        return FenceCause.PEER
+    if row.incarnation == incarnation:
+        return FenceCause.OWN
+    return FenceCause.DUPLICATE
+
+
+def next_epoch(current: int | None, high_water: int, wall_ms: int) -> int:
+    """The epoch a registration writes: one above the row's (``current``), or, for a row
+    that does not exist (never did, or was deleted), one above both this machine's wall
+    clock in milliseconds and the fleet's high-water mark (the highest epoch any deleted
+    row carried). The wall clock keeps epochs roughly ordered across a fresh table; the
+    high-water mark makes sure a clock that is behind can never take an epoch back."""
+    if current is not None:
+        return current + 1
+    return max(wall_ms, high_water) + 1
+
+
+def raised_high_water(high_water: int, deleted_epoch: int) -> int:
+    """The high-water mark after a row with ``deleted_epoch`` is deleted: never lower."""
+    return max(high_water, deleted_epoch)
+
+
+def releasable_for(owner: str, fenced_epoch: int, lease_owner: str | None,
+                   expires_at_ms: int | None, fence: int | None,
+                   lease_epoch: int | None) -> bool:
+    """Is a stream, as a consistent read shows it, still leased to an incarnation of
+    ``owner`` older than ``fenced_epoch`` (so a release on its behalf would apply)? The
+    owner index only hints: it lists every stream that ever named the owner, lags, and
+    holds no expiry."""
+    return (lease_owner == owner and fence is not None and expires_at_ms is not None
+            and expires_at_ms != 0 and (lease_epoch is None or lease_epoch < fenced_epoch))
 
 
 def fair_shares(total: int, capacities: dict[str, int]) -> dict[str, int]:

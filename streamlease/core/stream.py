@@ -24,6 +24,14 @@ Batches: a frame is buffered; a batch is cut when it holds ``batch_max_messages`
 next frame would take it over ``batch_max_bytes``, when its oldest frame has waited
 ``batch_max_s``, and when a connection ends (flush before reconnect), unless aborted.
 
+Sink retries (README, Overload): a write that fails without an answer (throttled, unavailable,
+timed out; not a stale fence) is retried with capped exponential backoff and jitter. The
+cap is on the member heartbeat's scale (``STREAMLEASE_HEARTBEAT_SECONDS``), never the
+stream lease's renewal interval (minutes): a sink that comes back is written to within a
+heartbeat. A stop (drain) does not wait out an outage: once stopping, a failed write is
+tried once more after ``sink_retry_base_s``, then the held frames are given up. Nothing
+is lost: ``last_seq`` did not move, so the next holder asks for them again.
+
 This module imports nothing impure (tests/core/test_purity.py).
 """
 
@@ -79,6 +87,21 @@ class StreamRules:
     reconnect_cap_s: float = 30.0
     stable_after_s: float = 5.0  # a connection that lived this long resets the backoff
     log_every_s: float = 5.0  # rate limit of the warnings about dropped frames
+    # Sink retries: the first waits about ``sink_retry_base_s``; none waits more than
+    # ``sink_retry_cap_s``, the member heartbeat (see ``sink_retry_cap``).
+    sink_retry_base_s: float = 0.05
+    sink_retry_cap_s: float = 5.0
+
+
+def sink_retry_cap(heartbeat_s: float) -> float:
+    """The longest wait between two tries of a failed sink write: one member heartbeat
+    (``STREAMLEASE_HEARTBEAT_SECONDS``), at least 0.1 s.
+
+    The heartbeat is how fast the worker notices anything else (a lost membership, a
+    STOPPED stream, a peer's death), so a sink outage ends for a stream within one
+    heartbeat of the sink's return. The stream lease's renewal interval (minutes) says how
+    often a lease is written, nothing about how quickly a stream should resume."""
+    return max(0.1, heartbeat_s)
 
 
 class Verdict(enum.StrEnum):
@@ -189,8 +212,10 @@ class StreamMachine:
         self._first = True  # no frame accepted on this connection yet
         self._first_batch = True  # the connection's first batch not cut yet
         self._started = 0.0
-        self._backoff = Backoff(rules.reconnect_base_s, rules.reconnect_cap_s,
-                                rng or random.Random())
+        rng = rng or random.Random()
+        self._backoff = Backoff(rules.reconnect_base_s, rules.reconnect_cap_s, rng)
+        self._sink_backoff = Backoff(rules.sink_retry_base_s, rules.sink_retry_cap_s, rng)
+        self._failed_while_stopping = False
         self._buffer: list[Frame] = []
         self._buffer_bytes = 0
         self._oldest_at = 0.0
@@ -355,7 +380,35 @@ class StreamMachine:
             self._outbox.pop(0)
             self._outbox_bytes.pop(0)
         self.committed = max(self.committed, batch[-1].seq)
+        self._sink_backoff.reset()
         self._update()
+
+    def write_failed(self) -> float | None:
+        """The batch from ``next_batch`` was not taken, outcome unknown (throttled,
+        unavailable, timed out): how long to wait before trying it again, or None to give
+        up the frames held (see ``give_up``).
+
+        While reading, the wait grows up to ``sink_retry_cap_s``; the pump wakes from it
+        on stop, abort and reconnect. Once stopping, the first failure is retried after
+        ``sink_retry_base_s`` and the next gives up: a drain does not wait out an outage."""
+        if self.ending is Ending.STOP:
+            if self._failed_while_stopping:
+                return None
+            self._failed_while_stopping = True
+            return self.rules.sink_retry_base_s
+        return self._sink_backoff.next_delay()
+
+    def give_up(self) -> int:
+        """Drop every frame held, unwritten (stopping, and the sink does not answer): the
+        number dropped. ``committed`` stays, so the next connection, here or at the next
+        holder, asks for them again."""
+        dropped = self.held_frames
+        self._buffer.clear()
+        self._buffer_bytes = 0
+        self._outbox.clear()
+        self._outbox_bytes.clear()
+        self._update()
+        return dropped
 
     # -- internals -------------------------------------------------------------------------
 

@@ -8,8 +8,20 @@ every N seconds and starts a replacement, so self-healing happens in front of yo
 ``--flip-every N`` stops a random stream and restarts it a cycle later. In a terminal,
 keys act at once: ``k`` kill -9 a worker, ``+`` add one, ``-`` SIGTERM one, ``s`` stop a
 random stream, ``r`` restart every stopped stream, ``q`` quit.
-Ctrl-C (or ``--duration``) stops the workers with SIGTERM first, so they release their
-leases, then the servers. Needs no AWS account and no network.
+
+Every way out stops the workers with SIGTERM first, so they release their leases, waits
+for them (at most the workers' shutdown budget plus a margin, then SIGKILL), and only then
+stops the servers: Ctrl-C, ``q``, ``--duration``, SIGTERM, SIGHUP (a closed terminal) and a
+closed stdout (``make run | head``: the reader went away). Children run in sessions of
+their own, so a terminal's signals reach only the demo, which stops them in that order; a
+second Ctrl-C cuts the workers' drain short (SIGKILL), nothing more. If the demo itself is
+killed (SIGKILL), the kernel signals every child (Linux ``PR_SET_PDEATHSIG``): the servers
+get SIGTERM, the workers SIGKILL, because the leases live in the embedded DynamoDB that
+stops at the same moment, so a draining worker would only retry its releases against a
+closed port for its whole shutdown budget. What happened is logged to ``demo.log`` in the
+log directory: every child's pid, the stop request, each exit code and the leases the
+stopped workers still held.
+Needs no AWS account and no network.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -24,15 +37,18 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.model import StreamRecord
 from streamlease.core.roster import FleetRead, MemberReport, report
 from streamlease.dev import local_aws_env
-from streamlease.dev.procs import Child
+from streamlease.dev.procs import Child, Interrupted, stop_all
+from streamlease.errors import StreamleaseError
 from streamlease.leadership import FLEET_LEASE
+from streamlease.logs import LOGGER, TextFormatter, event
 from streamlease.store.dynamodb import connect_admin
 from streamlease.store.protocols import AdminStore, Stores
 
@@ -57,13 +73,67 @@ TIMINGS = {
     "STREAMLEASE_METRICS_PORT": "0",
     "STREAMLEASE_LOG_FORMAT": "text",
 }
+# How long the demo waits for SIGTERMed workers before SIGKILL: their own shutdown budget
+# (STREAMLEASE_SHUTDOWN_SECONDS above) plus a margin for process exit.
+WORKER_STOP_S = float(TIMINGS["STREAMLEASE_SHUTDOWN_SECONDS"]) + 5.0
+SERVER_STOP_S = 5.0
+EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StopRequest:
+    """Why the demo stops. The first request (a signal, ``q``, ``--duration``, a closed
+    stdout) ends the live view and starts the ordered shutdown; a later SIGINT (a second
+    Ctrl-C) sets ``hurry``: workers still draining are killed. Repeated SIGTERM or SIGHUP
+    change nothing: a closed terminal often delivers SIGHUP twice (from the shell, then from
+    the kernel as the shell exits), and that must not cut the drain short.
+
+    ``on_signal`` runs as a Python signal handler: it only sets fields and wakes the event
+    loop (as ``asyncio.Runner`` does for SIGINT); it never raises and never logs, so a signal
+    can land anywhere, including in the middle of stopping children."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.hurry = False
+        self.notify: Callable[[], None] | None = None  # wakes the event loop while it runs
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            notify = self.notify
+            if notify is not None:
+                with contextlib.suppress(RuntimeError):  # the loop has just closed
+                    notify()
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.reason is not None:
+            if signum == signal.SIGINT:
+                self.hurry = True
+            return
+        self.request(signal.Signals(signum).name)
+
+    def install(self) -> None:
+        for sig in EXIT_SIGNALS:
+            signal.signal(sig, self.on_signal)
 
 
 class Demo:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, stop: StopRequest) -> None:
         self.args = args
+        self.stop = stop
         self.logs = Path(args.log_dir)
         self.logs.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.logs / "demo.log")
+        handler.setFormatter(TextFormatter())
+        logging.getLogger().handlers[:] = [handler]
+        LOGGER.setLevel(logging.INFO)
+        for noisy in ("botocore", "aiobotocore", "aioboto3", "asyncio"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
+        self.stdout_gone = False
+        self.setup: asyncio.Timeout | None = None  # cancels the setup on a stop request
         self.env = {**os.environ, **local_aws_env(), "PYTHONUNBUFFERED": "1"}
         self.servers: list[Child] = []
         self.workers: dict[str, Child] = {}
@@ -76,75 +146,153 @@ class Demo:
     def python(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "streamlease", *args]
 
+    def child(self, name: str, args: list[str], env: dict[str, str],
+              death_signal: int = signal.SIGTERM) -> Child:
+        """Start a child that the kernel stops if the demo dies without stopping it."""
+        child = Child(name, args, env, self.logs / f"{name}.log", death_signal=death_signal)
+        event(logging.INFO, "demo.child_started", "child started", child=name, pid=child.pid)
+        return child
+
     def start_servers(self) -> str:
-        ddb = Child("dynamodb", self.python("dev", "dynamodb", "--port", "0"), self.env,
-                    self.logs / "dynamodb.log")
+        """Start the servers; Interrupted if a stop is requested before they listen."""
+
+        def stopping() -> bool:
+            return self.stop.requested
+
+        ddb = self.child("dynamodb", self.python("dev", "dynamodb", "--port", "0"), self.env)
         self.servers.append(ddb)
-        local = local_aws_env(ddb.listening_url())
+        local = local_aws_env(ddb.listening_url(stop=stopping))
         self.env.update(local)
         os.environ.update(local)  # for this process's own store
-        up = Child("upstream", self.python("dev", "upstream", "--port", "0", "--streams",
-                                           str(self.args.streams), "--rate", str(self.args.rate)),
-                   self.env, self.logs / "upstream.log")
+        up = self.child("upstream", self.python("dev", "upstream", "--port", "0", "--streams",
+                                                str(self.args.streams), "--rate",
+                                                str(self.args.rate)), self.env)
         self.servers.append(up)
-        return up.listening_url()
+        return up.listening_url(stop=stopping)
 
     def start_worker(self) -> None:
         self.counter += 1
         name = f"worker-{self.counter}"
         env = {**self.env, **TIMINGS, "STREAMLEASE_WORKER_ID": name}
-        self.workers[name] = Child(name, self.python("run"), env, self.logs / f"{name}.log")
+        self.workers[name] = self.child(name, self.python("run"), env, signal.SIGKILL)
         self.note(f"started {name}")
+
+    def say(self, text: str) -> None:
+        """Write to stdout. If nobody reads it any more (EPIPE: the pipe's reader went away;
+        EIO: the terminal was closed), stdout goes to /dev/null from then on, so no later
+        write or the flush at exit fails, and the demo stops."""
+        if self.stdout_gone:
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError as exc:
+            self.stdout_gone = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            event(logging.INFO, "demo.stdout_closed", "stdout is gone", error=str(exc))
+            self.stop.request("stdout-closed")
+
+    def _stop_requested(self) -> None:
+        """In the event loop, after a stop request: redraw now, and cancel the setup."""
+        self.wake.set()
+        if self.setup is not None:
+            with contextlib.suppress(RuntimeError):  # already expiring or left
+                self.setup.reschedule(asyncio.get_running_loop().time())
 
     def note(self, text: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')}  {text}")
         del self.events[:-8]
 
     async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+
+        def notify() -> None:
+            loop.call_soon_threadsafe(self._stop_requested)
+
+        self.stop.notify = notify
+        try:
+            await self._run()
+        except Interrupted:
+            pass  # stopped while a server was starting; main() stops what did start
+        finally:
+            self.stop.notify = None
+        if self.stop.reason is not None:
+            event(logging.INFO, "demo.stopped", "demo stopped", reason=self.stop.reason)
+        return 0
+
+    async def _run(self) -> None:
         upstream = self.start_servers()
         async with connect_admin("streamlease-streams", "streamlease-events",
                                  "streamlease-fleet") as stores:
             store = stores.admin
-            await store.create_tables()
-            ids = [f"s{i:03d}" for i in range(1, self.args.streams + 1)]
-            for sid in ids:
-                await store.put_started(sid, f"{upstream}/streams/{sid}")
+            if self.stop.requested:
+                return
+            try:
+                async with asyncio.timeout(None) as self.setup:
+                    await store.create_tables()
+                    ids = [f"s{i:03d}" for i in range(1, self.args.streams + 1)]
+                    for sid in ids:
+                        await store.put_started(sid, f"{upstream}/streams/{sid}")
+            except TimeoutError:
+                if not self.stop.requested:
+                    raise
+                return
+            finally:
+                self.setup = None
             for _ in range(self.args.workers):
                 self.start_worker()
             await self.watch(stores)
-        return 0
+            await self.stop_fleet(store)
 
-    def interactive(self) -> bool:
-        return sys.stdin.isatty() and sys.stdout.isatty() and not self.args.headless
+    def keys_on(self) -> bool:
+        """Keys are read from a terminal on stdin, also when stdout is a pipe (``| tee``)."""
+        return sys.stdin.isatty() and not self.args.headless
+
+    def live_table(self) -> bool:
+        return sys.stdout.isatty() and not self.args.headless
 
     async def watch(self, stores: Stores) -> None:
         loop = asyncio.get_running_loop()
         saved = None
-        if self.interactive():
-            fd = sys.stdin.fileno()
+        fd = sys.stdin.fileno()
+        if self.keys_on():
             saved = termios.tcgetattr(fd)
             tty.setcbreak(fd)
-            loop.add_reader(fd, self._read_key)
+            loop.add_reader(fd, self._read_keys, fd)
+            if not self.live_table():
+                self.say("keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
+                         "s stop a stream   r restart stopped   q quit\n")
         try:
-            await self._watch(stores, loop)
+            await self._watch(stores)
         finally:
             if saved is not None:
-                loop.remove_reader(sys.stdin.fileno())
-                termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
+                loop.remove_reader(fd)
+                with contextlib.suppress(termios.error, OSError):  # a closed terminal
+                    termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
-    def _read_key(self) -> None:
-        self.keys.put_nowait(sys.stdin.read(1))
-        self.wake.set()
-
-    def _on_signal(self, stop: asyncio.Event) -> None:
-        stop.set()
+    def _read_keys(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data:  # the terminal is gone (SIGHUP follows): stop listening to it
+            asyncio.get_running_loop().remove_reader(fd)
+            return
+        for key in data.decode(errors="replace"):
+            self.keys.put_nowait(key)
         self.wake.set()
 
     def kill_one(self, sig: int, replace: bool) -> None:
         if not self.workers:
             return
         victim = self.rng.choice(sorted(self.workers))
-        code = self.workers.pop(victim).stop(sig)
+        child = self.workers.pop(victim)
+        stop_all([child], sig, WORKER_STOP_S, cut_short=lambda: self.stop.hurry)
+        code = child.popen.returncode
+        event(logging.INFO, "demo.child_exited", "child exited", child=victim, pid=child.pid,
+              code=code)
         self.note(f"{'kill -9' if sig == signal.SIGKILL else 'SIGTERM'} {victim} (exit {code})")
         if replace:
             self.start_worker()
@@ -193,7 +341,7 @@ class Demo:
         del reads[:-4]
         return report(reads, started), await stores.leader.read(FLEET_LEASE)
 
-    async def _watch(self, stores: Stores, loop: asyncio.AbstractEventLoop) -> None:
+    async def _watch(self, stores: Stores) -> None:
         store = stores.admin
         reads: list[FleetRead] = []
         previous: dict[str, StreamRecord] = {}
@@ -201,12 +349,10 @@ class Demo:
         started = last_at
         next_kill = started + self.args.kill_every if self.args.kill_every else None
         next_flip = started + self.args.flip_every if self.args.flip_every else None
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._on_signal, stop)
-        while not stop.is_set():
+        while not self.stop.requested:
             now = time.monotonic()
             if self.args.duration and now - started >= self.args.duration:
+                self.stop.request("duration")
                 break
             if next_kill is not None and now >= next_kill:
                 next_kill = now + self.args.kill_every
@@ -217,23 +363,35 @@ class Demo:
                 await self.flip(store, records)
             while not self.keys.empty():
                 if not await self.on_key(self.keys.get_nowait(), store, records):
-                    stop.set()
+                    self.stop.request("q")
             self.track_takeovers(previous, records)
             started_count = sum(1 for r in records.values() if r.started)
             members, leader = await self.read_fleet(stores, reads, started_count)
             self.render(records, previous, now - last_at, members, leader)
             previous, last_at = records, now
             self.wake.clear()
-            if self.keys.empty() and not stop.is_set():
+            if self.keys.empty() and not self.stop.requested:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+
+    async def stop_fleet(self, store: AdminStore) -> None:
+        """Stop the workers while the servers still run, so they can release; then count
+        the leases they still hold (0 unless a worker had to be killed)."""
         stopped = set(self.workers)
         self.stop_workers()
-        records = {r.stream_id: r for r in await store.list_streams()}
-        held = [s for s, r in records.items()
-                if r.lease_owner in stopped and (r.lease_expires_at_ms or 0) > 0]
-        print(f"\nstopped {len(stopped)} workers; leases they still hold: {len(held)} "
-              f"(0: every lease was released); logs in {self.logs}/")
+        held: str = "not checked (hurried)"
+        if not self.stop.hurry:
+            try:
+                records = await asyncio.wait_for(store.list_streams(), SERVER_STOP_S)
+            except (TimeoutError, StreamleaseError) as exc:
+                held = f"not checked ({exc!r})"
+            else:
+                held = str(sum(1 for r in records
+                               if r.lease_owner in stopped and (r.lease_expires_at_ms or 0) > 0))
+        event(logging.INFO, "demo.leases_held", "leases the stopped workers still hold",
+              workers=len(stopped), held=held)
+        self.say(f"\nstopped {len(stopped)} workers; leases they still hold: {held} "
+                 f"(0: every lease was released); logs in {self.logs}/\n")
 
     def track_takeovers(self, before: dict[str, StreamRecord],
                         after: dict[str, StreamRecord]) -> None:
@@ -269,32 +427,49 @@ class Demo:
             lines.append(f"{sid:<8} {r.desired_state or '-':<8} {r.lease_owner or '-':<10} "
                          f"{r.fence or 0:>5} {r.last_seq or 0:>9} {rate:>6.1f} {lease:>10}")
         lines += ["", "recent events:"] + [f"  {e}" for e in self.events]
-        if self.interactive():
+        if self.keys_on():
             lines += ["", "keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
                           "s stop a stream   r restart stopped   q quit"]
-        if sys.stdout.isatty() and not self.args.headless:
-            sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+        if self.live_table():
+            self.say("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
         else:
             owned = sum(1 for r in records.values() if (r.lease_expires_at_ms or 0) > now_ms)
             alive = sum(1 for m in members if m.liveness == "alive")
-            sys.stdout.write(f"{time.strftime('%H:%M:%S')} owned {owned}/{len(records)} "
-                             f"delivered {sum(r.last_seq or 0 for r in records.values())} "
-                             f"members {alive} alive, leader {leader_id or '-'}\n")
-        sys.stdout.flush()
+            self.say(f"{time.strftime('%H:%M:%S')} owned {owned}/{len(records)} "
+                     f"delivered {sum(r.last_seq or 0 for r in records.values())} "
+                     f"members {alive} alive, leader {leader_id or '-'}\n")
 
     def stop_workers(self) -> None:
-        for name, worker in self.workers.items():
-            if worker.alive():
-                code = worker.stop(signal.SIGTERM)
-                print(f"{name} exited {code}")
-        self.workers.clear()
+        """SIGTERM every worker at once (each releases its leases), wait for all of them at
+        most WORKER_STOP_S (less after a second Ctrl-C), then SIGKILL the stragglers."""
+        workers, self.workers = self.workers, {}
+        if not workers:
+            return
+        event(logging.INFO, "demo.stopping_workers", "SIGTERM to every worker",
+              workers=",".join(sorted(workers)))
+        stop_all(workers.values(), signal.SIGTERM, WORKER_STOP_S,
+                 cut_short=lambda: self.stop.hurry)
+        for name, worker in sorted(workers.items()):
+            code = worker.popen.returncode
+            event(logging.INFO, "demo.child_exited", "child exited", child=name,
+                  pid=worker.pid, code=code)
+            self.say(f"{name} exited {code}\n")
 
     def shutdown(self) -> None:
-        self.stop_workers()
-        for server in reversed(self.servers):
-            if server.alive():
-                server.stop()
-        self.servers.clear()
+        """Stop every child: workers first, servers once no worker is left. Safe to call
+        more than once and after any failure."""
+        try:
+            self.stop_workers()
+        finally:
+            servers, self.servers = self.servers[::-1], []
+            if servers:
+                event(logging.INFO, "demo.stopping_servers", "SIGTERM to the servers",
+                      servers=",".join(s.name for s in servers))
+                stop_all(servers, signal.SIGTERM, SERVER_STOP_S,
+                         cut_short=lambda: self.stop.hurry)
+                for server in servers:
+                    event(logging.INFO, "demo.child_exited", "child exited", child=server.name,
+                          pid=server.pid, code=server.popen.returncode)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,7 +489,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.workers <= 20 or not 1 <= args.streams <= 200 or args.rate <= 0:
         parser.error("--workers 1-20, --streams 1-200 and a positive --rate")
-    demo = Demo(args)
+    stop = StopRequest()
+    stop.install()  # before any child exists; never replaced, so also active in shutdown
+    demo = Demo(args, stop)
     try:
         return asyncio.run(demo.run())
     finally:

@@ -6,6 +6,7 @@ says what an item is, so each kind is read with one Query:
 | Pk | Sk | item |
 |---|---|---|
 | ``MEMBER`` | worker id | a member row: epoch, heartbeat counter, status, streams held |
+| ``MEMBER`` | ``HIGH_WATER_SK`` | the highest epoch any deleted member row carried |
 | ``LEADER`` | lease name | a leader lease: owner, fence, heartbeat counter, expiry |
 | ``JOB`` | job name | a singleton job: schedule, command, timeout, catch-up |
 | ``RUN#<job>`` | slot (ISO 8601 UTC) | one run of one slot: fence, runner, times, outcome |
@@ -21,7 +22,7 @@ from typing import Any
 
 from streamlease.core.jobs import MAX_TIMEOUT_S, Job, JobRun, RunOutcome, UnreadableJob
 from streamlease.core.leadership import LeaderRecord
-from streamlease.core.membership import MemberRecord, MemberStatus
+from streamlease.core.membership import MemberRecord, MemberStatus, next_epoch
 from streamlease.core.schedule import checked
 from streamlease.store.codec import Expr, n, s
 
@@ -42,12 +43,26 @@ RELEASED = "released"  # N 0/1: a DEAD member's streams were released on its beh
 HANDOFFS = "handoffs"  # N: bumped whenever the member hands streams over
 FENCED_BY = "fenced_by"
 FENCED_AT = "fenced_at_ms"
+INCARNATION = "incarnation"  # S: a nonce per process, written by each registration
+# The epoch high-water item shares the MEMBER partition (one Query and the same IAM scope
+# as the rows) under a sort key no worker id can take: worker ids are printable, and this
+# starts with a control character. It has no status, so it never decodes as a member.
+HIGH_WATER_SK = "\x7fepoch-high-water"
 
 Item = dict[str, Any]
 
 
 def member_key(worker_id: str) -> Item:
     return {PK: s(MEMBER_PK), SK: s(worker_id)}
+
+
+def high_water_key() -> Item:
+    return {PK: s(MEMBER_PK), SK: s(HIGH_WATER_SK)}
+
+
+def decode_high_water(item: Mapping[str, Any] | None) -> int:
+    """The epoch high-water mark (0 if the item does not exist or is unreadable)."""
+    return max(0, _int(item, EPOCH)) if item else 0
 
 
 def _int(item: Mapping[str, Any], name: str, default: int = 0) -> int:
@@ -86,13 +101,15 @@ def decode_member(item: Mapping[str, Any]) -> MemberRecord | None:
         heartbeat_at_ms=None if heartbeat_at < 0 else heartbeat_at,
         released=_int(item, RELEASED) == 1,
         handoffs=_int(item, HANDOFFS),
+        incarnation=_str(item, INCARNATION),
+        fenced_by=_str(item, FENCED_BY),
     )
 
 
 _NAMES = {
     "#epoch": EPOCH, "#hb": HEARTBEAT, "#status": STATUS, "#streams": STREAMS,
     "#cap": CAPACITY, "#hbat": HEARTBEAT_AT, "#started": STARTED_AT, "#released": RELEASED,
-    "#handoffs": HANDOFFS, "#by": FENCED_BY, "#at": FENCED_AT,
+    "#handoffs": HANDOFFS, "#by": FENCED_BY, "#at": FENCED_AT, "#inc": INCARNATION,
 }
 
 
@@ -100,21 +117,48 @@ def _names(*placeholders: str) -> dict[str, str]:
     return {p: _NAMES[p] for p in placeholders}
 
 
-def register_expr(capacity: int, now_ms: int, status: MemberStatus) -> Expr:
+def register_expr(capacity: int, now_ms: int, status: MemberStatus, incarnation: str,
+                  high_water: int | None = None) -> Expr:
     """A new incarnation: the epoch moves past every earlier one of this worker id (so
-    their conditional writes fail), the counter restarts. A row that does not exist (never
-    did, or was deleted after a clean exit) starts from the wall clock in milliseconds, so
-    epochs keep moving forward across deletions too, and a stream stamped by an earlier
-    incarnation always carries a lower epoch."""
+    their conditional writes fail), the counter restarts, and the row names this process
+    (``incarnation``), so an earlier incarnation that is still alive can tell a duplicate
+    worker id from a peer's fence.
+
+    Two forms of ``next_epoch``, each conditioned on the case it covers, so the epoch never
+    goes back: ``high_water`` None moves an existing row's epoch on by one (fails if there
+    is no row); a number creates a missing row (never written, or deleted after a clean
+    exit) one above both the wall clock and that high-water mark (fails if the row exists
+    meanwhile). The caller tries the first, and on failure reads the mark and tries the
+    second: a row deleted after the first failed raised the mark before it was deleted."""
+    if high_water is None:
+        condition = "attribute_exists(#epoch)"
+        epoch = "#epoch = #epoch + :one"
+        values: dict[str, Any] = {":one": n(1)}
+    else:
+        condition = "attribute_not_exists(#epoch)"
+        epoch = "#epoch = :epoch"
+        values = {":epoch": n(next_epoch(None, high_water, now_ms))}
     return Expr(
-        condition="",
-        update=("SET #epoch = if_not_exists(#epoch, :seed) + :one, #hb = :zero, "
+        condition=condition,
+        update=(f"SET {epoch}, #hb = :zero, "
                 "#status = :status, #streams = :zero, #cap = :cap, #hbat = :now, "
-                "#started = :now, #released = :zero, #handoffs = :zero REMOVE #by, #at"),
+                "#started = :now, #released = :zero, #handoffs = :zero, #inc = :inc "
+                "REMOVE #by, #at"),
         names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#hbat", "#started",
-                     "#released", "#handoffs", "#by", "#at"),
-        values={":zero": n(0), ":one": n(1), ":status": s(status.value), ":seed": n(now_ms),
-                ":cap": n(capacity), ":now": n(now_ms)},
+                     "#released", "#handoffs", "#by", "#at", "#inc"),
+        values={**values, ":zero": n(0), ":status": s(status.value),
+                ":cap": n(capacity), ":now": n(now_ms), ":inc": s(incarnation)},
+    )
+
+
+def high_water_expr(deleted_epoch: int) -> Expr:
+    """Raise the high-water mark to an epoch about to be deleted; a mark already at or
+    above it fails the condition, which is fine (``raised_high_water``: never lower)."""
+    return Expr(
+        condition="attribute_not_exists(#epoch) OR #epoch < :epoch",
+        update="SET #epoch = :epoch",
+        names=_names("#epoch"),
+        values={":epoch": n(deleted_epoch)},
     )
 
 

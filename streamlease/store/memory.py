@@ -21,7 +21,13 @@ from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
 from streamlease.core.leadership import LeaderRecord, initial_fence
 from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
-from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
+from streamlease.core.membership import (
+    HeartbeatOutcome,
+    MemberRecord,
+    MemberStatus,
+    next_epoch,
+    raised_high_water,
+)
 from streamlease.core.model import (
     EventMark,
     OwnedStream,
@@ -55,6 +61,7 @@ class MemoryStore:
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.members_by_id: dict[str, MemberRecord] = {}
+        self.epoch_high_water = 0  # the highest epoch any deleted member row carried
         self.leaders: dict[str, LeaderRecord] = {}
         self.jobs: dict[str, Job] = {}
         self.runs: dict[tuple[str, str], JobRun] = {}
@@ -248,11 +255,12 @@ class MemoryStore:
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
                        status: MemberStatus = MemberStatus.ACTIVE,
-                       timeout: float | None = None) -> MemberRecord:
+                       timeout: float | None = None, incarnation: str = "") -> MemberRecord:
         self._called("register")
         old = self.members_by_id.get(worker_id)
-        record = MemberRecord(worker_id, (old.epoch if old else now_wall_ms) + 1, 0, status,
-                              0, capacity, now_wall_ms)
+        epoch = next_epoch(old.epoch if old else None, self.epoch_high_water, now_wall_ms)
+        record = MemberRecord(worker_id, epoch, 0, status, 0, capacity, now_wall_ms,
+                              incarnation=incarnation)
         self.members_by_id[worker_id] = record
         return record
 
@@ -280,7 +288,7 @@ class MemoryStore:
         if old is None or old.key != seen.key or old.status is MemberStatus.DEAD:
             return None
         new = dataclasses.replace(old, epoch=old.epoch + 1, status=MemberStatus.DEAD,
-                                  released=False)
+                                  released=False, fenced_by=by)
         self.members_by_id[seen.worker_id] = new
         return new
 
@@ -295,6 +303,7 @@ class MemoryStore:
 
     async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
         self._called("leave")
+        self.epoch_high_water = raised_high_water(self.epoch_high_water, epoch)
         old = self.members_by_id.get(worker_id)
         if old is None or old.epoch != epoch:
             return False

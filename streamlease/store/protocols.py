@@ -145,9 +145,10 @@ class FleetStore(Protocol):
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
                        status: MemberStatus = MemberStatus.ACTIVE,
-                       timeout: float | None = None) -> MemberRecord:
+                       timeout: float | None = None, incarnation: str = "") -> MemberRecord:
         """A new incarnation of this worker: a new epoch (above every earlier one, also
-        if the row was deleted), counter 0."""
+        if the row was deleted, whatever the wall clock says), counter 0, and the
+        registering process's ``incarnation`` nonce in the row."""
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,

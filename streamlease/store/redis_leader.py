@@ -32,6 +32,30 @@ Durability is the server's: with ``appendonly yes`` and ``appendfsync always`` a
 acknowledged acquire, renewal or write survives a crash; without persistence a restart
 forgets every lease and counter (every holder is fenced, the next fence is seeded from
 the clock).
+
+Replicas. Replication is asynchronous: a replica promoted after its primary dies can miss
+the last acquire, and would hand the same fence out again. So every acquisition, renewal
+and fenced write is sent together with ``WAIT numreplicas wait_ms`` on the same
+connection, and counts only once enough replicas acknowledged it:
+
+- required = max(``min_replicas``, the replicas the primary reports connected in ``INFO
+  replication`` just before). With ``min_replicas`` unset (a standalone server) a primary
+  with any connected replica is refused outright: a fence there would be durable on the
+  primary alone. Fewer connected replicas than ``min_replicas``: refused before anything
+  is written.
+- acquire: fewer acknowledgements than required is "not acquired"; the lease just taken is
+  resigned (its fence number is spent, never used). A fence a caller receives is therefore
+  on every replica that could be promoted, and a promoted replica's next fence is higher.
+- renew: not acknowledged is ``UNKNOWN``: the holder's deadline keeps running from its last
+  renewal that the replicas hold, so it stops acting before a promoted replica's copy of
+  the lease can lapse.
+- fenced write: not acknowledged raises ``StoreUnavailable`` (applied on the primary, but
+  lost if the primary fails now); a stale fence still raises ``StaleFence``.
+- resign is not waited for: a resign lost in a failover leaves the lease to lapse.
+
+Each refusal is logged (``leader.unreplicated``) and counted through ``unreplicated``.
+A replica that is disconnected when the count is read is not seen: set ``min_replicas``
+to the number of replicas a failover may promote, so that such a moment refuses too.
 """
 
 from __future__ import annotations
@@ -39,7 +63,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -48,11 +74,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
-from streamlease.core.backends import RedisTarget, parse_leader_backend
+from streamlease.core.backends import DEFAULT_WAIT_MS, RedisTarget, parse_leader_backend
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.membership import HeartbeatOutcome
 from streamlease.errors import StaleFence, StoreError, StoreUnavailable
 from streamlease.leader import HashSet, PutItem
+from streamlease.logs import event
 
 __all__ = ["PREFIX", "RedisLeaderBackend", "RedisTarget", "hash_set_for_item",
            "lease_keys", "parse_leader_backend", "redis_backend", "redis_target"]
@@ -109,6 +136,13 @@ return {value, redis.call('PEXPIRETIME', KEYS[1])}
 """
 
 KEY_TYPES = ("S", "N", "B")
+#: The operations whose replication is awaited (the ``unreplicated`` callback's argument).
+WAITED_OPERATIONS = ("acquire", "renew", "write")
+_BUSY = re.compile(r"^BUSY\b")
+
+
+class _Refused(Exception):
+    """Fewer replicas than required, known before anything was written."""
 
 
 def lease_keys(name: str, prefix: str = PREFIX) -> tuple[str, str]:
@@ -156,17 +190,20 @@ def _key_text(item: Mapping[str, Any], name: str) -> str | None:
 
 
 class RedisLeaderBackend:
-    """Named leader leases and fenced writes in one Redis database."""
+    """Named leader leases and fenced writes in one Redis database (a standalone server,
+    or a primary whose replicas acknowledge each fence: see the module docstring)."""
 
     conditional_puts = False
 
-    def __init__(self, client: aioredis.Redis, prefix: str = PREFIX) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str = PREFIX, *,
+                 min_replicas: int | None = None, wait_ms: int = DEFAULT_WAIT_MS,
+                 unreplicated: Callable[[str], None] | None = None) -> None:
         self.client = client
         self.prefix = prefix
-        self._acquire = client.register_script(ACQUIRE)
-        self._renew = client.register_script(RENEW)
+        self.min_replicas = min_replicas
+        self.wait_ms = wait_ms
+        self.unreplicated = unreplicated
         self._resign = client.register_script(RESIGN)
-        self._fenced_hset = client.register_script(FENCED_HSET)
         self._read = client.register_script(READ)
 
     async def aclose(self) -> None:
@@ -188,19 +225,45 @@ class RedisLeaderBackend:
                       now_wall_ms: int, timeout: float | None = None) -> int | None:
         # The server's PX, not an observation, decides that a lease is free (``seen``
         # is not needed); the server's clock, not the caller's, seeds a first fence.
-        fence = await self._run(self._acquire, list(lease_keys(name, self.prefix)),
-                                [owner, _ms(ttl_s)], timeout)
-        return None if fence is None else int(fence)
+        try:
+            fence, acked, required = await self._waited(
+                ACQUIRE, list(lease_keys(name, self.prefix)), [owner, _ms(ttl_s)], timeout)
+        except _Refused as refused:
+            self._report(name, "acquire", str(refused))
+            return None
+        if fence is None:
+            return None
+        if acked < required:
+            # Durable on the primary alone: a replica promoted now would hand this fence
+            # out again. Not acquired; the lease goes back at once (the number is spent).
+            self._report(name, "acquire", f"{acked} of {required} replicas acknowledged "
+                         f"fence {fence} within {self._wait_ms(timeout)} ms", fence=int(fence))
+            with contextlib.suppress(StoreError):
+                await self._run(self._resign, [lease_keys(name, self.prefix)[0]],
+                                [f"{owner}|{fence}"], timeout)
+            return None
+        return int(fence)
 
     async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
                     timeout: float | None = None) -> HeartbeatOutcome:
         lease, _ = lease_keys(name, self.prefix)
         try:
-            renewed = await self._run(self._renew, [lease], [f"{owner}|{fence}", _ms(ttl_s)],
-                                      timeout)
+            renewed, acked, required = await self._waited(
+                RENEW, [lease], [f"{owner}|{fence}", _ms(ttl_s)], timeout)
+        except _Refused as refused:
+            self._report(name, "renew", str(refused), fence=fence)
+            return HeartbeatOutcome.UNKNOWN
         except StoreError:
             return HeartbeatOutcome.UNKNOWN
-        return HeartbeatOutcome.RENEWED if renewed == 1 else HeartbeatOutcome.FENCED
+        if renewed != 1:
+            return HeartbeatOutcome.FENCED
+        if acked < required:
+            # The replicas may still hold the lease's previous expiry: the holder's
+            # deadline runs on from its last renewal they acknowledged.
+            self._report(name, "renew", f"{acked} of {required} replicas acknowledged the "
+                         f"renewal within {self._wait_ms(timeout)} ms", fence=fence)
+            return HeartbeatOutcome.UNKNOWN
+        return HeartbeatOutcome.RENEWED
 
     async def resign(self, name: str, owner: str, fence: int,
                      timeout: float | None = None) -> bool:
@@ -217,17 +280,86 @@ class RedisLeaderBackend:
         if not isinstance(write, HashSet):
             raise TypeError(f"Redis leader leases cannot apply {type(write).__name__}")
         _, counter = lease_keys(name, self.prefix)
-        applied = await self._run(self._fenced_hset, [counter, write.key],
-                                  [str(fence), write.field, write.value], timeout)
+        try:
+            applied, acked, required = await self._waited(
+                FENCED_HSET, [counter, write.key], [str(fence), write.field, write.value],
+                timeout)
+        except _Refused as refused:
+            self._report(name, "write", str(refused), fence=fence)
+            raise StoreUnavailable(f"redis: lease {name}: nothing written: {refused}") from None
         if applied != 1:
             raise StaleFence(f"lease {name}: fence {fence} is no longer current")
+        if acked < required:
+            why = (f"{acked} of {required} replicas acknowledged the write within "
+                   f"{self._wait_ms(timeout)} ms")
+            self._report(name, "write", why, fence=fence)
+            raise StoreUnavailable(f"redis: lease {name}: written on the primary, but {why}: "
+                                   "lost if the primary fails before it replicates")
+
+    # -- replication --------------------------------------------------------------------
+
+    async def _required(self) -> int:
+        """How many replicas must acknowledge a write now; _Refused if too few can."""
+        info = await self.client.info("replication")
+        if info.get("role") != "master":
+            raise StoreUnavailable(f"redis: the server is a {info.get('role')}, not a "
+                                   "primary: leases are written on the primary only")
+        connected = int(info.get("connected_slaves", 0))
+        if self.min_replicas is None:
+            if connected:
+                raise _Refused(f"the primary has {connected} connected replicas and "
+                               "min_replicas is not set in STREAMLEASE_LEADER_BACKEND")
+            return 0
+        if connected < self.min_replicas:
+            raise _Refused(f"{connected} replicas connected, min_replicas is "
+                           f"{self.min_replicas}")
+        return max(self.min_replicas, connected)
+
+    async def _waited(self, script: str, keys: list[str], args: list[str],
+                      timeout: float | None) -> tuple[Any, int, int]:
+        """Run ``script`` and ``WAIT`` on one connection (WAIT waits for the writes of
+        the connection it is sent on): the script's answer, the replicas that
+        acknowledged, and the replicas required."""
+        with self._translated(timeout):
+            async with asyncio.timeout(timeout):
+                required = await self._required()
+                pipe = self.client.pipeline(transaction=False)
+                pipe.eval(script, len(keys), *keys, *args)
+                if required:
+                    pipe.wait(required, self._wait_ms(timeout))
+                results = await pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, Exception):
+                with self._translated(timeout):
+                    raise result
+        return results[0], int(results[1]) if required else 0, required
+
+    def _wait_ms(self, timeout: float | None) -> int:
+        """WAIT's timeout: ``wait_ms``, and at most half the call's own timeout, so that
+        an unacknowledged write is answered as such rather than cut off unanswered."""
+        if timeout is None:
+            return self.wait_ms
+        return max(1, min(self.wait_ms, int(timeout * 500)))
+
+    def _report(self, name: str, operation: str, why: str, **fields: Any) -> None:
+        event(logging.WARNING, "leader.unreplicated",
+              f"{operation} not counted: not durable on the replicas", lease=name,
+              operation=operation, reason=why, **fields)
+        if self.unreplicated is not None:
+            self.unreplicated(operation)
 
     async def _run(self, script: AsyncScript, keys: list[str], args: list[str],
                    timeout: float | None) -> Any:
         """One script call; Redis and socket failures as ``streamlease.errors``."""
-        try:
+        with self._translated(timeout):
             async with asyncio.timeout(timeout):
                 return await script(keys=keys, args=args)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _translated(timeout: float | None) -> Iterator[None]:
+        try:
+            yield
         except TimeoutError as exc:
             raise StoreUnavailable(f"redis: no answer within {timeout} s") from exc
         except rexc.AuthenticationError as exc:
@@ -236,7 +368,7 @@ class RedisLeaderBackend:
                 rexc.MasterDownError, rexc.TryAgainError, OSError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
         except rexc.RedisError as exc:
-            if str(exc).startswith("BUSY"):  # another script is running long
+            if _BUSY.match(str(exc)):  # another script is running long
                 raise StoreUnavailable(f"redis: {exc}") from exc
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
 
@@ -257,21 +389,26 @@ def redis_target(url: str) -> RedisTarget:
 def client_for(target: RedisTarget, *, connect_timeout_s: float = 5.0,
                socket_timeout_s: float = 10.0) -> aioredis.Redis:
     """An asyncio client for ``target``. It never retries on its own: a script whose
-    answer was lost may have applied, and the lease's own loop decides what to do."""
+    answer was lost may have applied, and the lease's own loop decides what to do. Its
+    socket timeout outlasts ``WAIT``."""
     return aioredis.Redis(
         host=target.host, port=target.port, db=target.db, username=target.username,
         password=target.password, ssl=target.tls, decode_responses=True,
-        socket_connect_timeout=connect_timeout_s, socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=max(socket_timeout_s, target.wait_ms / 1000 + 5),
         retry=Retry(NoBackoff(), 0), client_name="streamlease")
 
 
 @contextlib.asynccontextmanager
-async def redis_backend(url: str | RedisTarget, *, prefix: str = PREFIX
+async def redis_backend(url: str | RedisTarget, *, prefix: str = PREFIX,
+                        unreplicated: Callable[[str], None] | None = None
                         ) -> AsyncIterator[RedisLeaderBackend]:
     """Leader leases in the Redis database ``url`` names (``redis://host:port/db``,
-    ``rediss://`` for TLS); closed on the way out."""
+    ``rediss://`` for TLS, ``?min_replicas=N&wait_ms=M`` for a primary with replicas);
+    closed on the way out. ``unreplicated(operation)`` counts each refusal."""
     target = url if isinstance(url, RedisTarget) else redis_target(url)
-    backend = RedisLeaderBackend(client_for(target), prefix)
+    backend = RedisLeaderBackend(client_for(target), prefix, min_replicas=target.min_replicas,
+                                 wait_ms=target.wait_ms, unreplicated=unreplicated)
     try:
         yield backend
     finally:

@@ -25,6 +25,11 @@ from streamlease.core.backends import RedisTarget, parse_leader_backend
     ("redis://:s3cret@127.0.0.1:6379/0", RedisTarget("127.0.0.1", 6379, 0, False, None, "s3cret")),
     ("redis://svc:p%40ss@127.0.0.1/0", RedisTarget("127.0.0.1", 6379, 0, False, "svc", "p@ss")),
     ("redis://svc@127.0.0.1/0", RedisTarget("127.0.0.1", 6379, 0, False, "svc", None)),
+    ("redis://127.0.0.1/0?min_replicas=2",
+     RedisTarget("127.0.0.1", 6379, 0, min_replicas=2, wait_ms=500)),
+    ("redis://127.0.0.1/0?min_replicas=0&wait_ms=60000",
+     RedisTarget("127.0.0.1", 6379, 0, min_replicas=0, wait_ms=60000)),
+    ("redis://127.0.0.1/0?wait_ms=1", RedisTarget("127.0.0.1", 6379, 0, wait_ms=1)),
 ])
 def test_accepted(text: str, expected: object) -> None:
     assert parse_leader_backend(text) == expected
@@ -50,9 +55,19 @@ def test_accepted(text: str, expected: object) -> None:
     ("redis://127.0.0.1/-1", "database number"),
     ("redis://127.0.0.1/0/1", "database number"),
     ("redis://127.0.0.1/2147483648", "database number"),
-    ("redis://127.0.0.1/0?ssl_cert_reqs=none", "no query or fragment"),
-    ("redis://127.0.0.1/0#x", "no query or fragment"),
-    ("redis://127.0.0.1/0?", "no query or fragment"),
+    ("redis://127.0.0.1/0?ssl_cert_reqs=none", "only min_replicas=N and wait_ms=M"),
+    ("redis://127.0.0.1/0?min_replicas", "only min_replicas=N and wait_ms=M"),
+    ("redis://127.0.0.1/0?min_replicas=1&", "only min_replicas=N and wait_ms=M"),
+    ("redis://127.0.0.1/0?min_replicas=1&min_replicas=2", "more than once"),
+    ("redis://127.0.0.1/0?min_replicas=-1", "min_replicas must be a whole number"),
+    ("redis://127.0.0.1/0?min_replicas=1001", "min_replicas must be a whole number"),
+    ("redis://127.0.0.1/0?min_replicas=", "min_replicas must be a whole number"),
+    ("redis://127.0.0.1/0?wait_ms=0", "wait_ms must be a whole number"),
+    ("redis://127.0.0.1/0?wait_ms=60001", "wait_ms must be a whole number"),
+    ("redis://127.0.0.1/0?wait_ms=1.5", "wait_ms must be a whole number"),
+    ("redis://127.0.0.1/0#x", "no fragment"),
+    ("redis://127.0.0.1/0?min_replicas=1#x", "no fragment"),
+    ("redis://127.0.0.1/0?", "empty query"),
     ("redis://127.0.0.1 /0", "spaces"),
     ("redis://127.0.0.1\\@evil/0", "backslashes"),
     ("redis://host%2eevil/0", "IP address or a DNS name"),
@@ -78,3 +93,11 @@ def test_a_password_never_shows() -> None:
         parse_leader_backend("redis://svc:hunter2@127.0.0.1:99999/0")
     assert "hunter2" not in str(caught.value)
     assert RedisTarget("::1", 6379, 0).url == "redis://[::1]:6379/0"
+
+
+def test_the_replication_settings_show_in_the_url_for_logs() -> None:
+    target = parse_leader_backend("redis://svc:hunter2@10.0.0.5/1?wait_ms=250&min_replicas=1")
+    assert isinstance(target, RedisTarget)
+    assert target.url == "redis://***@10.0.0.5:6379/1?min_replicas=1&wait_ms=250"
+    assert parse_leader_backend(target.url.replace("***@", "")) == RedisTarget(
+        "10.0.0.5", 6379, 1, min_replicas=1, wait_ms=250)

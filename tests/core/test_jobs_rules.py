@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from streamlease.core.jobs import MAX_CATCH_UP, Job, UnreadableJob, due_slots, keep_tail
+from streamlease.core.jobs import (
+    MAX_CATCH_UP,
+    Job,
+    UnreadableJob,
+    due_slots,
+    keep_tail,
+    takeover_grace_ms,
+)
+from streamlease.core.membership import MemberTimings
 from streamlease.core.schedule import (
     Schedule,
     checked,
@@ -107,6 +115,57 @@ def test_a_slot_due_in_the_hand_over_gap_runs_late_and_older_ones_are_skipped() 
     run, skipped = due_slots(job, leader_since + 300, BASE, leader_since, grace_ms=2000)
     assert run == [leader_since]  # the latest; 8 000 and 9 000 came due within the grace too
     assert skipped == [BASE + i * 1000 for i in range(1, 10)]
+
+
+@pytest.mark.parametrize("timings", [
+    MemberTimings(20, 5, 2),  # the defaults
+    MemberTimings(1, 0.3, 0.1),
+    MemberTimings(60, 2, 6),  # a long lease: observed every heartbeat/2
+    MemberTimings(8, 2.5, 0.8),  # lease/8 = 1 s < heartbeat/2
+], ids=["defaults", "short", "long-lease", "observe-by-lease"])
+def test_a_slot_due_just_after_a_dead_leaders_last_renewal_still_runs(
+        timings: MemberTimings) -> None:
+    """The old leader renewed at ``last_renewal`` and died; the slot came due a moment later.
+    The successor first receives that renewal up to one acquisition period (observation
+    interval +10 % jitter) later, takes the lease once a read sent a full lease after that
+    still shows it — up to one more period — and only then starts running jobs."""
+    period = 1.1 * timings.observe_s
+    slot = BASE + 5 * MIN  # a slot of the five-minutely job below
+    last_renewal = slot - 1_000
+    job = every(300)  # the slot before it ran under the old leader
+    worst = timings.lease_s + 2 * period
+    for took_s in (timings.lease_s, (timings.lease_s + worst) / 2, worst):
+        leader_since = last_renewal + round(took_s * 1000)
+        grace = takeover_grace_ms(timings.lease_s, timings.heartbeat_s)
+        run, skipped = due_slots(job, leader_since + 50, slot - 5 * MIN, leader_since, grace)
+        assert (run, skipped) == ([slot], []), took_s
+    # The rule keeps 0.9 heartbeat over that worst case for the calls and clock skew.
+    assert grace / 1000 >= worst + 0.9 * timings.heartbeat_s - 1e-9
+
+
+def test_a_grace_of_one_lease_skipped_the_slot_a_takeover_missed() -> None:
+    """What the runner used before (grace = one lease): the slot, due 1 s after the dead
+    leader's last renewal, fell outside it once the takeover took longer than a lease + 1 s
+    (it does: a lease plus up to two acquisition periods)."""
+    timings = MemberTimings(20, 5, 2)
+    slot = BASE + MIN  # a slot of the minutely job below
+    last_renewal = slot - 1_000
+    leader_since = last_renewal + round((timings.lease_s + 2.2 * timings.observe_s) * 1000)
+    assert due_slots(every(60), leader_since + 50, slot - 60_000, leader_since,
+                     grace_ms=20_000) == ([], [slot])
+    assert due_slots(every(60), leader_since + 50, slot - 60_000, leader_since,
+                     grace_ms=takeover_grace_ms(20, 5)) == ([slot], [])
+
+
+def test_a_slot_due_before_the_takeover_window_is_still_skipped() -> None:
+    """The window is a takeover, not a catch-up: a slot that came due longer before the
+    new leader took over than a whole takeover (no leader anywhere) is skipped."""
+    grace = takeover_grace_ms(20, 5)
+    assert grace == 30_000
+    slot = BASE + MIN
+    leader_since = slot + grace + 1_000
+    job = every(60)
+    assert due_slots(job, leader_since + 50, slot - 60_000, leader_since, grace) == ([], [slot])
 
 
 def test_slots_that_came_due_during_a_long_run_collapse_to_the_latest() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streamlease.core.membership import (
+    FenceCause,
     HeartbeatOutcome,
     Liveness,
     MemberRecord,
@@ -13,6 +14,10 @@ from streamlease.core.membership import (
     MemberStatus,
     MemberTimings,
     Observer,
+    fence_cause,
+    next_epoch,
+    raised_high_water,
+    releasable_for,
 )
 
 T = MemberTimings(lease_s=10.0, heartbeat_s=2.0, safety_margin_s=1.0)
@@ -96,3 +101,86 @@ def test_a_fenced_member_stays_fenced() -> None:
 
 def test_nothing_is_proven_before_registration() -> None:
     assert not Liveness(T, deadline=float("-inf")).may_write(0.0)
+
+
+WALL = 1_800_000_000_000
+
+
+@pytest.mark.parametrize(("current", "high_water", "wall_ms", "expected"), [
+    pytest.param(None, 0, WALL, WALL + 1, id="fresh table: above the wall clock"),
+    pytest.param(41, 0, WALL, 42, id="existing row: one up, whatever the clock"),
+    pytest.param(WALL + 5_000, 0, WALL, WALL + 5_001, id="existing row ahead of the clock"),
+    pytest.param(None, WALL + 60_000, WALL, WALL + 60_001,
+                 id="deleted row, clock a minute behind: above the high-water mark"),
+    pytest.param(None, WALL - 60_000, WALL, WALL + 1, id="high-water mark behind the clock"),
+    pytest.param(None, WALL, WALL, WALL + 1, id="mark equal to the clock"),
+    pytest.param(None, 0, 0, 1, id="clock at the epoch"),
+])
+def test_next_epoch(current: int | None, high_water: int, wall_ms: int, expected: int) -> None:
+    assert next_epoch(current, high_water, wall_ms) == expected
+
+
+@pytest.mark.parametrize(("high_water", "deleted", "expected"), [
+    pytest.param(0, 7, 7, id="first deletion"),
+    pytest.param(9, 7, 9, id="an older epoch never lowers it"),
+    pytest.param(9, 9, 9, id="equal"),
+    pytest.param(9, 12, 12, id="raised"),
+])
+def test_the_high_water_mark_never_goes_down(high_water: int, deleted: int,
+                                              expected: int) -> None:
+    assert raised_high_water(high_water, deleted) == expected
+
+
+def test_epochs_never_decrease_across_deletions_whatever_the_clocks() -> None:
+    """Register, fence, delete and re-create one id many times from machines whose clocks
+    jump back and forth by minutes: every epoch is above every earlier one."""
+    high_water, row, seen = 0, None, 0
+    clocks = [WALL, WALL - 300_000, WALL + 120_000, WALL - 900_000, WALL + 1, WALL - 1]
+    for step, clock in enumerate(clocks * 3):
+        row = next_epoch(row, high_water, clock)
+        assert row > seen
+        seen = row
+        if step % 2:  # a peer fences it, then it leaves (or the leader forgets it)
+            row += 1
+            seen = row
+            high_water = raised_high_water(high_water, row)
+            row = None
+
+
+ME = "inc-me"
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    pytest.param(None, FenceCause.GONE, id="row deleted: register again"),
+    pytest.param(MemberRecord("a", 5, 0, MemberStatus.DEAD, incarnation=ME, fenced_by="b"),
+                 FenceCause.PEER, id="a peer fenced it"),
+    pytest.param(MemberRecord("a", 5, 0, MemberStatus.DEAD, incarnation="other"),
+                 FenceCause.PEER, id="DEAD whoever registered it: a peer's fence"),
+    pytest.param(MemberRecord("a", 5, 0, MemberStatus.ACTIVE, incarnation=ME),
+                 FenceCause.OWN, id="its own registration (an answer lost)"),
+    pytest.param(MemberRecord("a", 5, 3, MemberStatus.ACTIVE, incarnation="other"),
+                 FenceCause.DUPLICATE, id="another process registered the id"),
+    pytest.param(MemberRecord("a", 5, 0, MemberStatus.DRAINING, incarnation="other"),
+                 FenceCause.DUPLICATE, id="another process, registered while draining"),
+    pytest.param(MemberRecord("a", 5, 0, MemberStatus.ACTIVE),
+                 FenceCause.DUPLICATE, id="registered by a version without nonces"),
+])
+def test_fence_cause(row: MemberRecord | None, expected: FenceCause) -> None:
+    assert fence_cause(row, ME) is expected
+
+
+@pytest.mark.parametrize(("owner", "expires", "fence", "lease_epoch", "expected"), [
+    pytest.param("a", WALL, 3, 4, True, id="leased to an older incarnation"),
+    pytest.param("a", WALL, 3, None, True, id="leased, taken before epochs were stamped"),
+    pytest.param("a", 1, 3, 4, True, id="expired but not released: the write applies"),
+    pytest.param("a", 0, 3, 4, False, id="released (expiry 0)"),
+    pytest.param("b", WALL, 3, 1, False, id="moved on to another owner"),
+    pytest.param("a", WALL, 3, 5, False, id="taken by the fenced (or a newer) incarnation"),
+    pytest.param("a", WALL, 3, 9, False, id="taken by a newer incarnation"),
+    pytest.param(None, WALL, 3, 1, False, id="no owner"),
+    pytest.param("a", None, 3, 1, False, id="no lease fields"),
+    pytest.param("a", WALL, None, 1, False, id="no fence"),
+])
+def test_releasable_for(owner: str | None, expires: int | None, fence: int | None,
+                        lease_epoch: int | None, expected: bool) -> None:
+    assert releasable_for("a", 5, owner, expires, fence, lease_epoch) is expected

@@ -14,6 +14,7 @@ from streamlease.core.stream import (
     StreamMachine,
     StreamRules,
     Verdict,
+    sink_retry_cap,
     stream_buffer_bytes,
 )
 
@@ -319,6 +320,43 @@ def test_backoff_delays_grow_to_the_cap() -> None:
     for n, delay in enumerate(delays):
         nominal = min(RULES.reconnect_cap_s, RULES.reconnect_base_s * 2**n)
         assert nominal / 2 <= delay <= nominal
+
+
+# -- sink retries ----------------------------------------------------------------------------
+
+
+def test_sink_retry_waits_grow_to_the_heartbeat_cap_and_reset_after_a_write() -> None:
+    """The cap is the member heartbeat, never the stream renewal interval (600 s)."""
+    rules_ = rules(sink_retry_base_s=0.05, sink_retry_cap_s=sink_retry_cap(5.0))
+    m = machine(10, rules_)
+    feed(m, [11])
+    m.flush()
+    waits = [m.write_failed() for _ in range(40)]
+    assert all(w is not None and w <= 5.0 for w in waits)
+    assert max(w for w in waits if w is not None) > 2.5  # it does reach the cap's scale
+    batch = m.next_batch()
+    assert batch is not None
+    m.written(batch)
+    first = m.write_failed()
+    assert first is not None and first <= 0.05  # a write that landed resets the backoff
+
+
+@pytest.mark.parametrize(("heartbeat_s", "cap_s"), [(5.0, 5.0), (0.05, 0.1), (30.0, 30.0)])
+def test_the_sink_retry_cap_is_one_heartbeat(heartbeat_s: float, cap_s: float) -> None:
+    assert sink_retry_cap(heartbeat_s) == cap_s
+
+
+def test_once_stopping_a_failed_write_is_tried_once_more_then_given_up() -> None:
+    m = machine(10, rules(batch_max_messages=2, sink_retry_base_s=0.05))
+    feed(m, [11, 12, 13])
+    assert m.write_failed() is not None  # still reading: retried with backoff
+    m.stop()
+    m.flush()
+    assert m.write_failed() == 0.05  # one more try, soon
+    assert m.write_failed() is None  # then the drain does not wait out the outage
+    assert m.give_up() == 3
+    assert m.next_batch() is None and m.held_frames == 0 and m.committed == 10
+    assert m.disconnected("closed", 1.0) is None and m.connect(2.0) is None
 
 
 # -- stalls ----------------------------------------------------------------------------------

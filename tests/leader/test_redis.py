@@ -1,6 +1,7 @@
 """The Redis leader backend against a real ``redis-server``: each Lua script's condition
 holds inside Redis, failures map to ``streamlease.errors``, ``job write`` items map to a
-hash, and what a server restart does to leases and fences, with and without AOF."""
+hash, what a server restart does to leases and fences, with and without AOF, and that
+a failover to a replica never hands the same fence out twice."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +23,9 @@ import redis.asyncio as aioredis
 from streamlease.core.membership import HeartbeatOutcome
 from streamlease.errors import StaleFence, StoreError, StoreUnavailable
 from streamlease.leader import HashSet, LeaderLease, PutItem, Transaction
+from streamlease.metrics import Metrics
 from streamlease.store.redis_leader import (
+    WAITED_OPERATIONS,
     RedisLeaderBackend,
     client_for,
     hash_set_for_item,
@@ -29,7 +33,7 @@ from streamlease.store.redis_leader import (
     redis_backend,
     redis_target,
 )
-from tests.redisserver import RedisServer
+from tests.redisserver import Link, RedisServer, replica_of
 
 NOW = 1_800_000_000_000
 T = TypeVar("T")
@@ -514,7 +518,8 @@ async def test_the_scripts_effects_not_the_scripts_go_to_replicas_and_the_aof(
     never the script to run again against another clock."""
     primary = make_server(aof=True, extra=("--repl-diskless-sync-delay", "0"))
     replica = make_server(aof=False, extra=("--replicaof", "127.0.0.1", str(primary.port)))
-    async with redis_backend(primary.url) as impl, redis_backend(replica.url) as copy:
+    async with redis_backend(primary.url + "?min_replicas=1") as impl, \
+            redis_backend(replica.url) as copy:
         await poll(lambda: copy.client.info("replication"),
                    lambda info: info.get("master_link_status") == "up", timeout=20)
         fence = await impl.acquire("fleet", "a", 60, None, NOW)
@@ -528,3 +533,169 @@ async def test_the_scripts_effects_not_the_scripts_go_to_replicas_and_the_aof(
     log = b"".join(p.read_bytes() for p in (primary.directory / "appendonlydir").glob("*.aof"))
     assert str(fence).encode() in log and b"PXAT" in log
     assert b"EVAL" not in log.upper() and b"TIME" not in log
+
+
+# -- replicas and failover --------------------------------------------------------------
+
+
+@dataclass
+class Pair:
+    primary: RedisServer
+    replica: RedisServer
+    link: Link  # the replica's connection to the primary
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    """A primary and one replica of it (through a relay the test can hold or cut),
+    caught up; both servers stopped at the end, whatever the test did to them."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    primary = RedisServer(tmp_path / "primary", aof=False,
+                          extra=("--repl-diskless-sync-delay", "0"))
+    primary.start()
+    link = Link(primary.port)
+    try:
+        replica = replica_of(primary, tmp_path / "replica", via=link)
+        try:
+            yield Pair(primary, replica, link)
+        finally:
+            replica.close()
+    finally:
+        link.close()
+        primary.close()
+    assert primary.proc is None and replica.proc is None
+
+
+def unreplicated(metrics: Metrics) -> dict[str, float]:
+    return {op: metrics.registry.get_sample_value(
+        "streamlease_leader_unreplicated_total", {"operation": op}) or 0.0
+        for op in WAITED_OPERATIONS}
+
+
+async def lapsed(backend: RedisLeaderBackend, name: str) -> None:
+    await poll(lambda: backend.read(name), lambda record: record is None)
+
+
+async def test_after_a_failover_the_promoted_replica_hands_out_a_higher_fence(
+        pair: Pair) -> None:
+    primary, replica = pair.primary, pair.replica
+    name = "fleet"
+    lease, counter = lease_keys(name)
+    metrics = Metrics()
+    url = primary.url + "?min_replicas=1&wait_ms=5000"
+    async with redis_backend(url, unreplicated=metrics.leader_unreplicated) as a:
+        fence = await a.acquire(name, "a", 1.0, None, NOW)
+        assert fence is not None
+        # WAIT was acknowledged: the replica holds the fence already, without waiting.
+        assert replica.command("GET", counter) == str(fence)
+        assert replica.command("GET", lease) == f"a|{fence}"
+        assert await a.renew(name, "a", fence, 1.0, NOW) is HeartbeatOutcome.RENEWED
+        await a.fenced_write(name, fence, HashSet("runs", "a", str(fence)))
+        assert replica.command("HGET", "runs", "a") == str(fence)
+    assert unreplicated(metrics) == {"acquire": 0, "renew": 0, "write": 0}
+
+    primary.stop(signal.SIGKILL)  # the primary dies at once; nothing more reaches anyone
+    replica.promote()
+    # The replica is a standalone primary now: the default URL (no replicas) applies.
+    async with redis_backend(replica.url) as b, redis_backend(replica.url) as a_after:
+        await lapsed(b, name)  # A's lease, as replicated, runs out on the new primary
+        new = await b.acquire(name, "b", 60, None, NOW)
+        assert new is not None and new > fence
+        # A, reconnected to the new primary, is fenced out; B writes.
+        assert await a_after.renew(name, "a", fence, 60, NOW) is HeartbeatOutcome.FENCED
+        with pytest.raises(StaleFence):
+            await a_after.fenced_write(name, fence, HashSet("runs", "a-late", str(fence)))
+        await b.fenced_write(name, new, HashSet("runs", "b", str(new)))
+        assert await b.client.hgetall("runs") == {"a": str(fence), "b": str(new)}
+
+
+async def test_an_acquisition_the_replica_does_not_acknowledge_is_refused(
+        pair: Pair) -> None:
+    """The failure the WAIT guards against: partitioned from its primary (connected, but
+    silent), the replica never receives the primary's increment, and once promoted hands
+    that same number out again. The candidate on the old primary was refused it, so the
+    number still goes to one leader only."""
+    primary, replica = pair.primary, pair.replica
+    name = "fleet"
+    lease, counter = lease_keys(name)
+    metrics = Metrics()
+    url = primary.url + "?min_replicas=1&wait_ms=300"
+    async with redis_backend(url, unreplicated=metrics.leader_unreplicated) as a:
+        earlier = await a.acquire(name, "z", 60, None, NOW)
+        assert earlier is not None and await a.resign(name, "z", earlier)
+        replica.wait_replicating(primary)
+        pair.link.hold()
+        assert await a.acquire(name, "a", 60, None, NOW) is None
+        assert unreplicated(metrics) == {"acquire": 1, "renew": 0, "write": 0}
+        # The number was spent on the primary, and the lease given back at once.
+        spent = int(await a.client.get(counter))
+        assert spent == earlier + 1
+        assert await a.client.exists(lease) == 0
+
+    primary.stop(signal.SIGKILL)
+    pair.link.cut()  # what was in flight to the replica is lost with the primary
+    replica.promote()
+    assert replica.command("GET", counter) == str(earlier)  # the increment never arrived
+    async with redis_backend(replica.url) as b:
+        # The promoted replica's next fence is the very number A was refused: had A
+        # been given it, two leaders would now hold the same fence.
+        assert await b.acquire(name, "b", 60, None, NOW) == spent
+        with pytest.raises(StaleFence):
+            await b.fenced_write(name, earlier, HashSet("runs", "z", "late"))
+        await b.fenced_write(name, spent, HashSet("runs", "b", "1"))
+
+
+async def test_an_unacknowledged_renewal_is_unknown_and_a_write_unconfirmed(
+        pair: Pair) -> None:
+    primary, replica = pair.primary, pair.replica
+    name = lease_name()
+    metrics = Metrics()
+    url = primary.url + "?min_replicas=1&wait_ms=300"
+    async with redis_backend(url, unreplicated=metrics.leader_unreplicated) as a:
+        fence = await a.acquire(name, "a", 60, None, NOW)
+        assert fence is not None
+        pair.link.hold()
+        try:
+            assert await a.renew(name, "a", fence, 60, NOW) is HeartbeatOutcome.UNKNOWN
+            with pytest.raises(StoreUnavailable, match="0 of 1 replicas acknowledged"):
+                await a.fenced_write(name, fence, HashSet(f"t-{name}", "k", "v"))
+            # A stale fence is still StaleFence, whatever the replicas do.
+            with pytest.raises(StaleFence):
+                await a.fenced_write(name, fence - 1, HashSet(f"t-{name}", "k", "x"))
+            # Written on the primary (the outcome the caller was told is unknown).
+            assert await a.client.hget(f"t-{name}", "k") == "v"
+        finally:
+            pair.link.release()
+        assert unreplicated(metrics) == {"acquire": 0, "renew": 1, "write": 1}
+        replica.wait_replicating(primary)
+        assert await a.renew(name, "a", fence, 60, NOW) is HeartbeatOutcome.RENEWED
+        await a.fenced_write(name, fence, HashSet(f"t-{name}", "k", "w"))
+        assert replica.command("HGET", f"t-{name}", "k") == "w"
+
+
+async def test_replicas_without_min_replicas_or_too_few_are_refused_before_any_write(
+        pair: Pair) -> None:
+    primary = pair.primary
+    name = lease_name()
+    lease, counter = lease_keys(name)
+    for query in ("", "?min_replicas=2"):
+        metrics = Metrics()
+        async with redis_backend(primary.url + query,
+                                 unreplicated=metrics.leader_unreplicated) as impl:
+            assert await impl.acquire(name, "a", 60, None, NOW) is None
+            assert await impl.renew(name, "a", 1, 60, NOW) is HeartbeatOutcome.UNKNOWN
+            with pytest.raises(StoreUnavailable, match="nothing written"):
+                await impl.fenced_write(name, 1, HashSet(f"t-{name}", "k", "v"))
+            assert await impl.client.exists(lease, counter, f"t-{name}") == 0
+        assert unreplicated(metrics) == {"acquire": 1, "renew": 1, "write": 1}
+    # min_replicas=0: every connected replica, and only those, must acknowledge.
+    async with redis_backend(primary.url + "?min_replicas=0") as impl:
+        assert await impl.acquire(name, "a", 60, None, NOW) is not None
+
+
+async def test_a_replica_is_not_written_to(pair: Pair) -> None:
+    replica = pair.replica
+    async with redis_backend(replica.url + "?min_replicas=0") as impl:
+        with pytest.raises(StoreUnavailable, match="not a primary"):
+            await impl.acquire(lease_name(), "a", 60, None, NOW)

@@ -72,7 +72,8 @@ def test_every_alert_has_severity_summary_and_a_runbook_in_the_readme() -> None:
                 "StreamleaseLeaderFlapping", "StreamleaseNoLeader", "StreamleaseSeveralLeaders",
                 "StreamleaseJobFailed", "StreamleaseJobSlotSkipped",
                 "StreamleaseJobRunInterrupted", "StreamleaseJobStartLate",
-                "StreamleaseStreamStalled", "StreamleaseJobUnreadable", "StreamleaseTaskCrashed"}
+                "StreamleaseStreamStalled", "StreamleaseJobUnreadable",
+                "StreamleaseDuplicateWorkerId", "StreamleaseTaskCrashed"}
     assert {r["alert"] for r in rules()} == expected
     for rule in rules():
         assert rule["labels"]["severity"] in ("critical", "warning")

@@ -97,3 +97,42 @@ async def test_held_stopped_finds_only_stopped_streams_still_held(stores: Stores
     checked = await leases.check("running")
     assert checked is not None and checked.lease_owner == "a"
     assert await leases.check("missing") is None
+
+
+async def test_a_row_recreated_by_a_clock_behind_still_gets_a_higher_epoch(
+        stores: Stores) -> None:
+    """A worker with a clock running ahead registers, is fenced, and leaves; the same id
+    registers again from a machine whose clock is ten minutes behind: the epoch still
+    moves forward (the deletion raised the high-water mark first)."""
+    fleet = stores.fleet
+    ahead, behind = NOW + 600_000, NOW - 600_000
+    first = await fleet.register("a", 100, ahead)
+    second = await fleet.register("a", 100, behind)  # the row exists: one up
+    assert second.epoch == first.epoch + 1
+    assert await fleet.leave("a", second.epoch) is True
+    again = await fleet.register("a", 100, behind)
+    assert again.epoch > second.epoch
+    # The leader forgets a dead, released row: the same rule.
+    (seen,) = [m for m in await fleet.members() if m.worker_id == "a"]
+    fenced = await fleet.fence(seen, "b", behind)
+    assert fenced is not None
+    assert await fleet.leave("a", fenced.epoch) is True
+    latest = await fleet.register("a", 100, behind - 600_000)
+    assert latest.epoch > fenced.epoch
+    # The high-water mark is no member; another id's new row starts above it too.
+    assert [m.worker_id for m in await fleet.members()] == ["a"]
+    other = await fleet.register("b", 100, behind)
+    assert other.epoch > fenced.epoch
+
+
+async def test_rows_name_their_incarnation_and_their_fencer(stores: Stores) -> None:
+    fleet = stores.fleet
+    mine = await fleet.register("a", 100, NOW, incarnation="one")
+    assert mine.incarnation == "one" and mine.fenced_by is None
+    (seen,) = await fleet.members()
+    fenced = await fleet.fence(seen, "peer-b", NOW + 1)
+    assert fenced is not None and fenced.fenced_by == "peer-b"
+    theirs = await fleet.register("a", 100, NOW + 2, incarnation="two")
+    (row,) = await fleet.members()
+    assert (row.epoch, row.incarnation, row.fenced_by) == (theirs.epoch, "two", None)
+    assert row.status is MemberStatus.ACTIVE

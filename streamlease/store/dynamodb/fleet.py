@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
@@ -11,6 +12,8 @@ from streamlease.store.codec import s
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
 from streamlease.store.protocols import HeartbeatResult
 
+REGISTER_ATTEMPTS = 5
+
 
 class DynamoFleetStore(DynamoTable):
     def __init__(self, client: DynamoClient, table: str) -> None:
@@ -19,15 +22,34 @@ class DynamoFleetStore(DynamoTable):
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
                        status: MemberStatus = MemberStatus.ACTIVE,
-                       timeout: float | None = None) -> MemberRecord:
-        expr = fleetcodec.register_expr(capacity, now_wall_ms, status)
-        resp = await self._call("update_item", timeout, TableName=self.table,
-                                Key=fleetcodec.member_key(worker_id), ReturnValues="ALL_NEW",
-                                **expr.update_kwargs())
-        record = fleetcodec.decode_member(resp["Attributes"])
-        if record is None:
-            raise StoreError(f"registering {worker_id} returned an unreadable member row")
-        return record
+                       timeout: float | None = None, incarnation: str = "") -> MemberRecord:
+        # Usually one write (the row exists). A missing row costs a failed write, a
+        # consistent read of the high-water mark and the create; a row deleted or created
+        # concurrently fails a condition and the loop goes round again.
+        high_water: int | None = None  # None: move an existing row on
+        for _ in range(REGISTER_ATTEMPTS):
+            expr = fleetcodec.register_expr(capacity, now_wall_ms, status, incarnation,
+                                            high_water)
+            try:
+                resp = await self._call("update_item", timeout, TableName=self.table,
+                                        Key=fleetcodec.member_key(worker_id),
+                                        ReturnValues="ALL_NEW", **expr.update_kwargs())
+            except ConditionFailed:
+                # No row to move on: create one above the mark. A row that appeared
+                # meanwhile: move it on.
+                high_water = await self._high_water(timeout) if high_water is None else None
+                continue
+            record = fleetcodec.decode_member(resp["Attributes"])
+            if record is None:
+                raise StoreError(f"registering {worker_id} returned an unreadable member row")
+            return record
+        raise StoreError(f"registering {worker_id}: its row kept changing under "
+                         f"{REGISTER_ATTEMPTS} attempts")
+
+    async def _high_water(self, timeout: float | None) -> int:
+        resp = await self._call("get_item", timeout, TableName=self.table,
+                                Key=fleetcodec.high_water_key(), ConsistentRead=True)
+        return fleetcodec.decode_high_water(resp.get("Item"))
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,
@@ -85,6 +107,12 @@ class DynamoFleetStore(DynamoTable):
         return True
 
     async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+        # The high-water mark first: a row is never gone before its epoch is recorded (a
+        # crash in between leaves a mark above a live row, which costs nothing).
+        raise_mark = fleetcodec.high_water_expr(epoch)
+        with contextlib.suppress(ConditionFailed):  # the mark is already that high
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=fleetcodec.high_water_key(), **raise_mark.update_kwargs())
         expr = fleetcodec.leave_condition(epoch)
         try:
             await self._call("delete_item", timeout, TableName=self.table,
