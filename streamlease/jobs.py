@@ -105,7 +105,7 @@ class JobRunner:
                         last_slot[job.name] = due[0]
                         task = asyncio.create_task(self._run_slot(job, due[0], lease, stop))
                         running[job.name] = task
-                        task.add_done_callback(_ended(running, job.name, wake))
+                        task.add_done_callback(_ended(running, job.name, wake, self.metrics))
                         continue
                     upcoming = job.schedule.next_slot(max(now_ms, last_slot[job.name] or 0))
                     next_due = upcoming if next_due is None else min(next_due, upcoming)
@@ -314,11 +314,17 @@ class JobRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _ended(running: dict[str, asyncio.Task[None]], name: str,
-           wake: asyncio.Event) -> Callable[[asyncio.Task[None]], None]:
+def _ended(running: dict[str, asyncio.Task[None]], name: str, wake: asyncio.Event,
+           metrics: Metrics) -> Callable[[asyncio.Task[None]], None]:
     def callback(task: asyncio.Task[None]) -> None:
         running.pop(name, None)
         wake.set()
+        # The slot's run records its own outcome; anything it raised is a bug: read it
+        # here, so it is logged and counted rather than lost with the task.
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            metrics.task_crashed("jobs")
+            event(logging.ERROR, "job.run_crashed", "a job run failed unexpectedly", job=name,
+                  error=repr(exc))
     return callback
 
 

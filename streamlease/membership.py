@@ -141,6 +141,7 @@ class Membership:
         self._strained_until = 0.0  # heartbeats slow or unanswered until then
         self._unreleased_since: dict[tuple[str, int], float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # takeovers in flight
+        self._tg: asyncio.TaskGroup | None = None  # the membership's scope while it runs
 
     @property
     def me(self) -> str:
@@ -208,8 +209,10 @@ class Membership:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
+            self._tg = tg
             tg.create_task(self._heartbeat_loop(), name="member heartbeat")
             tg.create_task(self._observe_loop(), name="member observe")
+        self._tg = None
 
     # -- heartbeat ------------------------------------------------------------------------
 
@@ -225,6 +228,7 @@ class Membership:
                 delay = await self._beat()
             except Exception:
                 # The heartbeat loop must outlive any surprise; the deadline still rules.
+                self.metrics.task_crashed("membership")
                 event(logging.ERROR, "member.heartbeat_crashed", "member heartbeat crashed",
                       exc_info=True)
                 delay = self.timings.heartbeat_s / 4
@@ -338,6 +342,7 @@ class Membership:
                 event(logging.WARNING, "member.observe_failed", "cannot read the fleet",
                       error=str(exc))
             except Exception:
+                self.metrics.task_crashed("membership")
                 event(logging.ERROR, "member.observe_crashed", "observing the fleet crashed",
                       exc_info=True)
             # A strained store (this worker's own heartbeats slow or unanswered) is read
@@ -378,9 +383,22 @@ class Membership:
         return first == self.me or now - takeover.since >= self.timings.lease_s / 4
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.ensure_future(coro)
+        """A takeover (fence a dead member, release its streams) in the membership's own
+        scope: cancelled on stop, its failure logged and counted, never lost."""
+        if self._tg is None:
+            coro.close()
+            return
+        task = self._tg.create_task(self._guarded(coro))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, coro: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await coro
+        except Exception:
+            self.metrics.task_crashed("membership")
+            event(logging.ERROR, "member.takeover_crashed", "a takeover task failed",
+                  exc_info=True)
 
     async def _take_over(self, seen: MemberRecord) -> None:
         key = seen.worker_id

@@ -344,3 +344,23 @@ async def test_a_slot_due_during_a_takeover_from_a_dead_leader_runs_exactly_once
     assert (metrics.registry.get_sample_value("streamlease_job_slots_skipped_total") or 0) == 0
     started = [r for r in caplog.records if getattr(r, "sl_event", "") == "job.started"]
     assert len(started) == (0 if old_ran_the_slot else 1)
+
+
+async def test_a_job_run_that_raises_is_read_and_counted() -> None:
+    from streamlease.jobs import _ended
+
+    metrics = Metrics()
+    running: dict[str, asyncio.Task[None]] = {}
+    wake = asyncio.Event()
+
+    async def broken() -> None:
+        raise RuntimeError("a bug in a slot run")
+
+    task = asyncio.create_task(broken())
+    running["nightly"] = task
+    task.add_done_callback(_ended(running, "nightly", wake, metrics))
+    await asyncio.wait({task})
+    await asyncio.sleep(0)
+    assert wake.is_set() and "nightly" not in running
+    assert metrics.registry.get_sample_value("streamlease_task_crashed_total",
+                                             {"task": "jobs"}) == 1

@@ -325,3 +325,25 @@ async def test_the_superseded_worker_stops_its_streams_and_exits_2(
     assert row.incarnation == second.incarnation
     record = await memory.get("s1")
     assert record is not None and record.lease_expires_at_ms == 0
+
+
+async def test_a_failing_takeover_task_is_logged_counted_and_the_member_goes_on() -> None:
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    calls = Calls()
+    one = member(store, "w1", calls)
+    await one.register()
+    task = asyncio.create_task(one.run())
+    await asyncio.sleep(0.1)
+
+    async def broken() -> None:
+        raise RuntimeError("a bug in a takeover")
+
+    one._spawn(broken())
+    beats = store.count("heartbeat")
+    await asyncio.sleep(2 * T.heartbeat_s)
+    assert one.metrics.registry.get_sample_value(
+        "streamlease_task_crashed_total", {"task": "membership"}) == 1
+    assert store.count("heartbeat") > beats and not task.done()
+    one.stop()
+    await asyncio.wait_for(task, 5)
