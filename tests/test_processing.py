@@ -121,6 +121,21 @@ async def test_a_stale_holder_cannot_checkpoint() -> None:
     assert (await store.get("a")).last_seq is None  # type: ignore[union-attr]
 
 
+async def test_a_destination_that_knows_a_newer_fence_stops_the_tenure_at_once() -> None:
+    store = MemoryStore()
+    got = await held(store)
+
+    class Fenced(Recorder):
+        async def process(self, batch: Sequence[Message], ctx: Context) -> None:
+            raise StaleFence("the receiver has seen a newer fence")
+
+    out = ProcessorSink(lambda: Fenced([]), store, Metrics(), ProcessingSettings("http", 5))
+    await out.open(got.tenure, got.record)
+    with pytest.raises(StaleFence):
+        await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+    assert (await store.get("a")).last_seq is None  # type: ignore[union-attr]
+
+
 async def test_a_failing_batch_is_retried_then_the_stream_gives_up() -> None:
     store = MemoryStore()
     got = await held(store)
