@@ -92,14 +92,25 @@ async def test_a_python_processor_hears_start_process_and_stop_reasons(
            "RECORDING_DIR": str(rec), "PYTHONPATH": str(ROOT)}
     fleet = await make_fleet(streams=4, rate=20, env=env).start(workers=2)
     await settle(fleet)
-    await fleet.store.set_state("s001", "STOPPED")  # type: ignore[union-attr]
 
     def stops(sid: str) -> list[str]:
         return [line["reason"] for line in lines(rec / f"{sid}.jsonl") if line["call"] == "stop"]
 
-    async def stopped_heard() -> bool:
-        return "stopped" in stops("s001")
-    await wait_until(stopped_heard, 15, "s001's processor heard stopped")
+    # A worker that self-fences on a loaded machine stops its streams as "lost"; if that
+    # happens just as s001 is flipped, it is flipped again once served (up to three times).
+    assert fleet.store is not None
+    for _ in range(3):
+        seen = len(stops("s001"))
+        await fleet.store.set_state("s001", "STOPPED")
+
+        async def ended() -> bool:
+            return len(stops("s001")) > seen or not await fleet.all_owned(ids=["s001"])
+        await wait_until(ended, 15, "s001's tenure ended")
+        if stops("s001")[-1:] == ["stopped"]:
+            break
+        await fleet.store.set_state("s001", "STARTED")
+        await wait_until(lambda: fleet.all_owned(ids=["s001"]), 15, "s001 held again")
+    assert stops("s001")[-1] == "stopped", stops("s001")
     for name, worker in fleet.workers.items():
         worker.proc.popen.send_signal(signal.SIGTERM)
         assert worker.proc.popen.wait(30) == 0, name
