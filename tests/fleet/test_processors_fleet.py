@@ -103,7 +103,7 @@ async def test_a_python_processor_hears_start_process_and_stop_reasons(
         seen = len(stops("s001"))
         await fleet.store.set_state("s001", "STOPPED")
 
-        async def ended() -> bool:
+        async def ended(seen: int = seen) -> bool:
             return len(stops("s001")) > seen or not await fleet.all_owned(ids=["s001"])
         await wait_until(ended, 15, "s001's tenure ended")
         if stops("s001")[-1:] == ["stopped"]:
