@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from streamlease.core.frames import Frame
 from streamlease.core.model import EventMark, StreamRecord, Tenure
-from streamlease.errors import ProcessorFailed, SinkGaveUp, StaleFence
+from streamlease.errors import ProcessorFailed, SinkConflict, SinkGaveUp, StaleFence
 from streamlease.logs import event
 from streamlease.metrics import Metrics
 from streamlease.processor import Context, Message, Processor, ProcessorFactory
@@ -108,8 +108,10 @@ class ProcessorSink:
         batch = messages(frames)
         try:
             await entry.processor.process(batch, ctx)
-        except StaleFence:
-            raise  # the destination knows a newer fence: this tenure stops, no retry
+        except (StaleFence, SinkConflict):
+            # The destination knows a newer fence, or its checkpoint is not where this
+            # tenure left it: retrying cannot help; the tenure stops now.
+            raise
         except Exception as exc:
             await self._failed(entry, tenure, batch, exc)
         entry.failing, entry.attempts = None, 0

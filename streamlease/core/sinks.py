@@ -97,10 +97,10 @@ def parse_sink(text: str) -> SinkSpec:
 
 
 def parse_dead_letter(text: str) -> SinkSpec:
-    """A dead-letter destination: any sink but ``dynamodb`` (the events table takes only
-    delivered messages, under their checkpoint)."""
+    """A dead-letter destination: any sink but the exactly-once ones (``dynamodb`` and
+    ``postgres`` take only delivered messages, under their own checkpoint)."""
     spec = parse_sink(text)
-    if spec.kind == "dynamodb":
-        raise ValueError("the dynamodb sink cannot be a dead-letter destination; use "
+    if spec.exactly_once:
+        raise ValueError(f"the {spec.kind} sink cannot be a dead-letter destination; use "
                          "another sink URL")
     return spec

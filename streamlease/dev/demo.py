@@ -44,6 +44,7 @@ from types import FrameType
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.model import StreamRecord
 from streamlease.core.roster import FleetRead, MemberReport, report
+from streamlease.core.sinks import parse_sink
 from streamlease.dev import local_aws_env
 from streamlease.dev.procs import Child, Interrupted, stop_all
 from streamlease.errors import StreamleaseError
@@ -173,7 +174,8 @@ class Demo:
     def start_worker(self) -> None:
         self.counter += 1
         name = f"worker-{self.counter}"
-        env = {**self.env, **TIMINGS, "STREAMLEASE_WORKER_ID": name}
+        env = {**self.env, **TIMINGS, "STREAMLEASE_WORKER_ID": name,
+               "STREAMLEASE_SINK": self.args.sink}
         self.workers[name] = self.child(name, self.python("run"), env, signal.SIGKILL)
         self.note(f"started {name}")
 
@@ -486,7 +488,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--headless", action="store_true",
                         help="one summary line a second instead of the live table")
     parser.add_argument("--log-dir", default=".run", help="worker and server logs")
+    parser.add_argument("--sink", default="dynamodb",
+                        help="where the workers deliver (STREAMLEASE_SINK): dynamodb (the "
+                             "events table), file:///DIR, stdout (into each worker's log), "
+                             "python:MODULE:ATTR, ...")
     args = parser.parse_args(argv)
+    try:
+        parse_sink(args.sink)
+    except ValueError as exc:
+        parser.error(f"--sink: {exc}")
     if not 1 <= args.workers <= 20 or not 1 <= args.streams <= 200 or args.rate <= 0:
         parser.error("--workers 1-20, --streams 1-200 and a positive --rate")
     stop = StopRequest()
