@@ -227,6 +227,11 @@ class PostgresProcessor:
         if self.stopped:
             raise StaleFence(f"stream {ctx.stream_id}: the tenure of fence {ctx.fence} "
                              "has ended")
+        if ctx.failure is not None:
+            # Dead-lettered batches have no place in a table whose checkpoint is the
+            # stream's: the batch then fails with this, and the stream stops saying so.
+            raise ConfigError([f"{SETTING}: the postgres output cannot be a dead-letter "
+                               "destination (STREAMLEASE_DEAD_LETTER); use another output"])
         first, last = batch[0].seq, batch[-1].seq
         async with self._acquire() as conn, conn.transaction():
             row = await conn.fetchrow(self._lock, ctx.stream_id)

@@ -230,6 +230,18 @@ async def test_stopped_after_lost_writes_nothing(pg: Pg) -> None:
     assert await pg.checkpoint("s1") == (1, 0)
 
 
+async def test_it_refuses_to_be_a_dead_letter_destination(pg: Pg) -> None:
+    async with output(parse_sink(pg.url)) as factory:
+        proc = factory()
+        c = ctx("s1", 1)
+        await proc.start(c)
+        c.failure = "ProcessorFailed: boom"
+        with pytest.raises(ConfigError, match="dead-letter"):
+            await proc.process(batch(1, 1), c)
+    assert await pg.rows("s1") == []
+    assert await pg.checkpoint("s1") == (1, 0)
+
+
 async def test_workers_starting_together_create_the_tables_once(pg: Pg) -> None:
     spec = parse_sink(pg.url + "&pool_max=2&timeout=5")
     async with output(spec) as f1, output(spec) as f2:
