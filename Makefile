@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: run test lint typecheck pytest promtool faketime redis bench loadtest lock clean
+.PHONY: run test lint typecheck pytest promtool faketime redis postgres bench loadtest lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -39,9 +39,10 @@ typecheck: $(STAMP)
 # TERRAFORM=path) and a filesystem mirror of hashicorp/aws 5.x (TERRAFORM_PROVIDER_MIRROR=dir,
 # else /opt/tf-plugins, ~/.terraform.d/plugins, ...). init, validate and test run in a
 # temporary copy of terraform/; without either, those tests skip and say why.
-# REQUIRE_REDIS_SERVER: the Redis tests fail, not skip, if redis-server is missing.
-pytest: $(STAMP) $(CHECKOV_STAMP) promtool faketime redis
-	REQUIRE_REDIS_SERVER=1 $(BIN)/pytest $(PYTEST_ARGS)
+# REQUIRE_REDIS_SERVER: the Redis tests fail, not skip, if redis-server is missing;
+# REQUIRE_POSTGRES: the same for the PostgreSQL output's tests and initdb/postgres.
+pytest: $(STAMP) $(CHECKOV_STAMP) promtool faketime redis postgres
+	REQUIRE_REDIS_SERVER=1 REQUIRE_POSTGRES=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 # The alert rule tests need promtool, from Debian's prometheus package.
 promtool:
@@ -64,6 +65,20 @@ redis:
 		echo "installing redis-server (Debian package redis-server)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+
+# The PostgreSQL output's tests start a private server (Debian package postgresql: initdb and
+# postgres under /usr/lib/postgresql/VERSION/bin), installed here when root on Debian; the
+# system cluster the package may start is stopped again (the tests run their own).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing PostgreSQL (Debian package postgresql)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq --no-install-recommends postgresql >/dev/null && \
+			{ service postgresql stop >/dev/null 2>&1 || :; }; \
+		else \
+			echo "PostgreSQL's initdb is missing: install the postgresql package"; exit 1; \
+		fi; }
 
 # Benchmarks: print figures; only the load test's correctness figures can fail it.
 bench: $(STAMP)
