@@ -24,8 +24,9 @@ $(CHECKOV_STAMP): requirements-checkov.lock
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements-checkov.lock
 	touch $(CHECKOV_STAMP)
 
+# `make run SINK=file:///tmp/out` delivers to that sink instead of the events table.
 run: $(STAMP)
-	$(BIN)/python -m streamlease.dev.demo $(ARGS)
+	$(BIN)/python -m streamlease.dev.demo $(if $(SINK),--sink '$(SINK)') $(ARGS)
 
 test: $(STAMP) lint typecheck pytest
 
