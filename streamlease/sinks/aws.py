@@ -25,8 +25,9 @@ acknowledged every record of the batch; otherwise it raises and the worker retri
   content.
 
 A record too large for the service raises ``RecordTooLarge`` before anything of the batch
-is sent: the worker retries it, then dead-letters it or stops the stream. This module is
-the only sink code that imports botocore; its errors leave as ``AwsOutputError``.
+is sent: the worker retries it, then dead-letters it or stops the stream. botocore's
+errors do not leave this module: they are raised as ``AwsOutputError`` (operation, AWS
+error code and message; never a payload).
 """
 
 from __future__ import annotations
