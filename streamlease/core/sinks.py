@@ -64,6 +64,13 @@ def parse_sink(text: str) -> SinkSpec:
             raise ValueError("python sinks are written python:MODULE:ATTR "
                              "(e.g. python:mypackage.sinks:make)")
         return SinkSpec("python", raw, names[1], names[2])
+    for scheme in ("kinesis", "sqs"):
+        if raw.lower().startswith(f"{scheme}://"):
+            # A name or an ARN (whose colons are not a host and port).
+            name = raw[len(scheme) + 3:].rstrip("/")
+            if not name or not _NAME.match(name):
+                raise ValueError(f"{scheme}:// needs a stream or queue name (or ARN)")
+            return SinkSpec(scheme, raw, name)
     try:
         parts = urlsplit(raw)
         _ = parts.port  # a malformed port is refused here, not when the sink dials
@@ -78,11 +85,6 @@ def parse_sink(text: str) -> SinkSpec:
         if not parts.hostname:
             raise ValueError("a webhook URL needs a host")
         return SinkSpec("http", raw, parts.hostname)
-    if scheme in ("kinesis", "sqs"):
-        name = parts.netloc + parts.path.rstrip("/")
-        if not name or not _NAME.match(name):
-            raise ValueError(f"{scheme}:// needs a stream or queue name (or ARN)")
-        return SinkSpec(scheme, raw, name)
     if scheme == "s3":
         if not parts.netloc:
             raise ValueError("s3:// needs a bucket: s3://BUCKET/PREFIX")
