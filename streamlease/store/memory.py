@@ -19,7 +19,7 @@ from typing import Any
 
 from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
-from streamlease.core.leadership import LeaderRecord, initial_fence
+from streamlease.core.leadership import LeaderRecord, next_fence, raised_fence_mark
 from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
 from streamlease.core.membership import (
     HeartbeatOutcome,
@@ -63,6 +63,7 @@ class MemoryStore:
         self.members_by_id: dict[str, MemberRecord] = {}
         self.epoch_high_water = 0  # the highest epoch any deleted member row carried
         self.leaders: dict[str, LeaderRecord] = {}
+        self.leader_fence_marks: dict[str, int] = {}  # lease name -> highest fence handed out
         self.jobs: dict[str, Job] = {}
         self.runs: dict[tuple[str, str], JobRun] = {}
         self.written: dict[str, dict[str, Any]] = {}  # fenced writes: table/key -> key -> item
@@ -389,9 +390,14 @@ class MemoryLeader:
             ok = old is not None and old.key == seen.key
         if not ok:
             return None
-        fence = old.fence + 1 if old is not None else initial_fence(now_wall_ms)
+        # As on DynamoDB: the fence moves past the lease's own and its high-water mark
+        # (kept apart from the record, so it survives the record's loss), and the mark
+        # is raised to it in the same step.
+        mark = self.store.leader_fence_marks.get(name, 0)
+        fence = next_fence(old.fence if old is not None else None, mark, now_wall_ms)
         self.store.leaders[name] = LeaderRecord(name, owner, fence, 0,
                                           now_wall_ms + round(ttl_s * 1000))
+        self.store.leader_fence_marks[name] = raised_fence_mark(mark, fence)
         return fence
 
     async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
