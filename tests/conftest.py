@@ -27,8 +27,10 @@ from tests.fleet.harness import INDEX_LAG_JITTER_MS, INDEX_LAG_MS, Fleet, dynamo
 from tests.store.lag import ManualClock
 from tests.virtual import VirtualTimeLoop
 
-# Every MemoryStore built without an explicit lag (most tests build their own).
+# Every MemoryStore built without an explicit lag (most tests build their own), its jitter
+# drawn from a seeded generator so that a virtual-time test replays exactly.
 memory.DEFAULT_INDEX_LAG = IndexLag(INDEX_LAG_MS / 1000, INDEX_LAG_JITTER_MS / 1000)
+memory.DEFAULT_SEED = 0
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:

@@ -58,6 +58,9 @@ class Fleet:
     async def streams(self, *ids: str) -> None:
         for sid in ids:
             await self.memory.put_started(sid, URL.format(sid))
+        # The orphan index lags the table (as DynamoDB's does, at most max_s): the test's
+        # timeline starts when a worker can see the new streams.
+        await asyncio.sleep(self.memory.index_lag.max_s)
 
     def start(self) -> Fleet:
         self.task = asyncio.create_task(self.reconciler.run())

@@ -84,6 +84,7 @@ PROJECTIONS = _projections()
 # Stores built without an explicit lag get this one. Production code never relies on it;
 # the test suite sets it so that every MemoryStore lags its indexes as DynamoDB does.
 DEFAULT_INDEX_LAG = IndexLag()
+DEFAULT_SEED: int | None = None  # the jitter's seed for stores built without an rng
 
 
 class Monotonic(Protocol):
@@ -112,7 +113,7 @@ class MemoryStore:
                                   default.jitter_s if index_lag_jitter_s is None
                                   else index_lag_jitter_s)
         self.clock: Monotonic = clock or _LoopTime()
-        self.rng = rng or random.Random()
+        self.rng = rng or random.Random(DEFAULT_SEED)
         self._versions: VersionLog[str, Item] = VersionLog(self.index_lag.max_s)
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
