@@ -492,3 +492,10 @@ def test_lag_options_are_checked(option: str, value: str,
         EmbeddedDynamoDB(stale_reads_s=11.0)
     with pytest.raises(ValueError, match="index lag"):
         EmbeddedDynamoDB(index_lag_s=-0.1)
+
+
+async def test_the_instant_fixture_serves_a_current_index(instant_dynamo: Stores) -> None:
+    """Uses the instant-index server on purpose: it checks that server (no lag options
+    means no lag) and that its fixture points the stores at it."""
+    await instant_dynamo.admin.put_started("a", "wss://x/")
+    assert [r.stream_id for r in await instant_dynamo.leases.orphans(NOW, 10)] == ["a"]
