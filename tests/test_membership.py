@@ -256,7 +256,9 @@ async def test_registration_writes_only_for_streams_still_leased_to_the_id() -> 
         assert got is not None
         tenures.append(got.tenure)
     held = await held_by(memory, "a", still_held, epoch=5)
-    # The index as a lagging replica may still show it: every stream as "a" took it.
+    # The index as a lagging replica may still show it: every stream as "a" took it
+    # (read once the store's own index lag, at most max_s, has passed).
+    await asyncio.sleep(memory.index_lag.max_s)
     lagging = await memory.owned_by("a")
     for i, tenure in enumerate(tenures):
         if i % 2:
