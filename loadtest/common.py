@@ -18,5 +18,20 @@ class Server(Child):
         self.url = self.listening_url()
 
 
+def dynamodb_args(*, latency_ms: float = 0.0, latency_mode: str = "serial",
+                  index_lag_ms: float = 0.0, index_lag_jitter_ms: float = 0.0) -> list[str]:
+    """``Server(*dynamodb_args(...))``: the embedded DynamoDB on a free port, optionally
+    slow (``latency_ms``) and with indexes that lag the table as DynamoDB's do
+    (``index_lag_ms`` + uniform(0, ``index_lag_jitter_ms``) per index read). Scenarios
+    measured before the lag existed keep 0, so their figures stay comparable."""
+    args = ["dynamodb", "--port", "0"]
+    if latency_ms:
+        args += ["--latency-ms", str(latency_ms), "--latency-mode", latency_mode]
+    if index_lag_ms or index_lag_jitter_ms:
+        args += ["--index-lag-ms", str(index_lag_ms),
+                 "--index-lag-jitter-ms", str(index_lag_jitter_ms)]
+    return args
+
+
 def use_local_dynamodb(url: str) -> None:
     os.environ.update(local_aws_env(url))

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.common import Server
+from loadtest.common import Server, dynamodb_args
 from streamlease.core.model import StreamRecord
 from streamlease.dev import local_aws_env
 from streamlease.dev.upstream import frame_for
@@ -123,7 +123,7 @@ class Fleet:
     def __init__(self, scenario: str, *, streams: int, rate: float,
                  worker_env: dict[str, str], dynamodb: str = "embedded",
                  latency_ms: float = 0.0, latency_mode: str = "serial",
-                 index_lag_ms: float = 0.0,
+                 index_lag_ms: float = 0.0, index_lag_jitter_ms: float = 0.0,
                  sample_s: float = 0.25, table_s: float | None = None,
                  watch_upstream: bool = False,
                  log_root: Path | None = None, seed: int | None = None,
@@ -136,6 +136,7 @@ class Fleet:
         self.latency_ms = latency_ms
         self.latency_mode = latency_mode
         self.index_lag_ms = index_lag_ms
+        self.index_lag_jitter_ms = index_lag_jitter_ms
         self.sample_s = sample_s
         # Reading the whole table is one Scan: cheap for tens of streams, about a second
         # of the embedded server's (serialised) time for 2,000. With ``table_s`` above
@@ -201,13 +202,10 @@ class Fleet:
 
     async def _start(self) -> None:
         if self.dynamodb == "embedded":
-            args = ["dynamodb", "--port", "0"]
-            if self.latency_ms:
-                args += ["--latency-ms", str(self.latency_ms), "--latency-mode",
-                         self.latency_mode]
-            if self.index_lag_ms:
-                args += ["--index-lag-ms", str(self.index_lag_ms)]
-            ddb = Server(*args)
+            ddb = Server(*dynamodb_args(latency_ms=self.latency_ms,
+                                        latency_mode=self.latency_mode,
+                                        index_lag_ms=self.index_lag_ms,
+                                        index_lag_jitter_ms=self.index_lag_jitter_ms))
             self.servers.append(ddb)
             local = local_aws_env(ddb.url)
             self.env.update(local)

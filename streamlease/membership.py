@@ -142,6 +142,7 @@ class Membership:
         self._unreleased_since: dict[tuple[str, int], float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # takeovers in flight
         self._tg: asyncio.TaskGroup | None = None  # the membership's scope while it runs
+        self._leftovers_again = False  # a second look for an earlier incarnation's streams
 
     @property
     def me(self) -> str:
@@ -171,6 +172,18 @@ class Membership:
         if self.status is MemberStatus.DRAINING:
             self._beat_now.set()  # fenced while draining: say so again at once
         event(logging.INFO, "member.registered", "joined the fleet", epoch=self.epoch)
+        await self._release_leftovers()
+        # The owner index lags: a stream the earlier incarnation took just before it went
+        # may show up a moment later. Look again once the membership runs.
+        self._leftovers_again = True
+
+    async def _release_leftovers(self, delay: float = 0.0) -> None:
+        if delay:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return
         released, _ = await self._release_all(self.me, self.epoch)
         if released:
             event(logging.WARNING, "member.leftovers_released",
@@ -212,6 +225,9 @@ class Membership:
             self._tg = tg
             tg.create_task(self._heartbeat_loop(), name="member heartbeat")
             tg.create_task(self._observe_loop(), name="member observe")
+            if self._leftovers_again:
+                self._leftovers_again = False
+                self._spawn(self._release_leftovers(min(SECOND_PASS_S, self.timings.lease_s)))
         self._tg = None
 
     # -- heartbeat ------------------------------------------------------------------------

@@ -1,8 +1,16 @@
-"""Shared fixtures: the embedded DynamoDB as a real server process, fresh tables per test."""
+"""Shared fixtures: the embedded DynamoDB as a real server process, fresh tables per test.
+
+Index reads lag the table everywhere, as in production: the server runs with
+``--index-lag-ms 100 --index-lag-jitter-ms 200`` (tests/fleet/harness.py), and every
+``MemoryStore`` built in a test lags its indexes by the same 100-300 ms on its clock
+(virtual time in virtual-time tests). A test that needs an instant index says why and
+uses ``instant_dynamodb_endpoint`` / ``instant_dynamo``.
+"""
 
 from __future__ import annotations
 
 import os
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -11,12 +19,18 @@ import pytest
 import uvloop
 
 from streamlease.dev import local_aws_env
-from streamlease.store import dynamodb
+from streamlease.store import dynamodb, memory
 from streamlease.store.memory import MemoryStore
 from streamlease.store.protocols import Stores
-from tests.fleet.harness import Fleet
-from tests.procs import Proc, python
+from streamlease.store.versions import IndexLag
+from tests.fleet.harness import INDEX_LAG_JITTER_MS, INDEX_LAG_MS, Fleet, dynamodb_server
+from tests.store.lag import ManualClock
 from tests.virtual import VirtualTimeLoop
+
+# Every MemoryStore built without an explicit lag (most tests build their own), its jitter
+# drawn from a seeded generator so that a virtual-time test replays exactly.
+memory.DEFAULT_INDEX_LAG = IndexLag(INDEX_LAG_MS / 1000, INDEX_LAG_JITTER_MS / 1000)
+memory.DEFAULT_SEED = 0
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
@@ -29,8 +43,9 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def dynamodb_endpoint() -> Iterator[str]:
-    """``streamlease dev dynamodb`` on a free loopback port, for the whole session."""
-    proc = Proc(python("-m", "streamlease", "dev", "dynamodb", "--port", "0"), name="dynamodb")
+    """``streamlease dev dynamodb`` on a free loopback port, for the whole session; its
+    indexes lag 100-300 ms behind the table, as DynamoDB's do."""
+    proc = dynamodb_server()
     try:
         url = proc.url()
         saved = {k: os.environ.get(k) for k in local_aws_env(url)}
@@ -43,6 +58,30 @@ def dynamodb_endpoint() -> Iterator[str]:
                 os.environ[k] = v
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def instant_dynamodb_endpoint() -> Iterator[str]:
+    """A second server whose indexes never lag, started on first use. Only for a test
+    that states why it needs an instant index; it does not set the AWS variables (use
+    ``instant_dynamo``, or connect with its URL)."""
+    proc = dynamodb_server(name="dynamodb-instant", index_lag_ms=0, index_lag_jitter_ms=0)
+    try:
+        yield proc.url()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+async def instant_dynamo(instant_dynamodb_endpoint: str, table_names: tuple[str, str, str],
+                         monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stores]:
+    """The DynamoDB stores on fresh tables of the instant-index server."""
+    for name, value in local_aws_env(instant_dynamodb_endpoint).items():
+        monkeypatch.setenv(name, value)
+    async with dynamodb.connect(*table_names, sink_connections=100,
+                                control_connections=100) as stores:
+        await stores.admin.create_tables()
+        yield stores
 
 
 @pytest.fixture
@@ -65,9 +104,12 @@ async def dynamo(dynamodb_endpoint: str,
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     """Each backend in turn: the store contract holds for both."""
     if request.param == "memory":
-        memory = MemoryStore()
-        await memory.create_tables()
-        yield memory.stores()
+        # The server's lag, on a clock the test steps (tests/store/lag.py).
+        store = MemoryStore(ManualClock(), index_lag_s=INDEX_LAG_MS / 1000,
+                            index_lag_jitter_s=INDEX_LAG_JITTER_MS / 1000,
+                            rng=random.Random(request.node.name))
+        await store.create_tables()
+        yield store.stores()
         return
     request.getfixturevalue("dynamodb_endpoint")
     names: tuple[str, str, str] = request.getfixturevalue("table_names")

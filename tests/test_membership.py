@@ -256,7 +256,9 @@ async def test_registration_writes_only_for_streams_still_leased_to_the_id() -> 
         assert got is not None
         tenures.append(got.tenure)
     held = await held_by(memory, "a", still_held, epoch=5)
-    # The index as a lagging replica may still show it: every stream as "a" took it.
+    # The index as a lagging replica may still show it: every stream as "a" took it
+    # (read once the store's own index lag, at most max_s, has passed).
+    await asyncio.sleep(memory.index_lag.max_s)
     lagging = await memory.owned_by("a")
     for i, tenure in enumerate(tenures):
         if i % 2:
@@ -315,6 +317,7 @@ async def test_the_superseded_worker_stops_its_streams_and_exits_2(
             await asyncio.sleep(0.1)
     second = member(store, "a", Calls())
     await second.register()  # another process, same id: it releases what "a" held
+    running = asyncio.create_task(second.run())  # and looks again once the index caught up
     async with asyncio.timeout(T.lease_s * 10):
         code = await worker
     assert code == 2
@@ -323,8 +326,12 @@ async def test_the_superseded_worker_stops_its_streams_and_exits_2(
     assert store.count("leave") == 0
     (row,) = await memory.members()
     assert row.incarnation == second.incarnation
-    record = await memory.get("s1")
-    assert record is not None and record.lease_expires_at_ms == 0
+    async with asyncio.timeout(T.lease_s * 2):
+        while (record := await memory.get("s1")) is not None and \
+                record.lease_expires_at_ms != 0:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    second.stop()
+    await running
 
 
 async def test_a_failing_takeover_task_is_logged_counted_and_the_member_goes_on() -> None:

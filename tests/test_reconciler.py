@@ -58,6 +58,9 @@ class Fleet:
     async def streams(self, *ids: str) -> None:
         for sid in ids:
             await self.memory.put_started(sid, URL.format(sid))
+        # The orphan index lags the table (as DynamoDB's does, at most max_s): the test's
+        # timeline starts when a worker can see the new streams.
+        await asyncio.sleep(self.memory.index_lag.max_s)
 
     def start(self) -> Fleet:
         self.task = asyncio.create_task(self.reconciler.run())
@@ -357,6 +360,7 @@ async def test_the_self_audit_releases_a_lease_it_does_not_serve_and_reads_each_
     moved = await fleet.memory.acquire(others[1], "w1", fleet.clock.wall_ms(), T)
     assert moved is not None and await fleet.memory.release(moved.tenure)
     assert await fleet.memory.acquire(others[1], "w2", fleet.clock.wall_ms(), T) is not None
+    await asyncio.sleep(fleet.memory.index_lag.max_s)  # the owner index catches up
     assert await fleet.reconciler.audit() == 1
     record = await fleet.memory.get(others[0])
     assert record is not None and record.lease_expires_at_ms == 0

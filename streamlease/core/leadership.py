@@ -13,6 +13,10 @@ is not deposed while it renews.
 
 A resigned lease (expiry 0) or an absent one may be taken at once. Backends whose server
 keeps the time to live itself (Redis ``PX``) show an expired lease as absent.
+
+Fences never decrease (``next_fence``), even across the loss of a lease's record: each
+acquisition also raises a high-water mark kept apart from the record, and a record that
+is re-created starts above that mark, however far behind this machine's clock is.
 """
 
 from __future__ import annotations
@@ -63,9 +67,27 @@ class LeaderObserver:
         return sent_at >= self._since + self.ttl_s
 
 
-def initial_fence(now_wall_ms: int) -> int:
+def initial_fence(now_wall_ms: int, high_water: int) -> int:
     """The first fence of a lease that has none (never held, or its record was lost):
-    the current wall-clock millisecond, so fences keep moving forward even if a
-    backend forgets the counter (an item deleted, a Redis restart without persistence),
-    as long as there are fewer than a thousand leaders a second."""
-    return max(1, now_wall_ms)
+    the current wall-clock millisecond, or one above ``high_water`` (the highest fence
+    this lease has ever handed out, kept apart from its record) if that is higher. The
+    wall clock keeps fences moving forward where nothing else is remembered (a fresh
+    table, a Redis restart without persistence); the high-water mark makes sure a
+    machine whose clock is behind the one that created the lost record can never take
+    the fence back."""
+    return max(1, now_wall_ms, high_water + 1)
+
+
+def next_fence(current: int | None, high_water: int, now_wall_ms: int) -> int:
+    """The fence an acquisition writes: one above the lease's own (``current``) and above
+    the high-water mark (a record whose fence was set lower by hand, or restored on its
+    own, does not hand a used fence out again); for a lease with no record,
+    ``initial_fence``."""
+    if current is None:
+        return initial_fence(now_wall_ms, high_water)
+    return max(current, high_water) + 1
+
+
+def raised_fence_mark(high_water: int, fence: int) -> int:
+    """The high-water mark after an acquisition hands out ``fence``: never lower."""
+    return max(high_water, fence)

@@ -160,7 +160,10 @@ class Demo:
         def stopping() -> bool:
             return self.stop.requested
 
-        ddb = self.child("dynamodb", self.python("dev", "dynamodb", "--port", "0"), self.env)
+        # Indexes lag 100-300 ms behind the table, as DynamoDB's do.
+        ddb = self.child("dynamodb", self.python("dev", "dynamodb", "--port", "0",
+                                                 "--index-lag-ms", "100",
+                                                 "--index-lag-jitter-ms", "200"), self.env)
         self.servers.append(ddb)
         local = local_aws_env(ddb.listening_url(stop=stopping))
         self.env.update(local)

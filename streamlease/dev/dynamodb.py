@@ -32,6 +32,27 @@ waits N ms before it is served, in one of two places:
 The lock is not fair (a waiting request may be overtaken), so in serial mode the tail
 latency under saturation is longer than queue length x N.
 
+**Eventual consistency, as DynamoDB documents it** (off unless asked for):
+
+* ``--index-lag-ms N --index-lag-jitter-ms J``: a read of a global secondary index (a
+  Query or Scan with ``IndexName``) sees the table as it was ``N + uniform(0, J)`` ms
+  ago, drawn anew for every request (so two pages of one query may see different
+  moments, as they can on DynamoDB). Writes and every condition they check always see
+  the current table.
+* ``--stale-reads-ms N``: a base-table read without ``ConsistentRead=true`` (GetItem,
+  Query, Scan, BatchGetItem) sees the table as it was up to N ms ago. Consistent reads,
+  TransactGetItems, conditional writes and transactions always see the current table.
+
+Index reads return only the index's projected attributes (moto's projection does that:
+``KEYS_ONLY`` gives the table's and the index's keys, ``INCLUDE`` those plus the named
+attributes). The past is kept as, per table and item, the versions that writes replaced
+in the last lag window (recorded under the request lock, stamped with the request's
+monotonic time); a lagged read runs moto's own query code on a view of the table with
+those older versions put back, so key conditions, filters, ``Select``, ``Limit`` and
+pagination behave as on a current read. Only writes served through this server are
+remembered: an item put into the backend directly (``backend()``, for seeding tests) is
+visible to every read at once.
+
 Loopback only, no persistence: state lives as long as the process.
 """
 
@@ -40,13 +61,18 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import random
 import signal
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
+
+from streamlease.store.versions import IndexLag, VersionLog
 
 try:
     from moto.backends import get_backend
@@ -54,6 +80,7 @@ try:
     from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.models.dynamo_type import DynamoType
     from moto.dynamodb.models.table import Table
+    from moto.dynamodb.responses import DynamoHandler
     from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
     from werkzeug.serving import BaseWSGIServer, make_server
 except ImportError as exc:  # pragma: no cover - exercised by the CLI without the extra
@@ -67,10 +94,12 @@ _patched = False
 _original_transact: Callable[..., Any] | None = None
 _original_put: Callable[..., Any] | None = None
 _original_update: Callable[..., Any] | None = None
+_lag_installed = False
 
 
 LATENCY_MODES = ("serial", "parallel")
 MAX_LATENCY_MS = 10_000.0
+MAX_LAG_MS = 10_000.0
 
 
 class DelayedApp:
@@ -191,6 +220,11 @@ def _typed_update_item(self: Any, table_name: str, key: dict[str, Any],
     if problem:
         _restore(touched)
         raise MockValidationException(problem)
+    request = _current()
+    if request is not None and touched:
+        # An update changes the Item in place: the backup is the version it replaced.
+        _, hash_value, range_value, backup = touched[0]
+        request.lag.record(table, (hash_value, range_value), backup, request.t)
     return item
 
 
@@ -217,12 +251,276 @@ def install_fast_transactions() -> None:
         _patched = True
 
 
+# -- Eventual consistency -----------------------------------------------------------------
+
+Key = tuple[Any, Any]  # (hash DynamoType, range DynamoType or None)
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """How far behind the current table each kind of read may be, in seconds."""
+
+    index_lag: IndexLag = field(default_factory=IndexLag)  # global secondary index reads
+    stale_reads_s: float = 0.0  # eventually consistent base-table reads: uniform(0, this)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.stale_reads_s <= MAX_LAG_MS / 1000:
+            raise ValueError(f"stale_reads_s must be 0-{MAX_LAG_MS / 1000:g}, "
+                             f"got {self.stale_reads_s!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.window_s > 0
+
+    @property
+    def window_s(self) -> float:
+        """The oldest moment any read may see: how long replaced versions are kept."""
+        return max(self.index_lag.max_s, self.stale_reads_s)
+
+
+@dataclass
+class _History:
+    table: Any  # the moto Table the log belongs to (a re-created table starts afresh)
+    log: VersionLog[Key, Any]
+
+
+class ReplicaLag:
+    """The tables as eventually consistent reads see them (see the module doc).
+
+    Every method runs under the server's request lock; a lock of its own keeps the
+    history whole when the server runs without one (``--no-lock``, a test of races).
+    """
+
+    def __init__(self, consistency: Consistency, clock: Callable[[], float],
+                 rng: random.Random) -> None:
+        self.consistency = consistency
+        self.clock = clock
+        self.rng = rng
+        self._lock = threading.Lock()
+        self._histories: dict[tuple[str, str, str], _History] = {}
+
+    def index_lag(self) -> float:
+        return self.consistency.index_lag.draw(self.rng)
+
+    def stale_lag(self) -> float:
+        c = self.consistency
+        return self.rng.uniform(0.0, c.stale_reads_s) if c.stale_reads_s else 0.0
+
+    def record(self, table: Any, key: Key, before: Any, t: float) -> None:
+        """A write stamped ``t`` replaced ``before`` (None: the item did not exist)."""
+        with self._lock:
+            self._history(table).log.record(key, before, t)
+
+    def as_of(self, table: Any, at: float, now: float) -> Any:
+        """``table`` as it was at monotonic moment ``at``: the table itself if no write
+        since, else a view (a Table sharing everything but its items) to query."""
+        with self._lock:
+            history = self._histories.get(_table_id(table))
+            if history is None or history.table is not table:
+                return table
+            history.log.prune(now)
+            overrides = history.log.as_of(at)
+        if not overrides:
+            return table
+        items: defaultdict[Any, Any] = defaultdict(dict, table.items)
+        copied: set[Any] = set()
+        for (hash_value, range_value), before in overrides.items():
+            if table.range_key_attr is None:
+                if before is None:
+                    items.pop(hash_value, None)
+                else:
+                    items[hash_value] = before
+                continue
+            if hash_value not in copied:
+                items[hash_value] = dict(items.get(hash_value, {}))
+                copied.add(hash_value)
+            if before is None:
+                items[hash_value].pop(range_value, None)
+            else:
+                items[hash_value][range_value] = before
+        # object.__new__: moto's models track every instance they construct; a view is
+        # short-lived and must not be kept alive by that list.
+        view = object.__new__(Table)  # type: ignore[type-abstract]
+        view.__dict__.update(table.__dict__)
+        view.items = items
+        return view
+
+    def read_views(self, backend: Any, action: str, body: dict[str, Any],
+                   now: float) -> dict[str, Any]:
+        """Table name -> the table as this read request sees it, where that is not now."""
+        wanted: dict[str, float] = {}
+        if action in ("query", "scan"):
+            name = str(body.get("TableName"))
+            table = _find_table(backend, name)
+            if table is None:
+                return {}
+            index = body.get("IndexName")
+            if index is not None and index in {i.name for i in table.global_indexes}:
+                wanted[name] = self.index_lag()
+            elif not body.get("ConsistentRead"):  # the table, or a local index
+                wanted[name] = self.stale_lag()
+        elif action == "get_item":
+            if not body.get("ConsistentRead"):
+                wanted[body.get("TableName", "")] = self.stale_lag()
+        elif action == "batch_get_item":
+            for name, request in (body.get("RequestItems") or {}).items():
+                if isinstance(request, dict) and not request.get("ConsistentRead"):
+                    wanted[name] = self.stale_lag()
+        views = {}
+        for name, lag in wanted.items():
+            table = _find_table(backend, name) if lag > 0 else None
+            if table is not None:
+                views[name] = self.as_of(table, now - lag, now)
+        return views
+
+    def _history(self, table: Any) -> _History:
+        table_id = _table_id(table)
+        history = self._histories.get(table_id)
+        if history is None or history.table is not table:  # new, or deleted and re-created
+            log: VersionLog[Key, Any] = VersionLog(self.consistency.window_s)
+            history = self._histories[table_id] = _History(table, log)
+        return history
+
+
+@dataclass
+class _Request:
+    lag: ReplicaLag
+    t: float  # monotonic time the request was served at
+    views: dict[str, Any] | None = None
+
+
+_local = threading.local()  # .request: the _Request this thread is serving, if any
+
+
+def _current() -> _Request | None:
+    request: _Request | None = getattr(_local, "request", None)
+    return request
+
+
+def _table_id(table: Any) -> tuple[str, str, str]:
+    return (table.account_id, table.region_name, table.name)
+
+
+def _find_table(backend: Any, name: Any) -> Any:
+    assert _original_get_table is not None
+    try:
+        return _original_get_table(backend, name)
+    except Exception:  # moto's own handler reports a missing table
+        return None
+
+
+class ConsistencyApp:
+    """WSGI middleware, innermost (under the request lock): stamps each request with the
+    time it is served, for the writes it records and the reads it lags."""
+
+    def __init__(self, app: WSGIApp, lag: ReplicaLag) -> None:
+        self.app = app
+        self.lag = lag
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        _local.request = _Request(self.lag, self.lag.clock())
+        try:
+            return list(self.app(environ, start_response))
+        finally:
+            _local.request = None
+
+
+_original_get_table: Callable[..., Any] | None = None
+_original_table_put: Callable[..., Any] | None = None
+_original_table_delete: Callable[..., Any] | None = None
+
+
+def _viewed_get_table(self: Any, table_name: str) -> Any:
+    request = _current()
+    if request is not None and request.views and table_name in request.views:
+        return request.views[table_name]
+    assert _original_get_table is not None
+    return _original_get_table(self, table_name)
+
+
+def _lagged(action: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def handler(self: Any) -> Any:
+        request = _current()
+        if request is None:
+            return original(self)
+        request.views = request.lag.read_views(self.dynamodb_backend, action, self.body,
+                                               request.t)
+        try:
+            return original(self)
+        finally:
+            request.views = None
+
+    handler.__name__ = original.__name__
+    handler.__doc__ = original.__doc__
+    return handler
+
+
+def _stored(table: Any, hash_value: Any, range_value: Any) -> Any:
+    """The item under a key, without moto's get_item side effects."""
+    if table.range_key_attr is None:
+        return table.items.get(hash_value)
+    return table.items.get(hash_value, {}).get(range_value)
+
+
+def _recorded_put(self: Any, item_attrs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+    assert _original_table_put is not None
+    request = _current()
+    if request is None:
+        return _original_table_put(self, item_attrs, *args, **kwargs)
+    try:
+        hash_value = DynamoType(item_attrs[self.hash_key_attr])
+        range_value = (DynamoType(item_attrs[self.range_key_attr])
+                       if self.range_key_attr is not None else None)
+        before = _stored(self, hash_value, range_value)
+    except (KeyError, TypeError):
+        return _original_table_put(self, item_attrs, *args, **kwargs)  # moto refuses it
+    item = _original_table_put(self, item_attrs, *args, **kwargs)
+    # A put replaces the Item object, never changes it: ``before`` stays as it was.
+    request.lag.record(self, (hash_value, range_value), before, request.t)
+    return item
+
+
+def _recorded_delete(self: Any, hash_value: Any, range_value: Any) -> Any:
+    assert _original_table_delete is not None
+    item = _original_table_delete(self, hash_value, range_value)
+    request = _current()
+    if request is not None and item is not None:
+        request.lag.record(self, (hash_value, range_value), item, request.t)
+    return item
+
+
+def install_replica_lag() -> None:
+    """Patch moto (in this process) so that servers with a ``Consistency`` can lag reads.
+
+    Requests served without a ``ConsistencyApp`` (servers without lag, direct backend
+    calls) take the unpatched paths' behaviour."""
+    global _lag_installed, _original_get_table, _original_table_put, _original_table_delete
+    with _PATCH_LOCK:
+        if _lag_installed:
+            return
+        _original_get_table = DynamoDBBackend.get_table
+        _original_table_put = Table.put_item
+        _original_table_delete = Table.delete_item
+        DynamoDBBackend.get_table = _viewed_get_table  # type: ignore[method-assign]
+        Table.put_item = _recorded_put  # type: ignore[method-assign]
+        Table.delete_item = _recorded_delete  # type: ignore[method-assign,assignment]
+        for action in ("query", "scan", "get_item", "batch_get_item"):
+            setattr(DynamoHandler, action, _lagged(action, getattr(DynamoHandler, action)))
+        _lag_installed = True
+
+
 class EmbeddedDynamoDB:
     """A DynamoDB-compatible HTTP server on loopback, in a background thread."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, serialize: bool = True,
                  fast_transactions: bool = True, latency_s: float = 0.0,
-                 latency_mode: str = "serial") -> None:
+                 latency_mode: str = "serial", index_lag_s: float = 0.0,
+                 index_lag_jitter_s: float = 0.0, stale_reads_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        """``index_lag_s``/``index_lag_jitter_s``/``stale_reads_s``: see the module doc
+        (all 0: every read is current). ``clock`` (monotonic seconds) and ``rng`` decide
+        which past a lagged read sees; tests inject them to step time by hand."""
         if latency_mode not in LATENCY_MODES:
             raise ValueError(f"latency_mode must be one of {LATENCY_MODES}, got {latency_mode!r}")
         if not 0.0 <= latency_s <= MAX_LATENCY_MS / 1000:
@@ -233,6 +531,8 @@ class EmbeddedDynamoDB:
         self.fast_transactions = fast_transactions
         self.latency_s = latency_s
         self.latency_mode = latency_mode
+        self.consistency = Consistency(IndexLag(index_lag_s, index_lag_jitter_s), stale_reads_s)
+        self.replica_lag = ReplicaLag(self.consistency, clock, rng or random.Random())
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -242,6 +542,9 @@ class EmbeddedDynamoDB:
             install_fast_transactions()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         app: WSGIApp = create_backend_app("dynamodb")
+        if self.consistency.enabled:
+            install_replica_lag()
+            app = ConsistencyApp(app, self.replica_lag)
         # Serial latency is served under the lock (a saturated server), parallel latency
         # before it (a slow path to a server with capacity to spare); see the module doc.
         if self.latency_s and self.latency_mode == "serial":
@@ -297,6 +600,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-mode", choices=LATENCY_MODES, default="serial",
                         help="serial: inside the request lock, a saturated store (1000/N "
                              "requests/s at most); parallel: before it, a slow network")
+    parser.add_argument("--index-lag-ms", type=float, default=0.0,
+                        help="index reads (Query/Scan with IndexName) see the table as it "
+                             "was this long ago (DynamoDB's indexes are eventually "
+                             "consistent); default 0")
+    parser.add_argument("--index-lag-jitter-ms", type=float, default=0.0,
+                        help="plus uniform(0, this), drawn for every index read; default 0")
+    parser.add_argument("--stale-reads-ms", type=float, default=0.0,
+                        help="base-table reads without ConsistentRead see the table as it "
+                             "was up to this long ago; default 0")
     # Test-only knobs: a tiny thread switch interval makes races likely, and --no-lock
     # serves plain moto, so the tests can show the race they guard against is real.
     parser.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
@@ -308,10 +620,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--host must be a loopback address, got {args.host!r}")
     if not 0.0 <= args.latency_ms <= MAX_LATENCY_MS:
         parser.error(f"--latency-ms must be 0-{MAX_LATENCY_MS:g}, got {args.latency_ms:g}")
+    for option in ("index_lag_ms", "index_lag_jitter_ms", "stale_reads_ms"):
+        value = getattr(args, option)
+        if not 0.0 <= value <= MAX_LAG_MS:  # also refuses nan
+            flag = "--" + option.replace("_", "-")
+            parser.error(f"{flag} must be 0-{MAX_LAG_MS:g}, got {value:g}")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     server = EmbeddedDynamoDB(args.host, args.port, serialize=not args.no_lock,
-                              latency_s=args.latency_ms / 1000, latency_mode=args.latency_mode)
+                              latency_s=args.latency_ms / 1000, latency_mode=args.latency_mode,
+                              index_lag_s=args.index_lag_ms / 1000,
+                              index_lag_jitter_s=args.index_lag_jitter_ms / 1000,
+                              stale_reads_s=args.stale_reads_ms / 1000)
     try:
         server.start()
     except OSError as exc:

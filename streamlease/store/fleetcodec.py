@@ -8,6 +8,7 @@ says what an item is, so each kind is read with one Query:
 | ``MEMBER`` | worker id | a member row: epoch, heartbeat counter, status, streams held |
 | ``MEMBER`` | ``HIGH_WATER_SK`` | the highest epoch any deleted member row carried |
 | ``LEADER`` | lease name | a leader lease: owner, fence, heartbeat counter, expiry |
+| ``LEADER`` | ``FENCE_MARK_SK`` + lease name | the highest fence that lease ever handed out |
 | ``JOB`` | job name | a singleton job: schedule, command, timeout, catch-up |
 | ``RUN#<job>`` | slot (ISO 8601 UTC) | one run of one slot: fence, runner, times, outcome |
 
@@ -212,13 +213,33 @@ EXPIRES = "expires_at_ms"  # the holder's own clock: 0 means resigned
 ACQUIRED_AT = "acquired_at_ms"
 
 
+# Each lease's fence high-water item shares the LEADER partition (the same IAM scope as the
+# lease itself) under a sort key no lease can take: the mark's sort keys start with a
+# control character, and ``leader_key`` refuses lease names that do. It has no owner and
+# never decodes as a lease.
+FENCE_MARK_SK = "\x7ffence-high-water#"
+
+
 def leader_key(name: str) -> Item:
+    if name.startswith(FENCE_MARK_SK[0]):
+        raise ValueError(f"leader lease names may not start with {FENCE_MARK_SK[0]!r} "
+                         f"(reserved for the fleet table's own items): {name!r}")
     return {PK: s(LEADER_PK), SK: s(name)}
+
+
+def fence_mark_key(name: str) -> Item:
+    """The key of the item holding lease ``name``'s fence high-water mark."""
+    return {PK: s(LEADER_PK), SK: s(FENCE_MARK_SK + name)}
+
+
+def decode_fence_mark(item: Mapping[str, Any] | None) -> int:
+    """A lease's fence high-water mark (0 if the item does not exist or is unreadable)."""
+    return max(0, _int(item, FENCE)) if item else 0
 
 
 def decode_leader(item: Mapping[str, Any]) -> LeaderRecord | None:
     name = _str(item, SK)
-    if _str(item, PK) != LEADER_PK or name is None:
+    if _str(item, PK) != LEADER_PK or name is None or name.startswith(FENCE_MARK_SK[0]):
         return None
     return LeaderRecord(name=name, owner=_str(item, OWNER), fence=_int(item, FENCE),
                         heartbeat=_int(item, HEARTBEAT), expires_at_ms=_int(item, EXPIRES))
@@ -229,12 +250,13 @@ _LEADER_NAMES = {"#pk": PK, "#owner": OWNER, "#fence": FENCE, "#hb": HEARTBEAT,
 
 
 def leader_acquire_expr(owner: str, ttl_ms: int, now_ms: int, seen: LeaderRecord | None,
-                        first_fence: int) -> Expr:
+                        fence: int) -> Expr:
     """Take the lease if it is exactly as seen: absent; resigned under the fence seen; or
     held with the owner, fence and counter seen (observed unchanged for a time to live).
-    The fence moves on by one, or starts at ``first_fence`` if the item is new."""
+    The lease gets ``fence`` (``next_fence``: the caller knows the fence seen, or that
+    there is none, because the condition pins it)."""
     values: dict[str, Any] = {":me": s(owner), ":exp": n(now_ms + ttl_ms), ":zero": n(0),
-                              ":one": n(1), ":now": n(now_ms), ":first": n(first_fence - 1)}
+                              ":now": n(now_ms), ":next": n(fence)}
     if seen is None:
         condition = "attribute_not_exists(#pk)"
     elif seen.resigned:
@@ -244,10 +266,31 @@ def leader_acquire_expr(owner: str, ttl_ms: int, now_ms: int, seen: LeaderRecord
         condition = "#owner = :owner AND #fence = :fence AND #hb = :hb"
         values.update({":owner": s(seen.owner or ""), ":fence": n(seen.fence),
                        ":hb": n(seen.heartbeat)})
-    update = ("SET #owner = :me, #fence = if_not_exists(#fence, :first) + :one, #hb = :zero, "
-              "#exp = :exp, #at = :now")
+    update = "SET #owner = :me, #fence = :next, #hb = :zero, #exp = :exp, #at = :now"
     return Expr(condition=condition, update=update,
                 names=_used(_LEADER_NAMES, condition, update), values=values)
+
+
+def leader_acquire_item(table: str, name: str, owner: str, ttl_ms: int, now_ms: int,
+                        seen: LeaderRecord | None, fence: int) -> dict[str, Any]:
+    """The lease's part of an acquisition (``leader_acquire_expr``), as a transaction
+    item: it goes together with ``fence_mark_item`` for the same fence."""
+    lease = leader_acquire_expr(owner, ttl_ms, now_ms, seen, fence)
+    return {"Update": {"TableName": table, "Key": leader_key(name), **lease.update_kwargs()}}
+
+
+def fence_mark_item(table: str, name: str, fence: int) -> dict[str, Any]:
+    """Raise lease ``name``'s fence high-water mark to ``fence``, in the same transaction
+    as the acquisition that hands it out, so the mark never lags. It fails if the mark is
+    already at or above ``fence`` (the lease's fence was set below it by hand; never
+    lowered): the caller reads the mark and tries again above it."""
+    mark = Expr(
+        condition="attribute_not_exists(#fence) OR #fence < :next",
+        update="SET #fence = :next",
+        names={"#fence": FENCE},
+        values={":next": n(fence)},
+    )
+    return {"Update": {"TableName": table, "Key": fence_mark_key(name), **mark.update_kwargs()}}
 
 
 def _used(names: dict[str, str], *texts: str) -> dict[str, str]:

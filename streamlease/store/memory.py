@@ -6,20 +6,29 @@ with a number is false, and a write that gives an index key the wrong type is re
 Each method checks its condition and applies its write without awaiting in between, so on
 one event loop every call is atomic, and a sink batch is all or nothing.
 
+Its indexes lag as DynamoDB's do (``index_lag_s`` + ``uniform(0, index_lag_jitter_s)``,
+drawn for each read; 0 by default): ``orphans``, ``held_stopped`` and ``owned_by``, the
+calls the DynamoDB store answers from an index, see the table as it was that long ago on
+the store's clock, and only what the index projects (``schema``): a record from the
+orphan index has no ``last_seq``, one from the owner index only its keys. Every other
+read is current, as the DynamoDB store's consistent reads are.
+
 It has no failure modes of its own: tests wrap it to inject throttling, timeouts and
 lost answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
-from streamlease.core.leadership import LeaderRecord, initial_fence
+from streamlease.core.leadership import LeaderRecord, next_fence, raised_fence_mark
 from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
 from streamlease.core.membership import (
     HeartbeatOutcome,
@@ -38,7 +47,7 @@ from streamlease.core.model import (
 )
 from streamlease.errors import StaleFence, StoreError, TableMissing
 from streamlease.leader import HashSet, PutItem, Transaction, WriteRefused
-from streamlease.store import codec, fleetcodec
+from streamlease.store import codec, fleetcodec, schema
 from streamlease.store.protocols import (
     Acquired,
     ForceReleased,
@@ -47,6 +56,7 @@ from streamlease.store.protocols import (
     SinkOutcome,
     Stores,
 )
+from streamlease.store.versions import IndexLag, VersionLog
 
 Item = dict[str, Any]
 FLEET_TABLE = "fleet"  # the name fenced writes use for the in-memory fleet table
@@ -54,15 +64,63 @@ INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N", codec.LEASE_OW
               codec.FENCE: "N"}
 
 
+def _projections() -> dict[str, frozenset[str]]:
+    """Index name -> the attributes it holds, from the table definition DynamoDB gets."""
+    table = schema.streams_table("streams")
+    keys = [k["AttributeName"] for k in table["KeySchema"]]
+    found = {}
+    for index in table["GlobalSecondaryIndexes"]:
+        names = keys + [k["AttributeName"] for k in index["KeySchema"]]
+        projection = index["Projection"]
+        if projection["ProjectionType"] == "ALL":
+            raise ValueError(f"index {index['IndexName']}: ALL is not modelled here")
+        names += projection.get("NonKeyAttributes", [])
+        found[index["IndexName"]] = frozenset(names)
+    return found
+
+
+PROJECTIONS = _projections()
+
+# Stores built without an explicit lag get this one. Production code never relies on it;
+# the test suite sets it so that every MemoryStore lags its indexes as DynamoDB does.
+DEFAULT_INDEX_LAG = IndexLag()
+DEFAULT_SEED: int | None = None  # the jitter's seed for stores built without an rng
+
+
+class Monotonic(Protocol):
+    def monotonic(self) -> float: ...
+
+
+class _LoopTime:
+    """Without an injected clock, lag is measured on the running event loop's clock
+    (virtual time under a virtual-time test loop, as the worker's own clock is there)."""
+
+    def monotonic(self) -> float:
+        return asyncio.get_running_loop().time()
+
+
 class MemoryStore:
     """One object playing every role (``stores()`` hands it out as ``Stores``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Monotonic | None = None, *, index_lag_s: float | None = None,
+                 index_lag_jitter_s: float | None = None,
+                 rng: random.Random | None = None) -> None:
+        """``index_lag_s``/``index_lag_jitter_s``: see the module doc (None: the values of
+        ``DEFAULT_INDEX_LAG``, no lag unless a test suite sets it). ``clock`` measures
+        the lag (default: the running loop's time); ``rng`` draws the jitter."""
+        default = DEFAULT_INDEX_LAG
+        self.index_lag = IndexLag(default.fixed_s if index_lag_s is None else index_lag_s,
+                                  default.jitter_s if index_lag_jitter_s is None
+                                  else index_lag_jitter_s)
+        self.clock: Monotonic = clock or _LoopTime()
+        self.rng = rng or random.Random(DEFAULT_SEED)
+        self._versions: VersionLog[str, Item] = VersionLog(self.index_lag.max_s)
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.members_by_id: dict[str, MemberRecord] = {}
         self.epoch_high_water = 0  # the highest epoch any deleted member row carried
         self.leaders: dict[str, LeaderRecord] = {}
+        self.leader_fence_marks: dict[str, int] = {}  # lease name -> highest fence handed out
         self.jobs: dict[str, Job] = {}
         self.runs: dict[tuple[str, str], JobRun] = {}
         self.written: dict[str, dict[str, Any]] = {}  # fenced writes: table/key -> key -> item
@@ -155,7 +213,7 @@ class MemoryStore:
 
     def _index(self, state: str, keep: Callable[[int], bool], limit: int) -> list[StreamRecord]:
         found = []
-        for item in self.items.values():
+        for item in self._index_read(codec.INDEX_NAME):
             expiry = _n(item, codec.LEASE_EXPIRES)
             record = codec.decode_record(item)
             if record is not None and record.desired_state == state and expiry is not None \
@@ -171,7 +229,8 @@ class MemoryStore:
 
     async def owned_by(self, owner: str, timeout: float | None = None) -> list[OwnedStream]:
         self._called("owned_by")
-        return [OwnedStream(r.stream_id, r.fence) for r in _records(self.items.values())
+        return [OwnedStream(r.stream_id, r.fence)
+                for r in _records(self._index_read(codec.OWNER_INDEX_NAME))
                 if r.lease_owner == owner and r.fence is not None]
 
     async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
@@ -331,6 +390,7 @@ class MemoryStore:
 
     async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord:
         pk = stream_key(stream_id)
+        self._remember(pk)
         item = self.items.setdefault(pk, {codec.PK: codec.s(pk)})
         changes = {codec.DESIRED_STATE: codec.s("STARTED"), codec.WS_URL: codec.s(ws_url)}
         if codec.LEASE_EXPIRES not in item:
@@ -359,7 +419,14 @@ class MemoryStore:
 
     async def put_item(self, item: dict[str, Any]) -> None:
         _check_index_keys(item)
+        self._remember(item[codec.PK]["S"])
         self.items[item[codec.PK]["S"]] = copy.deepcopy(item)
+
+    async def delete(self, stream_id: str) -> None:
+        """Delete a stream's item (an operator's hand; no store role offers it)."""
+        pk = stream_key(stream_id)
+        self._remember(pk)
+        self.items.pop(pk, None)
 
     async def read_events(self, stream_id: str) -> AsyncIterator[Frame]:
         for item in self._event_items(stream_id):
@@ -380,7 +447,35 @@ class MemoryStore:
 
     def _set(self, item: Item, changes: Item) -> None:
         _check_index_keys({**item, **changes})
+        self._remember(item[codec.PK]["S"])
         item.update(changes)
+
+    def _remember(self, pk: str) -> None:
+        """Keep the item as it is before a write, for index reads that lag (a shallow
+        copy: writes replace attribute values, never change them)."""
+        if self.index_lag.enabled:
+            before = self.items.get(pk)
+            self._versions.record(pk, dict(before) if before is not None else None,
+                                  self.clock.monotonic())
+
+    def _index_read(self, index: str) -> list[Item]:
+        """The items an index read returns: the table as it was a lag ago, each item
+        cut to what the index projects."""
+        items: Mapping[str, Item] = self.items
+        if self.index_lag.enabled:
+            now = self.clock.monotonic()
+            self._versions.prune(now)
+            past = self._versions.as_of(now - self.index_lag.draw(self.rng))
+            if past:
+                then = dict(self.items)
+                for pk, version in past.items():
+                    if version is None:
+                        then.pop(pk, None)
+                    else:
+                        then[pk] = version
+                items = then
+        keep = PROJECTIONS[index]
+        return [{k: v for k, v in item.items() if k in keep} for item in items.values()]
 
 
 
@@ -408,9 +503,14 @@ class MemoryLeader:
             ok = old is not None and old.key == seen.key
         if not ok:
             return None
-        fence = old.fence + 1 if old is not None else initial_fence(now_wall_ms)
+        # As on DynamoDB: the fence moves past the lease's own and its high-water mark
+        # (kept apart from the record, so it survives the record's loss), and the mark
+        # is raised to it in the same step.
+        mark = self.store.leader_fence_marks.get(name, 0)
+        fence = next_fence(old.fence if old is not None else None, mark, now_wall_ms)
         self.store.leaders[name] = LeaderRecord(name, owner, fence, 0,
                                           now_wall_ms + round(ttl_s * 1000))
+        self.store.leader_fence_marks[name] = raised_fence_mark(mark, fence)
         return fence
 
     async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,

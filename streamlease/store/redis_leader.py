@@ -12,8 +12,9 @@ its effects, so the server clock it reads is recorded as a value, never re-read)
 - acquire: ``SET lease owner|fence NX PX ttl`` with fence = counter + 1, and the counter
   set to that fence only if the SET took; so a failed attempt changes nothing and no
   holder is ever given a fence it does not hold. A missing counter (first use, or a
-  server that lost its data) is seeded from the server's ``TIME`` in milliseconds, so
-  fences keep moving forward across such a loss, as with ``initial_fence`` on DynamoDB.
+  server that lost its data) is seeded from the server's ``TIME`` in milliseconds: the
+  best a server without persistence can do (DynamoDB keeps a high-water item instead;
+  here the counter key is that mark, and it survives with AOF).
 - renew: ``PEXPIRE`` only if the lease still reads ``owner|fence``.
 - resign: ``DEL`` only if the lease still reads ``owner|fence``; the counter stays.
 - fenced write: ``HSET`` only if the counter still equals the caller's fence, which is

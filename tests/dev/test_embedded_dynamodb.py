@@ -8,10 +8,14 @@ transactions whose cost does not grow with the events table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import random
 import time
+import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -21,7 +25,9 @@ from streamlease.dev import local_aws_env
 from streamlease.dev.dynamodb import EmbeddedDynamoDB
 from streamlease.store import codec, dynamodb
 from streamlease.store.protocols import Stores
+from tests.fleet.harness import dynamodb_server
 from tests.procs import Proc, python
+from tests.store.lag import eventually
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 NOW = 1_700_000_000_000
@@ -154,7 +160,9 @@ async def test_a_wrongly_typed_index_key_is_refused_as_dynamodb_does(dynamo: Sto
     record = await store.get("good")
     assert record is not None and record.lease_expires_at_ms == 0
     assert await store.get("bad") is None
-    assert [r.stream_id for r in await dynamo.leases.orphans(NOW, 10)] == ["good"]
+    # The index still answers (no HTTP 500), once it has caught up with the good item.
+    await eventually(dynamo, lambda: dynamo.leases.orphans(NOW, 10),
+                     lambda found: [r.stream_id for r in found] == ["good"])
 
 
 async def timed_list_tables(endpoint: str, calls: int, concurrent: bool) -> float:
@@ -207,3 +215,287 @@ def test_latency_options_are_checked() -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--port", "0", "--latency-ms", "-1"])
     assert exited.value.code == 2
+
+
+# -- Eventual consistency: index lag, projections, stale reads ------------------------------
+
+class StepClock:
+    """The server's monotonic clock, stepped by the test."""
+
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def streams_item(sid: str, **attrs: str | int) -> dict[str, Any]:
+    item: dict[str, Any] = {"Pk": {"S": f"CONN#{sid}"}, "desired_state": {"S": "STARTED"},
+                            "lease_expires_at_ms": {"N": "0"}, "ws_url": {"S": "wss://x/"}}
+    for name, value in attrs.items():
+        item[name] = {"N": str(value)} if isinstance(value, int) else {"S": value}
+    return item
+
+
+@contextlib.asynccontextmanager
+async def lagged(**settings: Any) -> AsyncIterator[tuple[Any, str, StepClock]]:
+    """An in-process server with the given lag settings and a stepped clock; yields a
+    raw client, a fresh streams table (the schema's indexes) and the clock."""
+    import aioboto3
+
+    from streamlease.store import schema
+
+    clock = StepClock()
+    with EmbeddedDynamoDB(clock=clock, rng=random.Random(7), **settings) as server:
+        async with aioboto3.Session().client(
+                "dynamodb", endpoint_url=server.endpoint_url, region_name="us-east-1",
+                aws_access_key_id="local", aws_secret_access_key="local") as client:
+            table = f"lag-{uuid.uuid4().hex[:8]}"
+            await client.create_table(**schema.streams_table(table))
+            yield client, table, clock
+
+
+async def orphan_rows(client: Any, table: str, **extra: Any) -> list[dict[str, Any]]:
+    resp = await client.query(
+        TableName=table, IndexName=codec.INDEX_NAME,
+        KeyConditionExpression="desired_state = :s AND lease_expires_at_ms < :t",
+        ExpressionAttributeValues={":s": {"S": "STARTED"}, ":t": {"N": str(NOW)}}, **extra)
+    rows: list[dict[str, Any]] = resp.get("Items", [])
+    return rows
+
+
+async def owner_rows(client: Any, table: str, owner: str) -> list[dict[str, Any]]:
+    resp = await client.query(
+        TableName=table, IndexName=codec.OWNER_INDEX_NAME,
+        KeyConditionExpression="lease_owner = :o", ExpressionAttributeValues={":o": {"S": owner}})
+    rows: list[dict[str, Any]] = resp["Items"]
+    return rows
+
+
+def pks(rows: list[dict[str, Any]]) -> list[str]:
+    return [row["Pk"]["S"] for row in rows]
+
+
+async def test_an_index_read_sees_the_table_as_it_was_a_lag_ago() -> None:
+    async with lagged(index_lag_s=1.0) as (client, table, clock):
+        await client.put_item(TableName=table, Item=streams_item("a"))
+        assert await orphan_rows(client, table) == []  # written after the index's moment
+        clock.now += 1.0001
+        (row,) = await orphan_rows(client, table)
+        assert row["ws_url"] == {"S": "wss://x/"}
+        await client.update_item(TableName=table, Key={"Pk": {"S": "CONN#a"}},
+                                 UpdateExpression="SET ws_url = :u, lease_owner = :o, fence = :f",
+                                 ExpressionAttributeValues={":u": {"S": "wss://y/"},
+                                                            ":o": {"S": "w1"}, ":f": {"N": "1"}})
+        clock.now += 0.5
+        (row,) = await orphan_rows(client, table)
+        assert row["ws_url"] == {"S": "wss://x/"}, "the old version, half a lag later"
+        assert await owner_rows(client, table, "w1") == []
+        scanned = await client.scan(TableName=table, IndexName=codec.OWNER_INDEX_NAME)
+        assert scanned["Items"] == []  # a Scan of an index lags too
+        # The table itself (a consistent read) is current.
+        got = await client.get_item(TableName=table, Key={"Pk": {"S": "CONN#a"}},
+                                    ConsistentRead=True)
+        assert got["Item"]["ws_url"] == {"S": "wss://y/"}
+        clock.now += 0.5001
+        (row,) = await orphan_rows(client, table)
+        assert row["ws_url"] == {"S": "wss://y/"}
+        assert pks(await owner_rows(client, table, "w1")) == ["CONN#a"]
+        await client.delete_item(TableName=table, Key={"Pk": {"S": "CONN#a"}})
+        assert pks(await orphan_rows(client, table)) == ["CONN#a"]  # deleted, still indexed
+        clock.now += 1.0001
+        assert await orphan_rows(client, table) == []
+
+
+async def test_each_index_read_draws_its_lag_between_the_fixed_part_and_the_jitter() -> None:
+    async with lagged(index_lag_s=0.1, index_lag_jitter_s=0.2) as (client, table, clock):
+        await client.put_item(TableName=table, Item=streams_item("a"))
+        written = clock.now
+
+        async def seen(after: float, reads: int) -> set[bool]:
+            clock.now = written + after
+            return {bool(await orphan_rows(client, table)) for _ in range(reads)}
+
+        assert await seen(0.099, 20) == {False}  # never before the fixed part
+        assert await seen(0.2, 40) == {False, True}  # sometimes, inside the jitter
+        assert await seen(0.3001, 20) == {True}  # always after fixed + jitter
+
+
+async def test_index_reads_return_only_what_the_index_projects() -> None:
+    """KEYS_ONLY: the table's and the index's keys. INCLUDE: those plus the named
+    attributes (never last_seq, so a checkpoint does not write the orphan index). Checked
+    on a current read and on a lagged one (served from a view of the past)."""
+    full = streams_item("a", lease_owner="w1", fence=3, lease_epoch=2, last_seq=17,
+                        last_error="boom", last_error_at_ms=5, extra="x")
+    orphan_attrs = {"Pk", "desired_state", "lease_expires_at_ms", *codec.INDEX_PROJECTED}
+    for lag in (0.0, 1.0):
+        async with lagged(index_lag_s=lag) as (client, table, clock):
+            await client.put_item(TableName=table, Item=full)
+            clock.now += 2.0
+            # Moves the item's index entries, so the read below is served from the past.
+            await client.update_item(TableName=table, Key={"Pk": {"S": "CONN#a"}},
+                                     UpdateExpression="SET last_seq = :n",
+                                     ExpressionAttributeValues={":n": {"N": "18"}})
+            (row,) = await owner_rows(client, table, "w1")
+            assert set(row) == {"Pk", "lease_owner", "fence"}
+            (row,) = await orphan_rows(client, table)
+            assert set(row) == orphan_attrs
+            assert {k: full[k] for k in orphan_attrs} == row
+            counted = await orphan_rows(client, table, Select="COUNT")
+            assert counted == []  # COUNT answers without items
+            resp = await client.query(
+                TableName=table, IndexName=codec.INDEX_NAME, Select="COUNT",
+                KeyConditionExpression="desired_state = :s",
+                ExpressionAttributeValues={":s": {"S": "STARTED"}})
+            assert resp["Count"] == 1
+
+
+async def test_pagination_filters_and_key_conditions_work_on_a_lagged_read() -> None:
+    async with lagged(index_lag_s=1.0) as (client, table, clock):
+        for i in range(30):
+            await client.put_item(TableName=table,
+                                  Item=streams_item(f"s{i:02d}", last_error=f"e{i % 3}"))
+        clock.now += 1.5
+        for i in range(0, 30, 3):  # ten of them leave the orphan range
+            await client.update_item(TableName=table, Key={"Pk": {"S": f"CONN#s{i:02d}"}},
+                                     UpdateExpression="SET lease_expires_at_ms = :e",
+                                     ExpressionAttributeValues={":e": {"N": str(NOW + 1)}})
+
+        async def paged(values: dict[str, Any] | None = None, **extra: Any) -> list[str]:
+            found: list[str] = []
+            kwargs: dict[str, Any] = {"Limit": 7, **extra}
+            while True:
+                resp = await client.query(
+                    TableName=table, IndexName=codec.INDEX_NAME,
+                    KeyConditionExpression="desired_state = :s AND lease_expires_at_ms < :t",
+                    ExpressionAttributeValues={":s": {"S": "STARTED"}, ":t": {"N": str(NOW)},
+                                               **(values or {})}, **kwargs)
+                found += pks(resp["Items"])
+                if "LastEvaluatedKey" not in resp:
+                    return found
+                kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+        everything = [f"CONN#s{i:02d}" for i in range(30)]
+        assert sorted(await paged()) == everything
+        assert len(set(await paged())) == 30  # no page repeats or skips an item
+        filtered = await paged(FilterExpression="last_error = :e",
+                               values={":e": {"S": "e0"}})
+        assert sorted(filtered) == [f"CONN#s{i:02d}" for i in range(0, 30, 3)]
+        clock.now += 1.0001
+        assert sorted(await paged()) == [p for i, p in enumerate(everything) if i % 3]
+        assert await paged(FilterExpression="last_error = :e", values={":e": {"S": "e0"}}) == []
+
+
+async def test_conditional_writes_and_transactions_see_the_current_table() -> None:
+    from botocore.exceptions import ClientError
+
+    async with lagged(index_lag_s=1.0, stale_reads_s=1.0) as (client, table, clock):
+        await client.put_item(TableName=table, Item=streams_item("a"))
+        assert await orphan_rows(client, table) == []
+        with pytest.raises(ClientError, match="ConditionalCheckFailed"):
+            await client.put_item(TableName=table, Item=streams_item("a"),
+                                  ConditionExpression="attribute_not_exists(Pk)")
+        with pytest.raises(ClientError, match="TransactionCanceled"):
+            await client.transact_write_items(TransactItems=[
+                {"ConditionCheck": {"TableName": table, "Key": {"Pk": {"S": "CONN#a"}},
+                                    "ConditionExpression": "attribute_not_exists(Pk)"}},
+                {"Put": {"TableName": table, "Item": streams_item("b")}}])
+        await client.transact_write_items(TransactItems=[
+            {"ConditionCheck": {"TableName": table, "Key": {"Pk": {"S": "CONN#a"}},
+                                "ConditionExpression": "attribute_exists(Pk)"}},
+            {"Put": {"TableName": table, "Item": streams_item("b", fence=1)}}])
+        got = await client.transact_get_items(TransactItems=[
+            {"Get": {"TableName": table, "Key": {"Pk": {"S": "CONN#b"}}}}])
+        assert got["Responses"][0]["Item"]["fence"] == {"N": "1"}  # always current
+        assert await orphan_rows(client, table) == []
+        clock.now += 1.0001
+        assert pks(await orphan_rows(client, table)) == ["CONN#a", "CONN#b"]
+
+
+async def test_stale_reads_only_where_consistent_read_is_not_asked_for() -> None:
+    async with lagged(stale_reads_s=1.0) as (client, table, clock):
+        key = {"Pk": {"S": "CONN#a"}}
+        await client.put_item(TableName=table, Item=streams_item("a", fence=1))
+        clock.now += 2.0
+        await client.update_item(TableName=table, Key=key, UpdateExpression="SET fence = :f",
+                                 ExpressionAttributeValues={":f": {"N": "2"}})
+
+        async def fences(consistent: bool) -> set[str]:
+            seen = set()
+            for _ in range(5):
+                got = await client.get_item(TableName=table, Key=key,
+                                            ConsistentRead=consistent)
+                seen.add(got["Item"]["fence"]["N"])
+                batch = await client.batch_get_item(RequestItems={
+                    table: {"Keys": [key], "ConsistentRead": consistent}})
+                seen.add(batch["Responses"][table][0]["fence"]["N"])
+                for op, extra in (("scan", {}), ("query", {
+                        "KeyConditionExpression": "Pk = :k",
+                        "ExpressionAttributeValues": {":k": key["Pk"]}})):
+                    resp = await getattr(client, op)(TableName=table, ConsistentRead=consistent,
+                                                     **extra)
+                    seen.add(resp["Items"][0]["fence"]["N"])
+            return seen
+
+        assert await fences(consistent=True) == {"2"}
+        assert await fences(consistent=False) == {"1"}  # up to a second old, and it is now
+        clock.now += 1.0001
+        assert await fences(consistent=False) == {"2"}
+        # An index read is not a stale read: this server's indexes do not lag.
+        (row,) = await orphan_rows(client, table)
+        assert row["fence"] == {"N": "2"}
+
+
+async def test_a_server_without_lag_answers_every_read_from_the_current_table() -> None:
+    async with lagged() as (client, table, _):
+        await client.put_item(TableName=table, Item=streams_item("a"))
+        assert pks(await orphan_rows(client, table)) == ["CONN#a"]
+        got = await client.get_item(TableName=table, Key={"Pk": {"S": "CONN#a"}})
+        assert "Item" in got
+
+
+async def test_the_cli_lags_index_reads_in_real_time(env_for: None) -> None:
+    """The session's server lags 100-300 ms; this one a fixed second, so that a read sent
+    right after a write is certainly inside the lag (checked, not assumed)."""
+    server = dynamodb_server(name="dynamodb-lag", index_lag_ms=1000, index_lag_jitter_ms=0)
+    try:
+        os.environ.update(local_aws_env(server.url()))
+        async with dynamodb.connect(f"cli-{uuid.uuid4().hex[:8]}", "cli-e", "cli-f") as stores:
+            await stores.admin.create_tables()
+            sent = time.monotonic()
+            await stores.admin.put_started("a", "wss://x/")
+            right_after = await stores.leases.orphans(NOW, 10)
+            if time.monotonic() - sent < 1.0:  # else the machine stalled past the lag
+                assert right_after == []
+            deadline = time.monotonic() + 15
+            while not await stores.leases.orphans(NOW, 10):
+                assert time.monotonic() < deadline, "the index never caught up"
+                await asyncio.sleep(0.05)
+            record = await stores.leases.check("a")  # consistent: current all along
+            assert record is not None and record.started
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("option", ["--index-lag-ms", "--index-lag-jitter-ms",
+                                    "--stale-reads-ms"])
+@pytest.mark.parametrize("value", ["-1", "10001", "nan"])
+def test_lag_options_are_checked(option: str, value: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from streamlease.dev.dynamodb import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--port", "0", option, value])
+    assert exited.value.code == 2
+    assert f"{option} must be 0-10000" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="stale_reads_s"):
+        EmbeddedDynamoDB(stale_reads_s=11.0)
+    with pytest.raises(ValueError, match="index lag"):
+        EmbeddedDynamoDB(index_lag_s=-0.1)
+
+
+async def test_the_instant_fixture_serves_a_current_index(instant_dynamo: Stores) -> None:
+    """Uses the instant-index server on purpose: it checks that server (no lag options
+    means no lag) and that its fixture points the stores at it."""
+    await instant_dynamo.admin.put_started("a", "wss://x/")
+    assert [r.stream_id for r in await instant_dynamo.leases.orphans(NOW, 10)] == ["a"]

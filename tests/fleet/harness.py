@@ -44,6 +44,24 @@ FAST_ENV = {
 }
 
 
+# The embedded DynamoDB as the tests run it: index reads see the table as it was 100-300 ms
+# ago (fixed part + jitter, drawn per read), as DynamoDB's global secondary indexes lag
+# (typically well under a second). Longer than a test's own round trips, so a test that
+# trusts an index read right after a write fails here as it would in production; shorter
+# than the fleet timings above (lease 1 s), so a correct worker still converges in time.
+# STREAMLEASE_TEST_INDEX_LAG_MS / ..._JITTER_MS override it (0 and 0: no lag, to compare).
+INDEX_LAG_MS = float(os.environ.get("STREAMLEASE_TEST_INDEX_LAG_MS", "100"))
+INDEX_LAG_JITTER_MS = float(os.environ.get("STREAMLEASE_TEST_INDEX_LAG_JITTER_MS", "200"))
+
+
+def dynamodb_server(*extra: str, name: str = "dynamodb", index_lag_ms: float = INDEX_LAG_MS,
+                    index_lag_jitter_ms: float = INDEX_LAG_JITTER_MS) -> Proc:
+    """``streamlease dev dynamodb`` on a free loopback port, its indexes lagging."""
+    return Proc(python("-m", "streamlease", "dev", "dynamodb", "--port", "0",
+                       "--index-lag-ms", repr(index_lag_ms),
+                       "--index-lag-jitter-ms", repr(index_lag_jitter_ms), *extra), name=name)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -422,6 +422,7 @@ def test_store_operations_are_the_known_set() -> None:
         ("events", "dynamodb:PutItem"),  # the sink's events
         ("fleet", "dynamodb:ConditionCheckItem"),  # every fenced write's check
         ("fleet", "dynamodb:PutItem"),  # a slot claim, fenced
+        ("fleet", "dynamodb:UpdateItem"),  # a leader acquisition with its fence mark
         ("job_write", "dynamodb:PutItem"),  # `job write`
     }, in_transactions
 

@@ -4,6 +4,7 @@ back, and to make a held lease lapse. Redis runs on a real ``redis-server`` (wit
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -14,7 +15,7 @@ import aioboto3
 import pytest
 
 from streamlease.leader import HashSet, LeaderBackend, PutItem
-from streamlease.store import dynamodb
+from streamlease.store import dynamodb, fleetcodec
 from streamlease.store.memory import MemoryStore
 from streamlease.store.redis_leader import client_for, lease_keys, redis_backend, redis_target
 from tests.redisserver import RedisServer
@@ -28,8 +29,14 @@ class Backend:
     write: Callable[..., Any]  # (key, value, unique=False) -> a write for this backend
     written: Callable[[str], Awaitable[str | None]]  # key -> value written, or None
     expire: Callable[[str], Awaitable[None]]  # make a held lease lapse now
+    # Lose a lease's item, as an operator's delete or a restore from an older backup does
+    # (Redis: the lease key; its fence counter stays, as it does on a server with AOF).
+    forget: Callable[[str], Awaitable[None]]
     observe_takeover: bool  # a candidate takes a silent lease by observing it
     conditional_writes: bool  # writes may carry their own condition
+    # Set a lease's fence by hand, lower than it was (an edit, a partial restore); None
+    # where the fence is not kept on the lease's record (Redis: its own counter).
+    rewind: Callable[[str, int], Awaitable[None]] | None = None
 
 
 def _put(table: str) -> Callable[..., PutItem]:
@@ -53,7 +60,13 @@ async def _memory() -> AsyncIterator[Backend]:
     async def expire(name: str) -> None:
         raise AssertionError("memory leases lapse by observation")
 
-    yield Backend(backend, _put("side"), written, expire, True, True)
+    async def forget(name: str) -> None:
+        del store.leaders[name]
+
+    async def rewind(name: str, fence: int) -> None:
+        store.leaders[name] = dataclasses.replace(store.leaders[name], fence=fence)
+
+    yield Backend(backend, _put("side"), written, expire, forget, True, True, rewind)
 
 
 async def _dynamodb(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
@@ -77,7 +90,17 @@ async def _dynamodb(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
             async def expire(name: str) -> None:
                 raise AssertionError("DynamoDB leases lapse by observation")
 
-            yield Backend(stores.leader, _put(side), written, expire, True, True)
+            async def forget(name: str) -> None:
+                await client.delete_item(TableName=names[2], Key=fleetcodec.leader_key(name),
+                                         ConditionExpression="attribute_exists(Pk)")
+
+            async def rewind(name: str, fence: int) -> None:
+                await client.update_item(TableName=names[2], Key=fleetcodec.leader_key(name),
+                                         UpdateExpression="SET fence = :f",
+                                         ExpressionAttributeValues={":f": {"N": str(fence)}})
+
+            yield Backend(stores.leader, _put(side), written, expire, forget, True, True,
+                          rewind)
 
 
 @pytest.fixture(scope="session")
@@ -113,9 +136,13 @@ async def _redis(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         while await raw.exists(lease):
             assert time.monotonic() < deadline, "the lease did not lapse"
 
+    async def forget(name: str) -> None:
+        lease, _ = lease_keys(name)
+        assert await raw.delete(lease) == 1
+
     try:
         async with redis_backend(server.url) as impl:
-            yield Backend(impl, write, written, expire, False, False)
+            yield Backend(impl, write, written, expire, forget, False, False)
     finally:
         await raw.aclose()
 

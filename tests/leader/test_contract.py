@@ -140,3 +140,87 @@ async def test_lost_is_set_when_the_lease_is_taken_from_the_holder(backend: Back
         async with asyncio.timeout(5):
             await lease.lost.wait()
         assert not lease.may_write()
+
+
+async def _hand_over(backend: Backend, name: str, owners: list[str], now_ms: int) -> list[int]:
+    """Resign and re-take the held lease once per owner; the fences handed out."""
+    fences = []
+    for owner in owners:
+        seen = await backend.impl.read(name)
+        assert seen is not None
+        assert await backend.impl.resign(name, seen.owner or "", seen.fence) is True
+        taken = await backend.impl.acquire(name, owner, 10, await backend.impl.read(name),
+                                           now_ms)
+        assert taken is not None
+        fences.append(taken)
+    return fences
+
+
+async def test_a_lost_item_recreated_by_a_clock_behind_moves_the_fence_forward(
+        backend: Backend) -> None:
+    """The lease's item is lost (deleted by hand, an older backup restored) and a machine
+    whose clock is an hour behind the one that created it takes the lease again: its
+    fence is still above every fence handed out before, so targets that refuse fences
+    below the highest they have seen accept the new leader."""
+    name = lease_name()
+    first = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert first is not None
+    fences = [first, *await _hand_over(backend, name, ["b", "c"], NOW)]
+    behind = NOW - 3_600_000
+    for owner in ("d", "e"):  # lost twice, each time re-created further behind
+        await backend.forget(name)
+        assert await backend.impl.read(name) is None
+        again = await backend.impl.acquire(name, owner, 10, None, behind)
+        assert again is not None
+        assert again == max(fences) + 1, (fences, again)
+        fences.append(again)
+        behind -= 3_600_000
+    # Every earlier holder is refused; the new one writes.
+    for stale in fences[:-1]:
+        with pytest.raises(StaleFence):
+            await backend.impl.fenced_write(name, stale, backend.write("after-loss", "old"))
+    await backend.impl.fenced_write(name, fences[-1], backend.write("after-loss", "new"))
+    assert await backend.written("after-loss") == "new"
+
+
+async def test_a_normal_acquisition_hands_out_what_it_did_before(backend: Backend) -> None:
+    """Recording the fence's high-water mark changes no acquisition's outcome: each new
+    leader's fence is the last one plus one and is what a read shows; a refused attempt
+    returns None and moves nothing (not even the mark: the next fence is still +1)."""
+    name = lease_name()
+    first = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert first is not None
+    held = await backend.impl.read(name)
+    assert held is not None and (held.owner, held.fence) == ("a", first)
+    assert await backend.impl.acquire(name, "b", 10, None, NOW) is None  # present now
+    fences = await _hand_over(backend, name, ["b", "c"], NOW + 1)
+    assert fences == [first + 1, first + 2]
+    seen = await backend.impl.read(name)
+    assert seen is not None and (seen.owner, seen.fence) == ("c", first + 2)
+    if backend.observe_takeover:
+        # Taken from a silent holder exactly as seen; a second taker with the same view
+        # loses, and the one after it moves the fence on by one only.
+        assert await backend.impl.acquire(name, "d", 10, seen, NOW + 2) == first + 3
+        assert await backend.impl.acquire(name, "e", 10, seen, NOW + 2) is None
+        now_held = await backend.impl.read(name)
+        assert now_held is not None and (now_held.owner, now_held.fence) == ("d", first + 3)
+        assert await backend.impl.acquire(name, "e", 10, now_held, NOW + 3) == first + 4
+
+
+async def test_a_fence_set_below_the_mark_by_hand_is_passed_on_the_next_acquisition(
+        backend: Backend) -> None:
+    """A lease item whose fence was set lower by hand (or restored on its own) is taken
+    over above every fence handed out before, not at its own fence plus one."""
+    if backend.rewind is None:
+        pytest.skip("the fence is kept apart from the lease's record")
+    name = lease_name()
+    first = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert first is not None
+    fences = [first, *await _hand_over(backend, name, ["b"], NOW)]
+    await backend.rewind(name, 5)
+    seen = await backend.impl.read(name)
+    assert seen is not None and seen.fence == 5
+    taken = await backend.impl.acquire(name, "c", 10, seen, NOW)
+    assert taken == max(fences) + 1
+    record = await backend.impl.read(name)
+    assert record is not None and (record.owner, record.fence) == ("c", taken)

@@ -4,6 +4,8 @@ HTTP) and the in-memory store. What one promises, the other must too."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from typing import Any
 
 import aioboto3
@@ -18,6 +20,8 @@ from streamlease.store import codec
 from streamlease.store.dynamodb import DynamoAdmin
 from streamlease.store.memory import MemoryStore
 from streamlease.store.protocols import SinkOutcome, Stores
+from tests.fleet.harness import INDEX_LAG_MS
+from tests.store.lag import eventually, memory_of
 
 T = LeaseTimings(lease_s=20.0, heartbeat_s=5.0, skew_margin_s=1.0, safety_margin_s=2.0)
 NOW = 1_700_000_000_000
@@ -148,9 +152,12 @@ async def test_orphan_query_filters_and_limits(stores: Stores) -> None:
         await stores.admin.put_started(f"s{i:02d}", URL)
     await acquired(stores, "s00")
     await stores.admin.set_state("s01", "STOPPED")
-    found = await stores.leases.orphans(NOW, limit=1000)
-    assert sorted(r.stream_id for r in found) == [f"s{i:02d}" for i in range(2, 30)]
-    assert len(await stores.leases.orphans(NOW, limit=5)) == 5
+    expected = [f"s{i:02d}" for i in range(2, 30)]
+    await eventually(stores, lambda: stores.leases.orphans(NOW, limit=1000),
+                     lambda found: sorted(r.stream_id for r in found) == expected)
+    # Each index read draws its own lag (two reads may see different moments): wait again.
+    await eventually(stores, lambda: stores.leases.orphans(NOW, limit=5),
+                     lambda found: len(found) == 5)
 
 
 async def test_sweep_finds_hand_written_and_bad_items(stores: Stores) -> None:
@@ -166,10 +173,12 @@ async def test_sweep_finds_hand_written_and_bad_items(stores: Stores) -> None:
     assert len(everything) == 14  # the OTHER#x item is not a stream
     found = [r for r in everything if invisible_to_index(r)]
     assert sorted(r.stream_id for r in found) == sorted([f"hand{i}" for i in range(12)] + ["weird"])
-    assert await leases.orphans(NOW, 100) == [await admin.get("normal")]
+    normal = await admin.get("normal")
+    await eventually(stores, lambda: leases.orphans(NOW, 100), lambda found: found == [normal])
     assert await leases.adopt("hand0") is True
     assert await leases.adopt("hand0") is False
-    assert "hand0" in {r.stream_id for r in await leases.orphans(NOW, 100)}
+    await eventually(stores, lambda: leases.orphans(NOW, 100),
+                     lambda found: "hand0" in {r.stream_id for r in found})
     got = await leases.acquire("hand1", "w1", NOW, T)  # acquirable without adoption too
     assert got is not None and got.tenure.fence == 1
 
@@ -299,7 +308,8 @@ async def test_dynamodb_pages_through_the_index_and_the_table(dynamo: Stores) ->
     leases, admin = dynamo.leases, dynamo.admin
     for i in range(30):
         await admin.put_started(f"s{i:02d}", URL)
-    assert len(await leases.orphans(NOW, limit=1000, page_size=7)) == 30  # type: ignore[call-arg]
+    await eventually(dynamo, lambda: leases.orphans(NOW, limit=1000, page_size=7),  # type: ignore[call-arg]
+                     lambda found: len(found) == 30)
     assert len(await leases.orphans(NOW, limit=5, page_size=2)) == 5  # type: ignore[call-arg]
     assert len(await leases.scan(page_size=4)) == 30  # type: ignore[call-arg]
     assert len(await admin.list_streams(page_size=4)) == 30  # type: ignore[call-arg]
@@ -321,3 +331,53 @@ def test_decode_reports_wrongly_typed_fields() -> None:
     assert problem is not None and problem.startswith("wrong attribute type: ws_url")
     fine = codec.decode_record({"Pk": {"S": "CONN#y"}, "desired_state": {"S": "STOPPED"}})
     assert fine is not None and fine.bad_fields == () and item_problem(fine, wss) is None
+
+
+async def test_index_reads_lag_writes_and_consistent_reads_and_conditions_do_not(
+        stores: Stores) -> None:
+    """Right after a write, an index shows the item as it was (or not at all), never the
+    new version; the item itself, and every condition, is current. On DynamoDB the
+    check needs the read back within the server's fixed lag: a stalled machine retries."""
+    leases, admin = stores.leases, stores.admin
+    memory = memory_of(stores)
+    for attempt in range(5):
+        sid = f"a{attempt}"
+        await admin.put_started(sid, URL)
+        sent = time.monotonic()
+        await leases.record_error(sid, "boom", NOW)  # the orphan index holds last_error
+        tenure = await acquired(stores, sid)  # moves the item into the owner index
+        orphans = await leases.orphans(NOW + 60_000, 100)
+        owned = await leases.owned_by("w1")
+        if memory is not None or time.monotonic() - sent < INDEX_LAG_MS / 1000:
+            break
+    else:
+        pytest.fail("never read back within the index lag")
+    assert sid not in {o.stream_id for o in owned}
+    assert [r.last_error for r in orphans if r.stream_id == sid] in ([], [None])
+    # A consistent read and a conditional write see the current item.
+    record = await leases.check(sid)
+    assert record is not None and record.lease_owner == "w1" and record.last_error == "boom"
+    assert await leases.acquire(sid, "w2", NOW + 1, T) is None  # the lease is live
+    # Once the lag has passed, the index shows the new version.
+    await eventually(stores, lambda: leases.owned_by("w1"),
+                     lambda found: (sid, tenure.fence) in {(o.stream_id, o.fence) for o in found})
+    await eventually(stores, lambda: leases.orphans(NOW + 60_000, 100),
+                     lambda found: [r.last_error for r in found if r.stream_id == sid] == ["boom"])
+
+
+async def test_the_orphan_index_returns_only_its_projected_attributes(stores: Stores) -> None:
+    """No last_seq (a checkpoint must not write the hot index) and no last_error_at_ms,
+    however the item has them."""
+    leases, admin = stores.leases, stores.admin
+    await admin.put_started("a", URL)
+    await leases.record_error("a", "boom", NOW)
+    tenure = await acquired(stores, "a")
+    await stores.sink.write_batch(tenure, 0, frames(1, 3), NOW)
+    await leases.release(tenure)
+    item = await admin.get("a")
+    assert item is not None and item.last_seq == 3 and item.last_error_at_ms == NOW
+    (found,) = await eventually(stores, lambda: leases.orphans(NOW, 10),
+                                lambda found: [r.fence for r in found] == [1])
+    assert (found.last_seq, found.last_error_at_ms) == (None, None)
+    assert (found.ws_url, found.lease_owner, found.last_error) == (URL, "w1", "boom")
+    assert found == dataclasses.replace(item, last_seq=None, last_error_at_ms=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import HeartbeatOutcome, MemberStatus
 from streamlease.store.protocols import Stores
+from tests.store.lag import eventually
 
 NOW = 1_800_000_000_000
 T = LeaseTimings(lease_s=60.0, heartbeat_s=20.0, skew_margin_s=1.0, safety_margin_s=2.0)
@@ -70,7 +71,9 @@ async def test_owner_index_and_release_on_behalf_of_an_older_epoch(stores: Store
     await leases.acquire("s1", "a", NOW, T, epoch=old_epoch)
     await leases.acquire("s2", "a", NOW, T, epoch=old_epoch)
     await leases.acquire("s3", "a", NOW, T, epoch=new_epoch)  # a newer incarnation's
-    owned = sorted(await leases.owned_by("a"), key=lambda o: o.stream_id)
+    # The owner index lags the acquisitions: wait for it.
+    owned = await eventually(stores, lambda: leases.owned_by("a"), lambda found: len(found) == 3)
+    owned = sorted(owned, key=lambda o: o.stream_id)
     assert [(o.stream_id, o.fence) for o in owned] == [("s1", 1), ("s2", 1), ("s3", 1)]
     fenced_epoch = old_epoch + 1
     results = {o.stream_id: await leases.release_for(o.stream_id, "a", o.fence, fenced_epoch)
@@ -91,8 +94,8 @@ async def test_held_stopped_finds_only_stopped_streams_still_held(stores: Stores
     await leases.acquire("running", "a", NOW, T)
     await admin.set_state("held", "STOPPED")
     await admin.set_state("free", "STOPPED")
-    found = await leases.held_stopped(NOW + 1, 100)
-    assert [r.stream_id for r in found] == ["held"]
+    found = await eventually(stores, lambda: leases.held_stopped(NOW + 1, 100),
+                             lambda found: [r.stream_id for r in found] == ["held"])
     assert found[0].lease_owner == "a" and found[0].fence == 1
     checked = await leases.check("running")
     assert checked is not None and checked.lease_owner == "a"

@@ -1,11 +1,17 @@
 """``LeaderBackend`` on DynamoDB: named leader leases in the fleet table (``Pk = LEADER``),
-and fenced writes as transactions that check the lease's fence."""
+and fenced writes as transactions that check the lease's fence.
+
+Each acquisition is one transaction: the lease's conditional update and the raise of its
+fence high-water item (``fleetcodec.fence_mark_item``), so the mark is never below a fence
+handed out. A lease whose item is missing (never held, or lost: deleted by hand, an older
+backup restored) starts above that mark (``next_fence``), whatever this machine's clock says.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from streamlease.core.leadership import LeaderRecord, initial_fence
+from streamlease.core.leadership import LeaderRecord, next_fence
 from streamlease.core.membership import HeartbeatOutcome
 from streamlease.errors import StaleFence, StoreError, StoreThrottled, StoreUnavailable
 from streamlease.leader import PutItem, Transaction, WriteRefused
@@ -18,6 +24,8 @@ from streamlease.store.dynamodb.client import (
     DynamoTable,
     TransactionCancelled,
 )
+
+ACQUIRE_ATTEMPTS = 3
 
 
 class DynamoLeaderBackend(DynamoTable):
@@ -35,16 +43,41 @@ class DynamoLeaderBackend(DynamoTable):
 
     async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
                       now_wall_ms: int, timeout: float | None = None) -> int | None:
-        expr = fleetcodec.leader_acquire_expr(owner, round(ttl_s * 1000), now_wall_ms, seen,
-                                              initial_fence(now_wall_ms))
-        try:
-            resp = await self._call("update_item", timeout, TableName=self.table,
-                                    Key=fleetcodec.leader_key(name), ReturnValues="ALL_NEW",
-                                    **expr.update_kwargs())
-        except ConditionFailed:
-            return None
-        record = fleetcodec.decode_leader(resp["Attributes"])
-        return record.fence if record else None
+        # Usually one transaction. A missing item costs a consistent read of the mark
+        # first. A mark above the item's own fence (set lower by hand) fails the mark's
+        # condition: read it and go again above it. The lease's condition pins the fence
+        # seen, so a retry can only succeed on the same item.
+        current = seen.fence if seen is not None else None
+        # An existing item's mark is its own fence unless someone lowered the item.
+        high_water = current if current is not None else await self._fence_mark(name, timeout)
+        ttl_ms = round(ttl_s * 1000)
+        for _ in range(ACQUIRE_ATTEMPTS):
+            fence = next_fence(current, high_water, now_wall_ms)
+            try:
+                await self._call("transact_write_items", timeout, TransactItems=[
+                    fleetcodec.leader_acquire_item(self.table, name, owner, ttl_ms,
+                                                   now_wall_ms, seen, fence),
+                    fleetcodec.fence_mark_item(self.table, name, fence)])
+            except TransactionCancelled as cancelled:
+                codes = cancelled.codes
+                if any(c in TXN_THROTTLE_REASONS for c in codes):
+                    raise StoreThrottled(f"acquire throttled: {codes}") from cancelled
+                if any(c in TXN_CONFLICT_REASONS for c in codes):
+                    raise StoreUnavailable(f"acquire conflicted: {codes}") from cancelled
+                if codes and codes[0] == "ConditionalCheckFailed":
+                    return None  # not as seen: someone else's now
+                if codes[1:2] == ["ConditionalCheckFailed"]:
+                    high_water = await self._fence_mark(name, timeout)
+                    continue
+                raise StoreError(f"acquire of lease {name} cancelled: {codes}") from cancelled
+            return fence
+        raise StoreError(f"lease {name}: its fence high-water mark kept moving under "
+                         f"{ACQUIRE_ATTEMPTS} attempts")
+
+    async def _fence_mark(self, name: str, timeout: float | None) -> int:
+        resp = await self._call("get_item", timeout, TableName=self.table,
+                                Key=fleetcodec.fence_mark_key(name), ConsistentRead=True)
+        return fleetcodec.decode_fence_mark(resp.get("Item"))
 
     async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
                     timeout: float | None = None) -> HeartbeatOutcome:
