@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.fleet.harness import Fleet, wait_until
-from tests.procs import Proc, python
+from streamlease.dev import local_aws_env
+from tests.fleet.harness import Fleet, dynamodb_server, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -21,8 +21,7 @@ LAG_MS = 1000
 
 @pytest.fixture(scope="module")
 def lagged_dynamodb() -> Iterator[str]:
-    proc = Proc(python("-m", "streamlease", "dev", "dynamodb", "--port", "0",
-                       "--index-lag-ms", str(LAG_MS)), name="dynamodb-lagged")
+    proc = dynamodb_server(name="dynamodb-lagged", index_lag_ms=LAG_MS, index_lag_jitter_ms=0)
     try:
         yield proc.url()
     finally:
@@ -30,7 +29,10 @@ def lagged_dynamodb() -> Iterator[str]:
 
 
 @pytest.fixture
-async def lagged_fleet(lagged_dynamodb: str) -> AsyncIterator[Fleet]:
+async def lagged_fleet(lagged_dynamodb: str,
+                       monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Fleet]:
+    for key, value in local_aws_env(lagged_dynamodb).items():
+        monkeypatch.setenv(key, value)  # the test's own reads go to the lagged server too
     fleet = Fleet(lagged_dynamodb, streams=18, rate=4)
     try:
         yield fleet
