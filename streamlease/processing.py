@@ -17,7 +17,6 @@ never skipped silently.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field, replace
 
@@ -46,8 +45,7 @@ class ProcessingSettings:
 
 
 def messages(frames: list[Frame]) -> list[Message]:
-    return [Message(f.seq, f.data if f.data is not None else json.loads(f.text), f.text)
-            for f in frames]
+    return [Message.of_text(f.seq, f.text) for f in frames]
 
 
 @dataclass

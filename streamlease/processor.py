@@ -48,6 +48,7 @@ A minimal processor::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -55,14 +56,40 @@ from typing import Any, Protocol, runtime_checkable
 STOP_REASONS = ("drain", "stopped", "shutdown", "lost", "error")
 
 
-@dataclass(frozen=True, slots=True)
+_UNPARSED: Any = object()
+
+
 class Message:
     """One upstream message: its sequence number, the JSON object as parsed (``data``)
-    and the frame's text exactly as received (``text``)."""
+    and the frame's text exactly as received (``text``). ``data`` is parsed on first use
+    (a processor that forwards ``text`` never pays for it, and a buffered batch holds
+    text only)."""
 
-    seq: int
-    data: Any
-    text: str
+    __slots__ = ("_data", "seq", "text")
+
+    def __init__(self, seq: int, data: Any, text: str) -> None:
+        self.seq = seq
+        self.text = text
+        self._data = data
+
+    @classmethod
+    def of_text(cls, seq: int, text: str) -> Message:
+        return cls(seq, _UNPARSED, text)
+
+    @property
+    def data(self) -> Any:
+        if self._data is _UNPARSED:
+            self._data = json.loads(self.text)
+        return self._data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Message) and (self.seq, self.text) == (other.seq, other.text)
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.text))
+
+    def __repr__(self) -> str:
+        return f"Message(seq={self.seq}, text={self.text[:60]!r})"
 
 
 @dataclass(slots=True)

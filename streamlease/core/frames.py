@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 # DynamoDB numbers hold 38 digits; sequence numbers stay well inside a signed 64-bit int.
 MAX_SEQ = 2**63 - 1
@@ -14,7 +13,6 @@ MAX_SEQ = 2**63 - 1
 class Frame:
     seq: int
     text: str
-    data: Any = field(default=None, compare=False, repr=False)  # the object, as parsed
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ def parse_frame(data: str | bytes) -> Frame | Malformed:
         return Malformed("no integer seq")
     if not 1 <= seq <= MAX_SEQ:
         return Malformed(f"seq {seq} out of range")
-    return Frame(seq, data, obj)
+    return Frame(seq, data)
 
 
 def export_line(text: str) -> str:
