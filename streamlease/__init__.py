@@ -6,3 +6,5 @@ is rejected atomically.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__"]
