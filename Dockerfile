@@ -32,12 +32,14 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN python -m pip download --require-hashes --no-deps --dest /wheels -r requirements.lock
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY streamlease ./streamlease
+# With the redis extra: the image serves either leader backend (STREAMLEASE_LEADER_BACKEND).
 RUN python -m pip wheel --no-deps --no-index --find-links /wheels --wheel-dir /dist . \
  && python -m venv --without-pip /opt/venv \
+ && wheel=$(echo /dist/streamlease-*.whl) \
  && python -m pip --python /opt/venv/bin/python install --no-index --find-links /wheels \
-        /dist/streamlease-*.whl \
+        "${wheel}[redis]" \
  && /opt/venv/bin/streamlease --help >/dev/null
 
 

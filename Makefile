@@ -36,50 +36,52 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# System packages some tests need, by their Debian names (docs/development.md lists the
+# whole toolchain). `make test` installs a missing one only where it can: as root where
+# apt-get exists (Debian, Ubuntu; CI). There the tests that need them are also required
+# (REQUIRE_*=1: a missing tool fails them). Elsewhere it prints one line a missing tool and
+# goes on, and the tests that need it skip, saying why. SYSTEM_INSTALL=yes|no overrides.
+SYSTEM_INSTALL ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && echo yes || echo no)
+REQUIRE_SYSTEM := $(if $(filter yes,$(SYSTEM_INSTALL)),REQUIRE_REDIS_SERVER=1 REQUIRE_PROMTOOL=1 REQUIRE_FAKETIME=1 REQUIRE_POSTGRES=1)
+
+# $(call system_package,CHECK,PACKAGE,WHAT): nothing if CHECK succeeds; else install the
+# Debian package PACKAGE, or say that WHAT is missing.
+ifeq ($(SYSTEM_INSTALL),yes)
+system_package = @{ $(1); } >/dev/null 2>&1 || { \
+	echo "installing $(3) (Debian package $(2))"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends $(2) >/dev/null; }
+else
+system_package = @{ $(1); } >/dev/null 2>&1 || \
+	echo "$(3) is missing (Debian package $(2)); the tests that need it will skip"
+endif
+
 # tests/infra also runs terraform, offline, where it can: `terraform` 1.11+ on PATH (or
 # TERRAFORM=path) and a filesystem mirror of hashicorp/aws 5.x (TERRAFORM_PROVIDER_MIRROR=dir,
 # else /opt/tf-plugins, ~/.terraform.d/plugins, ...). init, validate and test run in a
 # temporary copy of terraform/; without either, those tests skip and say why.
-# REQUIRE_REDIS_SERVER: the Redis tests fail, not skip, if redis-server is missing;
-# REQUIRE_POSTGRES: the same for the PostgreSQL output's tests and initdb/postgres.
+# REQUIRE_*: the tests that need a system package fail, not skip, where it can be installed.
 pytest: $(STAMP) $(CHECKOV_STAMP) promtool faketime redis postgres
-	REQUIRE_REDIS_SERVER=1 REQUIRE_POSTGRES=1 $(BIN)/pytest $(PYTEST_ARGS)
+	$(REQUIRE_SYSTEM) $(BIN)/pytest $(PYTEST_ARGS)
 
 # The alert rule tests need promtool, from Debian's prometheus package.
 promtool:
-	@command -v promtool >/dev/null 2>&1 || { \
-		echo "installing promtool (Debian package prometheus)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	$(call system_package,command -v promtool,prometheus,promtool)
 
 # The clock-skew tests and the load test's skew scenario offset one worker's clock with
 # libfaketime (Debian package faketime: the wrapper and the library).
 faketime:
-	@{ command -v faketime && ls /usr/lib/*/faketime/libfaketime.so.1; } >/dev/null 2>&1 || { \
-		echo "installing faketime (Debian package faketime)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends faketime >/dev/null; }
+	$(call system_package,command -v faketime && ls /usr/lib/*/faketime/libfaketime.so.1,faketime,libfaketime)
 
 # The Redis leader backend's tests start a real redis-server (Debian package redis-server).
 redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-		echo "installing redis-server (Debian package redis-server)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+	$(call system_package,command -v redis-server,redis-server,redis-server)
 
 # The PostgreSQL output's tests start a private server (Debian package postgresql: initdb and
-# postgres under /usr/lib/postgresql/VERSION/bin), installed here when root on Debian; the
-# system cluster the package may start is stopped again (the tests run their own).
+# postgres under /usr/lib/postgresql/VERSION/bin), installed here when root on Debian. The
+# tests run a private cluster on a free loopback port, whatever else runs on the machine.
 postgres:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing PostgreSQL (Debian package postgresql)"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-				apt-get install -y -qq --no-install-recommends postgresql >/dev/null && \
-			{ service postgresql stop >/dev/null 2>&1 || :; }; \
-		else \
-			echo "PostgreSQL's initdb is missing: install the postgresql package"; exit 1; \
-		fi; }
+	$(call system_package,ls /usr/lib/postgresql/*/bin/initdb || command -v initdb,postgresql,PostgreSQL initdb)
 
 # Benchmarks: print figures; only the load test's correctness figures can fail it.
 bench: $(STAMP)
@@ -88,10 +90,13 @@ bench: $(STAMP)
 loadtest: $(STAMP) faketime
 	$(BIN)/python -m loadtest.chaos $(ARGS)
 
-# Re-resolve the lock after changing dependencies in pyproject.toml.
+# Re-resolve the lock after changing dependencies in pyproject.toml. The lock holds exact
+# versions and hashes, and nothing of the machine it was made on (no index URLs, no
+# find-links from the local pip configuration).
 lock: $(STAMP)
 	$(BIN)/python -m pip install --quiet pip-tools
 	$(BIN)/pip-compile --quiet --extra test --extra loadtest --generate-hashes --allow-unsafe --strip-extras \
+		--no-emit-index-url --no-emit-find-links \
 		--output-file requirements.lock pyproject.toml build-requirements.in
 
 clean:

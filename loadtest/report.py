@@ -59,7 +59,7 @@ def _get(r: dict[str, Any], path: str) -> Any:
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
-    """(figure, JSON key, result, target, met) for the figures the issues set targets on."""
+    """(figure, JSON key, result, target, met) for the figures that have a target."""
     s = r.get("settings", {})
     kill9 = s.get("lease", 2.0) + 1.2 * s.get("reconcile", 0.5) + 0.5
     share = _get(r, "balance.share") or 10

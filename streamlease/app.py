@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import os
 import signal
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
-
-import uvloop
+from collections.abc import AsyncIterator, Callable
 
 from streamlease import __version__
 from streamlease import health as http
@@ -189,6 +188,7 @@ async def leader_backend(config: WorkerConfig, stores: Stores,
     if config.leader_backend == "dynamodb":
         yield stores.leader
         return
+    require_redis()
     from streamlease.store.redis_leader import redis_backend
     async with redis_backend(config.leader_backend,
                              unreplicated=metrics.leader_unreplicated) as backend:
@@ -350,17 +350,50 @@ def _duplicate_exit(membership: Membership) -> int:
     return EXIT_DUPLICATE_ID
 
 
+REDIS_EXTRA_MISSING = ("STREAMLEASE_LEADER_BACKEND: a redis:// backend needs the redis package, "
+                       "which is not installed (pip install 'streamlease[redis]')")
+
+
+def require_redis() -> None:
+    """Import the ``redis`` package (the ``redis`` extra) for the Redis leader backend;
+    ConfigError (exit 2, one line naming the setting) when it is not installed. Nothing
+    imports ``redis`` unless that backend is chosen."""
+    try:
+        importlib.import_module("redis")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "redis":
+            raise
+        raise ConfigError([REDIS_EXTRA_MISSING]) from None
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (it is not on Windows), else None:
+    asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def run_worker() -> int:
     try:
         config = WorkerConfig.from_env()
+        if config.leader_backend != "dynamodb":
+            require_redis()
     except ConfigError as exc:
         print(f"streamlease: {exc}", file=sys.stderr)
         return 2
     setup(config.log_format, config.log_level)
     owner = resolve_worker_id(config)
     CONTEXT.worker = owner
+    factory = loop_factory()
+    if factory is None:
+        event(logging.INFO, "worker.default_loop",
+              "uvloop is not installed; running on asyncio's default event loop")
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(serve(config, owner))
     except ConfigError as exc:
         print(f"streamlease: {exc}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The ``streamlease`` command: argparse front end. Parses, calls, prints; no logic.
 
-Exit codes (CONTRACT): 0 success; 2 bad usage or configuration, with one line on stderr
+Exit codes (docs/contract.md): 0 success; 2 bad usage or configuration, with one line on stderr
 naming what is wrong; 3 a fenced write refused for a stale fence (``job write``); 1
 anything else.
 """
@@ -402,7 +402,7 @@ async def watch_fleet(fleet: FleetStore, clock: Clock, window_s: float) -> list[
 
 
 def member_json(report: roster.MemberReport) -> dict[str, Any]:
-    """The CONTRACT's fields, nothing else."""
+    """The fields docs/contract.md lists, nothing else."""
     m = report.member
     return {"id": m.worker_id, "epoch": m.epoch, "status": m.status.value,
             "streams": m.streams, "share": report.share,

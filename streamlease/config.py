@@ -93,7 +93,7 @@ def ip_literal(text: str) -> str:
         raise ValueError("must be an IP address such as 0.0.0.0, 127.0.0.1 or ::") from None
 
 
-# The documented knobs, in the order the README lists them: the CONTRACT's first, then
+# The documented knobs, in the order the README lists them: docs/contract.md's first, then
 # the ones that tune internals and need no touching.
 SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_TABLE", "table", "streamlease-streams", "streams table", table_name),

@@ -2,7 +2,7 @@
 inside a run. Parses, calls, prints; the rules live in ``streamlease.core.jobs`` and
 ``streamlease.core.schedule``.
 
-Exit codes (CONTRACT): 0 success; 2 bad usage or configuration; 3 a fenced write refused
+Exit codes (docs/contract.md): 0 success; 2 bad usage or configuration; 3 a fenced write refused
 for a stale fence; 1 anything else.
 """
 
@@ -180,7 +180,7 @@ async def runs(stores: Stores, args: argparse.Namespace) -> int:
 
 
 def run_json(run: JobRun) -> dict[str, Any]:
-    """One run as the CONTRACT's ``job runs -o json`` row."""
+    """One run as the ``job runs -o json`` row of docs/contract.md."""
     return {"slot": run.slot, "fence": run.fence, "runner": run.runner,
             "started_at": _iso(run.started_at_ms), "finished_at": _iso(run.finished_at_ms),
             "outcome": None if run.outcome is None else run.outcome.value,
@@ -239,6 +239,8 @@ async def leader_backend() -> AsyncIterator[tuple[LeaderBackend, bool]]:
         async with connect_admin("unused-streams", "unused-events", fleet) as stores:
             yield stores.leader, False
         return
+    from streamlease.app import require_redis
+    require_redis()
     from streamlease.store.redis_leader import redis_backend
     async with redis_backend(choice) as backend:
         yield backend, True

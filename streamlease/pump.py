@@ -17,7 +17,8 @@ in flight is never interrupted: it was sent, so the sink decides it either way.
 The pump never decides ownership. Before every sink write it asks the holder
 (``Holding.may_write``) whether the tenure's local deadline still allows writing, and the
 sink itself refuses a stale fence. Reconnects flush first, so every connection asks for
-``from_seq = last_seq + 1`` where ``last_seq`` is what the sink has durably taken (CONTRACT).
+``from_seq = last_seq + 1`` where ``last_seq`` is what the sink has durably taken
+(docs/contract.md).
 """
 
 from __future__ import annotations

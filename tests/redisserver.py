@@ -1,8 +1,9 @@
 """A real ``redis-server`` (Debian's package) on a free loopback port, for the Redis
 leader backend's tests; ``replica_of`` starts one replicating another, for failovers.
 
-``make test`` installs the package and sets ``REQUIRE_REDIS_SERVER=1``: a missing
-binary then fails the tests. Run bare without it, they are skipped with the reason.
+Where ``make test`` can install the package (as root where apt-get exists) it does, and
+sets ``REQUIRE_REDIS_SERVER=1``: a missing binary then fails the tests. Elsewhere, and run
+bare, they are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def redis_server_binary() -> str:
     if path is None:
         if os.environ.get("REQUIRE_REDIS_SERVER"):
             pytest.fail("redis-server is missing: `make test` installs Debian's redis-server")
-        pytest.skip("needs redis-server (Debian package redis-server; `make test` installs it)")
+        pytest.skip("needs redis-server (Debian package redis-server; `make test` installs it "
+                    "as root on Debian)")
     out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
     found = re.search(r"v=(\d+)\.(\d+)", out)
     assert found, f"cannot read the version of {path}: {out!r}"

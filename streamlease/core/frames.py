@@ -1,4 +1,5 @@
-"""Upstream frames: parse the sequence number, reject what the contract calls malformed."""
+"""Upstream frames: parse the sequence number, reject what is malformed
+(docs/upstream-protocol.md)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def holds(record: StreamRecord | None, owner: str, fence: int) -> bool:
 
 
 def can_renew(record: StreamRecord | None, owner: str, fence: int) -> bool:
-    """Renew rule: ``holds`` and not released (expiry 0 means free now, CONTRACT)."""
+    """Renew rule: ``holds`` and not released (expiry 0 means free now, docs/contract.md)."""
     return holds(record, owner, fence) and record is not None and \
         record.lease_expires_at_ms != 0
 

@@ -16,7 +16,7 @@ VALID_STATES = ("STARTED", "STOPPED")
 def item_problem(record: StreamRecord, allowed_urls: AllowList) -> str | None:
     """Why a STARTED-or-not item cannot be served as written, or None.
 
-    This is the CONTRACT's list: an unknown ``desired_state``, a missing ``ws_url``, or
+    This is the list of docs/contract.md: an unknown ``desired_state``, a missing ``ws_url``, or
     one outside the allow-list. The text goes to ``last_error`` and the log.
     """
     if record.bad_fields:

@@ -1,9 +1,9 @@
 """The reference replaying upstream: a loopback WebSocket server serving many streams on one port.
 
-It speaks the upstream protocol of the contract (text frames, each a JSON object with an
-integer ``seq`` strictly increasing per stream; ``from_seq`` asks for a replay) and is used by
-tests, the demo and the load test. It is a development tool: it binds to loopback unless told
-otherwise.
+It speaks the default upstream protocol (docs/upstream-protocol.md: text frames, each a JSON
+object with an integer ``seq`` strictly increasing per stream; ``from_seq`` asks for a replay)
+and is used by tests, the demo and the load test. It is a development tool: it binds to
+loopback unless told otherwise.
 
 * ``ws://HOST:PORT/streams/<stream_id>?from_seq=N`` serves stream ``<stream_id>`` (any id
   matching ``[A-Za-z0-9_.-]{1,128}``, created on first use) from ``seq = N`` (default 1).

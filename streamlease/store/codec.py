@@ -25,7 +25,7 @@ from streamlease.core.model import (
 from streamlease.errors import SinkConflict, StaleFence
 from streamlease.store.protocols import SinkOutcome
 
-# Streams table (CONTRACT).
+# Streams table (docs/contract.md).
 PK = "Pk"
 DESIRED_STATE = "desired_state"
 WS_URL = "ws_url"
@@ -235,7 +235,7 @@ def renew_expr(owner: str, fence: int, new_expiry_ms: int) -> Expr:
 
 
 def release_expr(owner: str, fence: int) -> Expr:
-    """Expiry 0 (free now); owner and fence stay, so the history is kept (CONTRACT)."""
+    """Expiry 0 (free now); owner and fence stay, so the history is kept (docs/contract.md)."""
     return Expr(
         condition="#owner = :me AND #fence = :fence",
         update="SET #exp = :zero",

@@ -1,4 +1,4 @@
-"""Table definitions: the streams table and its index as the CONTRACT says, the events
+"""Table definitions: the streams table and its index as docs/contract.md says, the events
 table the fenced sink writes, and the fleet table (members, leader, jobs). Pure data,
 shared by ``table create``, the tests and the terraform checks.
 

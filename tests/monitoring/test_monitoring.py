@@ -4,6 +4,7 @@ the worker registers, every alert has a runbook section, every panel has a unit.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,7 +34,11 @@ def exposed_names() -> set[str]:
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool is missing: `make test` installs Debian's prometheus package")
+        # REQUIRE_PROMTOOL: set by `make test` where it can install the package.
+        if os.environ.get("REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is missing: `make test` installs Debian's prometheus package")
+        pytest.skip("needs promtool (Debian package prometheus; `make test` installs it as "
+                    "root on Debian)")
     return path
 
 

@@ -1,4 +1,4 @@
-# The three tables, exactly as streamlease/store/schema.py creates them (CONTRACT.md):
+# The three tables, exactly as streamlease/store/schema.py creates them (docs/contract.md):
 # tests/infra/test_terraform.py compares keys, attribute types, indexes and their
 # projections with it.
 #

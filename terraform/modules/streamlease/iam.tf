@@ -90,7 +90,7 @@ data "aws_iam_policy_document" "task" {
   # DescribeTable: start-up check that the table and both indexes exist (check_tables).
   # Scan: the sweep (the leader's, every STREAMLEASE_SWEEP_SECONDS) finds the items the
   #   sparse index cannot show: hand-written items without lease_expires_at_ms, and items
-  #   whose desired_state is neither STARTED nor STOPPED. The CONTRACT requires the first
+  #   whose desired_state is neither STARTED nor STOPPED. docs/contract.md requires the first
   #   kind to start within 60 s and the second to get last_error, and no Query can find
   #   an item by a missing attribute, so the Scan is needed.
   # GetItem: a holder's check-in, a consistent read of its own item every
