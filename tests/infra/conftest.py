@@ -3,7 +3,7 @@
 - ``module_report``: the module's committed tests (terraform/modules/streamlease/tests/)
   and the runs worker_cases.py generates from streamlease/config.py;
 - ``module_plans``: plans of the module (defaults, every input changed, the fleet's
-  options, a Redis leader backend), printed with ``-verbose`` so the tests can read what
+  options, a Redis leader backend, sinks), printed with ``-verbose`` so the tests can read what
   terraform would create;
 - ``example_report``: the example root's tests with terraform.tfvars.example, verbose.
 
@@ -65,6 +65,24 @@ PLAN_RUNS: dict[str, dict[str, Any]] = {
     },
     # A Redis URL in the variable (no credentials): sensitive in the plan.
     "redis": {"leader_backend": "rediss://cache.internal:6380/2"},
+    # Sinks (tests/infra/sink_calls.py): AWS outputs named by URL, ...
+    "kinesis": {"sink": "kinesis://orders", "dead_letter": "s3://acme-dlq/streamlease/failed/"},
+    "sqs": {"sink": "SQS://orders.fifo", "dead_letter": "https://hooks.example.com/dead",
+            "process_max_attempts": 3},
+    # ... and held in secrets, their kind and resources stated.
+    "sink_secrets": {
+        "sink_secret_arn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
+                           "streamlease/sink-AbCdEf",
+        "sink_kind": "postgres",
+        "sink_egress": [{"description": "PostgreSQL sink", "cidr_blocks": ["10.30.0.0/24"],
+                         "from_port": 5432, "to_port": 5432}],
+        "dead_letter_secret_arn": "arn:aws:ssm:eu-west-1:123456789012:parameter/streamlease/"
+                                  "dead-letter",
+        "dead_letter_kind": "s3",
+        "dead_letter_resource_arns": ["arn:aws:s3:::acme-dlq/failed/*"],
+        "sink_secrets_kms_key_arn": "arn:aws:kms:eu-west-1:123456789012:key/"
+                                    "00000000-0000-0000-0000-00000000000d",
+    },
 }
 
 

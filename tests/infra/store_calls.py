@@ -89,7 +89,12 @@ WRITE_ACTIONS = frozenset({"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:
 # Receiver names (the last name of ``self.leases``, ``stores.admin``, ``backend``) -> the
 # field of ``Stores`` they hold.
 ROLES = {"leases": "leases", "sink": "sink", "admin": "admin", "store": "admin",
-         "fleet": "fleet", "jobs": "jobs", "leader": "leader", "backend": "leader"}
+         "fleet": "fleet", "jobs": "jobs", "leader": "leader", "backend": "leader",
+         "checkpoints": "leases"}  # a processor output's checkpoint (processing.py)
+# The Stores field that is the dynamodb sink (the events table): with any other
+# STREAMLEASE_SINK the worker's sink is a ProcessorSink (app.worker_sink), so calls
+# through this receiver reach no store.
+EVENTS_SINK_ROLE = "sink"
 
 # Words of DynamoDB's expression language that are not attribute names.
 EXPRESSION_WORDS = frozenset(
@@ -689,10 +694,12 @@ def _receiver_name(node: ast.expr) -> str | None:
     return None
 
 
-def calls_in(sources: Iterable[Source], stores: Stores | None = None
+def calls_in(sources: Iterable[Source], stores: Stores | None = None,
+             skip_roles: frozenset[str] = frozenset()
              ) -> tuple[set[tuple[str, str]], list[Request]]:
     """(class, method) of every store method these sources call, through a receiver
-    named after its store (ROLES), and the PutItem writes they build themselves."""
+    named after its store (ROLES) other than ``skip_roles``, and the PutItem writes they
+    build themselves."""
     stores = store_classes() if stores is None else stores
     called: set[tuple[str, str]] = set()
     puts: list[Request] = []
@@ -704,7 +711,8 @@ def calls_in(sources: Iterable[Source], stores: Stores | None = None
                 func = node.func
                 if isinstance(func, ast.Attribute):
                     role = ROLES.get(_receiver_name(func.value) or "")
-                    method = stores.of_role(role, func.attr) if role else None
+                    method = stores.of_role(role, func.attr) \
+                        if role and role not in skip_roles else None
                     if method is not None:
                         called.add((method.cls, method.name))
                 elif isinstance(func, ast.Name) and func.id == "PutItem":

@@ -6,8 +6,10 @@ Where the checks live:
   both ways, and what the plan must always hold (table protection, the container's
   hardening, the service, the security group rules). Run here, one test per run.
 - here, on the module's plan (conftest.PLAN_RUNS): what must match worker/ (the tables
-  and streamlease/store/schema.py, the task role and the DynamoDB calls in streamlease/store/, the
-  environment and streamlease/config.py SETTINGS, the container and the worker's defaults);
+  and streamlease/store/schema.py, the task role and the DynamoDB calls in
+  streamlease/store/ and the sink outputs' calls in streamlease/sinks/ (sink_calls.py),
+  the environment and streamlease/config.py SETTINGS, the container and the worker's
+  defaults);
 - here, worker_cases.py: generated runs compare each worker setting's bounds with its
   variable's validation, and each committed run's expectation is checked against the
   worker's verdict on its inputs;
@@ -26,9 +28,10 @@ from typing import Any
 import pytest
 
 from streamlease.config import DEFAULTS, SETTINGS, WorkerConfig
+from streamlease.core.sinks import parse_sink
 from streamlease.core.stream import stream_buffer_bytes
 from streamlease.store import fleetcodec, schema
-from tests.infra import store_calls, worker_cases
+from tests.infra import sink_calls, store_calls, worker_cases
 from tests.infra.conftest import PLAN_RUNS, Terraform
 from tests.infra.tf import (
     EXAMPLE_DIR,
@@ -373,12 +376,17 @@ def derived_grants(needs: store_calls.Needs, arn: dict[str, str], job_write_arns
     return out
 
 
-def worker_needs() -> store_calls.Needs:
-    called, puts = store_calls.calls_in(store_calls.task_sources())
+def worker_needs(sink_kind: str = "dynamodb") -> store_calls.Needs:
+    """What the task role's code sends to DynamoDB with this STREAMLEASE_SINK kind: with
+    any kind but dynamodb the worker's sink is a processor (app.worker_sink), so nothing
+    reaches the events-table sink (test_only_the_dynamodb_sink_is_the_events_table)."""
+    skip = frozenset() if sink_kind == "dynamodb" else frozenset({store_calls.EVENTS_SINK_ROLE})
+    called, puts = store_calls.calls_in(store_calls.task_sources(), skip_roles=skip)
     names = {m for _, m in called}
-    assert {"acquire", "renew", "release", "orphans", "adopt", "write_batch", "check_tables",
-            "register", "heartbeat", "members", "fenced_write", "claim_write"} <= names, \
-        f"worker methods found: {sorted(called)}"
+    assert {"acquire", "renew", "release", "orphans", "adopt", "check_tables",
+            "register", "heartbeat", "members", "fenced_write", "claim_write",
+            "checkpoint"} <= names, f"worker methods found: {sorted(called)}"
+    assert ("write_batch" in names) == (sink_kind == "dynamodb"), sorted(called)
     return store_calls.needs(called, puts)
 
 
@@ -617,9 +625,14 @@ def test_task_environment_carries_every_setting_at_its_default(
     assert env["STREAMLEASE_EVENTS_TABLE"] == values["aws_dynamodb_table.events"]["name"]
     assert "STREAMLEASE_WORKER_ID" not in env  # the ECS task id, so never shared
     cases = worker_cases.Cases(module)
-    missing = set(cases.variable_of) - set(env) - {"STREAMLEASE_SAFETY_MARGIN_SECONDS"}
+    # A variable whose default is null leaves its setting out, so the worker's default
+    # applies: the safety margin (a tenth of the lease), the dead letter (none).
+    unset = {name for name, variable in cases.variable_of.items()
+             if cases.defaults.get(variable) is None}
+    assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_DEAD_LETTER"}, unset
+    missing = set(cases.variable_of) - set(env) - unset
     assert not missing, f"not passed to the container (ecs.tf local.worker_settings): {missing}"
-    assert "STREAMLEASE_SAFETY_MARGIN_SECONDS" not in env  # unset: a tenth of the lease
+    assert not unset & set(env), unset & set(env)
     assert set(env) <= {s.name for s in SETTINGS}, set(env) - {s.name for s in SETTINGS}
     for name, text in env.items():
         assert text == DEFAULTS[name], f"{name}: the module writes {text!r}, the worker's " \
@@ -699,6 +712,119 @@ def test_container_uses_the_workers_defaults(module_plans: dict[str, Any]) -> No
     assert check["interval"] * check["retries"] >= float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])
     assert DEFAULTS["STREAMLEASE_LOG_FORMAT"] == "json"  # what CloudWatch Logs Insights reads
     assert container(module_plans["custom"])["portMappings"][0]["containerPort"] == 9200
+
+
+# --- sinks: the task role's grants for each kind, the secrets ---------------------------------
+
+SINK_PLANS = ["defaults", "kinesis", "sqs", "sink_secrets"]
+
+
+def test_sink_kinds_table_is_the_module_s() -> None:
+    """sink_calls.KIND_ACTIONS names every kind the worker parses, and sinks.tf grants
+    the same actions for the same kinds."""
+    sink_calls.assert_table_covers_every_kind()
+    locals_: dict[str, Any] = {}
+    for block in parse_hcl(MODULE_DIR / "sinks.tf").get("locals", []):
+        locals_.update(block)
+    module_table = {k: frozenset(literal(v)) for k, v in
+                    literal(locals_["sink_kind_actions"]).items()}
+    assert module_table == {k: v for k, v in sink_calls.KIND_ACTIONS.items() if v}
+
+
+@pytest.mark.parametrize("kind", sorted(sink_calls.KIND_ACTIONS))
+def test_sink_kinds_table_is_what_the_outputs_call(kind: str) -> None:
+    """Each output module's AWS client calls, by botocore's model of the kind's service,
+    are the table's actions for that kind; outputs that are not AWS services call none."""
+    if kind in ("dynamodb", "python"):  # the events table (store_calls); the user's code
+        assert sink_calls.module_path(kind) is None and not sink_calls.KIND_ACTIONS[kind]
+        return
+    path = sink_calls.module_path(kind)
+    if path is None:
+        pytest.skip(f"the {kind} output ({sink_calls.output_modules()[kind]}.py) is not in "
+                    "this tree")
+    if kind in sink_calls.AWS_KINDS:
+        assert sink_calls.aws_actions(path)[kind] == sink_calls.KIND_ACTIONS[kind]
+    else:
+        assert not sink_calls.client_calls(path), sink_calls.client_calls(path)
+        assert "aioboto3" not in path.read_text() and "botocore" not in path.read_text()
+
+
+def test_only_the_dynamodb_sink_is_the_events_table() -> None:
+    """app.py hands the store's events-table sink to the worker only for the dynamodb
+    kind: the premise of worker_needs(kind) dropping the sink's calls otherwise."""
+    import ast
+
+    tree = ast.parse((ROOT / "streamlease" / "app.py").read_text())
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "sink"
+            and isinstance(n.value, ast.Name) and n.value.id == "stores"]
+    guarded = [n for node in ast.walk(tree) if isinstance(node, ast.If)
+               and ast.unparse(node.test) == "config.sink.kind == 'dynamodb'"
+               for stmt in node.body for n in ast.walk(stmt) if n in uses]
+    assert uses and len(guarded) == len(uses), [ast.unparse(n) for n in uses]
+
+
+def output_grants(plan_values: dict[str, Any], output: str, partition: str = "aws",
+                  region: str = "eu-west-1", account: str = "123456789012") -> Grants:
+    """The grants one output needs, from the worker's own parse of its URL (or, for a
+    secret-held one, the kind and resources the operator states)."""
+    if plan_values.get(f"{output}_secret_arn"):
+        kind = plan_values[f"{output}_kind"]
+        arns = list(plan_values.get(f"{output}_resource_arns", []))
+    else:
+        url = plan_values.get(output, DEFAULTS[f"STREAMLEASE_{output.upper()}"])
+        if not url:
+            return {}
+        spec = parse_sink(url)
+        kind = spec.kind
+        arns = {
+            "kinesis": [f"arn:{partition}:kinesis:{region}:{account}:stream/{spec.target}"],
+            "sqs": [f"arn:{partition}:sqs:{region}:{account}:{spec.target}"],
+            "s3": [f"arn:{partition}:s3:::{spec.target}/"
+                   + (f"{spec.prefix}/" if spec.prefix else "") + "*"],
+        }.get(kind, [])
+    return {arn: dict.fromkeys(sink_calls.KIND_ACTIONS[kind], NONE) for arn in arns}
+
+
+@pytest.mark.parametrize("plan_name", SINK_PLANS)
+def test_task_role_grants_what_the_sink_calls(module_plans: dict[str, Any],
+                                              plan_name: str) -> None:
+    """The task role: the DynamoDB calls of the worker with this sink kind (the events
+    table's sink calls only for dynamodb), and each AWS output's calls on its resources."""
+    plan = module_plans[plan_name]
+    values = PLAN_RUNS[plan_name]
+    kind = values["sink_kind"] if values.get("sink_secret_arn") else \
+        parse_sink(values.get("sink", DEFAULTS["STREAMLEASE_SINK"])).kind
+    expected = derived_grants(worker_needs(kind), arns(plan), [], stream_attribute_list=True)
+    for output in ("sink", "dead_letter"):
+        for resource, actions in output_grants(values, output).items():
+            expected.setdefault(resource, {}).update(actions)
+    granted = policy(plan, "task")
+    assert not differences(granted, expected), "\n".join(differences(granted, expected))
+    if kind != "dynamodb":
+        assert "dynamodb:PutItem" not in granted[arns(plan)["events"]]
+
+
+def test_sinks_from_secrets_never_enter_the_environment(module_plans: dict[str, Any]) -> None:
+    plan = module_plans["sink_secrets"]
+    values = PLAN_RUNS["sink_secrets"]
+    env = environment(plan)
+    assert "STREAMLEASE_SINK" not in env and "STREAMLEASE_DEAD_LETTER" not in env
+    assert sorted(container(plan)["secrets"], key=lambda s: s["name"]) == [
+        {"name": "STREAMLEASE_DEAD_LETTER", "valueFrom": values["dead_letter_secret_arn"]},
+        {"name": "STREAMLEASE_SINK", "valueFrom": values["sink_secret_arn"]}]
+    execution = policy(plan, "execution")
+    assert execution[values["sink_secret_arn"]] == {"secretsmanager:GetSecretValue": NONE}
+    assert execution[values["dead_letter_secret_arn"]] == {"ssm:GetParameters": NONE}
+    assert execution[values["sink_secrets_kms_key_arn"]] == {"kms:Decrypt": frozenset({(
+        "StringEquals", "kms:ViaService",
+        ("secretsmanager.eu-west-1.amazonaws.com", "ssm.eu-west-1.amazonaws.com"))})}
+    # Named by URL: in the environment (sensitive in the plan), no secrets.
+    for name in ("kinesis", "sqs"):
+        env = environment(module_plans[name])
+        assert env["STREAMLEASE_SINK"] == PLAN_RUNS[name]["sink"]
+        assert env["STREAMLEASE_DEAD_LETTER"] == PLAN_RUNS[name]["dead_letter"]
+        assert container(module_plans[name])["secrets"] == []
+    assert environment(module_plans["sqs"])["STREAMLEASE_PROCESS_MAX_ATTEMPTS"] == "3"
 
 
 # --- the example ----------------------------------------------------------------------------

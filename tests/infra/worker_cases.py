@@ -65,7 +65,22 @@ STRICTER: list[tuple[dict[str, Any], str]] = [
      "the worker takes Redis credentials in the URL; terraform refuses them in the "
      "variable, whose value lands in the task definition's environment (readable with "
      "ecs:DescribeTaskDefinition): they belong in leader_backend_secret_arn"),
+    ({"sink": "postgres://streamlease:s3cret@db.internal:5432/streams"},
+     "the worker takes credentials in a sink URL; terraform refuses them in the variable "
+     "(the task definition's environment): they belong in sink_secret_arn"),
+    ({"sink": "postgres://db.internal/streams?sslmode=require&password=s3cret"},
+     "a password parameter is a credential too: sink_secret_arn"),
+    ({"dead_letter": "https://streamlease:token@hooks.example.com/dead"},
+     "credentials in the dead-letter URL: dead_letter_secret_arn"),
+    ({"sink": "kinesis://streams/orders"},
+     "the worker's URL parser takes a path in a stream name; the Kinesis output refuses "
+     "it when the worker starts (a stream name has no '/'), terraform at plan time"),
+    ({"dead_letter": "s3://acme-dlq/failed*"},
+     "a '*' in the S3 key prefix would be a wildcard in the task role's S3 resource"),
 ]
+
+# How sinks.tf tells a secret-held output's stated resources from another service's.
+AWS_ARN_SERVICES = {"kinesis": ":kinesis:", "sqs": ":sqs:", "s3": ":s3:::"}
 
 TABLE_NAMES = ["abc", "a" * 255, "ev.t-1_x", "ab", "a" * 256, "bad name", "ev/t"]
 URL_LISTS: list[list[str]] = [
@@ -90,7 +105,32 @@ def deployment_problems(values: dict[str, Any]) -> list[str]:
             and values.get("leader_backend_secret_arn") is not None:
         problems.append("leader_backend and leader_backend_secret_arn: one place for the "
                         "leader backend")
+    if values["sink"] != "dynamodb" and values.get("sink_secret_arn") is not None:
+        problems.append("sink and sink_secret_arn: one place for the sink's URL")
+    if values.get("dead_letter") is not None \
+            and values.get("dead_letter_secret_arn") is not None:
+        problems.append("dead_letter and dead_letter_secret_arn: one place for its URL")
+    for output in ("sink", "dead_letter"):
+        if secret_output_problem(values, output):
+            problems.append(f"{output}_kind and {output}_resource_arns must describe the "
+                            f"URL in {output}_secret_arn (and only with one)")
     return problems
+
+
+def secret_output_problem(values: dict[str, Any], output: str) -> bool:
+    """A secret-held sink's description (sinks.tf local.secret_output_problems): kind and
+    resources only with a secret; with one, a kind, and for an AWS kind resources of its
+    service (none for the other kinds)."""
+    secret = values.get(f"{output}_secret_arn")
+    kind = values.get(f"{output}_kind")
+    arns = values.get(f"{output}_resource_arns") or []
+    if secret is None:
+        return kind is not None or bool(arns)
+    if kind is None:
+        return True
+    if kind in AWS_ARN_SERVICES:
+        return not arns or not all(AWS_ARN_SERVICES[kind] in a for a in arns)
+    return bool(arns)
 
 
 # --- settings and variables ----------------------------------------------------------------

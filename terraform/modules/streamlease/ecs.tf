@@ -30,15 +30,25 @@ locals {
   leader_backend_env = var.leader_backend_secret_arn != null ? null : (
     local.leader_backend_default ? "dynamodb" : one([for v in [var.leader_backend] : v if !local.leader_backend_default])
   )
-  container_secrets = var.leader_backend_secret_arn == null ? [] : [{
-    name      = "STREAMLEASE_LEADER_BACKEND"
-    valueFrom = var.leader_backend_secret_arn
-  }]
+  # STREAMLEASE_SINK and STREAMLEASE_DEAD_LETTER likewise: from their secrets when given
+  # (sinks.tf), else from the variables, "dynamodb" and "no dead letter" as literals.
+  sink_env = var.sink_secret_arn != null ? null : (
+    local.sink_default ? "dynamodb" : one([for v in [var.sink] : v if !local.sink_default])
+  )
+  dead_letter_env = var.dead_letter_secret_arn != null || local.dead_letter_unset ? null : one(
+    [for v in [var.dead_letter] : v if !local.dead_letter_unset]
+  )
+  container_secrets = [for name, arn in {
+    STREAMLEASE_LEADER_BACKEND = var.leader_backend_secret_arn
+    STREAMLEASE_SINK           = var.sink_secret_arn
+    STREAMLEASE_DEAD_LETTER    = var.dead_letter_secret_arn
+  } : { name = name, valueFrom = arn } if arn != null]
 
   # Every worker setting, as the environment the worker reads (streamlease/config.py SETTINGS).
   # STREAMLEASE_WORKER_ID is left out on purpose: the worker then uses its ECS task id.
-  # A null value (safety margin not set; the leader backend taken from a secret) leaves
-  # the variable out, so the worker's own default, or the secret, applies.
+  # A null value (safety margin not set; no dead-letter destination; the leader backend,
+  # the sink or the dead letter taken from a secret) leaves the variable out, so the
+  # worker's own default, or the secret, applies.
   worker_settings = {
     STREAMLEASE_TABLE                 = aws_dynamodb_table.streams.name
     STREAMLEASE_EVENTS_TABLE          = aws_dynamodb_table.events.name
@@ -69,6 +79,9 @@ locals {
     STREAMLEASE_MAX_SEQ_JUMP          = tostring(var.max_seq_jump)
     STREAMLEASE_STALL_SECONDS         = tostring(var.stall_seconds)
     STREAMLEASE_BUFFER_BUDGET_BYTES   = tostring(var.buffer_budget_bytes)
+    STREAMLEASE_SINK                  = local.sink_env
+    STREAMLEASE_PROCESS_MAX_ATTEMPTS  = tostring(var.process_max_attempts)
+    STREAMLEASE_DEAD_LETTER           = local.dead_letter_env
     AWS_REGION                        = data.aws_region.current.name
   }
   container_environment = [for k, v in local.worker_settings : { name = k, value = v } if v != null]
@@ -232,6 +245,22 @@ resource "aws_ecs_task_definition" "worker" {
       error_message = "leader_backend and leader_backend_secret_arn both set: give the Redis URL in one place (the secret, if it holds credentials)."
     }
     precondition {
+      condition     = local.sink_default || var.sink_secret_arn == null
+      error_message = "sink and sink_secret_arn both set: give the sink's URL in one place (the secret, if it holds credentials)."
+    }
+    precondition {
+      condition     = !local.secret_output_problems.sink
+      error_message = "sink_kind and sink_resource_arns describe the sink in sink_secret_arn: both unset without it; with it, sink_kind set, and for kinesis, sqs or s3 the resource ARNs of that service (for the other kinds none)."
+    }
+    precondition {
+      condition     = local.dead_letter_unset || var.dead_letter_secret_arn == null
+      error_message = "dead_letter and dead_letter_secret_arn both set: give the dead-letter URL in one place (the secret, if it holds credentials)."
+    }
+    precondition {
+      condition     = !local.secret_output_problems.dead_letter
+      error_message = "dead_letter_kind and dead_letter_resource_arns describe the destination in dead_letter_secret_arn: both unset without it; with it, dead_letter_kind set, and for kinesis, sqs or s3 the resource ARNs of that service (for the other kinds none)."
+    }
+    precondition {
       condition     = var.stop_timeout_seconds >= var.shutdown_seconds + local.stop_timeout_margin_seconds
       error_message = "stop_timeout_seconds must exceed shutdown_seconds by at least 10 s, or ECS kills the worker before it has released its leases (and Fargate allows at most 120: lower shutdown_seconds if needed)."
     }
@@ -284,6 +313,7 @@ resource "aws_ecs_service" "worker" {
   depends_on = [
     aws_ecs_cluster_capacity_providers.this,
     aws_iam_role_policy.task,
+    aws_iam_role_policy.task_extra,
     aws_iam_role_policy.execution,
   ]
 }

@@ -1,7 +1,8 @@
 # Two roles: the task role the worker's AWS SDK uses, holding only the DynamoDB actions
 # `streamlease run` and `streamlease job write` (run by jobs, the worker's subprocesses)
-# call (streamlease/store/), and the execution role the ECS agent uses to pull the image, read
-# the leader backend's secret and ship logs. The operator policy (for people running
+# call (streamlease/store/) and the calls of the chosen sink and dead-letter outputs
+# (streamlease/sinks/, sinks.tf), and the execution role the ECS agent uses to pull the
+# image, read the leader backend's and the sinks' secrets and ship logs. The operator policy (for people running
 # `streamlease table create`, `ctl` and `job`) is an output, attached to nothing here.
 # tests/infra/test_terraform.py pins each action set, resource and condition exactly.
 
@@ -136,12 +137,13 @@ data "aws_iam_policy_document" "task" {
     resources = [local.streams_index_arn, local.owner_index_arn]
   }
 
-  # DescribeTable: start-up check. Query: the newest events item of a stream, read on
-  # acquire (its last seq and fence: the checkpoint moves forward to it if a batch landed
-  # whose checkpoint answer was lost).
+  # DescribeTable: start-up check (every table, whatever the sink). Query: the newest
+  # events item of a stream, read on acquire (its last seq and fence: the checkpoint
+  # moves forward to it if a batch landed whose checkpoint answer was lost); only the
+  # dynamodb sink reads it (sinks.tf local.events_sink).
   statement {
     sid       = "EventsTable"
-    actions   = ["dynamodb:DescribeTable", "dynamodb:Query"]
+    actions   = local.events_sink ? ["dynamodb:DescribeTable", "dynamodb:Query"] : ["dynamodb:DescribeTable"]
     resources = [aws_dynamodb_table.events.arn]
   }
 
@@ -151,16 +153,32 @@ data "aws_iam_policy_document" "task" {
   # Update carries the fence condition. This does not make IAM check what else a
   # transaction holds: credentials taken from a task could still send a transaction of
   # Puts alone. No ConditionCheckItem on this table: the sink's condition rides on its
-  # Update.
-  statement {
-    sid       = "SinkPutsInTransactions"
-    actions   = ["dynamodb:PutItem"]
-    resources = [aws_dynamodb_table.events.arn]
+  # Update. Only for the dynamodb sink: another sink's checkpoint is the streams
+  # UpdateItem above (the same attributes), and the events table stays empty.
+  dynamic "statement" {
+    for_each = local.events_sink ? [aws_dynamodb_table.events.arn] : []
+    content {
+      sid       = "SinkPutsInTransactions"
+      actions   = ["dynamodb:PutItem"]
+      resources = [statement.value]
 
-    condition {
-      test     = "StringEquals"
-      variable = "dynamodb:EnclosingOperation"
-      values   = ["TransactWriteItems"]
+      condition {
+        test     = "StringEquals"
+        variable = "dynamodb:EnclosingOperation"
+        values   = ["TransactWriteItems"]
+      }
+    }
+  }
+
+  # The sink and the dead-letter destination when they are AWS outputs (sinks.tf
+  # local.sink_kind_actions): their calls, on their stream, queue or key prefix only.
+  # postgres, http, file, stdout and python outputs get nothing here.
+  dynamic "statement" {
+    for_each = local.sink_statements
+    content {
+      sid       = statement.value.sid
+      actions   = statement.value.actions
+      resources = statement.value.resources
     }
   }
 
@@ -265,7 +283,7 @@ data "aws_iam_policy_document" "task" {
 
 resource "aws_iam_role" "task" {
   name               = "${var.name}-task"
-  description        = "streamlease worker: DynamoDB lease and sink calls only"
+  description        = "streamlease worker: DynamoDB lease calls and its sink's calls only"
   assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
   tags               = var.tags
 }
@@ -287,6 +305,17 @@ resource "aws_iam_role_policy" "task" {
       error_message = "job_write_table_arns must not name the module's own tables (streams, events, fleet)."
     }
   }
+}
+
+# What the operator grants beyond the module (extra_task_policy_json): a python
+# processor's own calls, a sink's KMS key. A second inline policy, so the module's own
+# stays exactly what tests/infra/test_terraform.py pins.
+resource "aws_iam_role_policy" "task_extra" {
+  count = var.extra_task_policy_json == null ? 0 : 1
+
+  name   = "extra"
+  role   = aws_iam_role.task.id
+  policy = var.extra_task_policy_json
 }
 
 # --- execution role: image pull and logs ----------------------------------------------------
@@ -324,6 +353,41 @@ data "aws_iam_policy_document" "execution" {
       sid       = "ReadLeaderBackendParameter"
       actions   = ["ssm:GetParameters"]
       resources = [statement.value]
+    }
+  }
+
+  # STREAMLEASE_SINK and STREAMLEASE_DEAD_LETTER from their secrets (sink_secret_arn,
+  # dead_letter_secret_arn), the same way: those secrets only.
+  dynamic "statement" {
+    for_each = length(local.sink_secrets_by_service.secretsmanager) == 0 ? [] : [local.sink_secrets_by_service.secretsmanager]
+    content {
+      sid       = "ReadSinkSecrets"
+      actions   = ["secretsmanager:GetSecretValue"]
+      resources = statement.value
+    }
+  }
+
+  dynamic "statement" {
+    for_each = length(local.sink_secrets_by_service.ssm) == 0 ? [] : [local.sink_secrets_by_service.ssm]
+    content {
+      sid       = "ReadSinkParameters"
+      actions   = ["ssm:GetParameters"]
+      resources = statement.value
+    }
+  }
+
+  dynamic "statement" {
+    for_each = length(local.sink_secret_arns) > 0 && var.sink_secrets_kms_key_arn != null ? [var.sink_secrets_kms_key_arn] : []
+    content {
+      sid       = "DecryptSinkSecrets"
+      actions   = ["kms:Decrypt"]
+      resources = [statement.value]
+
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = [for service, arns in local.sink_secrets_by_service : "${service}.${data.aws_region.current.name}.amazonaws.com" if length(arns) > 0]
+      }
     }
   }
 

@@ -3,7 +3,12 @@
 #     driver also leave through the task's network interface), optionally to a DynamoDB
 #     gateway endpoint's prefix list;
 #   - the upstream WebSocket servers (var.upstream_egress; default 443 anywhere);
-#   - a Redis leader backend (var.leader_backend_egress; default none).
+#   - a Redis leader backend (var.leader_backend_egress; default none);
+#   - a postgres or http(s) sink or dead-letter destination (var.sink_egress; default
+#     none: the 443-anywhere default already reaches a public https webhook). Kinesis,
+#     SQS and S3 outputs are AWS APIs on 443, like DynamoDB: the first rule; with narrowed
+#     aws_api_egress_cidr_blocks, their interface endpoints must be inside those CIDRs
+#     (S3 already is where the tasks pull their image).
 # DNS, the task metadata and credentials endpoints (169.254.170.2) and NTP are not
 # filtered by security groups, so they need no rule.
 # Ingress: the metrics port (/metrics, /healthz, /readyz), from the scraper's group only.
@@ -17,6 +22,12 @@ locals {
       description = "HTTPS to AWS APIs (DynamoDB, ECR, S3, CloudWatch Logs)"
     }],
     flatten([for rule in var.upstream_egress : [for cidr in rule.cidr_blocks : {
+      cidr        = cidr
+      from_port   = rule.from_port
+      to_port     = rule.to_port
+      description = rule.description
+    }]]),
+    flatten([for rule in var.sink_egress : [for cidr in rule.cidr_blocks : {
       cidr        = cidr
       from_port   = rule.from_port
       to_port     = rule.to_port

@@ -327,6 +327,126 @@ variable "leader_backend_secret_kms_key_arn" {
   }
 }
 
+# --- the sinks: secrets, IAM for a secret-held URL, egress, extra task permissions --------
+# STREAMLEASE_SINK and STREAMLEASE_DEAD_LETTER are the `sink` and `dead_letter` variables
+# below. The task role gets what the chosen outputs call (iam.tf): the kind and the
+# target come from those variables' URLs, or, for a URL kept in a secret, from
+# sink_kind and sink_resource_arns (dead_letter_kind, dead_letter_resource_arns).
+
+variable "sink_secret_arn" {
+  description = "A Secrets Manager secret (its ARN, the whole secret a string) or an SSM parameter (SecureString) holding STREAMLEASE_SINK: a URL with credentials (postgres://user:password@host/db, https://user:token@host/path, a webhook whose URL is itself a token). ECS injects it into the container (`secrets`); the execution role may read this one secret. Give sink_kind (and, for kinesis, sqs or s3, sink_resource_arns) with it. null: the `sink` variable applies."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.sink_secret_arn == null ? true : can(regex("^arn:aws[a-z-]*:(secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+|ssm:[a-z0-9-]+:[0-9]{12}:parameter/[A-Za-z0-9/_.-]+)$", var.sink_secret_arn))
+    error_message = "sink_secret_arn: a Secrets Manager secret ARN (without a JSON key or version suffix) or an SSM parameter ARN, or null."
+  }
+}
+
+variable "sink_kind" {
+  description = "The kind of the sink held in sink_secret_arn, which terraform cannot read: postgres, http, kinesis, sqs, s3, file, stdout or python. It decides the task role's grants, as the URL's scheme does for the `sink` variable. Required with sink_secret_arn, null without it."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.sink_kind == null ? true : contains(["postgres", "http", "kinesis", "sqs", "s3", "file", "stdout", "python"], var.sink_kind)
+    error_message = "sink_kind: postgres, http, kinesis, sqs, s3, file, stdout or python (or null)."
+  }
+}
+
+variable "sink_resource_arns" {
+  description = "What a secret-held kinesis, sqs or s3 sink writes to: Kinesis stream ARNs, SQS queue ARNs, or S3 object ARNs ending in /* (arn:aws:s3:::BUCKET/PREFIX/*). The task role may write these only. Required for those kinds with sink_secret_arn, empty otherwise."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition = alltrue([for a in var.sink_resource_arns : can(regex(
+      "^arn:aws[a-z-]*:(kinesis:[a-z0-9-]+:[0-9]{12}:stream/[A-Za-z0-9_.-]{1,128}|sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,80}(\\.fifo)?|s3:::[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([A-Za-z0-9_.=-]+/)*\\*)$", a
+    ))])
+    error_message = "sink_resource_arns: Kinesis stream ARNs (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME), SQS queue ARNs (arn:aws:sqs:REGION:ACCOUNT:NAME) or S3 object ARNs (arn:aws:s3:::BUCKET/PREFIX/*, no wildcard but the trailing one)."
+  }
+}
+
+variable "dead_letter_secret_arn" {
+  description = "As sink_secret_arn, for STREAMLEASE_DEAD_LETTER: a secret or SecureString holding the dead-letter URL when it carries credentials. Give dead_letter_kind (and dead_letter_resource_arns for kinesis, sqs or s3) with it. null: the `dead_letter` variable applies."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.dead_letter_secret_arn == null ? true : can(regex("^arn:aws[a-z-]*:(secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+|ssm:[a-z0-9-]+:[0-9]{12}:parameter/[A-Za-z0-9/_.-]+)$", var.dead_letter_secret_arn))
+    error_message = "dead_letter_secret_arn: a Secrets Manager secret ARN (without a JSON key or version suffix) or an SSM parameter ARN, or null."
+  }
+}
+
+variable "dead_letter_kind" {
+  description = "The kind of the dead-letter destination held in dead_letter_secret_arn: postgres, http, kinesis, sqs, s3, file, stdout or python. Required with dead_letter_secret_arn, null without it."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.dead_letter_kind == null ? true : contains(["postgres", "http", "kinesis", "sqs", "s3", "file", "stdout", "python"], var.dead_letter_kind)
+    error_message = "dead_letter_kind: postgres, http, kinesis, sqs, s3, file, stdout or python (or null)."
+  }
+}
+
+variable "dead_letter_resource_arns" {
+  description = "As sink_resource_arns, for a secret-held kinesis, sqs or s3 dead-letter destination."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition = alltrue([for a in var.dead_letter_resource_arns : can(regex(
+      "^arn:aws[a-z-]*:(kinesis:[a-z0-9-]+:[0-9]{12}:stream/[A-Za-z0-9_.-]{1,128}|sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,80}(\\.fifo)?|s3:::[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([A-Za-z0-9_.=-]+/)*\\*)$", a
+    ))])
+    error_message = "dead_letter_resource_arns: Kinesis stream ARNs, SQS queue ARNs or S3 object ARNs (arn:aws:s3:::BUCKET/PREFIX/*)."
+  }
+}
+
+variable "sink_secrets_kms_key_arn" {
+  description = "Customer managed KMS key of sink_secret_arn and dead_letter_secret_arn, if they have one: the execution role may decrypt with it through Secrets Manager or SSM only. null: the AWS managed key, which needs no grant."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.sink_secrets_kms_key_arn == null ? true : can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/.+$", var.sink_secrets_kms_key_arn))
+    error_message = "sink_secrets_kms_key_arn: a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID) or null."
+  }
+}
+
+variable "sink_egress" {
+  description = "Where a postgres or http(s) sink or dead-letter destination is: IPv4 CIDRs and a port range each (PostgreSQL 5432, a webhook on 443 or 80). Kinesis, SQS and S3 are AWS APIs, reached through aws_api_egress_cidr_blocks on 443. Default: none (the default 443-anywhere rule already reaches a public https webhook)."
+  type = list(object({
+    description = string
+    cidr_blocks = list(string)
+    from_port   = number
+    to_port     = number
+  }))
+  default = []
+
+  validation {
+    condition = alltrue([
+      for r in var.sink_egress :
+      length(r.cidr_blocks) > 0
+      && alltrue([for c in r.cidr_blocks : can(cidrnetmask(c))])
+      && r.from_port >= 1 && r.to_port <= 65535 && r.from_port <= r.to_port
+      && can(regex("^[A-Za-z0-9 ._:/()#,@+=&;{}!$*-]{1,200}$", r.description))
+    ])
+    error_message = "sink_egress: each rule needs IPv4 CIDRs, 1 <= from_port <= to_port <= 65535 and a description of up to 200 characters allowed in security group rules."
+  }
+}
+
+variable "extra_task_policy_json" {
+  description = "An IAM policy document (JSON, e.g. an aws_iam_policy_document's json) attached to the task role as a second inline policy, for what the module does not grant: a python:MODULE:ATTR processor's own AWS calls, or kms:GenerateDataKey on the key of a KMS-encrypted Kinesis stream, SQS queue or S3 bucket sink. null: none."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.extra_task_policy_json == null ? true : can(jsondecode(var.extra_task_policy_json).Statement)
+    error_message = "extra_task_policy_json: a JSON IAM policy document with a Statement, or null."
+  }
+}
+
 # --- worker settings (STREAMLEASE_*; defaults and rules of streamlease/config.py) --------------
 # STREAMLEASE_WORKER_ID is deliberately not an input: left unset, each task uses its ECS
 # task id, so no two tasks can share an identity (two holders under one id would renew
@@ -662,5 +782,70 @@ variable "buffer_budget_bytes" {
   validation {
     condition     = floor(var.buffer_budget_bytes) == var.buffer_budget_bytes && var.buffer_budget_bytes >= 1048576 && var.buffer_budget_bytes <= 1099511627776
     error_message = "buffer_budget_bytes: a whole number from 1048576 (1 MiB) to 1099511627776 (1 TiB)."
+  }
+}
+
+variable "sink" {
+  description = "STREAMLEASE_SINK: where messages go: dynamodb (the events table, exactly once), postgres://HOST/DB, kinesis://STREAM, sqs://QUEUE, s3://BUCKET/PREFIX, http(s)://HOST/PATH, file:///DIR, stdout or python:MODULE:ATTR. Without credentials (user info, password=): a URL with them belongs in sink_secret_arn. The task role gets what this sink calls and nothing for the others (README: Sinks). Sensitive: plans show a value other than dynamodb as (sensitive value)."
+  type        = string
+  default     = "dynamodb"
+  sensitive   = true
+
+  validation {
+    condition     = !can(regex("^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@", var.sink)) && !can(regex("(?i)[?&]password=", var.sink))
+    error_message = "sink: no credentials here (user info or a password= parameter): the task definition's environment is readable with ecs:DescribeTaskDefinition. Put the URL in a secret and pass sink_secret_arn and sink_kind."
+  }
+
+  validation {
+    condition = (
+      contains(["dynamodb", "stdout"], var.sink)
+      || can(regex("^python:[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$", var.sink))
+      || can(regex("^(?i:postgres|postgresql)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?([/?][^#]*)?$", var.sink))
+      || can(regex("^(?i:postgres|postgresql):///[^?#]*\\?([^#]*&)?host=[^&#]+", var.sink))
+      || can(regex("^(?i:https?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?([/?#].*)?$", var.sink))
+      || can(regex("^(?i:kinesis)://[A-Za-z0-9_.-]{1,128}$", var.sink))
+      || can(regex("^(?i:sqs)://([A-Za-z0-9_-]{1,75}\\.fifo|[A-Za-z0-9_-]{1,80})$", var.sink))
+      || (can(regex("^(?i:s3)://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.=/-]{0,512})?$", var.sink)) && !can(regex("^[^:]+://([^/]*\\.\\.|[0-9]+\\.[0-9]+\\.[0-9]+\\.[0-9]+(/|$))", var.sink)))
+      || can(regex("^(?i:file)://(localhost)?/[^?#]*$", var.sink))
+    ) && try(tonumber(regex("^[A-Za-z][A-Za-z0-9+.-]*://(\\[[^]]*\\]|[^/?#:]*):([0-9]+)", var.sink)[1]), 0) <= 65535
+    error_message = "sink: dynamodb, stdout, python:MODULE:ATTR, postgres://HOST[:PORT]/DB (or host= in the query), http(s)://HOST[:PORT]/PATH, kinesis://STREAM (1-128 of A-Z a-z 0-9 _ . -), sqs://QUEUE (1-80 of A-Z a-z 0-9 _ -, or NAME.fifo), s3://BUCKET/PREFIX (an S3 bucket name; the prefix of A-Z a-z 0-9 _ . = / -) or file:///DIR; ports up to 65535."
+  }
+}
+
+variable "process_max_attempts" {
+  description = "STREAMLEASE_PROCESS_MAX_ATTEMPTS: attempts at one batch before it goes to the dead-letter destination (or, without one, the stream stops with last_error set)."
+  type        = number
+  default     = 5
+
+  validation {
+    condition     = floor(var.process_max_attempts) == var.process_max_attempts && var.process_max_attempts >= 1 && var.process_max_attempts <= 1000
+    error_message = "process_max_attempts: a whole number from 1 to 1000."
+  }
+}
+
+variable "dead_letter" {
+  description = "STREAMLEASE_DEAD_LETTER: a sink URL (any form of `sink` but dynamodb) for batches that failed every attempt; null: none. Without credentials: a URL with them belongs in dead_letter_secret_arn. The task role gets what it calls. Sensitive, like sink."
+  type        = string
+  default     = null
+  sensitive   = true
+
+  validation {
+    condition     = var.dead_letter == null ? true : !can(regex("^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@", var.dead_letter)) && !can(regex("(?i)[?&]password=", var.dead_letter))
+    error_message = "dead_letter: no credentials here (user info or a password= parameter). Put the URL in a secret and pass dead_letter_secret_arn and dead_letter_kind."
+  }
+
+  validation {
+    condition = var.dead_letter == null ? true : var.dead_letter != "dynamodb" && (
+      contains(["dynamodb", "stdout"], var.dead_letter)
+      || can(regex("^python:[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$", var.dead_letter))
+      || can(regex("^(?i:postgres|postgresql)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?([/?][^#]*)?$", var.dead_letter))
+      || can(regex("^(?i:postgres|postgresql):///[^?#]*\\?([^#]*&)?host=[^&#]+", var.dead_letter))
+      || can(regex("^(?i:https?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?([/?#].*)?$", var.dead_letter))
+      || can(regex("^(?i:kinesis)://[A-Za-z0-9_.-]{1,128}$", var.dead_letter))
+      || can(regex("^(?i:sqs)://([A-Za-z0-9_-]{1,75}\\.fifo|[A-Za-z0-9_-]{1,80})$", var.dead_letter))
+      || (can(regex("^(?i:s3)://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.=/-]{0,512})?$", var.dead_letter)) && !can(regex("^[^:]+://([^/]*\\.\\.|[0-9]+\\.[0-9]+\\.[0-9]+\\.[0-9]+(/|$))", var.dead_letter)))
+      || can(regex("^(?i:file)://(localhost)?/[^?#]*$", var.dead_letter))
+    ) && try(tonumber(regex("^[A-Za-z][A-Za-z0-9+.-]*://(\\[[^]]*\\]|[^/?#:]*):([0-9]+)", var.dead_letter)[1]), 0) <= 65535
+    error_message = "dead_letter: a sink URL other than dynamodb (the events table takes only delivered messages): stdout, python:MODULE:ATTR, postgres://..., http(s)://..., kinesis://STREAM, sqs://QUEUE, s3://BUCKET/PREFIX or file:///DIR."
   }
 }
