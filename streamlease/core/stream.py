@@ -99,7 +99,7 @@ class StreamRules:
 
     batch_max_messages: int = 200
     batch_max_bytes: int = BATCH_MAX_BYTES
-    batch_max_s: float = 5.0  # STREAMLEASE_BATCH_MAX_SECONDS: the latency bound
+    batch_max_s: float = 4.5  # STREAMLEASE_BATCH_MAX_SECONDS: the latency bound
     batch_fill_bytes: int = BATCH_FILL_BYTES
     # A connection's first batch (the replay after a takeover, a hand-over or a reconnect)
     # waits at most this long: a stream that changed hands delivers again at once.

@@ -208,7 +208,7 @@ class RateCase:
     max_wait_s: float  # the longest any frame waited before its batch was cut (at most)
 
 
-# The default rules (STREAMLEASE_BATCH_MAX_SECONDS 5, fill one write unit), 120 s of a stream
+# The default rules (STREAMLEASE_BATCH_MAX_SECONDS 4.5, fill one write unit), 120 s of a stream
 # arriving at a steady rate; the connection's first batch is cut at once (first_batch_s).
 DEFAULT_WINDOW = StreamRules().batch_max_s
 RATE_CASES = [
@@ -256,9 +256,10 @@ def test_stop_and_reconnect_flush_a_growing_batch_at_once() -> None:
     """A slow stream's batch waits for the window only while reading: stopping or
     reconnecting cuts it at once (the pump flushes before it closes)."""
     for request in ("stop", "reconnect"):
-        m = machine(10, StreamRules(first_batch_s=5.0))
+        slow = StreamRules(first_batch_s=60.0)
+        m = machine(10, slow)
         feed(m, [11, 12], now=0.0)
-        assert m.next_batch() is None and m.flush_deadline() == 5.0
+        assert m.next_batch() is None and m.flush_deadline() == slow.batch_max_s
         m.stop() if request == "stop" else m.reconnect("url_changed")
         assert m.closing
         m.flush()

@@ -28,7 +28,7 @@ def test_a_batch_cut_by_the_fill_is_one_write_unit_of_events_item(text_bytes: in
     """The machine's default fill (one write unit less the item's own attributes) keeps
     every events item it cuts within 1 KB, for stream ids up to 100 bytes, seqs up to 10**12,
     with a TTL; and it is cut close to that, not far below."""
-    machine = StreamMachine(StreamRules(first_batch_s=5.0), 10**12 - 2000)
+    machine = StreamMachine(StreamRules(first_batch_s=60.0), 10**12 - 2000)
     assert machine.connect(0.0) is not None
     seq = 10**12 - 2000
     while machine.next_batch() is None:
