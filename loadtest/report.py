@@ -118,6 +118,10 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          f"<= lease + reconcile + 0.5 = {leader_target:.1f} s", at_most(leader_target)),
         ("jobs", "job slot start delay after its scheduled time, p99, steady state",
          "jobs.start_delay_p99_s", "<= 1 s", at_most(1.0)),
+        ("sinks", "dynamodb sink: $ per stream-month at 1 msg/s (default batch window)",
+         "sinks.dynamodb.cost_per_stream_month_1hz", "<= $1.50", at_most(1.5)),
+        ("sinks", "dynamodb sink: added latency p99 at 1 msg/s (default batch window)",
+         "sinks.dynamodb.added_latency_s", "<= 5 s", at_most(5.0)),
     ]
     ran = r.get("scenarios")
     out = []
@@ -161,9 +165,36 @@ def markdown(r: dict[str, Any]) -> str:
                          ("jobs", jobs_md), ("scale", scale_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
+    if isinstance(_get(r, "sinks.dynamodb"), dict):
+        lines += sinks_dynamodb_md(r["sinks"]["dynamodb"])
     if isinstance(r.get("capacity_model"), dict) and "text" in r["capacity_model"]:
         lines += ["## Capacity model", "", r["capacity_model"]["text"], ""]
     return "\n".join(lines)
+
+
+def sinks_dynamodb_md(d: dict[str, Any]) -> list[str]:
+    """The ``dynamodb`` sink's cost and added latency per batch window (loadtest/sink_cost)."""
+    lines = [
+        "## Sink cost: dynamodb", "",
+        f"{d.get('curve', {}) and next(iter(d['curve'].values())).get('streams')} streams a "
+        f"window at {_v(d.get('rate_msgs_per_s'))} msg/s ({_v(d.get('message_bytes'))}-byte "
+        f"messages), {_v(d.get('measured_s'))} s measured on the embedded DynamoDB; write "
+        "units from the items written (DynamoDB's size rules, transactions doubled). Default "
+        f"window (`STREAMLEASE_BATCH_MAX_SECONDS`) {_v(d.get('default_window_s'))} s: "
+        f"**${_v(d.get('cost_per_stream_month_1hz'))} per stream-month**, added latency p99 "
+        f"**{_s(d.get('added_latency_s'))}**.", "",
+        "| window | messages / transaction | WRU / message | $ / stream-month at 1 msg/s "
+        "| added latency p50 | p99 | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for window, c in d.get("curve", {}).items():
+        lines.append(f"| {window} s | {_v(c.get('messages_per_transaction'))} | "
+                     f"{_v(c.get('wru_per_message'))} | "
+                     f"${_v(c.get('cost_per_stream_month_1hz'))} | "
+                     f"{_s(c.get('latency_p50_s'))} | {_s(c.get('latency_p99_s'))} | "
+                     f"{_s(c.get('latency_max_s'))} |")
+    lines += ["", d.get("assumptions", ""), ""]
+    return lines
 
 
 def _correctness(section: dict[str, Any]) -> list[str]:

@@ -113,7 +113,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         sink_connections=min(1000, config.max_streams + 10),
         control_connections=min(200, config.acquire_per_cycle + 40),
         observe=metrics.dynamodb_request,
-        call_timeout_s=settings.supervisor.call_timeout_s,
+        call_timeout_s=settings.supervisor.call_timeout_s, events_ttl_s=config.events_ttl_s,
     ) as stores:
         # Fail fast, with a clear line, if the tables are missing or access is denied; a
         # store that is only slow or throttling gets a few attempts first.

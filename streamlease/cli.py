@@ -115,7 +115,9 @@ def build_parser() -> _Parser:
         help="watch the member rows at most this long for heartbeats (default "
              f"{OBSERVE_HEARTBEATS:g} x STREAMLEASE_HEARTBEAT_SECONDS); stops early once "
              "every member has proven itself alive")
-    export = ctl_sub.add_parser("export", help="delivered messages in seq order, one a line")
+    export = ctl_sub.add_parser(
+        "export", help="delivered messages in seq order, one a line (events expired by "
+                       "STREAMLEASE_EVENTS_TTL_SECONDS are gone)")
     export.add_argument("id", type=_stream_id)
 
     jobcli.add_parsers(sub, _Parser)

@@ -135,8 +135,16 @@ SETTINGS: tuple[Setting, ...] = (
             "acquisitions one reconcile cycle tries at most", count(1, 10_000)),
     Setting("STREAMLEASE_BATCH_MAX_MESSAGES", "batch_max_messages", "200",
             "messages in one sink transaction at most", count(1, 1000)),
-    Setting("STREAMLEASE_BATCH_MAX_SECONDS", "batch_max_s", "0.2",
-            "longest a message waits before a flush", seconds(0.01, 60)),
+    # The latency bound of every sink: a slow stream's batch grows for this long, so at
+    # 1 msg/s a DynamoDB write carries 5 messages instead of one, with half a second to spare
+    # for arrival jitter (4 a write would miss $1.50 a stream-month; README, Batching). A
+    # batch that fills a write unit, or hits a cap, is written sooner.
+    Setting("STREAMLEASE_BATCH_MAX_SECONDS", "batch_max_s", "4.5",
+            "longest a message waits before a flush (the sinks' latency bound)",
+            seconds(0.01, 60)),
+    Setting("STREAMLEASE_EVENTS_TTL_SECONDS", "events_ttl_s", "0",
+            "events items expire this long after they were written (DynamoDB TTL on "
+            "expires_at); 0: never", count(0, 315_360_000)),
     Setting("STREAMLEASE_MAX_FRAME_BYTES", "max_frame_bytes", "262144",
             "largest upstream frame accepted", count(1024, 300_000)),
     Setting("STREAMLEASE_LOG_LEVEL", "log_level", "INFO", "DEBUG, INFO, WARNING or ERROR",
@@ -212,6 +220,7 @@ class WorkerConfig:
     acquire_per_cycle: int
     batch_max_messages: int
     batch_max_s: float
+    events_ttl_s: int
     max_frame_bytes: int
     stream_lease_s: float
     stream_renew_s: float

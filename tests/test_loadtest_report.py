@@ -452,3 +452,24 @@ def test_jobs_correctness_figures_fail_the_run() -> None:
     assert chaos.correctness_failures({"jobs": jobs_section()}) == {}
     bad = {"jobs": jobs_section(double_runs=1, stale_accepted=2)}
     assert chaos.correctness_failures(bad) == {"jobs.double_runs": 1, "jobs.stale_accepted": 2}
+
+
+def test_the_dynamodb_sink_cost_section_renders_its_curve_and_targets() -> None:
+    from loadtest.sink_cost import month_usd, transaction_wru
+
+    assert transaction_wru(300, [900]) == 4  # checkpoint + one KB of events, doubled
+    assert transaction_wru(300, [1025]) == 6
+    assert round(month_usd(4.0), 2) == 6.48  # one message a write at 1 msg/s
+    curve = {str(w): {"window_s": w, "streams": 4, "messages_per_transaction": m,
+                      "wru_per_message": 4 / m, "cost_per_stream_month_1hz": month_usd(4 / m),
+                      "latency_p50_s": w, "latency_p99_s": w, "latency_max_s": w}
+             for w, m in ((0.2, 1.0), (4.5, 5.0))}
+    result = {"scenarios": {"sinks": {"ok": True}},
+              "sinks": {"dynamodb": {"cost_per_stream_month_1hz": 1.3, "added_latency_s": 4.5,
+                                     "default_window_s": 4.5, "curve": curve,
+                                     "rate_msgs_per_s": 1.0}}}
+    text = markdown(result)
+    assert "## Sink cost: dynamodb" in text and "| 4.5 s | 5 |" in text
+    rows = {key: met for _, key, _, _, met in targets(result)}
+    assert rows["sinks.dynamodb.cost_per_stream_month_1hz"] is True
+    assert rows["sinks.dynamodb.added_latency_s"] is True

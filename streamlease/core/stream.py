@@ -20,9 +20,20 @@ Sequence rules (README, Bad input):
   refused jumps, malformed frames) has a *problem*, reported once per change; the next
   accepted frame (real progress) clears it. A stream that receives nothing is idle, not stalled.
 
-Batches: a frame is buffered; a batch is cut when it holds ``batch_max_messages``, when the
-next frame would take it over ``batch_max_bytes``, when its oldest frame has waited
-``batch_max_s``, and when a connection ends (flush before reconnect), unless aborted.
+Batches follow the stream's rate (README, Batching). A frame is buffered; a batch is cut
+
+* when it *fills* what one write buys: the next frame would take the batch's item size (the
+  frames' UTF-8 text plus ``FRAME_ITEM_BYTES`` each, about what they add to a DynamoDB events
+  item) over ``batch_fill_bytes``, or a frame alone reaches it. The default is one DynamoDB
+  write unit (1 KB) less the events item's own attributes: every sink write pays for the
+  checkpoint plus whole kilobytes of events item, so a batch that fills its kilobyte is
+  written at once, and a fast stream flushes by size long before the window;
+* when it holds ``batch_max_messages``, or the next frame would take it over
+  ``batch_max_bytes`` (memory): the caps;
+* when its oldest frame has waited ``batch_max_s``, the latency bound (the connection's
+  first batch waits at most ``first_batch_s``): a slow stream's batch grows for that long,
+  so at 1 msg/s one write carries about ``batch_max_s`` messages instead of one;
+* at once when a connection ends, on stop and on reconnect (flush), unless aborted.
 
 Sink retries (README, Overload): a write that fails without an answer (throttled, unavailable,
 timed out; not a stale fence) is retried with capped exponential backoff and jitter. The
@@ -54,6 +65,17 @@ READ_CHUNK_BYTES = 256 * 1024
 # A batch's frames, counted as the memory their text takes (1, 2 or 4 bytes a character).
 # UTF-8 takes at most twice that, so a batch stays far under DynamoDB's 4 MB transaction.
 BATCH_MAX_BYTES = 800_000
+# DynamoDB bills a write per started kilobyte of item (a write request unit; twice that inside
+# a transaction). What a frame adds to an events item besides its text: a list element for its
+# text and one for its seq number (1 byte each), the number itself (up to 11 bytes below 10**20).
+WRITE_UNIT_BYTES = 1024
+FRAME_ITEM_BYTES = 12
+# An events item's own attributes (names, the stream key ``CONN#<id>``, first and last seq,
+# fence, write time, expiry, two list headers): about 90 bytes plus the stream id. Reserving
+# 190 keeps an item that fills ``BATCH_FILL_BYTES`` within one write unit for stream ids up to
+# 100 bytes (tests/store/test_codec.py checks it against DynamoDB's size rules).
+EVENTS_ITEM_RESERVE = 190
+BATCH_FILL_BYTES = WRITE_UNIT_BYTES - EVENTS_ITEM_RESERVE
 # A frame's text may take up to 4 bytes a character in memory, and its UTF-8 on the wire
 # at least one byte a character: the frame being handled can take 4 x its wire size.
 TEXT_EXPANSION = 4
@@ -77,7 +99,8 @@ class StreamRules:
 
     batch_max_messages: int = 200
     batch_max_bytes: int = BATCH_MAX_BYTES
-    batch_max_s: float = 0.2
+    batch_max_s: float = 4.5  # STREAMLEASE_BATCH_MAX_SECONDS: the latency bound
+    batch_fill_bytes: int = BATCH_FILL_BYTES
     # A connection's first batch (the replay after a takeover, a hand-over or a reconnect)
     # waits at most this long: a stream that changed hands delivers again at once.
     first_batch_s: float = 0.02
@@ -199,6 +222,7 @@ class StreamMachine:
         self._max_jump = rules.max_seq_jump
         self._max_bytes = rules.batch_max_bytes
         self._max_messages = rules.batch_max_messages
+        self._fill = rules.batch_fill_bytes
         self.committed = committed  # highest seq the sink has taken
         self.received = committed  # highest seq accepted (buffered or committed)
         self.phase = Phase.IDLE
@@ -218,6 +242,7 @@ class StreamMachine:
         self._failed_while_stopping = False
         self._buffer: list[Frame] = []
         self._buffer_bytes = 0
+        self._buffer_fill = 0  # the buffered frames' item size (see ``batch_fill_bytes``)
         self._oldest_at = 0.0
         self._outbox: list[list[Frame]] = []
         self._outbox_bytes: list[int] = []
@@ -270,6 +295,7 @@ class StreamMachine:
         self.ending = Ending.ABORT
         self._buffer.clear()
         self._buffer_bytes = 0
+        self._buffer_fill = 0
         self._update()
 
     def reconnect(self, reason: str) -> None:
@@ -340,18 +366,22 @@ class StreamMachine:
             if seq > self._asked:
                 verdict = _GAP
         self.received = seq
-        # Into the batch. The frame that would take it over the bytes cap starts the next
-        # one, so a batch goes over the cap only when a single frame does.
+        # Into the batch. The frame that would take it over the bytes cap or the fill starts
+        # the next one, so a batch goes over either only when a single frame does.
+        text = frame.text
+        fill = (len(text) if text.isascii() else len(text.encode())) + FRAME_ITEM_BYTES
         buffer = self._buffer
         if not buffer:
             self._oldest_at = now
-        elif self._buffer_bytes + size > self._max_bytes:
+        elif (self._buffer_bytes + size > self._max_bytes
+              or self._buffer_fill + fill > self._fill):
             self._cut()
             buffer = self._buffer
             self._oldest_at = now
         buffer.append(frame)
         self._buffer_bytes += size
-        if len(buffer) >= self._max_messages:
+        self._buffer_fill += fill
+        if len(buffer) >= self._max_messages or self._buffer_fill >= self._fill:
             self._cut()
         if self._stall is None and self._progressed:
             return Received(verdict, seq, reference)
@@ -405,6 +435,7 @@ class StreamMachine:
         dropped = self.held_frames
         self._buffer.clear()
         self._buffer_bytes = 0
+        self._buffer_fill = 0
         self._outbox.clear()
         self._outbox_bytes.clear()
         self._update()
@@ -418,6 +449,7 @@ class StreamMachine:
         self._outbox_bytes.append(self._buffer_bytes)
         self._buffer = []
         self._buffer_bytes = 0
+        self._buffer_fill = 0
         self.pause_reading = True
 
     def _update(self) -> None:

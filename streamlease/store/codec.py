@@ -50,6 +50,7 @@ EV_FENCE = "fence"  # N: the fence the batch was written under
 EV_MSGS = "msgs"  # L of S: the frames as received, in seq order
 EV_SEQS = "seqs"  # L of N: their sequence numbers (seqs may skip: a gap)
 EV_AT = "at_ms"  # N: wall time of the write
+EV_EXPIRES = "expires_at"  # N: epoch seconds; DynamoDB's TTL deletes the item after it
 
 # DynamoDB limits that shape batches: 400 KB an item, 100 actions and 4 MB a transaction.
 ITEM_TEXT_BUDGET = 350_000
@@ -341,8 +342,11 @@ def chunk_frames(frames: Iterable[Frame], budget: int = ITEM_TEXT_BUDGET) -> lis
     return chunks
 
 
-def event_item(stream_id: str, fence: int, frames: list[Frame], at_ms: int) -> Item:
-    return {
+def event_item(stream_id: str, fence: int, frames: list[Frame], at_ms: int,
+               ttl_s: int = 0) -> Item:
+    """One events item; with ``ttl_s`` it carries ``expires_at`` (epoch seconds, write time
+    plus ``ttl_s``), which the events table's TTL deletes some time after it passes."""
+    item = {
         EV_PK: s(stream_key(stream_id)),
         EV_SK: n(frames[0].seq),
         EV_LAST: n(frames[-1].seq),
@@ -351,6 +355,36 @@ def event_item(stream_id: str, fence: int, frames: list[Frame], at_ms: int) -> I
         EV_MSGS: {"L": [s(f.text) for f in frames]},
         EV_AT: n(at_ms),
     }
+    if ttl_s:
+        item[EV_EXPIRES] = n(at_ms // 1000 + ttl_s)
+    return item
+
+
+def item_size(item: Mapping[str, Any]) -> int:
+    """An item's size by DynamoDB's rules (what a write is billed on, per started KB):
+    each attribute's name plus its value; a string its UTF-8 bytes, a number one byte a
+    pair of significant digits plus one, a list or map 3 bytes plus one a element."""
+    return sum(len(name.encode()) + _value_size(value) for name, value in item.items())
+
+
+def _value_size(value: Mapping[str, Any]) -> int:
+    (kind, data), = value.items()
+    if kind == "S":
+        return len(str(data).encode())
+    if kind == "N":
+        digits = str(data).lstrip("-").replace(".", "").strip("0") or "0"
+        return (len(digits) + 1) // 2 + 1
+    if kind == "B":
+        return len(data)
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "L":
+        return 3 + sum(1 + _value_size(v) for v in data)
+    if kind == "M":
+        return 3 + sum(1 + len(k.encode()) + _value_size(v) for k, v in data.items())
+    if kind in ("SS", "NS", "BS"):
+        return sum(_value_size({kind[0]: v}) for v in data)
+    raise ValueError(f"unknown attribute type {kind}")
 
 
 def decode_event_item(item: Mapping[str, Any]) -> list[Frame]:

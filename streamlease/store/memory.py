@@ -117,6 +117,8 @@ class MemoryStore:
         self._versions: VersionLog[str, Item] = VersionLog(self.index_lag.max_s)
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
+        self.events_ttl_s = 0  # STREAMLEASE_EVENTS_TTL_SECONDS (items are kept, as DynamoDB
+        # keeps an expired item until its TTL sweep gets to it)
         self.members_by_id: dict[str, MemberRecord] = {}
         self.epoch_high_water = 0  # the highest epoch any deleted member row carried
         self.leaders: dict[str, LeaderRecord] = {}
@@ -293,7 +295,7 @@ class MemoryStore:
         self._set(item, {codec.LAST_SEQ: codec.n(last)})
         for chunk in chunks:
             existing[chunk[0].seq] = codec.event_item(tenure.stream_id, tenure.fence, chunk,
-                                                      now_wall_ms)
+                                                      now_wall_ms, self.events_ttl_s)
         return SinkOutcome.COMMITTED
 
     async def open(self, tenure: Tenure, record: StreamRecord) -> int:

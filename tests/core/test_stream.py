@@ -9,6 +9,8 @@ import pytest
 
 from streamlease.core.frames import MAX_SEQ, Frame, Malformed
 from streamlease.core.stream import (
+    BATCH_FILL_BYTES,
+    FRAME_ITEM_BYTES,
     RateLimit,
     Reconnect,
     StreamMachine,
@@ -156,6 +158,15 @@ BATCH_CASES = [
               rules(batch_max_bytes=100), [50, 50], [], [11, 12]),
     BatchCase("a frame larger than the cap alone is a batch of one",
               rules(batch_max_bytes=100), [30, 150, 30], [[11], [12]], [13]),
+    # Fill: each frame counts its text plus FRAME_ITEM_BYTES (12): 30 -> 42, 38 -> 50.
+    BatchCase("the frame that would overflow the fill starts the next batch",
+              rules(batch_fill_bytes=100), [30, 30, 30, 30, 30], [[11, 12], [13, 14]], [15]),
+    BatchCase("a batch that reaches the fill exactly is cut at once",
+              rules(batch_fill_bytes=100), [38, 38, 38], [[11, 12]], [13]),
+    BatchCase("a frame that alone fills the unit is a batch of one, at once",
+              rules(batch_fill_bytes=100), [10, 200, 10], [[11], [12]], [13]),
+    BatchCase("the count cap cuts before the fill", rules(batch_fill_bytes=1000,
+              batch_max_messages=2), [1, 1, 1], [[11, 12]], [13]),
 ]
 
 
@@ -173,6 +184,86 @@ def test_batch_triggers(case: BatchCase) -> None:
     assert batches == case.batches
     m.flush()
     assert [f.seq for f in m.next_batch() or []] == case.left
+
+
+def test_the_fill_counts_utf8_bytes_not_characters() -> None:
+    ascii_, accented = "x" * 30, "\u00e9" * 30  # 30 and 60 bytes of UTF-8
+    m = machine(10, rules(batch_fill_bytes=100))
+    for seq in (11, 12):
+        m.receive(Frame(seq, ascii_), 80, 0.0)
+    assert m.next_batch() is None  # 2 x (30 + 12) = 84
+    m.flush()
+    m.written(m.next_batch() or [])
+    for seq in (13, 14):
+        m.receive(Frame(seq, accented), 80, 0.0)
+    assert [f.seq for f in m.next_batch() or []] == [13]  # 72 + 72 > 100
+
+
+@dataclass(frozen=True)
+class RateCase:
+    name: str
+    rate_hz: float
+    size: int  # bytes of each frame's text
+    batch_len: int  # frames in each steady-state batch
+    max_wait_s: float  # the longest any frame waited before its batch was cut (at most)
+
+
+# The default rules (STREAMLEASE_BATCH_MAX_SECONDS 4.5, fill one write unit), 120 s of a stream
+# arriving at a steady rate; the connection's first batch is cut at once (first_batch_s).
+DEFAULT_WINDOW = StreamRules().batch_max_s
+RATE_CASES = [
+    RateCase("1 msg/s of 100 B: the window cuts 5 a batch", 1.0, 100, 5, DEFAULT_WINDOW),
+    RateCase("one every 10 s: each waits out the window alone", 0.1, 100, 1, DEFAULT_WINDOW),
+    RateCase("20 msg/s of 100 B: the write unit fills first, well within a second", 20.0, 100,
+             BATCH_FILL_BYTES // (100 + FRAME_ITEM_BYTES), 0.5),
+    RateCase("1000 msg/s of 10 B: cut by the fill within tens of milliseconds", 1000.0, 10,
+             BATCH_FILL_BYTES // (10 + FRAME_ITEM_BYTES), 0.05),
+    RateCase("1 msg/s of 2 KB: each frame fills its units alone, no wait", 1.0, 2000, 1, 0.0),
+]
+
+
+@pytest.mark.parametrize("case", RATE_CASES, ids=lambda c: c.name)
+def test_batching_follows_the_rate(case: RateCase) -> None:
+    """The batch grows with a slow stream up to the window and is cut by size on a fast one;
+    no frame ever waits longer than the window."""
+    rules_ = StreamRules()
+    m = machine(0, rules_)
+    arrived: dict[int, float] = {}
+    batches: list[tuple[list[int], float]] = []  # (seqs, cut at)
+
+    def collect(now: float) -> None:
+        while (batch := m.next_batch()) is not None:
+            batches.append(([f.seq for f in batch], now))
+            m.written(batch)
+
+    count = int(120 * case.rate_hz)
+    for i in range(count):
+        at = i / case.rate_hz
+        while (deadline := m.flush_deadline()) is not None and deadline <= at:
+            m.tick(deadline)
+            collect(deadline)
+        arrived[i + 1] = at
+        m.receive(Frame(i + 1, "x" * case.size), case.size + 49, at)
+        collect(at)
+    steady = batches[1:-1]  # the first (first_batch_s) and the last may be partial
+    assert steady and {len(seqs) for seqs, _ in steady} == {case.batch_len}
+    waits = [cut - arrived[seqs[0]] for seqs, cut in batches]
+    assert max(waits) <= case.max_wait_s <= rules_.batch_max_s
+    assert batches[0][1] - arrived[1] <= rules_.first_batch_s
+
+
+def test_stop_and_reconnect_flush_a_growing_batch_at_once() -> None:
+    """A slow stream's batch waits for the window only while reading: stopping or
+    reconnecting cuts it at once (the pump flushes before it closes)."""
+    for request in ("stop", "reconnect"):
+        slow = StreamRules(first_batch_s=60.0)
+        m = machine(10, slow)
+        feed(m, [11, 12], now=0.0)
+        assert m.next_batch() is None and m.flush_deadline() == slow.batch_max_s
+        m.stop() if request == "stop" else m.reconnect("url_changed")
+        assert m.closing
+        m.flush()
+        assert [f.seq for f in m.next_batch() or []] == [11, 12]
 
 
 @pytest.mark.parametrize(("name", "arrivals", "tick_at", "due"), [

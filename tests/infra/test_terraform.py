@@ -423,7 +423,8 @@ def test_store_operations_are_the_known_set() -> None:
     assert every.iam_actions() == {
         "dynamodb:ConditionCheckItem", "dynamodb:CreateTable", "dynamodb:DeleteItem",
         "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query",
-        "dynamodb:Scan", "dynamodb:UpdateItem", "dynamodb:UpdateTable"}
+        "dynamodb:Scan", "dynamodb:UpdateItem", "dynamodb:UpdateTable",
+        "dynamodb:DescribeTimeToLive", "dynamodb:UpdateTimeToLive"}
     in_transactions = {(r.table, r.action) for r in every.requests if r.in_transaction}
     assert in_transactions == {
         ("streams", "dynamodb:UpdateItem"),  # the sink's checkpoint
@@ -536,9 +537,10 @@ def test_operator_policy_covers_table_create_ctl_and_job(module_plans: dict[str,
         arn["streams"]: dict.fromkeys(["dynamodb:CreateTable", "dynamodb:DescribeTable",
                                        "dynamodb:GetItem", "dynamodb:Scan",
                                        "dynamodb:UpdateItem", "dynamodb:UpdateTable"], NONE),
-        # table create; ctl export.
+        # table create (and its TTL on expires_at); ctl export.
         arn["events"]: dict.fromkeys(["dynamodb:CreateTable", "dynamodb:DescribeTable",
-                                      "dynamodb:Query"], NONE),
+                                      "dynamodb:DescribeTimeToLive", "dynamodb:Query",
+                                      "dynamodb:UpdateTimeToLive"], NONE),
         # table create; ctl members, job list/runs (Query), job runs (GetItem); job put
         # and job remove, on job items only.
         arn["fleet"]: {**dict.fromkeys(["dynamodb:CreateTable", "dynamodb:DescribeTable",

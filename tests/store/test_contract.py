@@ -381,3 +381,30 @@ async def test_the_orphan_index_returns_only_its_projected_attributes(stores: St
     assert (found.last_seq, found.last_error_at_ms) == (None, None)
     assert (found.ws_url, found.lease_owner, found.last_error) == (URL, "w1", "boom")
     assert found == dataclasses.replace(item, last_seq=None, last_error_at_ms=None)
+
+
+async def raw_event_items(stores: Stores, sid: str) -> list[dict[str, Any]]:
+    admin = stores.admin
+    if isinstance(admin, MemoryStore):
+        return list(admin.events.get(f"CONN#{sid}", {}).values())
+    assert isinstance(admin, DynamoAdmin)
+    async with aioboto3.Session().client("dynamodb") as client:
+        resp = await client.query(TableName=admin.events_table, ConsistentRead=True,
+                                  KeyConditionExpression="Pk = :pk",
+                                  ExpressionAttributeValues={":pk": {"S": f"CONN#{sid}"}})
+    return list(resp["Items"])
+
+
+async def test_events_items_expire_only_with_a_ttl(stores: Stores) -> None:
+    """STREAMLEASE_EVENTS_TTL_SECONDS: each events item carries ``expires_at`` (epoch
+    seconds: write time plus the TTL); with 0 (the default) none does."""
+    await stores.admin.put_started("a", URL)
+    tenure = await acquired(stores, "a")
+    assert await stores.sink.write_batch(tenure, 0, frames(1, 2), NOW) is SinkOutcome.COMMITTED
+    setattr(stores.sink, "events_ttl_s", 86_400)  # noqa: B010 (not on the Sink protocol)
+    assert await stores.sink.write_batch(tenure, 2, frames(3, 4), NOW + 5_000) \
+        is SinkOutcome.COMMITTED
+    items = sorted(await raw_event_items(stores, "a"), key=lambda i: int(i["Sk"]["N"]))
+    assert [i.get("expires_at") for i in items] == [
+        None, {"N": str((NOW + 5_000) // 1000 + 86_400)}]
+    assert await exported(stores, "a") == [1, 2, 3, 4]

@@ -137,3 +137,30 @@ async def test_timed_out_and_cancelled_calls_are_metered_as_such(silent: SilentS
         with pytest.raises(asyncio.CancelledError):
             await task
     assert seen == [("get_item", "timeout"), ("get_item", "cancelled")]
+
+
+async def test_table_create_turns_on_ttl_on_the_events_table(dynamo: Stores) -> None:
+    """``expires_at`` (STREAMLEASE_EVENTS_TTL_SECONDS) is the events table's TTL attribute;
+    turning it on again is a no-op (the fixture already ran table create once)."""
+    admin = dynamo.admin
+    assert isinstance(admin, DynamoAdmin)
+    async with aioboto3.Session().client("dynamodb") as client:
+        ttl = (await client.describe_time_to_live(TableName=admin.events_table))
+    assert ttl["TimeToLiveDescription"] == {"TimeToLiveStatus": "ENABLED",
+                                            "AttributeName": "expires_at"}
+    assert await admin.create_tables() == []
+
+
+async def test_table_create_refuses_ttl_on_another_attribute(
+        dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
+    from streamlease.errors import StoreError
+    from streamlease.store import dynamodb, schema
+
+    async with aioboto3.Session().client("dynamodb") as client:
+        await client.create_table(**schema.events_table(table_names[1]))
+        await client.update_time_to_live(
+            TableName=table_names[1],
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": "gone_at"})
+    async with dynamodb.connect(*table_names) as stores:
+        with pytest.raises(StoreError, match="TTL on gone_at, not expires_at"):
+            await stores.admin.create_tables()

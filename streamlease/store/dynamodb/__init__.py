@@ -39,7 +39,7 @@ def region(session: aioboto3.Session) -> str:
 @contextlib.asynccontextmanager
 async def connect(table: str, events_table: str, fleet_table: str, *, sink_connections: int = 50,
                   control_connections: int = 20, observe: Observer | None = None,
-                  call_timeout_s: float = 10.0) -> AsyncIterator[Stores]:
+                  call_timeout_s: float = 10.0, events_ttl_s: int = 0) -> AsyncIterator[Stores]:
     """Open the clients this process uses. Raises ConfigError without a region."""
     session = aioboto3.Session()
     name = region(session)
@@ -52,7 +52,7 @@ async def connect(table: str, events_table: str, fleet_table: str, *, sink_conne
         data = DynamoClient(data_raw, observe, call_timeout_s)
         yield Stores(
             leases=DynamoLeaseStore(control, table),
-            sink=DynamoSink(data, table, events_table),
+            sink=DynamoSink(data, table, events_table, events_ttl_s),
             admin=DynamoAdmin(control, table, events_table, fleet_table),
             fleet=DynamoFleetStore(control, fleet_table),
             leader=DynamoLeaderBackend(control, fleet_table),

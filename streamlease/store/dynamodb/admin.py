@@ -50,7 +50,29 @@ class DynamoAdmin(DynamoTable):
                 created.append(f"{name}/index/{index['IndexName']}")
                 await self._wait_active(name, wait_s)
             await self._check_schema(definition)
+        if await self._enable_events_ttl():
+            created.append(f"{self.events_table}/ttl/{codec.EV_EXPIRES}")
         return created
+
+    async def _enable_events_ttl(self) -> bool:
+        """Turn on TTL on the events table's ``expires_at`` unless it is on (or turning on)
+        already: True if this call turned it on. Items without ``expires_at``
+        (``STREAMLEASE_EVENTS_TTL_SECONDS`` 0) never expire, so enabling it is harmless.
+        A table whose TTL names another attribute is refused: DynamoDB allows one."""
+        desc = (await self._call("describe_time_to_live", TableName=self.events_table))
+        ttl = desc.get("TimeToLiveDescription", {})
+        status = ttl.get("TimeToLiveStatus", "DISABLED")
+        attribute = ttl.get("AttributeName")
+        if status in ("ENABLED", "ENABLING"):
+            if attribute != codec.EV_EXPIRES:
+                raise StoreError(f"table {self.events_table} has TTL on {attribute}, not "
+                                 f"{codec.EV_EXPIRES}: disable it, then run `streamlease "
+                                 "table create` again (or apply the terraform)")
+            return False
+        await self._call("update_time_to_live", TableName=self.events_table,
+                         TimeToLiveSpecification={"Enabled": True,
+                                                  "AttributeName": codec.EV_EXPIRES})
+        return True
 
     async def check_tables(self) -> list[str]:
         """Raise TableMissing (with the fix) unless every table and index exists and each

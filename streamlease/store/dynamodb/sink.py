@@ -4,6 +4,10 @@ The transaction updates the stream's checkpoint only if the item still names thi
 and fence and the checkpoint is still where this holder left it, and writes the events
 items only together with it. A stale fence raises ``StaleFence`` and writes nothing;
 re-sending a batch that already landed returns ``ALREADY_COMMITTED``.
+
+With ``events_ttl_s`` (``STREAMLEASE_EVENTS_TTL_SECONDS``) each events item carries
+``expires_at``, and the table's TTL deletes it some time (DynamoDB: usually within days)
+after that. Only delivered history expires: the checkpoint is in the streams item.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from streamlease.store.protocols import SinkOutcome
 
 
 class DynamoSink(DynamoTable):
-    def __init__(self, client: DynamoClient, table: str, events_table: str) -> None:
+    def __init__(self, client: DynamoClient, table: str, events_table: str,
+                 events_ttl_s: int = 0) -> None:
         super().__init__(client)
         self.table = table
         self.events_table = events_table
+        self.events_ttl_s = events_ttl_s
 
     async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
                           now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
@@ -48,7 +54,8 @@ class DynamoSink(DynamoTable):
         for chunk in chunks:
             actions.append({"Put": {
                 "TableName": self.events_table,
-                "Item": codec.event_item(tenure.stream_id, tenure.fence, chunk, now_wall_ms),
+                "Item": codec.event_item(tenure.stream_id, tenure.fence, chunk, now_wall_ms,
+                                       self.events_ttl_s),
                 "ConditionExpression": "attribute_not_exists(#pk)",
                 "ExpressionAttributeNames": {"#pk": codec.EV_PK},
             }})

@@ -95,6 +95,13 @@ resource "aws_dynamodb_table" "events" {
     type = "N"
   }
 
+  # STREAMLEASE_EVENTS_TTL_SECONDS stamps each events item with expires_at (epoch
+  # seconds); items without it (the default, 0) never expire.
+  ttl {
+    attribute_name = "expires_at"
+    enabled        = true
+  }
+
   point_in_time_recovery {
     enabled = true
   }

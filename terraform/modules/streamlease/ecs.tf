@@ -68,6 +68,7 @@ locals {
     STREAMLEASE_ACQUIRE_PER_CYCLE     = tostring(var.acquire_per_cycle)
     STREAMLEASE_BATCH_MAX_MESSAGES    = tostring(var.batch_max_messages)
     STREAMLEASE_BATCH_MAX_SECONDS     = tostring(var.batch_max_seconds)
+    STREAMLEASE_EVENTS_TTL_SECONDS    = tostring(var.events_ttl_seconds)
     STREAMLEASE_MAX_FRAME_BYTES       = tostring(var.max_frame_bytes)
     STREAMLEASE_LOG_LEVEL             = var.log_level
     STREAMLEASE_STREAM_LEASE_SECONDS  = tostring(var.stream_lease_seconds)

@@ -454,10 +454,12 @@ data "aws_iam_policy_document" "operator" {
     resources = [aws_dynamodb_table.streams.arn]
   }
 
-  # table create: CreateTable, DescribeTable. ctl export: Query (the table's own key).
+  # table create: CreateTable, DescribeTable, DescribeTimeToLive and UpdateTimeToLive (TTL
+  # on expires_at). ctl export: Query (the table's own key).
   statement {
-    sid       = "EventsTable"
-    actions   = ["dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:Query"]
+    sid = "EventsTable"
+    actions = ["dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive",
+    "dynamodb:Query", "dynamodb:UpdateTimeToLive"]
     resources = [aws_dynamodb_table.events.arn]
   }
 

@@ -643,13 +643,24 @@ variable "batch_max_messages" {
 }
 
 variable "batch_max_seconds" {
-  description = "STREAMLEASE_BATCH_MAX_SECONDS: longest a received message waits before a flush."
+  description = "STREAMLEASE_BATCH_MAX_SECONDS: longest a message waits before a flush (the sinks' latency bound)."
   type        = number
-  default     = 0.2
+  default     = 4.5
 
   validation {
     condition     = var.batch_max_seconds >= 0.01 && var.batch_max_seconds <= 60
     error_message = "batch_max_seconds: from 0.01 to 60 seconds."
+  }
+}
+
+variable "events_ttl_seconds" {
+  description = "STREAMLEASE_EVENTS_TTL_SECONDS: events items expire this long after they were written (DynamoDB TTL on expires_at); 0: never."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = floor(var.events_ttl_seconds) == var.events_ttl_seconds && var.events_ttl_seconds >= 0 && var.events_ttl_seconds <= 315360000
+    error_message = "events_ttl_seconds: a whole number of seconds from 0 to 315360000 (ten years)."
   }
 }
 

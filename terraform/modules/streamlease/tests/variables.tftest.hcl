@@ -69,6 +69,7 @@ run "accepts_upper_and_other_edges" {
     acquire_per_cycle     = 10000
     batch_max_messages    = 1000
     batch_max_seconds     = 60
+    events_ttl_seconds    = 315360000
     stream_lease_seconds  = 86400
     stream_renew_seconds  = 28800
     stream_check_seconds  = 3600
@@ -168,6 +169,7 @@ run "accepts_lower_edges" {
     acquire_per_cycle          = 1
     batch_max_messages         = 1
     batch_max_seconds          = 0.01
+    events_ttl_seconds         = 0
     max_frame_bytes            = 1024
   }
 
@@ -231,6 +233,7 @@ run "refuses_values_below_range" {
     acquire_per_cycle                 = 0
     batch_max_messages                = 0
     batch_max_seconds                 = 0.009
+    events_ttl_seconds                = -1
     max_frame_bytes                   = 1023
     fleet_table_name                  = "ab"
     stream_lease_seconds              = 0.09
@@ -264,6 +267,7 @@ run "refuses_values_below_range" {
     var.safety_margin_seconds, var.sweep_seconds, var.reconcile_seconds, var.shutdown_seconds,
     var.max_streams, var.metrics_port, var.allowed_urls, var.log_format, var.log_level,
     var.acquire_per_cycle, var.batch_max_messages, var.batch_max_seconds, var.max_frame_bytes,
+    var.events_ttl_seconds,
   ]
 }
 
@@ -298,6 +302,7 @@ run "refuses_values_above_range" {
     acquire_per_cycle          = 10001
     batch_max_messages         = 1001
     batch_max_seconds          = 60.1
+    events_ttl_seconds         = 315360001
     max_frame_bytes            = 300001
     fleet_table_name           = join("", [for i in range(256) : "f"])
     stream_lease_seconds       = 86400.1
@@ -323,7 +328,7 @@ run "refuses_values_above_range" {
     var.events_table_name, var.lease_seconds, var.heartbeat_seconds, var.skew_margin_seconds,
     var.safety_margin_seconds, var.sweep_seconds, var.reconcile_seconds, var.shutdown_seconds,
     var.max_streams, var.metrics_port, var.allowed_urls, var.acquire_per_cycle,
-    var.batch_max_messages, var.batch_max_seconds, var.max_frame_bytes,
+    var.batch_max_messages, var.batch_max_seconds, var.max_frame_bytes, var.events_ttl_seconds,
   ]
 }
 
