@@ -4,7 +4,9 @@ table-driven; nothing here opens a socket or reads a file."""
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -494,3 +496,26 @@ ACK = Step(Template.parse("x"), ((Pointer.parse("/type"), "connection_ack"),
 ])
 def test_reply_matches_expect(frame: str | bytes, matches: bool) -> None:
     assert reply_matches(frame, ACK) is matches
+
+
+# --- the documented examples --------------------------------------------------------------
+
+
+def test_the_documented_examples_are_valid() -> None:
+    """Every JSON and TOML block in docs/profiles.md is a valid profiles file."""
+    doc = (Path(__file__).parents[2] / "docs" / "profiles.md").read_text()
+    blocks = re.findall(r"```(json|toml)\n(.*?)```", doc, re.S)
+    assert [fmt for fmt, _ in blocks] == ["json", "toml", "json"]
+    found = {}
+    for fmt, text in blocks:
+        found.update(parse_profiles(text, fmt))
+    exchange, gateway, graphql = found["exchange"], found["gateway"], found["graphql"]
+    assert exchange.resume.mode == "none" and exchange.seq == Pointer.parse("/u")
+    assert classify('{"type":"heartbeat"}', exchange, 0)[0] == Control("/type")
+    assert gateway.resume.mode == "message" and gateway.keepalive is not None
+    assert [r.kind for r in gateway.secret_refs] == ["secretsmanager"]
+    assert graphql.seq is None and graphql.subprotocols == ("graphql-transport-ws",)
+    subscribe = render(graphql.on_open[1].send, "s-1", 1, {"channel": "general"}, no_secrets)
+    assert json.loads(subscribe)["payload"] == {
+        "query": "subscription ($ch: String!) { messages(channel: $ch) { id body } }",
+        "variables": {"ch": "general"}}
