@@ -92,3 +92,21 @@ class DialError(StreamleaseError):
         self.url = url
         self.status = status
         self.retriable = retriable
+
+
+class SecretUnavailable(StreamleaseError):
+    """A secret a template references could not be resolved.
+
+    The message names the reference (``${env:NAME}``, ``${file:/path}``,
+    ``${secretsmanager:ARN}``) and a safe reason (an error code, "not set"), never a value.
+    ``retriable`` is False when asking again cannot help until something is changed (a
+    variable that is not set, a secret that does not exist).
+    """
+
+    retriable = True
+
+    def __init__(self, ref: str, reason: str, *, retriable: bool = True) -> None:
+        super().__init__(f"{ref}: {reason}")
+        self.ref = ref
+        self.reason = reason
+        self.retriable = retriable
