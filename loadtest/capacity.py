@@ -98,7 +98,7 @@ def capacity_model(inputs: CapacityInputs,
 
 
 def model_text(model: dict[str, Any]) -> str:
-    """The model in prose, for the report and the README."""
+    """The model in prose, for the report and docs/performance.md."""
     i = model["inputs"]
     streams = model["streams_per_table"]
     return "\n".join([

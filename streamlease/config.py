@@ -1,8 +1,8 @@
 """Worker configuration: the only module that reads the ``STREAMLEASE_*`` environment.
 
 ``SETTINGS`` is the one table of every knob: its name, its default as it would be written
-in the environment, its type and bounds, and the line the README shows. Everything else
-(``WorkerConfig``, ``ctl``, the terraform variables, the README's Configuration table)
+in the environment, its type and bounds, and the line the documentation shows. Everything
+else (``WorkerConfig``, ``ctl``, the terraform variables, the table in docs/configuration.md)
 is checked against it by tests, so a default is written exactly once.
 
 Every variable is validated before any I/O and every problem is reported at once in a
@@ -32,8 +32,9 @@ from streamlease.errors import ConfigError
 class Setting:
     """One environment variable: how to read it and what it means.
 
-    ``default`` is the text an operator would write; ``""`` means "computed" (the README
-    says how). ``parse`` turns text into a value or raises ``ValueError`` with the reason.
+    ``default`` is the text an operator would write; ``""`` means "computed"
+    (docs/configuration.md says how). ``parse`` turns text into a value or raises
+    ``ValueError`` with the reason.
     """
 
     name: str
@@ -93,8 +94,8 @@ def ip_literal(text: str) -> str:
         raise ValueError("must be an IP address such as 0.0.0.0, 127.0.0.1 or ::") from None
 
 
-# The documented knobs, in the order the README lists them: docs/contract.md's first, then
-# the ones that tune internals and need no touching.
+# The documented knobs, in the order docs/configuration.md lists them: docs/contract.md's
+# first, then the ones that tune internals and need no touching.
 SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_TABLE", "table", "streamlease-streams", "streams table", table_name),
     Setting("STREAMLEASE_EVENTS_TABLE", "events_table", "streamlease-events", "sink table",

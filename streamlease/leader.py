@@ -21,7 +21,8 @@ holder's write raises ``StaleFence`` and changes nothing — also when the holde
 past its lease and does not know yet.
 
 What this does not guarantee: anything about side effects outside the backend's own
-store. Give such systems the fence and have them refuse a lower one (see the README).
+store. Give such systems the fence and have them refuse a lower one (see docs/jobs.md,
+Fenced side effects).
 """
 
 from __future__ import annotations

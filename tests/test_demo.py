@@ -9,6 +9,7 @@ leftovers scans /proc for that marker and is blind to other test runs on the mac
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import re
@@ -20,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -265,3 +266,31 @@ def test_children_die_with_a_killed_demo(demos: Start) -> None:
     wait_until(lambda: not marked(demo.marker), 20,
                f"every child of the killed demo exits ({children})")
     assert {"dynamodb", "upstream", "worker-1", "worker-2"} <= set(children)
+
+
+
+def test_ctl_in_another_shell_reaches_the_demo_through_its_env_file(demos: Start) -> None:
+    """The tour's steps: after `. .run/env`, `streamlease ctl stop` flips a demo stream (its
+    holder releases it) and `ctl start --url "$DEMO_UPSTREAM/streams/{id}"` brings it back."""
+    demo = demos("--headless")
+    demo.owned()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+    def ctl(command: str) -> str:
+        script = f". {demo.log_dir / 'env'} && {sys.executable} -m streamlease ctl {command}"
+        done = subprocess.run(["sh", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def held(stream: dict[str, Any]) -> bool:
+        return bool(stream["lease_owner"]) and (stream["lease_left_s"] or 0) > 0
+
+    ctl("stop s002")
+    wait_until(lambda: not held(json.loads(ctl("show s002"))), 30, "s002 is released")
+    assert json.loads(ctl("show s002"))["desired_state"] == "STOPPED"
+    ctl('start s002 --url "$DEMO_UPSTREAM/streams/{id}"')
+    wait_until(lambda: held(json.loads(ctl("show s002"))), 30, "s002 is held again")
+    demo.popen.send_signal(signal.SIGTERM)
+    assert demo.finish() == 0, demo.stderr()
+    assert_nothing_left(demo)

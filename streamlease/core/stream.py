@@ -6,7 +6,7 @@ arrived, time passed, a batch was written, the supervisor asked to stop — and 
 what it decides: which ``from_seq`` to ask for, which frames go into which batch and when a
 batch is due, what is dropped and logged, whether and when to reconnect.
 
-Sequence rules (README, Bad input):
+Sequence rules (docs/operating.md, Bad input):
 
 * ``received`` is the highest seq accepted so far (buffered or written). At the start of a
   connection it equals ``committed``, and the connection asks for ``from_seq = committed + 1``.
@@ -35,13 +35,13 @@ Batches follow the stream's rate (README, Batching). A frame is buffered; a batc
   so at 1 msg/s one write carries about ``batch_max_s`` messages instead of one;
 * at once when a connection ends, on stop and on reconnect (flush), unless aborted.
 
-Sink retries (README, Overload): a write that fails without an answer (throttled, unavailable,
-timed out; not a stale fence) is retried with capped exponential backoff and jitter. The
-cap is on the member heartbeat's scale (``STREAMLEASE_HEARTBEAT_SECONDS``), never the
-stream lease's renewal interval (minutes): a sink that comes back is written to within a
-heartbeat. A stop (drain) does not wait out an outage: once stopping, a failed write is
-tried once more after ``sink_retry_base_s``, then the held frames are given up. Nothing
-is lost: ``last_seq`` did not move, so the next holder asks for them again.
+Sink retries (docs/operating.md, Overload): a write that fails without an answer (throttled,
+unavailable, timed out; not a stale fence) is retried with capped exponential backoff and
+jitter. The cap is on the member heartbeat's scale (``STREAMLEASE_HEARTBEAT_SECONDS``),
+never the stream lease's renewal interval (minutes): a sink that comes back is written to
+within a heartbeat. A stop (drain) does not wait out an outage: once stopping, a failed
+write is tried once more after ``sink_retry_base_s``, then the held frames are given up.
+Nothing is lost: ``last_seq`` did not move, so the next holder asks for them again.
 
 This module imports nothing impure (tests/core/test_purity.py).
 """

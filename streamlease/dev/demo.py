@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import random
+import shlex
 import signal
 import sys
 import termios
@@ -172,7 +173,16 @@ class Demo:
                                                 str(self.args.streams), "--rate",
                                                 str(self.args.rate)), self.env)
         self.servers.append(up)
-        return up.listening_url(stop=stopping)
+        upstream = up.listening_url(stop=stopping)
+        self.write_env({**local, "DEMO_UPSTREAM": upstream})
+        return upstream
+
+    def write_env(self, local: dict[str, str]) -> None:
+        """``env`` in the log directory, for ``. .run/env`` in another shell: the settings
+        that point ``streamlease ctl`` at this demo's DynamoDB, and ``DEMO_UPSTREAM``, the
+        reference upstream (its streams are ``$DEMO_UPSTREAM/streams/{id}``)."""
+        lines = [f"export {name}={shlex.quote(value)}" for name, value in sorted(local.items())]
+        (self.logs / "env").write_text("\n".join(lines) + "\n")
 
     def start_worker(self) -> None:
         self.counter += 1

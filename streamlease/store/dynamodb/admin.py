@@ -232,7 +232,8 @@ def _projection(have: dict[str, Any], want: dict[str, Any]) -> tuple[str | None,
             return None, None
         return None, ("projects ALL attributes: it works, but every sink checkpoint "
                       "also writes the index; recreate it to project only "
-                      f"{wanted['ProjectionType']} {sorted(needed)} (see README, Upgrading)")
+                      f"{wanted['ProjectionType']} {sorted(needed)} "
+                      "(see docs/operating.md, Upgrading)")
     got = set(have.get("Projection", {}).get("NonKeyAttributes", []))
     lacking = sorted(needed - got)
     if lacking:

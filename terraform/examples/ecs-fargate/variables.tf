@@ -15,7 +15,7 @@ variable "name" {
 }
 
 variable "image" {
-  description = "Worker image pushed to ECR, pinned by tag or digest (see the README: image build and push)."
+  description = "Worker image pushed to ECR, pinned by tag or digest (see docs/deploying.md: build and push the image)."
   type        = string
 }
 

@@ -563,7 +563,7 @@ variable "metrics_address" {
 }
 
 variable "allowed_urls" {
-  description = "STREAMLEASE_ALLOWED_URLS: the upstream URLs a worker may dial (matching rules: the README's Configuration), one per element; joined with commas."
+  description = "STREAMLEASE_ALLOWED_URLS: the upstream URLs a worker may dial (matching rules: docs/configuration.md), one per element; joined with commas."
   type        = list(string)
   default     = ["wss://"]
 
