@@ -177,6 +177,21 @@ def test_make_run_headless(demos: Start) -> None:
                                                         "worker-1.log", "demo.log"}
 
 
+def test_make_run_with_the_stdout_sink_keeps_delivering(demos: Start) -> None:
+    """A worker's stdout goes to its log: with the stdout sink it writes far more than a
+    pipe holds (64 KiB), and nobody reads a pipe, so it must not be one."""
+    demo = demos("--duration", "10", "--headless", "--streams", "4", "--workers", "2",
+                 "--rate", "100", "--sink", "stdout")
+    assert demo.finish(90) == 0, demo.stderr()[-2000:]
+    delivered = [int(m) for m in re.findall(r"delivered (\d+)", demo.out)]
+    assert delivered[-1] > delivered[len(delivered) // 2] > 0
+    logs = "".join((demo.log_dir / f"worker-{n}.log").read_text() for n in (1, 2))
+    lines = [line for line in logs.splitlines() if line.startswith('{"stream_id"')]
+    assert sum(map(len, lines)) > 64 * 1024 and json.loads(lines[-1])["seq"] > 0
+    assert demo.out.count("exited 0") == 2
+    assert_nothing_left(demo)
+
+
 @pytest.mark.parametrize(("sig", "reason"), [(signal.SIGINT, "SIGINT"),
                                              (signal.SIGTERM, "SIGTERM")], ids=["int", "term"])
 def test_a_signal_stops_workers_then_servers(demos: Start, sig: int, reason: str) -> None:

@@ -71,6 +71,9 @@ TIMINGS = {
     "STREAMLEASE_STREAM_CHECK_SECONDS": "5",
     "STREAMLEASE_MIN_HOLD_SECONDS": "5",
     "STREAMLEASE_SHUTDOWN_SECONDS": "10",
+    # A slow stream's batch waits up to 4.5 s by default (cost); the live view counts
+    # deliveries, so the demo flushes within a second.
+    "STREAMLEASE_BATCH_MAX_SECONDS": "1",
     "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
     "STREAMLEASE_METRICS_PORT": "0",
     "STREAMLEASE_LOG_FORMAT": "text",
@@ -149,9 +152,10 @@ class Demo:
         return [sys.executable, "-m", "streamlease", *args]
 
     def child(self, name: str, args: list[str], env: dict[str, str],
-              death_signal: int = signal.SIGTERM) -> Child:
+              death_signal: int = signal.SIGTERM, capture: bool = True) -> Child:
         """Start a child that the kernel stops if the demo dies without stopping it."""
-        child = Child(name, args, env, self.logs / f"{name}.log", death_signal=death_signal)
+        child = Child(name, args, env, self.logs / f"{name}.log", death_signal=death_signal,
+                      capture=capture)
         event(logging.INFO, "demo.child_started", "child started", child=name, pid=child.pid)
         return child
 
@@ -189,7 +193,9 @@ class Demo:
         name = f"worker-{self.counter}"
         env = {**self.env, **TIMINGS, "STREAMLEASE_WORKER_ID": name,
                "STREAMLEASE_SINK": self.args.sink}
-        self.workers[name] = self.child(name, self.python("run"), env, signal.SIGKILL)
+        # A worker's stdout (the stdout sink, a processor's prints) goes to its log.
+        self.workers[name] = self.child(name, self.python("run"), env, signal.SIGKILL,
+                                        capture=False)
         self.note(f"started {name}")
 
     def say(self, text: str) -> None:

@@ -55,15 +55,19 @@ def _death_signal(sig: int) -> Callable[[], None] | None:
 
 class Child:
     """A child process in its own session; stdin from /dev/null, stderr to ``log`` (or
-    discarded), stdout a pipe for ``listening_url``."""
+    discarded), stdout a pipe for ``listening_url`` (or, with ``capture=False``, into the
+    log too: a child whose stdout nobody reads, such as a worker with the ``stdout``
+    sink, must not block on a full pipe)."""
 
     def __init__(self, name: str, args: list[str], env: Mapping[str, str],
-                 log: Path | None = None, *, death_signal: int | None = None) -> None:
+                 log: Path | None = None, *, death_signal: int | None = None,
+                 capture: bool = True) -> None:
         self.name = name
         self.log_path = log
         self._log = log.open("ab") if log is not None else None
+        stdout = subprocess.PIPE if capture else (self._log or subprocess.DEVNULL)
         self.popen = subprocess.Popen(
-            args, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            args, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout,
             stderr=self._log or subprocess.DEVNULL, start_new_session=True,
             preexec_fn=None if death_signal is None else _death_signal(death_signal))
         self._stdout = b""
