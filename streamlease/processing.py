@@ -35,6 +35,10 @@ class _Open:
     ctx: Context
     failing: int | None = None  # first seq of the batch that keeps failing
     attempts: int = 0
+    # The last seq ``process`` accepted in this tenure. A checkpoint write that failed
+    # after it (a timeout, throttling) is retried with the same batch: that batch is not
+    # processed again, so a duplicate can only come from another tenure.
+    processed: int = 0
     dead_letter: _Open | None = None
 
 
@@ -103,16 +107,18 @@ class ProcessorSink:
         last = frames[-1].seq
         ctx = entry.ctx
         ctx.checkpoint = prev_seq
-        batch = messages(frames)
-        try:
-            await entry.processor.process(batch, ctx)
-        except (StaleFence, SinkConflict):
-            # The destination knows a newer fence, or its checkpoint is not where this
-            # tenure left it: retrying cannot help; the tenure stops now.
-            raise
-        except Exception as exc:
-            await self._failed(entry, tenure, batch, exc)
-        entry.failing, entry.attempts = None, 0
+        if last > entry.processed:
+            batch = messages(frames)
+            try:
+                await entry.processor.process(batch, ctx)
+            except (StaleFence, SinkConflict):
+                # The destination knows a newer fence, or its checkpoint is not where this
+                # tenure left it: retrying cannot help; the tenure stops now.
+                raise
+            except Exception as exc:
+                await self._failed(entry, tenure, batch, exc)
+            entry.failing, entry.attempts = None, 0
+            entry.processed = last
         outcome = await self.checkpoints.checkpoint(tenure, prev_seq, last, timeout)
         ctx.checkpoint = last
         return outcome

@@ -14,7 +14,7 @@ import pytest
 from streamlease.core.frames import Frame, parse_frame
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.urls import parse_allowed_urls
-from streamlease.errors import ProcessorFailed, SinkGaveUp, StaleFence
+from streamlease.errors import ProcessorFailed, SinkGaveUp, StaleFence, StoreUnavailable
 from streamlease.metrics import Metrics
 from streamlease.processing import ProcessingSettings, ProcessorSink
 from streamlease.processor import Context, Message, Processor
@@ -169,6 +169,33 @@ async def test_a_batch_that_fails_every_attempt_goes_to_the_dead_letter_sink() -
     assert calls[-1][:4] == ("p", "process", "a", [3])
     await out.close(got.tenure, "drain")
     assert ("dlq", "stop", "a", "drain") in calls
+
+
+async def test_a_checkpoint_that_failed_is_retried_without_processing_the_batch_again(
+        ) -> None:
+    """The output took the batch, the checkpoint write timed out: the pump sends the same
+    batch again, and only the checkpoint is retried (no duplicate within a tenure)."""
+    store = MemoryStore()
+    got = await held(store)
+    calls: list[tuple[Any, ...]] = []
+    out, _ = sink(store, calls)
+    await out.open(got.tenure, got.record)
+    original = store.checkpoint
+    failures = [StoreUnavailable("checkpoint: timeout")]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await original(*args, **kwargs)
+
+    store.checkpoint = flaky  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        await out.write_batch(got.tenure, 0, frames(1, 3), 0)
+    await out.write_batch(got.tenure, 0, frames(1, 3), 0)
+    assert [c[3] for c in calls if c[1] == "process"] == [[1, 2, 3]]
+    assert (await store.get("a")).last_seq == 3  # type: ignore[union-attr]
+    await out.write_batch(got.tenure, 3, frames(4, 4), 0)
+    assert [c[3] for c in calls if c[1] == "process"] == [[1, 2, 3], [4]]
 
 
 async def test_a_transactional_processor_resumes_after_its_own_checkpoint() -> None:
