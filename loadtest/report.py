@@ -351,10 +351,8 @@ def sinks_md(r: dict[str, Any]) -> list[str]:
                   f"{_v(python.get('msgs_per_s_noop'))} msg/s, "
                   f"**{python['ratio_to_bare']}** of a bare websockets client.", ""]
     ddb = sinks.get("dynamodb") if isinstance(sinks.get("dynamodb"), dict) else {}
-    if "cost_per_stream_month_1hz" in ddb or "cost_error" in ddb:
-        lines += [f"DynamoDB sink: {_v(ddb.get('cost_per_stream_month_1hz'))} USD per stream "
-                  f"per month at 1 msg/s; added latency {_v(ddb.get('added_latency_s'))} s"
-                  + (f"; **{ddb['cost_error']}**" if ddb.get("cost_error") else "") + ".", ""]
+    if ddb.get("cost_error"):
+        lines += [f"DynamoDB sink cost and latency: **{ddb['cost_error']}**", ""]
     return lines
 
 

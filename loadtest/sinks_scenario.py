@@ -24,11 +24,13 @@ Destinations and how each is read:
   commit order (exactly once: the rows and the checkpoint in one transaction);
 * ``kinesis``: one stream of one shard on moto (``tests.motoserver``), read from
   ``TRIM_HORIZON``;
-* ``sqs``: a FIFO queue on moto, received and deleted until empty. SQS drops a re-send
-  with the same ``MessageDeduplicationId`` (``stream_id:seq``) within five minutes, so this
-  audit sees what a consumer sees, not every send: ``sqs_standard`` (not in the default
-  set) is the same through a standard queue, where every send arrives (order not
-  guaranteed);
+* ``sqs``: a standard queue on moto, received and deleted until empty: every send arrives
+  (re-sends included), order not guaranteed. ``sqs_fifo`` (not in the default set) is the
+  same through a FIFO queue, where SQS drops a re-send with the same
+  ``MessageDeduplicationId`` (``stream_id:seq``) within five minutes, so its audit sees
+  what a consumer sees, not every send. It is not a default because moto's FIFO emulation
+  slows down as messages accumulate (a ``SendMessageBatch`` of 5 takes seconds once a few
+  hundred were sent), so the run measures moto, not the worker;
 * ``s3``: one bucket on moto, every object listed and read, per stream in key (first seq)
   order; a retried batch rewrites its own key, so only a takeover can duplicate;
 * ``http``: an aiohttp receiver in this process on 127.0.0.1 that fences like
@@ -69,20 +71,23 @@ if TYPE_CHECKING:
     from loadtest.chaos import Context
 
 SINKS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "python")
-OPTIONAL_SINKS = ("sqs_standard",)
+OPTIONAL_SINKS = ("sqs_fifo",)
 # Per sink: a small fleet at the small profile's timings (see loadtest.chaos.timing_env).
 SINK_RUN: dict[str, Any] = {"streams": 6, "rate": 10.0, "workers": 3, "gap": 4.0,
                             "settle_timeout": 20.0}
+# moto's SQS receive costs time in proportion to the queue's length: at the full rate the
+# reading, not the fleet, takes most of the sqs run (~110 s against ~35 s for the others).
+SINK_RATE = {"sqs": 5.0, "sqs_fifo": 2.0}
 GUARANTEES = {
     "dynamodb": "exactly once",
     "postgres": "exactly once",
-    "sqs": "at least once (FIFO queue: SQS drops a re-send of stream_id:seq within 5 min)",
-    "sqs_standard": "at least once (standard queue: every send arrives, order not kept)",
+    "sqs": "at least once (standard queue: every send arrives, order not kept)",
+    "sqs_fifo": "at least once (FIFO queue: SQS drops a re-send of stream_id:seq within 5 min)",
 }
 
 
 def kind_of(name: str) -> str:
-    """The sink kind of a scenario sink name (``sqs_standard`` is an ``sqs`` sink)."""
+    """The sink kind of a scenario sink name (``sqs_fifo`` is an ``sqs`` sink)."""
     return name.split("_", 1)[0]
 
 
@@ -178,6 +183,7 @@ class Destination:
     env: dict[str, str]
     read: Callable[[], Awaitable[dict[str, list[Delivery]]]]
     extra: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    during: Callable[[], Awaitable[None]] | None = None  # a reader while the fleet runs
 
 
 class Skip(Exception):
@@ -280,26 +286,39 @@ async def sqs_destination(servers: Servers, fifo: bool) -> Destination:
     async with _aws("sqs", env) as sqs:
         url = (await sqs.create_queue(
             QueueName=name, Attributes={"FifoQueue": "true"} if fifo else {}))["QueueUrl"]
+    records: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+
+    async def receive(sqs: Any) -> int:
+        page = await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                         WaitTimeSeconds=0, VisibilityTimeout=300)
+        messages = page.get("Messages", [])
+        if messages:
+            records.extend(json.loads(m["Body"]) for m in messages)
+            await sqs.delete_message_batch(QueueUrl=url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                for i, m in enumerate(messages)])
+        return len(messages)
+
+    async def consume() -> None:
+        # A consumer reading while the fleet writes, as a real one would: moto's receive
+        # costs time in proportion to the queue's length, so a queue left to fill takes
+        # minutes to read back.
+        async with _aws("sqs", env) as sqs:
+            while not stop.is_set():
+                if not await receive(sqs):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.1)
 
     async def read() -> dict[str, list[Delivery]]:
-        records: list[dict[str, Any]] = []
+        stop.set()
         empty = 0
         async with _aws("sqs", env) as sqs:
             while empty < 3:  # a receive may come back empty while messages remain
-                page = await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
-                                                 WaitTimeSeconds=0, VisibilityTimeout=300)
-                messages = page.get("Messages", [])
-                if not messages:
-                    empty += 1
-                    continue
-                empty = 0
-                records += [json.loads(m["Body"]) for m in messages]
-                await sqs.delete_message_batch(QueueUrl=url, Entries=[
-                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
-                    for i, m in enumerate(messages)])
+                empty = 0 if await receive(sqs) else empty + 1
         return from_records(records)
 
-    return Destination(f"sqs://{name}", env, read)
+    return Destination(f"sqs://{name}", env, read, during=consume)
 
 
 async def s3_destination(servers: Servers) -> Destination:
@@ -439,8 +458,8 @@ async def python_destination(servers: Servers) -> Destination:
 DESTINATIONS: dict[str, Callable[[Servers], Awaitable[Destination]]] = {
     "postgres": postgres_destination,
     "kinesis": kinesis_destination,
-    "sqs": lambda s: sqs_destination(s, fifo=True),
-    "sqs_standard": lambda s: sqs_destination(s, fifo=False),
+    "sqs": lambda s: sqs_destination(s, fifo=False),
+    "sqs_fifo": lambda s: sqs_destination(s, fifo=True),
     "s3": s3_destination,
     "http": http_destination,
     "file": file_destination,
@@ -497,69 +516,75 @@ async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
     env = {**timing_env(p), **(destination.env if destination else {})}
     if destination is not None:
         env["STREAMLEASE_SINK"] = destination.url
-    run = SINK_RUN
-    async with ctx.fleet(f"sinks_{name}", streams=run["streams"], rate=run["rate"],
-                         worker_env=env) as fleet:
-        for _ in range(run["workers"]):
-            fleet.start_worker()
-        print(f"sinks: {name}: {run['streams']} streams x {run['rate']:g} msg/s, "
-              f"{run['workers']} workers", flush=True)
-        settled = await fleet.wait_until(
-            lambda: fleet.held_total() == run["streams"]
-            and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
-        started = fleet.now()
-        await sink_chaos(fleet, p, run["gap"])
-        chaos_s = fleet.now() - started
-        fleet.scrape_all()
-        await fleet.stop_all()
-        assert fleet.store is not None
-        checkpoints = {r.stream_id: r.last_seq or 0 for r in await fleet.store.list_streams()}
-        if destination is None:
-            audit = await fleet.audit()
-            found = {"messages": audit["messages_in_sink"], "lost": audit["lost"],
-                     "duplicated": audit["duplicated"],
-                     # One item per (stream, seq): any copy is within one fence or not.
-                     "dup_outside_takeover": audit["duplicated"],
-                     "out_of_order": audit["out_of_order"],
-                     "stale_accepted": audit["stale_accepted"],
-                     "checkpointed": sum(checkpoints.values())}
-        else:
-            found = {**audit_deliveries(checkpoints, await destination.read()),
-                     **destination.extra()}
-        sink_label = f'{{sink="{kind_of(name)}"}}'
-        return {
-            "guarantee": guarantee(name),
-            "exactly_once": exactly_once(name),
-            **found,
-            "settled_s": None if settled is None else round(settled, 2),
-            "chaos_seconds": round(chaos_s, 1),
-            "streams": run["streams"], "rate": run["rate"], "workers": run["workers"],
-            "faults": fleet.fault_list(),
-            "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
-                                                                       "sigterm")},
-            "sink_failures": int(fleet.total(f"streamlease_sink_failures_total{sink_label}")),
-            "worker_exits": fleet.exits,
-            "log_events": fleet.log_events(),
-        }
+    run = {**SINK_RUN, "rate": SINK_RATE.get(name, SINK_RUN["rate"])}
+    reader = asyncio.ensure_future(destination.during()) \
+        if destination is not None and destination.during is not None else None
+    try:
+        async with ctx.fleet(f"sinks_{name}", streams=run["streams"], rate=run["rate"],
+                             worker_env=env) as fleet:
+            for _ in range(run["workers"]):
+                fleet.start_worker()
+            print(f"sinks: {name}: {run['streams']} streams x {run['rate']:g} msg/s, "
+                  f"{run['workers']} workers", flush=True)
+            settled = await fleet.wait_until(
+                lambda: fleet.held_total() == run["streams"]
+                and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
+            started = fleet.now()
+            await sink_chaos(fleet, p, run["gap"])
+            chaos_s = fleet.now() - started
+            fleet.scrape_all()
+            await fleet.stop_all()
+            assert fleet.store is not None
+            checkpoints = {r.stream_id: r.last_seq or 0 for r in await fleet.store.list_streams()}
+            if destination is None:
+                audit = await fleet.audit()
+                found = {"messages": audit["messages_in_sink"], "lost": audit["lost"],
+                         "duplicated": audit["duplicated"],
+                         # One item per (stream, seq): any copy is within one fence or not.
+                         "dup_outside_takeover": audit["duplicated"],
+                         "out_of_order": audit["out_of_order"],
+                         "stale_accepted": audit["stale_accepted"],
+                         "checkpointed": sum(checkpoints.values())}
+            else:
+                deliveries = await destination.read()
+                if reader is not None:
+                    await reader  # read() stopped it; an error of its own is raised here
+                found = {**audit_deliveries(checkpoints, deliveries), **destination.extra()}
+            sink_label = f'{{sink="{kind_of(name)}"}}'
+            return {
+                "guarantee": guarantee(name),
+                "exactly_once": exactly_once(name),
+                **found,
+                "settled_s": None if settled is None else round(settled, 2),
+                "chaos_seconds": round(chaos_s, 1),
+                "streams": run["streams"], "rate": run["rate"], "workers": run["workers"],
+                "faults": fleet.fault_list(),
+                "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
+                                                                           "sigterm")},
+                "sink_failures": int(fleet.total(f"streamlease_sink_failures_total{sink_label}")),
+                "worker_exits": fleet.exits,
+                "log_events": fleet.log_events(),
+            }
+    finally:
+        if reader is not None and not reader.done():
+            reader.cancel()
 
 
 async def dynamodb_cost(ctx: Context) -> dict[str, Any] | None:
     """The DynamoDB sink's cost and latency figures (``cost_per_stream_month_1hz``,
-    ``added_latency_s``, ``curve``) from ``loadtest.sink_cost``, when that module exists;
-    None when it does not."""
+    ``added_latency_s``, ``curve``: ``loadtest.sink_cost.measure_sink_cost``, about 45 s
+    on the embedded DynamoDB), when that module exists; None when it does not."""
     try:
         module = importlib.import_module("loadtest.sink_cost")
     except ModuleNotFoundError as exc:
         if exc.name != "loadtest.sink_cost":
             raise
         return None
-    measure = getattr(module, "measure_sink_cost", None) or getattr(module, "measure", None)
-    if measure is None:
-        return {"cost_error": "loadtest.sink_cost has no measure_sink_cost()"}
-    found = measure(ctx) if inspect.signature(measure).parameters else measure()
-    if inspect.isawaitable(found):
-        found = await found
-    return dict(found)
+    measure = module.measure_sink_cost
+    kwargs = {"log_dir": ctx.log_root / "sink_cost"} \
+        if "log_dir" in inspect.signature(measure).parameters else {}
+    print("sinks: dynamodb cost and added latency per batch window ...", flush=True)
+    return dict(await measure(**kwargs))
 
 
 async def run_sinks(ctx: Context) -> dict[str, Any]:

@@ -585,7 +585,7 @@ async def test_sink_figures_of_two_scenarios_merge_under_one_section(
 def test_sink_selection() -> None:
     assert "sinks" in chaos.parse_scenarios("default") and "sinks" in chaos.runners()
     assert chaos.build_parser().parse_args([]).sinks == list(SINKS)
-    assert parse_sinks("file,sqs_standard,kinesis") == ["kinesis", "file", "sqs_standard"]
-    assert "sqs_standard" in parse_sinks("all")
+    assert parse_sinks("file,sqs_fifo,kinesis") == ["kinesis", "file", "sqs_fifo"]
+    assert "sqs_fifo" in parse_sinks("all") and "sqs_fifo" not in parse_sinks("default")
     with pytest.raises(Exception, match="unknown sink"):
         parse_sinks("file,nope")
