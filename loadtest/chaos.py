@@ -1,7 +1,7 @@
 """The load and chaos benchmark: failover, loss, cost, throughput, skew, a slow store,
 balance, singleton jobs and scale, in one command.
 
-    make loadtest                                   # the default scenarios, ~11 minutes
+    make loadtest                                   # the default scenarios, ~17 minutes
     make loadtest ARGS="--scenarios all"            # and the scale run: ~14-16 minutes
     make loadtest ARGS="--scenarios scale --merge"  # one scenario into the last results
     make loadtest ARGS="--profile large"
@@ -31,13 +31,18 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 * ``jobs``: a singleton job every 2 s on 3 workers through a SIGSTOP of the leader past
   its lease, a kill -9 of the leader and a rolling restart: slots run twice, stale
   writes accepted, time to a new leader, start delay (``loadtest.jobs_scenario``).
+* ``sinks``: every output (DynamoDB, PostgreSQL, Kinesis, SQS, S3, a webhook, files, a
+  Python processor) through a short chaos run of its own (kill -9, SIGSTOP past the lease,
+  SIGTERM), then its destination read back: lost, duplicated, duplicated within one tenure,
+  out of order (``loadtest.sinks_scenario``).
 * ``scale``: 2,000 idle streams on 4 workers at default timings: the store's requests
   by kind per 1,000 held streams, time until all are held, kill -9 of one worker, and
   the capacity model.
 
 It writes ``loadtest/results/latest.{json,md,png}`` (plus timestamped copies) and exits
 non-zero if a correctness figure (lost, duplicated, out of order, stale writes
-accepted, fleet-caused gaps, job slots run twice) of any scenario is not zero, or a
+accepted, fleet-caused gaps, job slots run twice; per sink: lost, duplicated for the
+exactly-once ones, duplicated within one tenure) of any scenario is not zero, or a
 scenario could not run. It asserts no times: it reports them. Worker logs stay in
 ``.run/loadtest/``.
 """
@@ -58,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest import sinks_scenario
 from loadtest.common import Server
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.report import write_reports
@@ -77,12 +83,15 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance", "jobs",
-             "scale")
+             "sinks", "scale")
 # The scale run (~5 minutes of 2,000 connections) is not in the default: see --scenarios.
 DEFAULT_SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance",
-                     "jobs")
+                     "jobs", "sinks")
 INDEX_LAG_MS = 1000.0  # the index_lag scenario: every index read a second behind
-SHARED_SECTIONS = ("failover",)  # sections several scenarios write keys into
+# Sections several scenarios write keys into, and how many levels down a scenario's own
+# keys are: ``failover.kill9`` (chaos) next to ``failover.sigterm_slow_store``;
+# ``sinks.python.lost`` (sinks) next to ``sinks.python.ratio_to_bare`` (throughput).
+SHARED_SECTIONS = {"failover": 1, "sinks": 2}
 
 
 @dataclass
@@ -369,32 +378,44 @@ def runners() -> dict[str, Callable[[Context], Awaitable[dict[str, Any]]]]:
     return {"chaos": run_chaos, "index_lag": run_index_lag, "throughput": run_throughput,
             "skew": scenarios.run_skew,
             "slow_store": scenarios.run_slow_store, "balance": scenarios.run_balance,
-            "jobs": jobs_scenario.run_jobs, "scale": scenarios.run_scale}
+            "jobs": jobs_scenario.run_jobs, "sinks": sinks_scenario.run_sinks,
+            "scale": scenarios.run_scale}
 
 
 def section_paths(part: dict[str, Any]) -> list[str]:
-    """The keys a scenario wrote: top-level, or ``failover.kind`` in shared sections."""
+    """The keys a scenario wrote: top-level, or in shared sections down to their depth
+    (``failover.kill9``, ``sinks.kinesis.lost``)."""
+
+    def leaves(prefix: str, value: Any, depth: int) -> list[str]:
+        if depth == 0 or not isinstance(value, dict):
+            return [prefix]
+        return [p for sub, v in value.items() for p in leaves(f"{prefix}.{sub}", v, depth - 1)]
+
     paths = []
     for key, value in part.items():
         if key in SHARED_SECTIONS and isinstance(value, dict):
-            paths += [f"{key}.{sub}" for sub in value]
+            paths += leaves(key, value, SHARED_SECTIONS[key])
         else:
             paths.append(key)
     return paths
 
 
 def put_path(result: dict[str, Any], path: str, value: Any) -> None:
-    head, _, sub = path.partition(".")
-    if sub:
-        result.setdefault(head, {})[sub] = value
-    else:
-        result[head] = value
+    *heads, last = path.split(".")
+    for head in heads:
+        if not isinstance(result.get(head), dict):
+            result[head] = {}
+        result = result[head]
+    result[last] = value
 
 
 def get_path(result: dict[str, Any], path: str) -> Any:
-    head, _, sub = path.partition(".")
-    value = result.get(head)
-    return value.get(sub) if sub and isinstance(value, dict) else value
+    value: Any = result
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 async def run_scenarios(ctx: Context, names: list[str],
@@ -443,13 +464,28 @@ async def run_scenarios(ctx: Context, names: list[str],
 SECTION_CORRECTNESS = (*CORRECTNESS, "double_runs")
 
 
+# Per sink (``sinks.<name>``): messages lost, duplicated within one tenure, stale writes
+# accepted; ``duplicated`` too for the exactly-once sinks (the others may duplicate across
+# a takeover).
+SINK_CORRECTNESS = ("lost", "dup_outside_takeover", "stale_accepted")
+
+
 def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
-    """Every non-zero correctness figure, top-level (chaos) or in a scenario's section."""
+    """Every non-zero correctness figure, top-level (chaos), in a scenario's section, or
+    of a sink (``sinks.<name>.<figure>``)."""
     bad = {k: result[k] for k in CORRECTNESS if result.get(k)}
     for name, section in result.items():
         if isinstance(section, dict):
             bad.update({f"{name}.{k}": section[k] for k in SECTION_CORRECTNESS
                         if section.get(k)})
+    sinks = result.get("sinks")
+    for name, found in (sinks.items() if isinstance(sinks, dict) else ()):
+        if not isinstance(found, dict):
+            continue
+        keys: tuple[str, ...] = SINK_CORRECTNESS
+        if found.get("exactly_once", sinks_scenario.exactly_once(name)):
+            keys = (*keys, "duplicated")
+        bad.update({f"sinks.{name}.{k}": found[k] for k in keys if found.get(k)})
     return bad
 
 
@@ -503,6 +539,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "small profile's 20 saturated the embedded server on 2 cores)")
     g.add_argument("--balance-timeout", type=float, default=60.0,
                    help="give up waiting for convergence after this long (default 60)")
+    g.add_argument("--sinks", type=sinks_scenario.parse_sinks,
+                   default=list(sinks_scenario.SINKS),
+                   help=f"sinks of the sinks scenario, comma-separated from "
+                        f"{', '.join(sinks_scenario.SINKS + sinks_scenario.OPTIONAL_SINKS)}; "
+                        "'default' (all but "
+                        f"{', '.join(sinks_scenario.OPTIONAL_SINKS)}) or 'all'")
     g.add_argument("--scale-streams", type=int, default=2000)
     g.add_argument("--scale-workers", type=int, default=4)
     g.add_argument("--scale-rate", type=float, default=1e-6,

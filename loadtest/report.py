@@ -123,16 +123,48 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
         ("sinks", "dynamodb sink: added latency p99 at 1 msg/s (default batch window)",
          "sinks.dynamodb.added_latency_s", "<= 5 s", at_most(5.0)),
     ]
+    rows += sink_target_rows(r)
     ran = r.get("scenarios")
     out = []
     for scenario, label, key, target, check in rows:
         value = _get(r, key)
         if isinstance(value, list):
             value = len(value)
+        if value is None and key.startswith("sinks."):
+            sink = _get(r, key.rsplit(".", 1)[0]) or {}
+            value = "skipped" if "skipped" in sink else "error" if "error" in sink else None
         if (scenario not in ran) if isinstance(ran, dict) else value is None:
             continue  # that scenario did not run
         out.append((label, key, value, target, check(value)))
     return out
+
+
+def sink_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, Any]]:
+    """Per sink of the sinks scenario: lost (every sink), duplicated (exactly-once sinks)
+    or duplicated within one tenure (at-least-once sinks); the no-op Python processor's
+    throughput against a bare client (the throughput scenario)."""
+    def zero(v: Any) -> bool | None:
+        return None if v is None or isinstance(v, str) else v <= 0
+
+    rows: list[tuple[str, str, str, str, Any]] = []
+    sinks = r.get("sinks")
+    for name, k in (sinks.items() if isinstance(sinks, dict) else ()):
+        if not isinstance(k, dict) or not ({"lost", "skipped", "error"} & set(k)):
+            continue
+        once = k.get("exactly_once", name in ("dynamodb", "postgres"))
+        rows.append(("sinks", f"{name} sink, chaos run: messages lost", f"sinks.{name}.lost",
+                     "0", zero))
+        if once:
+            rows.append(("sinks", f"{name} sink (exactly once): duplicates",
+                         f"sinks.{name}.duplicated", "0", zero))
+        else:
+            rows.append(("sinks", f"{name} sink (at least once): duplicates within one "
+                         "tenure (same fence)", f"sinks.{name}.dup_outside_takeover", "0",
+                         zero))
+    rows.append(("throughput", "no-op Python processor, one worker: throughput / bare "
+                 "websockets client", "sinks.python.ratio_to_bare", ">= 0.8",
+                 lambda v: None if v is None else v >= 0.8))
+    return rows
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -162,7 +194,7 @@ def markdown(r: dict[str, Any]) -> str:
         lines += throughput_md(r)
     for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
                          ("slow_store", slow_store_md), ("balance", balance_md),
-                         ("jobs", jobs_md), ("scale", scale_md)):
+                         ("jobs", jobs_md), ("sinks", sinks_md), ("scale", scale_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
     if isinstance(_get(r, "sinks.dynamodb"), dict):
@@ -298,6 +330,61 @@ def throughput_md(r: dict[str, Any]) -> list[str]:
         f"a worker holding none: {(r.get('worker_rss_idle_bytes') or 0) / 2**20:.0f} MiB).",
         "",
     ]
+
+
+def sinks_md(r: dict[str, Any]) -> list[str]:
+    sinks = r["sinks"]
+    ran = {n: k for n, k in sinks.items()
+           if isinstance(k, dict) and {"lost", "skipped", "error"} & set(k)}
+    lines = ["## Sinks", ""]
+    if ran:
+        first = next((k for k in ran.values() if "streams" in k), {})
+        lines += [
+            f"Each sink through a chaos run of its own: {_v(first.get('streams'))} streams x "
+            f"{_v(first.get('rate'))} msg/s, {_v(first.get('workers'))} workers, small-profile "
+            "timings; one kill -9, one SIGSTOP past the lease then SIGCONT, one SIGTERM; then "
+            "the destination read back against each stream's checkpoint. Duplicates within "
+            "one tenure carry the same fence; at-least-once sinks may repeat a seq only "
+            "across a takeover (two fences).",
+            "",
+            "| sink | guarantee | messages | lost | duplicated | dup outside takeover | "
+            "out of order |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, k in ran.items():
+            if "skipped" in k or "error" in k:
+                what = f"skipped: {k['skipped']}" if "skipped" in k else f"**{k['error']}**"
+                lines.append(f"| {name} | {k.get('guarantee', '-')} | {what} | | | | |")
+                continue
+            lines.append(f"| {name} | {k.get('guarantee', '-')} | {_v(k.get('messages'))} | "
+                         + " | ".join(_v(k.get(f)) for f in ("lost", "duplicated",
+                                                              "dup_outside_takeover",
+                                                              "out_of_order")) + " |")
+        lines.append("")
+        for name, k in ran.items():
+            notes = [f"{label} {_v(k[key])}" for key, label in (
+                ("mismatched", "copies not byte-identical"),
+                ("unreadable", "unreadable records"),
+                ("stale_refused", "stale-fence batches refused (409)"),
+                ("sink_failures", "failed batch attempts"),
+                ("failover_p99_s", "failover p99 (s)")) if k.get(key)]
+            if k.get("worker_exits"):
+                notes.append(f"workers that exited on their own: {len(k['worker_exits'])}")
+            if k.get("log_events"):
+                notes.append(f"warnings/errors logged: {_v(k['log_events'])}")
+            if notes:
+                lines.append(f"- {name}: " + "; ".join(notes))
+        lines.append("")
+    python = sinks.get("python") if isinstance(sinks.get("python"), dict) else {}
+    if python.get("ratio_to_bare") is not None:
+        lines += [f"No-op Python processor, one worker (throughput scenario, batches of up "
+                  f"to {_v(python.get('batch_max_messages'))}): "
+                  f"{_v(python.get('msgs_per_s_noop'))} msg/s, "
+                  f"**{python['ratio_to_bare']}** of a bare websockets client.", ""]
+    ddb = sinks.get("dynamodb") if isinstance(sinks.get("dynamodb"), dict) else {}
+    if ddb.get("cost_error"):
+        lines += [f"DynamoDB sink cost and latency: **{ddb['cost_error']}**", ""]
+    return lines
 
 
 def _churn(section: dict[str, Any]) -> list[str]:

@@ -5,6 +5,10 @@
 * ``bare_client``: one process reading the same streams with plain ``websockets``.
 * ``fenced_sink``: one real worker delivering the same streams into DynamoDB through the
   fenced transactions (with the embedded server, the server is the limit).
+* ``python_processor``: one real worker delivering the same streams to a Python processor
+  that does nothing (``python:loadtest.processors:make``), in large batches: the worker
+  without an output's own cost. Its checkpoint is one conditional ``UpdateItem`` a batch.
+  Reported as ``sinks.python.ratio_to_bare`` (target >= 0.8).
 * CPU seconds per 1,000 messages of one worker, in a run where the store cannot be the
   limit (slow streams, a 5 s heartbeat, 2 s batches).
 * resident memory per held idle stream: one worker holding many streams whose upstream
@@ -26,6 +30,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,6 +39,12 @@ from streamlease.store.dynamodb import connect_admin
 
 BACKLOG = 400_000
 IDLE_STREAMS = 200
+ROOT = Path(__file__).resolve().parent.parent
+# The no-op processor's phase: the largest batches the worker allows, cut at most once a
+# second, so the checkpoint writes (one a batch) stay far below the store's limit.
+PYTHON_PROCESSOR_ENV = {"STREAMLEASE_SINK": "python:loadtest.processors:make",
+                        "STREAMLEASE_BATCH_MAX_MESSAGES": "1000",
+                        "STREAMLEASE_BATCH_MAX_SECONDS": "1"}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -224,6 +235,10 @@ async def measure_throughput(_chaos_upstream: str, env: dict[str, str],
                                f"bare client {bare:.0f} msg/s): see its output above")
         print("throughput: fenced sink (one worker) ...", flush=True)
         fenced = await _worker_phase(env, backlog.url, streams, seconds, {}, streams)
+        print("throughput: no-op Python processor (one worker) ...", flush=True)
+        path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        python = await _worker_phase(env, backlog.url, streams, seconds,
+                                     {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path}, streams)
         print("cpu: 100 slow streams ...", flush=True)
         quiet = {"STREAMLEASE_LEASE_SECONDS": "20", "STREAMLEASE_HEARTBEAT_SECONDS": "5",
                  "STREAMLEASE_BATCH_MAX_SECONDS": "2"}
@@ -245,6 +260,14 @@ async def measure_throughput(_chaos_upstream: str, env: dict[str, str],
             round(fenced["cpu_s"] / fenced["messages"] * 1000, 4) if fenced["messages"] else None,
         "cpu_phase_msgs_per_s": round(busy["msgs_per_s"], 1),
         **memory,
+        "sinks": {"python": {
+            "msgs_per_s_noop": round(python["msgs_per_s"]),
+            "ratio_to_bare": round(python["msgs_per_s"] / bare, 3) if bare else None,
+            "cpu_seconds_per_1000_messages_noop":
+                round(python["cpu_s"] / python["messages"] * 1000, 4)
+                if python["messages"] else None,
+            "batch_max_messages": int(PYTHON_PROCESSOR_ENV["STREAMLEASE_BATCH_MAX_MESSAGES"]),
+        }},
     }
 
 

@@ -16,9 +16,19 @@ from loadtest.chaos import _cost, _pct
 from loadtest.fleet import Fleet, parse_metrics
 from loadtest.jobs_scenario import Disturbance, SideItem, SideWatch, audit_jobs
 from loadtest.report import markdown, targets, write_reports
+from loadtest.sinks_scenario import (
+    SINKS,
+    Delivery,
+    audit_deliveries,
+    delivery,
+    from_records,
+    json_lines,
+    parse_sinks,
+)
 from streamlease.core.jobs import JobRun, RunOutcome
 from streamlease.core.model import StreamRecord
 from streamlease.core.schedule import slot_name
+from streamlease.dev.upstream import frame_for
 
 REQUIRED = ("lost", "duplicated", "out_of_order", "stale_accepted", "stale_rejected",
             "failover", "requests_per_stream_minute", "cost_per_1000_streams_month_usd",
@@ -473,3 +483,130 @@ def test_the_dynamodb_sink_cost_section_renders_its_curve_and_targets() -> None:
     rows = {key: met for _, key, _, _, met in targets(result)}
     assert rows["sinks.dynamodb.cost_per_stream_month_1hz"] is True
     assert rows["sinks.dynamodb.added_latency_s"] is True
+
+
+# -- the sinks scenario's audit, section and correctness rule -------------------------------
+
+
+def _copies(sid: str, pairs: list[tuple[int, int]]) -> list[Delivery]:
+    """Intact copies of ``(seq, fence)`` in destination order."""
+    return [delivery(sid, seq, fence, frame_for(sid, seq)) for seq, fence in pairs]
+
+
+def test_a_clean_destination_audits_to_zero() -> None:
+    found = {"s001": _copies("s001", [(1, 1), (2, 1), (3, 1)]),
+             "s002": _copies("s002", [(1, 2), (2, 2)])}
+    audit = audit_deliveries({"s001": 3, "s002": 2}, found)
+    assert audit == {"messages": 5, "lost": 0, "mismatched": 0, "duplicated": 0,
+                     "dup_outside_takeover": 0, "dup_across_takeover": 0, "out_of_order": 0,
+                     "fences_seen": 2, "checkpointed": 5}
+
+
+def test_the_audit_tells_a_takeover_duplicate_from_one_within_a_tenure() -> None:
+    # s001: fence 1 wrote 1-4 but checkpointed 3; fence 2 resent 4 (a takeover duplicate),
+    # then repeated 5 under its own fence (a duplicate within one tenure) and went back.
+    found = {"s001": _copies("s001", [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2), (5, 2),
+                                      (5, 2), (6, 2), (5, 2)])}
+    audit = audit_deliveries({"s001": 7}, found)
+    assert audit["lost"] == 1  # seq 7: checkpointed, never arrived
+    assert audit["duplicated"] == 3  # one extra 4, two extra 5s
+    assert audit["dup_outside_takeover"] == 2  # the 5s, all under fence 2
+    assert audit["dup_across_takeover"] == 1
+    assert audit["out_of_order"] == 1  # 6 then 5 under fence 2
+    assert audit["fences_seen"] == 2 and audit["messages"] == 9
+
+
+def test_a_corrupted_copy_counts_as_lost_and_a_stream_never_written_loses_all() -> None:
+    found = {"s001": [delivery("s001", 1, 1, frame_for("s001", 1)),
+                      delivery("s001", 2, 1, frame_for("s002", 2)),  # another stream's data
+                      delivery("s001", 3, 1, "not json")]}
+    audit = audit_deliveries({"s001": 3, "s002": 4}, found)
+    assert audit["mismatched"] == 2
+    assert audit["lost"] == 2 + 2 + 4  # seqs 2 and 3 of s001 missing intact, plus the copies
+
+
+def test_json_lines_skip_what_is_not_a_record() -> None:
+    text = ('{"stream_id":"s001","seq":1,"fence":1,"data":{}}\n\n{"seq":2}\n'
+            '{"stream_id":"s001","seq":2,"fe')  # a torn last line
+    records, bad = json_lines(text)
+    assert [r["seq"] for r in records] == [1] and bad == 2
+    assert from_records(records)["s001"][0].seq == 1
+
+
+def sinks_section() -> dict[str, Any]:
+    clean = {"messages": 1200, "lost": 0, "duplicated": 0, "dup_outside_takeover": 0,
+             "out_of_order": 0, "streams": 6, "rate": 10.0, "workers": 3}
+    return {
+        "dynamodb": {**clean, "guarantee": "exactly once", "exactly_once": True},
+        "postgres": {"guarantee": "exactly once", "skipped": "PostgreSQL could not start"},
+        "kinesis": {**clean, "guarantee": "at least once", "exactly_once": False,
+                    "duplicated": 12, "dup_across_takeover": 12, "sink_failures": 1},
+        "python": {**clean, "guarantee": "at least once", "exactly_once": False,
+                   "ratio_to_bare": 0.91, "msgs_per_s_noop": 45000,
+                   "batch_max_messages": 1000},
+    }
+
+
+def test_the_sinks_section_renders_with_its_targets(tmp_path: Path) -> None:
+    result = {"profile": "small", "settings": sample_result()["settings"],
+              "started_at": "2026-01-01T00:00:00Z",
+              "scenarios": {"sinks": {"ok": True, "seconds": 300.0, "keys": []},
+                            "throughput": {"ok": True, "seconds": 100.0, "keys": []}},
+              "sinks": sinks_section()}
+    md = markdown(result)
+    assert "## Sinks" in md and "## Chaos" not in md
+    assert "| dynamodb | exactly once | 1,200 | 0 | 0 | 0 | 0 |" in md
+    assert "| kinesis | at least once | 1,200 | 0 | 12 | 0 | 0 |" in md
+    assert "| postgres | exactly once | skipped: PostgreSQL could not start |" in md
+    assert "45,000 msg/s, **0.91** of a bare websockets client" in md
+    assert [row[1] for row in targets(result)] == [
+        "sinks.dynamodb.lost", "sinks.dynamodb.duplicated", "sinks.postgres.lost",
+        "sinks.postgres.duplicated", "sinks.kinesis.lost",
+        "sinks.kinesis.dup_outside_takeover", "sinks.python.lost",
+        "sinks.python.dup_outside_takeover", "sinks.python.ratio_to_bare"]
+    assert "| `sinks.postgres.lost` | skipped | 0 | - |" in md
+    assert "| `sinks.kinesis.dup_outside_takeover` | 0 | 0 | yes |" in md
+    assert "| `sinks.python.ratio_to_bare` | 0.91 | >= 0.8 | yes |" in md
+    doc = json.loads(Path(write_reports(result, tmp_path)["json"]).read_text())
+    assert doc["sinks"]["kinesis"]["dup_outside_takeover"] == 0
+
+
+def test_sink_correctness_figures_fail_the_run() -> None:
+    assert chaos.correctness_failures({"sinks": sinks_section()}) == {}
+    bad = sinks_section()
+    bad["kinesis"]["lost"] = 2
+    bad["kinesis"]["dup_outside_takeover"] = 1  # duplicated (12) alone is allowed
+    bad["dynamodb"]["duplicated"] = 3  # not for an exactly-once sink
+    bad["python"]["out_of_order"] = 4  # reported, not a failure
+    assert chaos.correctness_failures({"sinks": bad}) == {
+        "sinks.kinesis.lost": 2, "sinks.kinesis.dup_outside_takeover": 1,
+        "sinks.dynamodb.duplicated": 3}
+
+
+async def test_sink_figures_of_two_scenarios_merge_under_one_section(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    async def sinks(ctx: chaos.Context) -> dict[str, Any]:
+        return {"sinks": {"python": {"lost": 0}, "file": {"lost": 1}}}
+
+    monkeypatch.setattr(chaos, "runners", lambda: {"sinks": sinks})
+    args = chaos.build_parser().parse_args(["--scenarios", "sinks"])
+    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    previous = {"scenarios": {"throughput": {"ok": True, "keys": [
+        "msgs_per_s", "sinks.python.ratio_to_bare"]},
+        "sinks": {"ok": True, "keys": ["sinks.file.lost", "sinks.http.lost"]}},
+        "msgs_per_s": {"bare_client": 1}, "sinks": {"python": {"ratio_to_bare": 0.9},
+                                                    "http": {"lost": 5}}}
+    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    assert result["sinks"] == {"python": {"lost": 0, "ratio_to_bare": 0.9}, "file": {"lost": 1}}
+    assert result["scenarios"]["sinks"]["keys"] == ["sinks.python.lost", "sinks.file.lost"]
+    assert result["msgs_per_s"] == {"bare_client": 1}
+    assert chaos.correctness_failures(result) == {"sinks.file.lost": 1}
+
+
+def test_sink_selection() -> None:
+    assert "sinks" in chaos.parse_scenarios("default") and "sinks" in chaos.runners()
+    assert chaos.build_parser().parse_args([]).sinks == list(SINKS)
+    assert parse_sinks("file,sqs_fifo,kinesis") == ["kinesis", "file", "sqs_fifo"]
+    assert "sqs_fifo" in parse_sinks("all") and "sqs_fifo" not in parse_sinks("default")
+    with pytest.raises(Exception, match="unknown sink"):
+        parse_sinks("file,nope")

@@ -1,0 +1,637 @@
+"""The ``sinks`` scenario: every output through a short chaos run, audited at its destination.
+
+For each sink (``--sinks``; by default ``SINKS``) a fleet of its own: ``SINK_RUN``'s workers
+on its streams at the small profile's timings, ``STREAMLEASE_SINK`` naming the destination.
+Once every stream delivers: kill -9 of a worker holding streams (a new worker replaces it),
+SIGSTOP of another past its lease then SIGCONT, a new worker and SIGTERM of an old one;
+then every worker is stopped and the destination is read back and compared with the
+stream items' ``last_seq`` checkpoints (``audit_deliveries``):
+
+* ``lost``: seqs 1..last_seq of a stream missing at the destination, plus copies whose
+  data is not the upstream's frame for that seq (a corrupted copy is not a delivery);
+* ``duplicated``: copies beyond the first of a seq;
+* ``dup_outside_takeover``: copies beyond the first under one fence: a duplicate within a
+  single tenure. An at-least-once sink may repeat a seq only across a takeover (the old
+  holder's write landed, its checkpoint did not), i.e. under two fences;
+* ``out_of_order``: within one fence, a copy whose seq is below the one before it (in the
+  destination's own order);
+* ``messages``: copies read back.
+
+Destinations and how each is read:
+
+* ``dynamodb``: the events table (``Fleet.audit``; exactly once, one item per seq);
+* ``postgres``: a private cluster (``tests.pgserver``), ``SELECT`` of the messages table in
+  commit order (exactly once: the rows and the checkpoint in one transaction);
+* ``kinesis``: one stream of one shard on moto (``tests.motoserver``), read from
+  ``TRIM_HORIZON``;
+* ``sqs``: a standard queue on moto, received and deleted until empty: every send arrives
+  (re-sends included), order not guaranteed. ``sqs_fifo`` (not in the default set) is the
+  same through a FIFO queue, where SQS drops a re-send with the same
+  ``MessageDeduplicationId`` (``stream_id:seq``) within five minutes, so its audit sees
+  what a consumer sees, not every send. It is not a default because moto's FIFO emulation
+  slows down as messages accumulate (a ``SendMessageBatch`` of 5 takes seconds once a few
+  hundred were sent), so the run measures moto, not the worker;
+* ``s3``: one bucket on moto, every object listed and read, per stream in key (first seq)
+  order; a retried batch rewrites its own key, so only a takeover can duplicate;
+* ``http``: an aiohttp receiver in this process on 127.0.0.1 that fences like
+  ``examples/webhook_receiver.py`` (409 to a fence below the highest seen) but keeps every
+  accepted delivery, undeduplicated;
+* ``file``: ``file:///DIR``'s JSON lines; ``python``: ``loadtest.processors:recording``'s.
+
+A sink whose server cannot start here (no PostgreSQL binaries, no moto) is reported with
+``skipped`` and its reason. The ``dynamodb`` section also gets the cost and latency figures
+of ``loadtest.sink_cost`` when that module exists (``dynamodb_cost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import itertools
+import json
+import os
+import shutil
+import signal
+import tempfile
+import traceback
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from loadtest.fleet import ROOT, Fleet
+from streamlease.core.sinks import EXACTLY_ONCE
+from streamlease.dev.upstream import frame_for
+
+if TYPE_CHECKING:
+    from loadtest.chaos import Context
+
+SINKS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "python")
+OPTIONAL_SINKS = ("sqs_fifo",)
+# Per sink: a small fleet at the small profile's timings (see loadtest.chaos.timing_env).
+SINK_RUN: dict[str, Any] = {"streams": 6, "rate": 10.0, "workers": 3, "gap": 4.0,
+                            "settle_timeout": 20.0}
+# moto's SQS receive costs time in proportion to the queue's length: at the full rate the
+# reading, not the fleet, takes most of the sqs run (~110 s against ~35 s for the others).
+SINK_RATE = {"sqs": 5.0, "sqs_fifo": 2.0}
+GUARANTEES = {
+    "dynamodb": "exactly once",
+    "postgres": "exactly once",
+    "sqs": "at least once (standard queue: every send arrives, order not kept)",
+    "sqs_fifo": "at least once (FIFO queue: SQS drops a re-send of stream_id:seq within 5 min)",
+}
+
+
+def kind_of(name: str) -> str:
+    """The sink kind of a scenario sink name (``sqs_fifo`` is an ``sqs`` sink)."""
+    return name.split("_", 1)[0]
+
+
+def guarantee(name: str) -> str:
+    return GUARANTEES.get(name, "at least once")
+
+
+def exactly_once(name: str) -> bool:
+    return kind_of(name) in EXACTLY_ONCE
+
+
+# -- the audit (pure) ------------------------------------------------------------------------
+
+
+class Delivery(NamedTuple):
+    """One copy of a message read back at a destination, in the destination's order."""
+
+    seq: int
+    fence: int
+    intact: bool  # its data is the upstream's frame for this seq
+
+
+def delivery(stream_id: str, seq: int, fence: int, data: Any) -> Delivery:
+    """A copy read back; ``data`` as parsed JSON (a string is parsed first)."""
+    try:
+        value = json.loads(data) if isinstance(data, str | bytes) else data
+    except ValueError:
+        value = None
+    return Delivery(seq, fence, value == json.loads(frame_for(stream_id, seq)))
+
+
+def audit_deliveries(checkpoints: dict[str, int],
+                     found: dict[str, list[Delivery]]) -> dict[str, int]:
+    """Every seq up to each stream's checkpoint at the destination, intact; duplicates in
+    all and within one fence; order within a fence (see the module doc)."""
+    lost = mismatched = duplicated = within_fence = out_of_order = messages = tenures = 0
+    for sid in sorted(set(checkpoints) | set(found)):
+        copies = found.get(sid, [])
+        messages += len(copies)
+        mismatched += sum(1 for d in copies if not d.intact)
+        intact = {d.seq for d in copies if d.intact}
+        lost += sum(1 for s in range(1, checkpoints.get(sid, 0) + 1) if s not in intact)
+        duplicated += sum(n - 1 for n in Counter(d.seq for d in copies).values())
+        within_fence += sum(n - 1 for n in Counter((d.seq, d.fence) for d in copies).values())
+        by_fence: dict[int, list[int]] = defaultdict(list)
+        for d in copies:
+            by_fence[d.fence].append(d.seq)
+        tenures += len(by_fence)
+        out_of_order += sum(1 for run in by_fence.values()
+                            for a, b in itertools.pairwise(run) if b < a)
+    return {"messages": messages, "lost": lost + mismatched, "mismatched": mismatched,
+            "duplicated": duplicated, "dup_outside_takeover": within_fence,
+            "dup_across_takeover": duplicated - within_fence, "out_of_order": out_of_order,
+            "fences_seen": tenures, "checkpointed": sum(checkpoints.values())}
+
+
+def from_records(records: Iterable[dict[str, Any]]) -> dict[str, list[Delivery]]:
+    """``record_line`` objects (``stream_id``, ``seq``, ``fence``, ``data``), in order."""
+    out: dict[str, list[Delivery]] = defaultdict(list)
+    for r in records:
+        sid = str(r["stream_id"])
+        out[sid].append(delivery(sid, int(r["seq"]), int(r["fence"]), r["data"]))
+    return dict(out)
+
+
+def json_lines(text: str) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects of a JSON-lines text and the count of lines that are not one."""
+    records, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(value, dict) and {"stream_id", "seq", "fence", "data"} <= set(value):
+            records.append(value)
+        else:
+            bad += 1
+    return records, bad
+
+
+# -- destinations ----------------------------------------------------------------------------
+
+
+@dataclass
+class Destination:
+    """Where one sink run writes: the sink URL, the worker's extra environment, and how
+    to read everything back (stream id -> copies in the destination's order)."""
+
+    url: str
+    env: dict[str, str]
+    read: Callable[[], Awaitable[dict[str, list[Delivery]]]]
+    extra: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    during: Callable[[], Awaitable[None]] | None = None  # a reader while the fleet runs
+
+
+class Skip(Exception):
+    """A destination's server cannot run here; the message is the reason."""
+
+
+class Servers:
+    """The destinations' servers, started on first use and stopped at the end: one moto
+    server (Kinesis, SQS, S3), one PostgreSQL cluster, a scratch directory."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.AsyncExitStack()
+        self.scratch = Path(tempfile.mkdtemp(prefix="loadtest-sinks-"))
+        self.stack.callback(shutil.rmtree, self.scratch, True)
+        self._moto: str | Skip | None = None
+        self._postgres: Any = None
+
+    async def __aenter__(self) -> Servers:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stack.aclose()
+
+    def moto(self) -> tuple[str, dict[str, str]]:
+        if self._moto is None:
+            try:
+                from tests import motoserver
+                self._moto = self.stack.enter_context(motoserver.running())
+            except Exception as exc:
+                self._moto = Skip(f"moto's server could not start: {type(exc).__name__}: {exc}")
+        if isinstance(self._moto, Skip):
+            raise self._moto
+        from tests import motoserver
+        return self._moto, motoserver.aws_env(self._moto)
+
+    async def postgres(self) -> Any:
+        if self._postgres is None:
+            try:
+                import pytest
+
+                from tests.pgserver import PostgresServer
+            except Exception as exc:
+                self._postgres = Skip(f"cannot load the PostgreSQL harness: {exc}")
+            else:
+                try:
+                    server = PostgresServer()
+                    self.stack.callback(server.close)
+                    await asyncio.to_thread(server.start)
+                    self._postgres = server
+                except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:
+                    self._postgres = Skip(f"PostgreSQL could not start: {exc}")
+        if isinstance(self._postgres, Skip):
+            raise self._postgres
+        return self._postgres
+
+
+def _aws_session() -> Any:
+    import aioboto3
+
+    return aioboto3.Session()
+
+
+@contextlib.asynccontextmanager
+async def _aws(service: str, env: dict[str, str]) -> AsyncIterator[Any]:
+    async with _aws_session().client(service, region_name=env["AWS_REGION"],
+                                     endpoint_url=env[f"AWS_ENDPOINT_URL_{service.upper()}"],
+                                     aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]) as c:
+        yield c
+
+
+async def kinesis_destination(servers: Servers) -> Destination:
+    _, env = servers.moto()
+    name = f"lt-{uuid.uuid4().hex[:10]}"
+    async with _aws("kinesis", env) as kinesis:
+        await kinesis.create_stream(StreamName=name, ShardCount=1)
+
+    async def read() -> dict[str, list[Delivery]]:
+        records: list[dict[str, Any]] = []
+        async with _aws("kinesis", env) as kinesis:
+            shards = (await kinesis.list_shards(StreamName=name))["Shards"]
+            for shard in shards:
+                iterator = (await kinesis.get_shard_iterator(
+                    StreamName=name, ShardId=shard["ShardId"],
+                    ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
+                while iterator:
+                    page = await kinesis.get_records(ShardIterator=iterator, Limit=10000)
+                    if not page["Records"]:
+                        break
+                    records += [json.loads(r["Data"]) for r in page["Records"]]
+                    iterator = page.get("NextShardIterator")
+        return from_records(records)
+
+    return Destination(f"kinesis://{name}", env, read)
+
+
+async def sqs_destination(servers: Servers, fifo: bool) -> Destination:
+    _, env = servers.moto()
+    name = f"lt-{uuid.uuid4().hex[:10]}" + (".fifo" if fifo else "")
+    async with _aws("sqs", env) as sqs:
+        url = (await sqs.create_queue(
+            QueueName=name, Attributes={"FifoQueue": "true"} if fifo else {}))["QueueUrl"]
+    records: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+
+    async def receive(sqs: Any) -> int:
+        page = await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                         WaitTimeSeconds=0, VisibilityTimeout=300)
+        messages = page.get("Messages", [])
+        if messages:
+            records.extend(json.loads(m["Body"]) for m in messages)
+            await sqs.delete_message_batch(QueueUrl=url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                for i, m in enumerate(messages)])
+        return len(messages)
+
+    async def consume() -> None:
+        # A consumer reading while the fleet writes, as a real one would: moto's receive
+        # costs time in proportion to the queue's length, so a queue left to fill takes
+        # minutes to read back.
+        async with _aws("sqs", env) as sqs:
+            while not stop.is_set():
+                if not await receive(sqs):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.1)
+
+    async def read() -> dict[str, list[Delivery]]:
+        stop.set()
+        empty = 0
+        async with _aws("sqs", env) as sqs:
+            while empty < 3:  # a receive may come back empty while messages remain
+                empty = 0 if await receive(sqs) else empty + 1
+        return from_records(records)
+
+    return Destination(f"sqs://{name}", env, read, during=consume)
+
+
+async def s3_destination(servers: Servers) -> Destination:
+    _, env = servers.moto()
+    bucket = f"lt-{uuid.uuid4().hex[:10]}"
+    async with _aws("s3", env) as s3:
+        await s3.create_bucket(Bucket=bucket)
+
+    async def read() -> dict[str, list[Delivery]]:
+        records: list[dict[str, Any]] = []
+        bad = 0
+        async with _aws("s3", env) as s3:
+            keys: list[str] = []
+            async for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                keys += [item["Key"] for item in page.get("Contents", [])]
+            # Keys are PREFIX/<stream>/<first:020d>-<last:020d>.jsonl: sorted, each
+            # stream's batches in seq order.
+            for key in sorted(keys):
+                body = await (await s3.get_object(Bucket=bucket, Key=key))["Body"].read()
+                found, unreadable = json_lines(body.decode(errors="replace"))
+                records += found
+                bad += unreadable
+        counts["unreadable"] = bad
+        return from_records(records)
+
+    counts: dict[str, Any] = {}
+    return Destination(f"s3://{bucket}/lt", env, read, lambda: dict(counts))
+
+
+async def postgres_destination(servers: Servers) -> Destination:
+    server = await servers.postgres()
+    import asyncpg
+
+    table = f"lt_{uuid.uuid4().hex[:10]}"
+    url = server.url(table=table, checkpoints=f"{table}_cp")
+
+    async def read() -> dict[str, list[Delivery]]:
+        conn = await asyncpg.connect(server.url())
+        try:
+            # Commit order: a transaction's rows share its start time; a batch's seqs
+            # ascend within it.
+            rows = await conn.fetch(f'SELECT stream_id, seq, fence, data::text AS data '
+                                    f'FROM "{table}" ORDER BY received_at, seq')
+        finally:
+            await conn.close()
+        return from_records(dict(r) for r in rows)
+
+    return Destination(url, {}, read)
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver that fences (409 below the highest fence seen per stream) and
+    keeps every batch it accepts, in arrival order, with no deduplication."""
+
+    fences: dict[str, int] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    stale_refused: int = 0
+    malformed: int = 0
+
+    async def handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.requests += 1
+        try:
+            body = await request.json()
+            stream, fence = str(body["stream_id"]), int(body["fence"])
+            messages = list(body["messages"])
+        except (ValueError, KeyError, TypeError):
+            self.malformed += 1
+            return web.json_response({"error": "malformed batch"}, status=400)
+        # No await from the check to the write: one step on the event loop.
+        if fence < self.fences.get(stream, 0):
+            self.stale_refused += 1
+            return web.json_response({"error": "stale fence"}, status=409)
+        self.fences[stream] = fence
+        self.records += messages
+        return web.json_response({"ok": True})
+
+
+async def http_destination(servers: Servers) -> Destination:
+    from aiohttp import web
+
+    receiver = Receiver()
+    app = web.Application(client_max_size=16 * 2**20)
+    app.router.add_post("/hook", receiver.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    servers.stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+
+    async def read() -> dict[str, list[Delivery]]:
+        return from_records(receiver.records)
+
+    return Destination(f"http://{host}:{port}/hook", {}, read,
+                       lambda: {"requests": receiver.requests,
+                                "stale_refused": receiver.stale_refused,
+                                "malformed": receiver.malformed})
+
+
+def _files_destination(directory: Path, url: str, env: dict[str, str]) -> Destination:
+    counts: dict[str, Any] = {}
+
+    def read_all() -> tuple[list[dict[str, Any]], int]:
+        records: list[dict[str, Any]] = []
+        bad = 0
+        for path in sorted(directory.glob("*.jsonl")):
+            found, unreadable = json_lines(path.read_text(errors="replace"))
+            records += found
+            bad += unreadable
+        return records, bad
+
+    async def read() -> dict[str, list[Delivery]]:
+        records, counts["unreadable"] = await asyncio.to_thread(read_all)
+        return from_records(records)
+
+    return Destination(url, env, read, lambda: dict(counts))
+
+
+async def file_destination(servers: Servers) -> Destination:
+    directory = servers.scratch / "file"
+    return _files_destination(directory, f"file://{directory}", {})
+
+
+async def python_destination(servers: Servers) -> Destination:
+    from loadtest.processors import RECORDING_DIR
+
+    directory = servers.scratch / "python"
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return _files_destination(directory, "python:loadtest.processors:recording",
+                              {RECORDING_DIR: str(directory), "PYTHONPATH": path})
+
+
+DESTINATIONS: dict[str, Callable[[Servers], Awaitable[Destination]]] = {
+    "postgres": postgres_destination,
+    "kinesis": kinesis_destination,
+    "sqs": lambda s: sqs_destination(s, fifo=False),
+    "sqs_fifo": lambda s: sqs_destination(s, fifo=True),
+    "s3": s3_destination,
+    "http": http_destination,
+    "file": file_destination,
+    "python": python_destination,
+}
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def _victim(fleet: Fleet, exclude: str | None = None) -> str | None:
+    holders = sorted(n for n, held in fleet.counts().items() if held and n != exclude)
+    choices = holders or sorted(n for n in fleet.workers if n != exclude)
+    return fleet.rng.choice(choices) if choices else None
+
+
+async def sink_chaos(fleet: Fleet, p: dict[str, Any], gap: float) -> None:
+    """kill -9 (replaced), SIGSTOP past the lease then SIGCONT, a new worker and SIGTERM
+    of an old one: each of a worker holding streams, ``gap`` seconds apart."""
+    victim = _victim(fleet)
+    if victim is not None:
+        fleet.kill9(victim)
+        fleet.start_worker()
+        await asyncio.sleep(gap)
+    victim = _victim(fleet)
+    if victim is not None:
+        worker = fleet.workers[victim]
+        fleet.fault("pause", victim)
+        worker.paused = True
+        worker.popen.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(p["lease"] + p["skew"] + p["reconcile"] * 2 + 1)
+        worker.popen.send_signal(signal.SIGCONT)
+        worker.paused = False
+        await asyncio.sleep(gap)
+    fleet.start_worker()
+    await asyncio.sleep(p["reconcile"] * 2)
+    victim = _victim(fleet, exclude=f"w{fleet.counter}")
+    if victim is not None:
+        await fleet.sigterm(victim, wait_s=30)
+    await asyncio.sleep(gap)
+
+
+async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
+    from loadtest.chaos import PROFILES, timing_env
+
+    p = PROFILES["small"]
+    destination = None
+    if name != "dynamodb":
+        try:
+            destination = await DESTINATIONS[name](servers)
+        except Skip as exc:
+            print(f"sinks: {name} skipped: {exc}", flush=True)
+            return {"guarantee": guarantee(name), "skipped": str(exc)}
+    env = {**timing_env(p), **(destination.env if destination else {})}
+    if destination is not None:
+        env["STREAMLEASE_SINK"] = destination.url
+    run = {**SINK_RUN, "rate": SINK_RATE.get(name, SINK_RUN["rate"])}
+    reader = asyncio.ensure_future(destination.during()) \
+        if destination is not None and destination.during is not None else None
+    try:
+        async with ctx.fleet(f"sinks_{name}", streams=run["streams"], rate=run["rate"],
+                             worker_env=env) as fleet:
+            for _ in range(run["workers"]):
+                fleet.start_worker()
+            print(f"sinks: {name}: {run['streams']} streams x {run['rate']:g} msg/s, "
+                  f"{run['workers']} workers", flush=True)
+            settled = await fleet.wait_until(
+                lambda: fleet.held_total() == run["streams"]
+                and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
+            started = fleet.now()
+            await sink_chaos(fleet, p, run["gap"])
+            chaos_s = fleet.now() - started
+            fleet.scrape_all()
+            await fleet.stop_all()
+            assert fleet.store is not None
+            checkpoints = {r.stream_id: r.last_seq or 0 for r in await fleet.store.list_streams()}
+            if destination is None:
+                audit = await fleet.audit()
+                found = {"messages": audit["messages_in_sink"], "lost": audit["lost"],
+                         "duplicated": audit["duplicated"],
+                         # One item per (stream, seq): any copy is within one fence or not.
+                         "dup_outside_takeover": audit["duplicated"],
+                         "out_of_order": audit["out_of_order"],
+                         "stale_accepted": audit["stale_accepted"],
+                         "checkpointed": sum(checkpoints.values())}
+            else:
+                deliveries = await destination.read()
+                if reader is not None:
+                    await reader  # read() stopped it; an error of its own is raised here
+                found = {**audit_deliveries(checkpoints, deliveries), **destination.extra()}
+            sink_label = f'{{sink="{kind_of(name)}"}}'
+            return {
+                "guarantee": guarantee(name),
+                "exactly_once": exactly_once(name),
+                **found,
+                "settled_s": None if settled is None else round(settled, 2),
+                "chaos_seconds": round(chaos_s, 1),
+                "streams": run["streams"], "rate": run["rate"], "workers": run["workers"],
+                "faults": fleet.fault_list(),
+                "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
+                                                                           "sigterm")},
+                "sink_failures": int(fleet.total(f"streamlease_sink_failures_total{sink_label}")),
+                "worker_exits": fleet.exits,
+                "log_events": fleet.log_events(),
+            }
+    finally:
+        if reader is not None and not reader.done():
+            reader.cancel()
+
+
+async def dynamodb_cost(ctx: Context) -> dict[str, Any] | None:
+    """The DynamoDB sink's cost and latency figures (``cost_per_stream_month_1hz``,
+    ``added_latency_s``, ``curve``: ``loadtest.sink_cost.measure_sink_cost``, about 45 s
+    on the embedded DynamoDB), when that module exists; None when it does not."""
+    try:
+        module = importlib.import_module("loadtest.sink_cost")
+    except ModuleNotFoundError as exc:
+        if exc.name != "loadtest.sink_cost":
+            raise
+        return None
+    measure = module.measure_sink_cost
+    kwargs = {"log_dir": ctx.log_root / "sink_cost"} \
+        if "log_dir" in inspect.signature(measure).parameters else {}
+    print("sinks: dynamodb cost and added latency per batch window ...", flush=True)
+    return dict(await measure(**kwargs))
+
+
+async def run_sinks(ctx: Context) -> dict[str, Any]:
+    names = list(ctx.args.sinks)
+    sections: dict[str, Any] = {}
+    failed: list[str] = []
+    async with Servers() as servers:
+        for name in names:
+            try:
+                sections[name] = await run_sink(ctx, name, servers)
+            except Exception as exc:
+                traceback.print_exc()
+                failed.append(name)
+                sections[name] = {"guarantee": guarantee(name),
+                                  "error": f"{type(exc).__name__}: {exc}"}
+            s = sections[name]
+            print(f"sinks: {name}: " + (s.get("skipped") or s.get("error") or
+                  ", ".join(f"{k} {s.get(k)}" for k in ("messages", "lost", "duplicated",
+                                                       "dup_outside_takeover",
+                                                       "out_of_order"))), flush=True)
+    if "dynamodb" in names:
+        try:
+            cost = await dynamodb_cost(ctx)
+        except Exception as exc:
+            traceback.print_exc()
+            cost = {"cost_error": f"{type(exc).__name__}: {exc}"}
+        if cost:
+            sections["dynamodb"].update(cost)
+    out: dict[str, Any] = {"sinks": sections}
+    if failed:
+        out["error"] = f"sink run(s) failed: {', '.join(failed)}"
+    return out
+
+
+def parse_sinks(text: str) -> list[str]:
+    """``--sinks``: comma-separated names, ``all`` (with the optional ones) or
+    ``default``."""
+    known = (*SINKS, *OPTIONAL_SINKS)
+    if text == "all":
+        return list(known)
+    if text == "default":
+        return list(SINKS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        import argparse
+        raise argparse.ArgumentTypeError(
+            f"unknown sink(s) {', '.join(unknown) or '(none)'}; choose from "
+            f"{', '.join(known)}, 'default' or 'all'")
+    return [n for n in known if n in names]
