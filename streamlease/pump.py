@@ -40,6 +40,7 @@ from streamlease.core.frames import Frame, Malformed, parse_frame
 from streamlease.core.lease import Holding
 from streamlease.core.model import Tenure
 from streamlease.core.stream import (
+    BATCH_FILL_BYTES,
     BATCH_MAX_BYTES,
     RECEIVE_QUEUE,
     Ending,
@@ -66,6 +67,9 @@ class Sink(Protocol):
 class PumpSettings:
     batch_max_messages: int = 200
     batch_max_bytes: int = BATCH_MAX_BYTES
+    # Cut a batch once it fills what one DynamoDB write buys (the events-table sink); other
+    # outputs pass ``batch_max_bytes`` (no such unit: batches grow to the other caps).
+    batch_fill_bytes: int = BATCH_FILL_BYTES
     batch_max_s: float = 0.2
     max_frame_bytes: int = 262_144
     max_seq_jump: int = 1_000_000_000
@@ -84,7 +88,8 @@ class PumpSettings:
     def rules(self) -> StreamRules:
         return StreamRules(
             batch_max_messages=self.batch_max_messages, batch_max_bytes=self.batch_max_bytes,
-            batch_max_s=self.batch_max_s, max_seq_jump=self.max_seq_jump,
+            batch_fill_bytes=self.batch_fill_bytes, batch_max_s=self.batch_max_s,
+            max_seq_jump=self.max_seq_jump,
             stall_s=self.stall_s, reconnect_base_s=self.reconnect_base_s,
             reconnect_cap_s=self.reconnect_cap_s, stable_after_s=self.stable_after_s,
             sink_retry_cap_s=self.sink_retry_cap_s)

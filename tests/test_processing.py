@@ -283,3 +283,15 @@ async def test_a_processor_that_cannot_start_leaves_the_stream_released_with_las
 
 def test_a_processor_is_a_protocol_users_can_check() -> None:
     assert isinstance(Recorder([]), Processor)
+
+
+def test_only_the_events_table_cuts_batches_at_a_write_unit() -> None:
+    from streamlease.app import build_settings
+    from streamlease.config import WorkerConfig
+    from streamlease.core.stream import BATCH_FILL_BYTES, BATCH_MAX_BYTES
+
+    default = build_settings(WorkerConfig.from_env({}), "w1").supervisor.pump
+    assert default.rules().batch_fill_bytes == BATCH_FILL_BYTES
+    python = build_settings(WorkerConfig.from_env({"STREAMLEASE_SINK": "python:m:make"}),
+                            "w1").supervisor.pump
+    assert python.rules().batch_fill_bytes == BATCH_MAX_BYTES
