@@ -73,12 +73,13 @@ class ProcessorSink:
                       item=dict(record.attributes), resume_after=after, checkpoint=after)
         processor = self.factory()
         await processor.start(ctx)
+        # Started: from here on ``close`` stops it, whatever fails next.
+        self._open[(tenure.stream_id, tenure.fence)] = _Open(processor, ctx)
         committed = 0
         if getattr(processor, "commits_checkpoint", False):
             committed = int(await processor.committed(ctx))  # type: ignore[attr-defined]
             if committed > after:
                 ctx.resume_after = ctx.checkpoint = committed
-        self._open[(tenure.stream_id, tenure.fence)] = _Open(processor, ctx)
         return committed if committed > after else 0
 
     async def close(self, tenure: Tenure, reason: str) -> None:

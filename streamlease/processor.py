@@ -18,8 +18,10 @@ fence). The worker calls, in order and never concurrently:
   go on here: a failed batch, a bad item).
 
 What it guarantees: with a processor that writes its output and then returns, every
-message reaches it at least once; a batch can be seen twice only across a takeover (the
-old holder's output landed, its checkpoint did not). Exactly once needs the output and the
+message reaches it at least once; a batch is seen twice only across a takeover (the old
+holder's output landed, its checkpoint did not) or when a ``process`` that raised is
+retried (a batch ``process`` accepted is not processed again, even if its checkpoint
+write is retried). Exactly once needs the output and the
 checkpoint in one transaction: a processor whose destination has transactions sets
 ``commits_checkpoint = True``, writes its output together with its own record of
 ``(stream_id, fence, last_seq)``, conditioned on ``ctx.fence`` being the highest fence it

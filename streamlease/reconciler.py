@@ -47,7 +47,13 @@ from streamlease.logs import event
 from streamlease.membership import FleetView
 from streamlease.metrics import Metrics
 from streamlease.store.protocols import Acquired, LeaseStore, Sink
-from streamlease.supervisor import LeaseHealth, PumpFactory, Supervisor, SupervisorSettings
+from streamlease.supervisor import (
+    LeaseHealth,
+    PumpFactory,
+    Supervisor,
+    SupervisorSettings,
+    shielded,
+)
 
 ORPHAN_QUERY_LIMIT = 1000
 REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
@@ -139,10 +145,11 @@ class Reconciler:
         # of a late one) whose outcome is unknown. Settled by reading the item back.
         self._unsure: set[str] = set()
         self._acquiring: set[str] = set()
-        # (stream, fence) pairs the owner index lists under this worker that a consistent
-        # read showed not leased here: a fence moves on every acquisition, so such a pair
-        # never becomes a live lease of this worker again and needs no second read.
-        self._audited: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # Per stream, the fence at which the owner index listed it under this worker and a
+        # consistent read showed it not leased here: a fence moves on with every
+        # acquisition, so the same entry needs no second read. Forgotten when this worker
+        # acquires the stream (its fence may then be moved anywhere by ``advance``).
+        self._audited: OrderedDict[str, int] = OrderedDict()
         self.health = health or HealthState(timings.lease_s)
 
     def stop(self, release_by: float | None = None) -> None:
@@ -243,34 +250,43 @@ class Reconciler:
         listed = await self.leases.owned_by(owner, timeout=self.settings.audit_s / 2)
         todo = [o for o in listed if o.stream_id not in self.supervisors
                 and o.stream_id not in self._acquiring
-                and (o.stream_id, o.fence) not in self._audited]
+                and self._audited.get(o.stream_id) != o.fence]
         released = 0
         for owned in todo[:AUDIT_READS]:
             if self._stop.is_set():
                 break
-            sid = owned.stream_id
-            record = await self.leases.check(sid, timeout=self.settings.stopped_check_s)
-            if sid in self.supervisors or sid in self._acquiring:
-                continue  # taken up while the read was in flight: served
-            if record is None or record.fence is None:
-                continue
-            if record.lease_owner != owner or not record.lease_expires_at_ms:
-                self._remember_audited(sid, record.fence)
-                continue
-            tenure = Tenure(sid, owner, record.fence, record.last_seq,
-                            record.lease_expires_at_ms)
-            if await self.leases.release(tenure, timeout=self.settings.stopped_check_s):
-                released += 1
-                self.metrics.unserved_released()
-                self._unsure.discard(sid)
-                event(logging.WARNING, "lease.unserved_released",
-                      "a stream leased to this worker had no supervisor here; released",
-                      stream=sid, fence=record.fence, source="audit")
-            self._remember_audited(sid, record.fence)
+            try:
+                released += await self._audit_one(owner, owned.stream_id, owned.fence)
+            except StoreError as exc:
+                event(logging.WARNING, "audit.read_failed", "self-audit could not settle a "
+                      "stream; trying again next time", stream=owned.stream_id, error=str(exc))
         return released
 
+    async def _audit_one(self, owner: str, sid: str, listed: int) -> int:
+        record = await self.leases.check(sid, timeout=self.settings.stopped_check_s)
+        if sid in self.supervisors or sid in self._acquiring:
+            return 0  # taken up while the read was in flight: served
+        if record is None or record.fence is None:
+            return 0
+        if record.lease_epoch is not None and record.lease_epoch > self.membership.epoch:
+            return 0  # a newer incarnation under this id took it: not this process's to free
+        if record.lease_owner != owner or not record.lease_expires_at_ms:
+            self._remember_audited(sid, listed)
+            return 0
+        tenure = Tenure(sid, owner, record.fence, record.last_seq, record.lease_expires_at_ms)
+        if not await self.leases.release(tenure, timeout=self.settings.stopped_check_s):
+            return 0
+        self.metrics.unserved_released()
+        self._unsure.discard(sid)
+        event(logging.WARNING, "lease.unserved_released",
+              "a stream leased to this worker had no supervisor here; released",
+              stream=sid, fence=record.fence, source="audit")
+        self._remember_audited(sid, listed)
+        return 1
+
     def _remember_audited(self, stream_id: str, fence: int) -> None:
-        self._audited[(stream_id, fence)] = None
+        self._audited[stream_id] = fence
+        self._audited.move_to_end(stream_id)
         if len(self._audited) > AUDITED_LIMIT:
             self._audited.popitem(last=False)
 
@@ -542,10 +558,14 @@ class Reconciler:
             if not released:
                 self._unsure.add(got.tenure.stream_id)
             return
-        opened = await self._open_output(got)
-        if opened is None:
-            return
-        got = opened
+        self._audited.pop(got.tenure.stream_id, None)
+        if item_problem(got.record, self.settings.supervisor.allowed_urls) is None:
+            # (An item that cannot be served gets no processor: its supervisor only
+            # records the problem and releases.)
+            opened = await self._open_output(got)
+            if opened is None:
+                return
+            got = opened
         # Unowned since its stored expiry; a released stream (expiry 0: a hand-over, a
         # release on behalf) since this worker first saw it free, a lower bound.
         expired = candidate.lease_expires_at_ms
@@ -608,16 +628,19 @@ class Reconciler:
                       item_last_seq=tenure.last_seq, output_last_seq=beyond)
                 moved = await self.leases.advance(tenure, tenure.fence, beyond)
                 if moved is None:
-                    await self.sink.close(tenure, "lost")
+                    await self._close_output(tenure, "lost")
                     return None
                 return Acquired(moved, got.record)
             return got
+        except asyncio.CancelledError:
+            await self._close_output(tenure, "error")
+            raise
         except Exception as exc:
             problem = f"output failed to start: {type(exc).__name__}: {exc}"[:500]
             event(logging.ERROR, "stream.output_start_failed", "the stream's output could not "
                   "start; releasing it", stream=tenure.stream_id, fence=tenure.fence,
                   error=problem)
-            await self.sink.close(tenure, "error")
+            await self._close_output(tenure, "error")
             with contextlib.suppress(StoreError):
                 await self.leases.record_error(tenure.stream_id, problem, self.clock.wall_ms())
             try:
@@ -626,6 +649,16 @@ class Reconciler:
             except StoreError:
                 self._unsure.add(tenure.stream_id)
             return None
+
+    async def _close_output(self, tenure: Tenure, reason: str) -> None:
+        """Stop a tenure's output that will not be supervised: bounded, and shielded (a
+        cancellation in progress does not stop the close; it still propagates)."""
+        try:
+            await shielded(self.sink.close(tenure, reason),
+                           self.settings.supervisor.drain_timeout_s, f"close {tenure.stream_id}")
+        except Exception:
+            event(logging.ERROR, "processor.stop_failed", "closing an output failed",
+                  stream=tenure.stream_id, fence=tenure.fence, reason=reason)
 
     async def _resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
         """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
@@ -647,8 +680,11 @@ class Reconciler:
     async def _supervise(self, supervisor: Supervisor) -> None:
         try:
             await supervisor.run()
-            if supervisor.holding.reason is StopReason.SHUTDOWN and \
-                    supervisor.holding.state is not HolderState.RELEASED:
+            # Shutting down: any stream that ended neither released nor lost to another
+            # holder (a hand-over or self-fence whose release failed, a crash) may still
+            # name this worker: keep the member row so peers release it on its behalf.
+            if self._stop.is_set() and supervisor.holding.state not in (
+                    HolderState.RELEASED, HolderState.LOST):
                 self.unreleased += 1
         finally:
             if self.supervisors.get(supervisor.stream) is supervisor:

@@ -197,12 +197,13 @@ class Supervisor:
         except asyncio.CancelledError:
             raise
         except Exception:
-            # The last line of defence: log, count, and let the self-audit or the expiry
-            # free the lease.
+            # The last line of defence: log, count, stop the output, and let the
+            # self-audit or the expiry free the lease.
             self.metrics.task_crashed("supervisor")
             event(logging.ERROR, "supervisor.crashed", "stream supervisor failed; the lease "
                   "is released by the self-audit or expires", stream=self.stream,
                   fence=self.tenure.fence, exc_info=True)
+            await self._close_output(StopReason.ERROR)
 
     async def _run(self) -> None:
         problem = item_problem(self._record, self.settings.allowed_urls)
@@ -421,8 +422,13 @@ class Supervisor:
         """The tenure's processor ``stop``: after the last flush, before the release (a
         lost tenure's processor hears ``lost`` and must not write). Bounded, never raises."""
         public = processor_reason(reason, self.holding.state)
+        budget = self.settings.drain_timeout_s
+        if self._release_by is not None:
+            # A shutdown: leave the release its call within the budget.
+            budget = min(budget, max(0.1, self._release_by - self.clock.monotonic()
+                                     - self.settings.call_timeout_s))
         try:
-            async with asyncio.timeout(self.settings.drain_timeout_s):
+            async with asyncio.timeout(budget):
                 await self.sink.close(self.tenure, public)
         except Exception:
             self.metrics.task_crashed("pump")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streamlease.core.lease import LeaseTimings
+from streamlease.core.lease import LeaseTimings, StopReason
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.core.model import MAX_LAST_ERROR_CHARS
 from streamlease.core.urls import parse_allowed_urls
@@ -417,3 +417,30 @@ async def test_an_acquisition_answered_after_the_worker_stopped_accepting_is_han
     assert not fleet.held()
     after = await fleet.memory.get("a")
     assert after is not None and after.lease_expires_at_ms == 0
+
+
+async def test_a_hand_over_whose_release_fails_during_shutdown_is_counted_unreleased() -> None:
+    """Counted, the member row stays, and peers release the stream on this worker's behalf;
+    not counted, the row would be deleted and the stream wait for its stream lease."""
+    fleet = Fleet()
+    await fleet.streams("a")
+    fleet.start()
+    async with asyncio.timeout(10):
+        while "a" not in fleet.held():  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    fleet.store.fail("release", times=10_000)
+    fleet.reconciler.supervisors["a"].request_drain(StopReason.REBALANCE)
+    await fleet.stop()
+    assert fleet.reconciler.unreleased == 1
+
+
+async def test_the_self_audit_leaves_a_newer_incarnations_lease_alone() -> None:
+    fleet = Fleet(max_streams=0)
+    await fleet.streams("x")
+    got = await fleet.memory.acquire("x", "w1", fleet.clock.wall_ms(), T,
+                                     epoch=StaticMember.epoch + 1)
+    assert got is not None
+    await asyncio.sleep(1)  # the owner index shows it after its lag
+    assert await fleet.reconciler.audit() == 0
+    record = await fleet.memory.get("x")
+    assert record is not None and record.lease_expires_at_ms

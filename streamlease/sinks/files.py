@@ -55,10 +55,18 @@ class FileProcessor:
 
     @staticmethod
     def _append(path: Path, text: str) -> None:
+        """Append and sync; if that fails, cut the file back to where it was, so a retried
+        batch is not written twice."""
         with path.open("a", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+            before = handle.tell()
+            try:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.truncate(handle.fileno(), before)
+                raise
 
 
 class StdoutProcessor:
