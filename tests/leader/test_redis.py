@@ -518,10 +518,14 @@ async def test_the_scripts_effects_not_the_scripts_go_to_replicas_and_the_aof(
     never the script to run again against another clock."""
     primary = make_server(aof=True, extra=("--repl-diskless-sync-delay", "0"))
     replica = make_server(aof=False, extra=("--replicaof", "127.0.0.1", str(primary.port)))
-    async with redis_backend(primary.url + "?min_replicas=1") as impl, \
+    # A generous WAIT: this test is about what reaches the replica, not how fast.
+    async with redis_backend(primary.url + "?min_replicas=1&wait_ms=5000") as impl, \
             redis_backend(replica.url) as copy:
         await poll(lambda: copy.client.info("replication"),
                    lambda info: info.get("master_link_status") == "up", timeout=20)
+        # The primary counts the replica (and WAIT can be answered) once it is online.
+        await poll(lambda: impl.client.info("replication"),
+                   lambda info: (info.get("slave0") or {}).get("state") == "online", timeout=20)
         fence = await impl.acquire("fleet", "a", 60, None, NOW)
         assert fence is not None
         await impl.fenced_write("fleet", fence, HashSet("runs", "1", "a"))
