@@ -83,8 +83,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          f"<= lease + 1.2 x reconcile + 0.5 = {kill9:.1f} s", at_most(kill9)),
         ("index_lag", "index reads 1 s behind: longest a stream stayed leased to a live "
          "worker that did not serve it", "index_lag.unserved_max_s",
-         f"<= one self-audit interval (1.2 x lease = {1.2 * s.get('lease', 2.0):.1f} s)",
-         at_most(1.2 * s.get("lease", 2.0))),
+         f"<= one self-audit interval (at most 1.92 x lease = {1.92 * s.get('lease', 2.0):.1f} s)",
+         at_most(1.92 * s.get("lease", 2.0))),
         ("index_lag", "index reads 1 s behind: lost / duplicated / out of order / stale "
          "accepted", "index_lag.lost", "0", at_most(0)),
         ("index_lag", "index reads 1 s behind: kill -9 failover p99", "index_lag.kill9_p99",

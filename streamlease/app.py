@@ -88,7 +88,8 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         owner=owner, reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
         max_streams=config.max_streams, acquire_per_cycle=config.acquire_per_cycle,
         supervisor=supervisor, stopped_check_s=timings.heartbeat_s,
-        min_hold_s=config.min_hold_s, audit_s=timings.lease_s,
+        # Jittered +/-20 %: at most 1.92 member leases apart, inside the two allowed.
+        min_hold_s=config.min_hold_s, audit_s=1.6 * timings.lease_s,
     )
 
 

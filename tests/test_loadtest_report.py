@@ -560,6 +560,7 @@ def test_the_sinks_section_renders_with_its_targets(tmp_path: Path) -> None:
     assert "| postgres | exactly once | skipped: PostgreSQL could not start |" in md
     assert "45,000 msg/s, **0.91** of a bare websockets client" in md
     assert [row[1] for row in targets(result)] == [
+        "sinks.dynamodb.cost_per_stream_month_1hz", "sinks.dynamodb.added_latency_s",
         "sinks.dynamodb.lost", "sinks.dynamodb.duplicated", "sinks.postgres.lost",
         "sinks.postgres.duplicated", "sinks.kinesis.lost",
         "sinks.kinesis.dup_outside_takeover", "sinks.python.lost",
