@@ -1,8 +1,8 @@
 """Shared fixtures: the embedded DynamoDB as a real server process, fresh tables per test.
 
 Index reads lag the table everywhere, as in production: the server runs with
-``--index-lag-ms 100 --index-lag-jitter-ms 200`` (tests/fleet/harness.py), and every
-``MemoryStore`` built in a test lags its indexes by the same 100-300 ms on its clock
+``--index-lag-ms 50 --index-lag-jitter-ms 100`` (tests/fleet/harness.py), and every
+``MemoryStore`` built in a test lags its indexes by the same 50-150 ms on its clock
 (virtual time in virtual-time tests). A test that needs an instant index says why and
 uses ``instant_dynamodb_endpoint`` / ``instant_dynamo``.
 """
@@ -44,7 +44,7 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def dynamodb_endpoint() -> Iterator[str]:
     """``streamlease dev dynamodb`` on a free loopback port, for the whole session; its
-    indexes lag 100-300 ms behind the table, as DynamoDB's do."""
+    indexes lag 50-150 ms behind the table, as DynamoDB's do."""
     proc = dynamodb_server()
     try:
         url = proc.url()

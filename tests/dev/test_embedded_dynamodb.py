@@ -455,7 +455,7 @@ async def test_a_server_without_lag_answers_every_read_from_the_current_table() 
 
 
 async def test_the_cli_lags_index_reads_in_real_time(env_for: None) -> None:
-    """The session's server lags 100-300 ms; this one a fixed second, so that a read sent
+    """The session's server lags 50-150 ms; this one a fixed second, so that a read sent
     right after a write is certainly inside the lag (checked, not assumed)."""
     server = dynamodb_server(name="dynamodb-lag", index_lag_ms=1000, index_lag_jitter_ms=0)
     try:
