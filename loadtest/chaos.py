@@ -68,6 +68,8 @@ from loadtest.common import Server
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.report import write_reports
 from loadtest.throughput import measure_throughput
+from streamlease.config import DEFAULTS
+from streamlease.core.stream import BATCH_FILL_BYTES, FRAME_ITEM_BYTES
 from streamlease.dev import local_aws_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -255,16 +257,17 @@ def summarise_chaos(fleet: Fleet, p: dict[str, Any], audit: dict[str, int], elap
     # The same arithmetic at the worker's defaults, 100 streams a worker: a member
     # heartbeat every 5 s per worker, each stream renewed every 600 s and read every 60 s,
     # per worker the orphan and STOPPED queries every 5 s and a fleet read every 2.5 s,
-    # the sweep every 30 s, a flush every 0.2 s; and a rolling deploy a day, which moves
+    # the sweep every 30 s, a flush whenever a batch fills a write unit (about 830 bytes of
+    # messages) or its oldest message waited 4.5 s; and a rolling deploy a day, which moves
     # each stream about twice (off the replaced task, then once more to even out): four
     # acquire/release writes a day. The chaos run's own rate is a fault every few seconds,
     # not a day in production.
     defaults = {"member_heartbeat": 12.0 / 100, "stream_renewal": 0.1,
                 "acquire_release": 4 / (24 * 60),
                 "query": (12.0 + 12.0 + 24.0) / 100, "check": 1.0, "sweep_scan": 2.0 / 100,
-                "sink": min(60 / 0.2, p["rate"] * 60)}
+                "sink": 60 / default_flush_s(p["rate"])}
     defaults["heartbeat"] = defaults["member_heartbeat"] + defaults["stream_renewal"]
-    cost_defaults = _cost(defaults, p, batch_s=0.2)
+    cost_defaults = _cost(defaults, p, batch_s=default_flush_s(p["rate"]))
     ddb_rate = sum(ops.values()) / elapsed
     store_limited = fleet.dynamodb == "embedded" and ddb_rate > 200
     bound = {"kill9": p["lease"] + 1.2 * p["reconcile"] + 0.5, "sigterm": 1.0}
@@ -295,6 +298,14 @@ def summarise_chaos(fleet: Fleet, p: dict[str, Any], audit: dict[str, int], elap
                    for f in fleet.faults],
         "timeline": fleet.timeline_out(),
     }
+
+
+def default_flush_s(rate: float, msg_bytes: int = 60) -> float:
+    """Seconds between a stream's sink writes at the default batching: when the batch
+    fills one write unit of events item, or at the latency bound, whichever comes first."""
+    window = float(DEFAULTS["STREAMLEASE_BATCH_MAX_SECONDS"])
+    per_write = max(1, BATCH_FILL_BYTES // (msg_bytes + FRAME_ITEM_BYTES))
+    return min(window, per_write / rate)
 
 
 def _ops(fleet: Fleet, op: str) -> float:
