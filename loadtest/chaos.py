@@ -69,7 +69,6 @@ from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.report import write_reports
 from loadtest.throughput import measure_throughput
 from streamlease.config import DEFAULTS
-from streamlease.core.stream import BATCH_FILL_BYTES, FRAME_ITEM_BYTES
 from streamlease.dev import local_aws_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -257,8 +256,8 @@ def summarise_chaos(fleet: Fleet, p: dict[str, Any], audit: dict[str, int], elap
     # The same arithmetic at the worker's defaults, 100 streams a worker: a member
     # heartbeat every 5 s per worker, each stream renewed every 600 s and read every 60 s,
     # per worker the orphan and STOPPED queries every 5 s and a fleet read every 2.5 s,
-    # the sweep every 30 s, a flush whenever a batch fills a write unit (about 830 bytes of
-    # messages) or its oldest message waited 4.5 s; and a rolling deploy a day, which moves
+    # the sweep every 30 s, a flush whenever a batch reaches the message cap or its oldest
+    # message waited 4.5 s; and a rolling deploy a day, which moves
     # each stream about twice (off the replaced task, then once more to even out): four
     # acquire/release writes a day. The chaos run's own rate is a fault every few seconds,
     # not a day in production.
@@ -300,12 +299,11 @@ def summarise_chaos(fleet: Fleet, p: dict[str, Any], audit: dict[str, int], elap
     }
 
 
-def default_flush_s(rate: float, msg_bytes: int = 60) -> float:
+def default_flush_s(rate: float) -> float:
     """Seconds between a stream's sink writes at the default batching: when the batch
-    fills one write unit of events item, or at the latency bound, whichever comes first."""
+    reaches the message cap, or at the latency bound, whichever comes first."""
     window = float(DEFAULTS["STREAMLEASE_BATCH_MAX_SECONDS"])
-    per_write = max(1, BATCH_FILL_BYTES // (msg_bytes + FRAME_ITEM_BYTES))
-    return min(window, per_write / rate)
+    return min(window, int(DEFAULTS["STREAMLEASE_BATCH_MAX_MESSAGES"]) / rate)
 
 
 def _ops(fleet: Fleet, op: str) -> float:

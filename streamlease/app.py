@@ -26,7 +26,7 @@ from streamlease import health as http
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
-from streamlease.core.stream import BATCH_FILL_BYTES, BATCH_MAX_BYTES, sink_retry_cap
+from streamlease.core.stream import BATCH_MAX_BYTES, sink_retry_cap
 from streamlease.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
 from streamlease.health import HealthState
 from streamlease.jobs import JobRunner, JobSettings
@@ -69,10 +69,11 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
     # write safe, and waiting for its answer tells a stale holder that it was refused.
     pump = PumpSettings(
         batch_max_messages=config.batch_max_messages, batch_max_s=config.batch_max_s,
-        # Filling a write unit is the events table's cost rule; a processor's batches grow
-        # to the message cap or the window instead (fewer checkpoints, fewer calls).
-        batch_fill_bytes=(BATCH_FILL_BYTES if config.sink.kind == "dynamodb"
-                          else BATCH_MAX_BYTES),
+        # Batches grow to the message cap or the window. Cutting them at every filled
+        # write unit (``BATCH_FILL_BYTES``) made a takeover's catch-up several transactions
+        # a stream instead of one, which saturated the store just when streams moved, and
+        # cost more for fast streams: the rule stays in the core, off.
+        batch_fill_bytes=BATCH_MAX_BYTES,
         max_frame_bytes=config.max_frame_bytes, max_seq_jump=config.max_seq_jump,
         stall_s=config.stall_s, allowed_urls=config.allowed_urls, call_timeout_s=10.0,
         reconnect_cap_s=max(1.0, min(30.0, timings.lease_s)),

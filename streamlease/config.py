@@ -138,8 +138,8 @@ SETTINGS: tuple[Setting, ...] = (
             "messages in one sink transaction at most", count(1, 1000)),
     # The latency bound of every sink: a slow stream's batch grows for this long, so at
     # 1 msg/s a DynamoDB write carries 5 messages instead of one, with half a second to spare
-    # for arrival jitter (4 a write would miss $1.50 a stream-month; README, Batching). A
-    # batch that fills a write unit, or hits a cap, is written sooner.
+    # for arrival jitter (4 a write would miss $1.50 a stream-month; docs/performance.md,
+    # Batching). A batch that hits the message or byte cap is written sooner.
     Setting("STREAMLEASE_BATCH_MAX_SECONDS", "batch_max_s", "4.5",
             "longest a message waits before a flush (the sinks' latency bound)",
             seconds(0.01, 60)),
