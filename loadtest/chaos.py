@@ -192,25 +192,30 @@ def _victim(fleet: Fleet) -> str | None:
     return fleet.rng.choice(choices) if choices else None
 
 
+async def kill_and_pause(fleet: Fleet, p: dict[str, Any], gap: float) -> None:
+    """kill -9 of a worker holding streams (a new one replaces it), then SIGSTOP of one past
+    the lease and SIGCONT, ``gap`` seconds after each."""
+    victim = _victim(fleet)
+    if victim is not None:
+        fleet.kill9(victim)
+        fleet.start_worker()
+        await asyncio.sleep(gap)
+    victim = _victim(fleet)
+    if victim is not None:
+        worker = fleet.workers[victim]
+        fleet.fault("pause", victim)
+        worker.paused = True
+        worker.popen.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(p["lease"] + p["skew"] + p["reconcile"] * 2 + 1)
+        worker.popen.send_signal(signal.SIGCONT)
+        worker.paused = False
+        await asyncio.sleep(gap)
+
+
 async def chaos_schedule(fleet: Fleet, p: dict[str, Any]) -> None:
     gap = p["gap"]
     for _ in range(p["rounds"]):
-        victim = _victim(fleet)
-        if victim is not None:
-            fleet.kill9(victim)
-            fleet.start_worker()
-            await asyncio.sleep(gap)
-
-        victim = _victim(fleet)
-        if victim is not None:
-            worker = fleet.workers[victim]
-            fleet.fault("pause", victim)
-            worker.paused = True
-            worker.popen.send_signal(signal.SIGSTOP)
-            await asyncio.sleep(p["lease"] + p["skew"] + p["reconcile"] * 2 + 1)
-            worker.popen.send_signal(signal.SIGCONT)
-            worker.paused = False
-            await asyncio.sleep(gap)
+        await kill_and_pause(fleet, p, gap)
 
         for sid in fleet.rng.sample(sorted(fleet.records), k=min(4, len(fleet.records))):
             fleet.fault("drop", None)

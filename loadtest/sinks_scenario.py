@@ -53,7 +53,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import tempfile
 import traceback
 import uuid
@@ -479,21 +478,9 @@ def _victim(fleet: Fleet, exclude: str | None = None) -> str | None:
 async def sink_chaos(fleet: Fleet, p: dict[str, Any], gap: float) -> None:
     """kill -9 (replaced), SIGSTOP past the lease then SIGCONT, a new worker and SIGTERM
     of an old one: each of a worker holding streams, ``gap`` seconds apart."""
-    victim = _victim(fleet)
-    if victim is not None:
-        fleet.kill9(victim)
-        fleet.start_worker()
-        await asyncio.sleep(gap)
-    victim = _victim(fleet)
-    if victim is not None:
-        worker = fleet.workers[victim]
-        fleet.fault("pause", victim)
-        worker.paused = True
-        worker.popen.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(p["lease"] + p["skew"] + p["reconcile"] * 2 + 1)
-        worker.popen.send_signal(signal.SIGCONT)
-        worker.paused = False
-        await asyncio.sleep(gap)
+    from loadtest.chaos import kill_and_pause  # (chaos imports this module)
+
+    await kill_and_pause(fleet, p, gap)
     fleet.start_worker()
     await asyncio.sleep(p["reconcile"] * 2)
     victim = _victim(fleet, exclude=f"w{fleet.counter}")
