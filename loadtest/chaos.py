@@ -3,7 +3,7 @@ balance, singleton jobs and scale, in one command.
 
     make loadtest                                   # the default scenarios, ~17 minutes
     make loadtest ARGS="--scenarios all"            # and the scale run: ~14-16 minutes
-    make loadtest ARGS="--scenarios scale --merge"  # one scenario into the last results
+    make loadtest ARGS="--scenarios scale"          # one scenario into the last results
     make loadtest ARGS="--profile large"
     python -m loadtest.chaos --help
 
@@ -522,8 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenarios", type=parse_scenarios, default=list(DEFAULT_SCENARIOS),
                         help=f"comma-separated from {', '.join(SCENARIOS)}; 'default' "
                              f"({','.join(DEFAULT_SCENARIOS)}) or 'all'")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the other scenarios' figures from the last latest.json")
+    parser.add_argument("--merge", action="store_true", default=True,
+                        help="keep the other scenarios' figures from the last latest.json "
+                             "(the default: the committed results always hold every key)")
+    parser.add_argument("--fresh", dest="merge", action="store_false",
+                        help="write only the figures of the scenarios this run ran")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="small")
     parser.add_argument("--streams", type=int, help="override the profile's stream count")
     parser.add_argument("--rate", type=float, help="messages/s per stream")
