@@ -6,7 +6,9 @@ is rejected atomically.
 
 The public API is what this module exports: the processor interface (your code on every
 held stream: ``Processor``, ``TransactionalProcessor``, ``Context``, ``Message``,
-``STOP_REASONS``) and the errors a processor may raise or see (``StaleFence``). The
+``STOP_REASONS``), the upstream interface for a protocol no profile describes
+(``Upstream``, ``UpstreamContext``, ``UpstreamConnection``: docs/profiles.md) and the errors a
+processor may raise or see (``StaleFence``). The
 fleet leader's lease for singleton work is ``streamlease.leader.LeaderLease``.
 """
 
@@ -19,6 +21,7 @@ from streamlease.processor import (
     ProcessorFactory,
     TransactionalProcessor,
 )
+from streamlease.upstream import Upstream, UpstreamConnection, UpstreamContext
 
 __version__ = "0.1.0"
 
@@ -32,5 +35,8 @@ __all__ = [
     "StaleFence",
     "StreamleaseError",
     "TransactionalProcessor",
+    "Upstream",
+    "UpstreamConnection",
+    "UpstreamContext",
     "__version__",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
@@ -27,6 +28,7 @@ from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
 from streamlease.core.stream import BATCH_MAX_BYTES, sink_retry_cap
+from streamlease.core.upstream import Catalog
 from streamlease.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
 from streamlease.health import HealthState
 from streamlease.jobs import JobRunner, JobSettings
@@ -39,10 +41,12 @@ from streamlease.pacing import PacedSink, SinkGate
 from streamlease.processing import ProcessingSettings, ProcessorSink
 from streamlease.pump import PumpSettings
 from streamlease.reconciler import Reconciler, ReconcilerSettings
+from streamlease.secrets import SecretResolver
 from streamlease.sinks import open_output
 from streamlease.store import dynamodb
 from streamlease.store.protocols import AdminStore, Sink, Stores
 from streamlease.supervisor import SupervisorSettings
+from streamlease.upstream import Upstreams, load_python_upstream
 
 
 def resolve_worker_id(config: WorkerConfig) -> str:
@@ -153,7 +157,10 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
                   proven=member_proven, beat=member_beat,
                   leading=lambda: leadership is not None and leadership.leading))
         async with worker_sink(config, stores, metrics) as sink, \
-                leader_backend(config, stores, metrics) as backend:
+                leader_backend(config, stores, metrics) as backend, \
+                worker_upstreams(config) as upstreams:
+            settings = dataclasses.replace(settings, supervisor=dataclasses.replace(
+                settings.supervisor, upstreams=upstreams))
             reconciler = Reconciler(stores.leases,
                                     PacedSink(sink, gate, metrics, config.sink.kind), clock,
                                     metrics, settings, membership, health=health)
@@ -185,6 +192,22 @@ async def worker_sink(config: WorkerConfig, stores: Stores,
         yield ProcessorSink(factory, stores.leases, metrics,
                             ProcessingSettings(config.sink.kind, config.process_max_attempts),
                             dead)
+
+
+@contextlib.asynccontextmanager
+async def worker_upstreams(config: WorkerConfig) -> AsyncIterator[Upstreams]:
+    """How streams' upstreams are spoken to: the profiles (STREAMLEASE_PROFILES, with a
+    secret resolver when any template names a secret), or the Python upstream
+    (STREAMLEASE_UPSTREAM, imported here: ConfigError if it cannot be)."""
+    catalog = Catalog(config.all_profiles, config.default_profile, python=config.upstream)
+    if config.upstream is not None:
+        yield Upstreams(catalog, python=load_python_upstream(config.upstream))
+        return
+    if not any(p.secret_refs for p in catalog.profiles.values()):
+        yield Upstreams(catalog)
+        return
+    async with SecretResolver() as secrets:
+        yield Upstreams(catalog, secrets)
 
 
 @contextlib.asynccontextmanager

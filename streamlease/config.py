@@ -22,6 +22,15 @@ from typing import Any
 from streamlease.core.backends import RedisTarget, parse_leader_backend
 from streamlease.core.frames import MAX_SEQ
 from streamlease.core.lease import LeaseTimings
+from streamlease.core.profiles import (
+    BUILTIN,
+    BUILTIN_PROFILE,
+    Profile,
+    ProfileError,
+    default_problem,
+    parse_profiles,
+    profile_format,
+)
 from streamlease.core.sinks import SinkSpec, parse_dead_letter, parse_sink
 from streamlease.core.stream import stream_buffer_bytes
 from streamlease.core.urls import AllowList, parse_allowed_urls
@@ -96,6 +105,35 @@ def ip_literal(text: str) -> str:
 
 # The documented knobs, in the order docs/configuration.md lists them: docs/contract.md's
 # first, then the ones that tune internals and need no touching.
+def read_profiles(path: str) -> dict[str, Profile]:
+    """STREAMLEASE_PROFILES: the file read and every profile in it validated; ValueError
+    listing every problem (the file's format comes from its name: ``.json``, ``.toml``)."""
+    fmt = profile_format(path)
+    if fmt is None:
+        raise ValueError(f"{path!r}: the file name must end in .json or .toml")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read(1_048_577)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path!r}: cannot read it: {type(exc).__name__}") from None
+    if len(text) > 1_048_576:
+        raise ValueError(f"{path!r}: larger than 1 MiB")
+    try:
+        return parse_profiles(text, fmt)
+    except ProfileError as exc:
+        raise ValueError(f"{path!r}: " + "; ".join(exc.problems)) from None
+
+
+def python_upstream(text: str) -> str:
+    """STREAMLEASE_UPSTREAM: ``python:MODULE:ATTR`` (imported when the worker starts)."""
+    kind, _, rest = text.partition(":")
+    module, _, attr = rest.partition(":")
+    names = [*module.split("."), attr]
+    if kind != "python" or not all(n.isidentifier() for n in names):
+        raise ValueError("must be python:MODULE:ATTR (a module path and an attribute name)")
+    return text
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_TABLE", "table", "streamlease-streams", "streams table", table_name),
     Setting("STREAMLEASE_EVENTS_TABLE", "events_table", "streamlease-events", "sink table",
@@ -191,6 +229,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_DEAD_LETTER", "dead_letter", "",
             "a sink URL for batches that failed every attempt (default: none)",
             parse_dead_letter, secret=True),
+    Setting("STREAMLEASE_PROFILES", "profiles", "",
+            "a JSON or TOML file of upstream profiles (docs/profiles.md); default: only the "
+            "built-in streamlease profile", read_profiles),
+    Setting("STREAMLEASE_DEFAULT_PROFILE", "default_profile", BUILTIN,
+            "the profile for stream items that name none", str),
+    Setting("STREAMLEASE_UPSTREAM", "upstream", "",
+            "python:MODULE:ATTR: your own upstream object for every stream, instead of "
+            "profiles (default: profiles)", python_upstream),
     Setting("STREAMLEASE_BUFFER_BUDGET_BYTES", "buffer_budget_bytes", "536870912",
             "bytes all held streams may buffer at most; STREAMLEASE_MAX_STREAMS x one "
             "stream's worst case (from STREAMLEASE_MAX_FRAME_BYTES) must fit in it",
@@ -235,6 +281,13 @@ class WorkerConfig:
     sink: SinkSpec
     process_max_attempts: int
     dead_letter: SinkSpec | None
+    profiles: Mapping[str, Profile] | None  # None: only the built-in profile
+    default_profile: str
+    upstream: str | None  # python:MODULE:ATTR
+
+    @property
+    def all_profiles(self) -> Mapping[str, Profile]:
+        return self.profiles or {BUILTIN: BUILTIN_PROFILE}
 
     @property
     def stream_timings(self) -> LeaseTimings:
@@ -262,6 +315,11 @@ class WorkerConfig:
                 "must stay under 60 s, so hand-written items start within a minute; got "
                 f"{values['sweep_s']:g} + {values['reconcile_s']:g}")
         problems.extend(stream_timing_problems(values, timings))
+        if values["profiles"] is not None or values["default_profile"] != BUILTIN:
+            missing = default_problem(values["profiles"] or {BUILTIN: BUILTIN_PROFILE},
+                                      values["default_profile"])
+            if missing:
+                problems.append(f"STREAMLEASE_DEFAULT_PROFILE: {missing}")
         problems.extend(buffer_problems(values["max_streams"], values["max_frame_bytes"],
                                         values["buffer_budget_bytes"]))
         if problems:

@@ -24,10 +24,12 @@ import errno
 import functools
 import re
 import ssl
+from collections.abc import Sequence
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, InvalidURI, WebSocketException
+from websockets.typing import Subprotocol
 
 from streamlease.core.urls import AllowList, check_url, redact, url_problem
 from streamlease.errors import DialError
@@ -83,10 +85,13 @@ async def dial(
     close_timeout: float | None = 10,
     ping_interval: float | None = 20,
     ping_timeout: float | None = 20,
+    additional_headers: Sequence[tuple[str, str]] | None = None,
+    subprotocols: Sequence[str] | None = None,
 ) -> ClientConnection:
     """Open ``url`` (the final URL, ``from_seq`` already added) if ``rules`` allow it.
 
-    The keyword arguments are websockets' ``connect`` arguments of the same names; the
+    The keyword arguments are websockets' ``connect`` arguments of the same names (the
+    headers go to the allow-listed host and to allow-listed redirects only); the
     proxy and TLS settings are not arguments (see the module docstring). Raises
     DialError (``retriable`` False when ``url`` itself is refused); cancellation
     propagates as is.
@@ -101,7 +106,10 @@ async def dial(
         return await _CheckedConnect(
             url, rules, proxy=None, compression=compression, max_size=max_size,
             max_queue=max_queue, open_timeout=open_timeout, close_timeout=close_timeout,
-            ping_interval=ping_interval, ping_timeout=ping_timeout, **tls,
+            ping_interval=ping_interval, ping_timeout=ping_timeout,
+            additional_headers=list(additional_headers) if additional_headers else None,
+            subprotocols=[Subprotocol(p) for p in subprotocols] if subprotocols else None,
+            **tls,
         )
     except _RedirectRefused as exc:
         error = DialError(f"redirect refused{_http(exc.status)} dialling {shown}: "

@@ -27,8 +27,10 @@ from streamlease.core.jobs import RunOutcome
 from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
 from streamlease.core.membership import MemberRecord
 
-RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big")
-BAD_ITEM_REASONS = ("bad_state", "bad_url")
+RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big",
+                     "setup_failed", "expect_timeout", "opening_failed")
+BAD_ITEM_REASONS = ("bad_state", "bad_url", "bad_profile")
+GAP_REASONS = ("takeover", "reconnect")
 DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
                        "delete_item", "put_item", "describe_table", "create_table",
                        "update_table")
@@ -92,6 +94,12 @@ class Metrics:
                                   "Upstream frames dropped as malformed", registry=r)
         self._duplicates = Counter(p + "duplicate_frames",
                                    "Upstream frames dropped as already delivered", registry=r)
+        self._control_frames = Counter(p + "control_frames",
+                                       "Upstream frames a profile marks as control frames "
+                                       "(skipped: not messages)", registry=r)
+        self._upstream_gaps = Counter(
+            p + "upstream_gaps", "Gap records delivered: a feed that cannot replay may have "
+            "lost messages here, by reason (takeover, reconnect)", ["reason"], registry=r)
         self._bad_items = Counter(p + "bad_items", "Stream items that cannot be served, by reason",
                                   ["reason"], registry=r)
         self._takeover = Histogram(
@@ -222,6 +230,8 @@ class Metrics:
             self._reconnects.labels(name)
         for name in BAD_ITEM_REASONS:
             self._bad_items.labels(name)
+        for name in GAP_REASONS:
+            self._upstream_gaps.labels(name)
         for name in RENEW_OUTCOMES:
             self._renewals.labels(name)
         for name in TASKS:
@@ -321,6 +331,12 @@ class Metrics:
 
     def duplicate(self) -> None:
         self._duplicates.inc()
+
+    def control_frame(self) -> None:
+        self._control_frames.inc()
+
+    def upstream_gap(self, reason: str) -> None:
+        self._upstream_gaps.labels(reason).inc()
 
     def bad_item(self, reason: str) -> None:
         self._bad_items.labels(reason).inc()

@@ -55,6 +55,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from streamlease.core.upstream import BINARY_KEY, GAP_KEY, binary_payload, gap_body
+
 STOP_REASONS = ("drain", "stopped", "shutdown", "lost", "error")
 
 
@@ -83,6 +85,21 @@ class Message:
         if self._data is _UNPARSED:
             self._data = json.loads(self.text)
         return self._data
+
+    @property
+    def gap(self) -> dict[str, Any] | None:
+        """The fields of a gap record (a feed that cannot replay may have lost messages
+        just before this one: docs/profiles.md, Gap records), else None."""
+        if GAP_KEY not in self.text:
+            return None
+        return gap_body(self.data)
+
+    @property
+    def bytes(self) -> bytes | None:
+        """The payload of a binary frame (``binary: true`` profiles), else None."""
+        if BINARY_KEY not in self.text:
+            return None
+        return binary_payload(self.data)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Message) and (self.seq, self.text) == (other.seq, other.text)

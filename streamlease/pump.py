@@ -36,9 +36,10 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.frames import CloseCode
 
 from streamlease.clock import Clock
-from streamlease.core.frames import Frame, Malformed, parse_frame
+from streamlease.core.frames import Frame, Malformed
 from streamlease.core.lease import Holding
 from streamlease.core.model import Tenure
+from streamlease.core.profiles import Control
 from streamlease.core.stream import (
     BATCH_FILL_BYTES,
     BATCH_MAX_BYTES,
@@ -48,11 +49,26 @@ from streamlease.core.stream import (
     StreamRules,
     Verdict,
 )
-from streamlease.core.urls import AllowList, redact, with_from_seq
+from streamlease.core.upstream import (
+    PendingGap,
+    gap_dismissed,
+    gap_frame,
+    gap_on_connect,
+    place_gap,
+)
+from streamlease.core.urls import AllowList, redact
 from streamlease.dial import dial
 from streamlease.errors import DialError, SelfFenced, StoreThrottled, StoreUnavailable
 from streamlease.logs import event
 from streamlease.metrics import Metrics
+from streamlease.upstream import (
+    BUILTIN_WIRE,
+    Connection,
+    OpeningFailed,
+    Prepared,
+    SetupFailed,
+    Wire,
+)
 
 T = TypeVar("T")
 _ACCEPTED = Verdict.ACCEPTED
@@ -104,8 +120,10 @@ class Pump:
     def __init__(self, tenure: Tenure, holding: Holding, sink: Sink, clock: Clock,
                  metrics: Metrics, settings: PumpSettings, rng: random.Random | None = None,
                  on_delivered: Callable[[int], None] | None = None,
-                 on_problem: Callable[[str | None], None] | None = None) -> None:
+                 on_problem: Callable[[str | None], None] | None = None,
+                 wire: Wire = BUILTIN_WIRE) -> None:
         self.tenure = tenure
+        self.wire = wire
         self.holding = holding
         self.sink = sink
         self.clock = clock
@@ -119,6 +137,10 @@ class Pump:
         self._parked = False  # the task waits for the upstream or the clock, not a write
         self._interrupted = False  # this pump cancelled that wait
         self._stalled = False  # counted in streamlease_stalled_streams
+        self._connections_made = 0
+        self._closed_ms: int | None = None  # wall time the last connection ended
+        self._gap: PendingGap | None = None  # a record due before the next message
+        self._setup_problem: str | None = None
 
     @property
     def stream(self) -> str:
@@ -168,8 +190,7 @@ class Pump:
     async def _connections(self) -> None:
         machine = self.machine
         while (from_seq := machine.connect(self.clock.monotonic())) is not None:
-            url = with_from_seq(self.holding.ws_url, from_seq)
-            reason = await self._connection(url, from_seq)
+            reason = await self._connection(from_seq)
             machine.flush()  # before reconnecting: the next connection asks committed + 1
             await self._write_due()
             step = machine.disconnected(reason, self.clock.monotonic())
@@ -182,20 +203,46 @@ class Pump:
             if step.delay_s > 0:
                 await self._interruptible(self.clock.sleep(step.delay_s))
 
-    async def _open(self, url: str) -> ClientConnection:
+    async def _open(self, prepared: Prepared) -> ClientConnection:
         """Dial the upstream: the one place that opens a connection (the allow-list is
         checked again on the final URL and on every redirect; no proxy; TLS verified)."""
         return await dial(
-            url, self.settings.allowed_urls, compression=None,
+            prepared.url, self.settings.allowed_urls, compression=None,
             max_size=self.settings.max_frame_bytes, open_timeout=self.settings.open_timeout_s,
             close_timeout=2, max_queue=self.settings.receive_queue, ping_interval=20,
-            ping_timeout=20,
+            ping_timeout=20, additional_headers=prepared.headers or None,
+            subprotocols=prepared.subprotocols or None,
         )
 
-    async def _connection(self, url: str, asked: int) -> str:
-        """One connection, from the handshake to its end; the reason it ended."""
+    async def _prepare(self, from_seq: int) -> Prepared | str:
+        """What to dial (secrets resolved), or the reason it cannot be worked out."""
         try:
-            ws = await self._interruptible(self._open(url))
+            prepared = await self._interruptible(self.wire.prepare(self.holding.ws_url,
+                                                                   from_seq))
+        except SetupFailed as exc:
+            text = str(exc)
+            if text != self._setup_problem:
+                self._setup_problem = text
+                event(logging.ERROR, "pump.setup_failed",
+                      "cannot work out how to connect to the upstream; not dialled",
+                      stream=self.stream, fence=self.tenure.fence, upstream=self.wire.name,
+                      error=text)
+                if self._on_problem is not None:
+                    self._on_problem(text)
+            return "setup_failed"
+        if prepared is None:
+            return "closed"  # stopped while a secret was being fetched
+        self._setup_problem = None
+        return prepared
+
+    async def _connection(self, asked: int) -> str:
+        """One connection, from the handshake to its end; the reason it ended."""
+        prepared = await self._prepare(asked)
+        if isinstance(prepared, str):
+            return prepared
+        url = prepared.url
+        try:
+            ws = await self._interruptible(self._open(prepared))
         except DialError as exc:
             # Only the failure's type, safe facts and the redacted URL: the library's own
             # message can hold the whole URL with its credentials.
@@ -207,20 +254,39 @@ class Pump:
         self.connected = True
         self.metrics.upstream_connected(1)
         event(logging.INFO, "pump.connected", "connected to upstream", stream=self.stream,
-              fence=self.tenure.fence, url=redact(url), from_seq=asked)
+              fence=self.tenure.fence, url=redact(url), from_seq=asked,
+              upstream=self.wire.name)
+        self._gap = gap_on_connect(self.wire.replays, self._connections_made == 0,
+                                   self.machine.received, self._closed_ms) or self._gap
+        self._connections_made += 1
         try:
-            return await self._session(ws)
+            return await self._session(ws, prepared)
         finally:
+            self._closed_ms = self.clock.wall_ms()
             self.connected = False
             self.metrics.upstream_connected(-1)
 
-    async def _session(self, ws: ClientConnection) -> str:
-        """Read and write in turn until the connection ends or a close is asked for."""
+    async def _session(self, ws: ClientConnection, prepared: Prepared) -> str:
+        """The opening exchange, then read and write in turn until the connection ends or
+        a close is asked for."""
         machine = self.machine
+        keepalive: asyncio.Task[None] | None = None
         try:
+            await self._interruptible(self.wire.open(Connection(ws), prepared, self._on_data))
+            if prepared.keepalive is not None and prepared.keepalive_s is not None:
+                keepalive = asyncio.create_task(
+                    self._keepalive(ws, prepared.keepalive, prepared.keepalive_s),
+                    name=f"keepalive:{self.stream}")
             while not machine.closing:
                 await self._read(ws)
                 await self._write_due()
+        except OpeningFailed as exc:
+            event(logging.WARNING, "pump.opening_failed",
+                  "the upstream's opening exchange did not complete; reconnecting",
+                  stream=self.stream, fence=self.tenure.fence, upstream=self.wire.name,
+                  reason=exc.reason, error=str(exc))
+            await self._close(ws)
+            return exc.reason
         except ConnectionClosedOK:
             return "closed"
         except ConnectionClosed as exc:
@@ -231,8 +297,29 @@ class Pump:
         except Exception:
             await self._close(ws)
             raise
+        finally:
+            if keepalive is not None:
+                await self._end_keepalive(keepalive)
         await self._close(ws)
         return "closed"
+
+    async def _keepalive(self, ws: ClientConnection, text: str, every_s: float) -> None:
+        """The profile's application-level keepalive, every ``every_s`` while connected."""
+        while True:
+            await self.clock.sleep(every_s)
+            await ws.send(text)
+
+    async def _end_keepalive(self, task: asyncio.Task[None]) -> None:
+        """Cancel the keepalive and read how it ended: a send on a closing connection is
+        expected (the session sees the close itself); anything else is logged."""
+        task.cancel()
+        await asyncio.wait([task])
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, ConnectionClosed):
+            event(logging.WARNING, "pump.keepalive_failed", "the upstream keepalive failed",
+                  stream=self.stream, fence=self.tenure.fence, error=type(exc).__name__)
 
     async def _read(self, ws: ClientConnection) -> None:
         """Hand frames to the machine until a batch is due or a close is asked for.
@@ -263,14 +350,23 @@ class Pump:
             self._parked = False
 
     def _on_data(self, data: str | bytes) -> None:
-        frame = parse_frame(data)
+        frame = self.wire.classify(data, self.machine.received)
+        if type(frame) is Control:
+            self.metrics.control_frame()
+            return
+        assert not isinstance(frame, Control)
+        if self._gap is not None and type(frame) is Frame:
+            frame = self._place_gap(frame)
         got = self.machine.receive(frame, sys.getsizeof(data), self.clock.monotonic())
         verdict = got.verdict
         if verdict is _ACCEPTED:
             if got.problem_changed:
                 self._report_problem()
             return
-        if verdict is Verdict.GAP:
+        if verdict is Verdict.GAP and not self.wire.replays:
+            # A feed that cannot replay starts wherever it is: not a gap in what was asked.
+            pass
+        elif verdict is Verdict.GAP:
             assert got.seq is not None
             self.metrics.gap()
             event(logging.WARNING, "pump.gap", "upstream skipped sequence numbers",
@@ -301,6 +397,35 @@ class Pump:
                       after_seq=got.reference, suppressed_since_last=got.log)
         if got.problem_changed:
             self._report_problem()
+
+    def _place_gap(self, frame: Frame) -> Frame:
+        """Deliver the pending gap record before ``frame`` if it is due there (the frame
+        renumbered when the worker numbers frames), or dismiss it if ``frame`` shows that
+        nothing was lost."""
+        gap, machine = self._gap, self.machine
+        assert gap is not None
+        numbered = self.wire.numbered
+        if gap_dismissed(gap, frame.seq, machine.received, numbered):
+            self._gap = None
+            return frame
+        placement = place_gap(gap, frame.seq, machine.received, numbered,
+                              self.settings.max_seq_jump)
+        if placement is None:
+            return frame
+        record = gap_frame(gap, placement, self.clock.wall_ms())
+        got = machine.receive(record, sys.getsizeof(record.text), self.clock.monotonic())
+        if not got.verdict.accepted:
+            return frame  # closing: the next connection (or holder) records the gap
+        self._gap = None
+        self.metrics.upstream_gap(gap.reason)
+        event(logging.WARNING, "pump.upstream_gap",
+              "the upstream cannot replay: messages sent while no connection was open are "
+              "lost; a gap record marks the place", stream=self.stream,
+              fence=self.tenure.fence, reason=gap.reason, after_seq=gap.after_seq,
+              record_seq=placement.seq, missing=placement.missing)
+        if placement.frame_seq != frame.seq:
+            return Frame(placement.frame_seq, frame.text)
+        return frame
 
     def _report_problem(self) -> None:
         problem = self.machine.problem

@@ -36,6 +36,7 @@ from streamlease.core.lease import HolderState, StopReason, resume_point, takeov
 from streamlease.core.model import StreamRecord, Tenure, error_text
 from streamlease.core.plan import (
     VALID_STATES,
+    bad_item_reason,
     fleet_view,
     invisible_to_index,
     item_problem,
@@ -481,7 +482,8 @@ class Reconciler:
         for record in records:
             # Every problem the full item shows (the index does not hold every attribute,
             # and items with an unknown state are not in it at all), written once.
-            problem = item_problem(record, self.settings.supervisor.allowed_urls)
+            problem = item_problem(record, self.settings.supervisor.allowed_urls,
+                                   self.settings.supervisor.catalog)
             if problem is not None and record.last_error != error_text(problem) and \
                     record.stream_id not in self.supervisors:
                 await self._report_unservable(record, problem)
@@ -501,7 +503,7 @@ class Reconciler:
             self._reported[key] = None
             if len(self._reported) > REPORTED_LIMIT:
                 self._reported.popitem(last=False)
-            self.metrics.bad_item("bad_state" if "desired_state" in problem else "bad_url")
+            self.metrics.bad_item(bad_item_reason(problem))
             event(logging.WARNING, "stream.unservable", "stream cannot be served; not dialled",
                   stream=record.stream_id, problem=problem)
         try:
@@ -559,7 +561,8 @@ class Reconciler:
                 self._unsure.add(got.tenure.stream_id)
             return
         self._audited.pop(got.tenure.stream_id, None)
-        if item_problem(got.record, self.settings.supervisor.allowed_urls) is None:
+        if item_problem(got.record, self.settings.supervisor.allowed_urls,
+                        self.settings.supervisor.catalog) is None:
             # (An item that cannot be served gets no processor: its supervisor only
             # records the problem and releases.)
             opened = await self._open_output(got)

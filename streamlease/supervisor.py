@@ -38,7 +38,8 @@ from streamlease.core.lease import (
     always,
 )
 from streamlease.core.model import StreamRecord, Tenure, error_text
-from streamlease.core.plan import item_problem
+from streamlease.core.plan import bad_item_reason, item_problem
+from streamlease.core.upstream import Catalog
 from streamlease.core.urls import AllowList
 from streamlease.errors import SelfFenced, SinkConflict, StaleFence, StoreError
 from streamlease.health import HealthState
@@ -46,6 +47,7 @@ from streamlease.logs import event
 from streamlease.metrics import Metrics
 from streamlease.pump import Pump, PumpSettings
 from streamlease.store.protocols import LeaseStore, Sink
+from streamlease.upstream import BUILTIN_UPSTREAMS, Upstreams
 
 T = TypeVar("T")
 
@@ -58,6 +60,11 @@ class SupervisorSettings:
     call_timeout_s: float = 5.0  # one store call (renew, check, release) at most
     drain_timeout_s: float = 10.0  # the pump's final flush at most
     check_s: float | None = None  # read the item this often (None: only when renewing)
+    upstreams: Upstreams = BUILTIN_UPSTREAMS  # how each stream's upstream is spoken to
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.upstreams.catalog
 
 
 class PumpLike(Protocol):
@@ -119,9 +126,10 @@ class Supervisor:
         self.holding = Holding(tenure, record.ws_url or "", acquire_sent_at, settings.timings,
                                member_alive)
         self.sink = sink
+        wire = settings.upstreams.wire(tenure.stream_id, record.attributes)
         self.pump: PumpLike = (pump_factory or Pump)(
             tenure, self.holding, sink, clock, metrics, settings.pump, self.rng, on_delivered,
-            self._on_problem)
+            self._on_problem, wire=wire)
         self._tg: asyncio.TaskGroup | None = None  # the tenure's scope while it runs
         self._confirm = asyncio.Event()  # an index hint asks for a consistent read now
         self._record = record
@@ -206,7 +214,7 @@ class Supervisor:
             await self._close_output(StopReason.ERROR)
 
     async def _run(self) -> None:
-        problem = item_problem(self._record, self.settings.allowed_urls)
+        problem = item_problem(self._record, self.settings.allowed_urls, self.settings.catalog)
         if problem is not None:
             self.holding.begin_drain(StopReason.BAD_ITEM)
             await self._finish(problem)
@@ -328,7 +336,8 @@ class Supervisor:
             event(logging.DEBUG, "stream.check_failed", "check-in read failed",
                   stream=self.stream, fence=self.tenure.fence, error=str(exc))
             return
-        problem = item_problem(record, self.settings.allowed_urls) if record else None
+        problem = item_problem(record, self.settings.allowed_urls, self.settings.catalog) \
+            if record else None
         was_holding = self.holding.state is HolderState.HOLDING
         decision = self.holding.on_check(record, problem)
         if hint:
@@ -363,7 +372,8 @@ class Supervisor:
             self._lease_health.record(result.outcome, now - sent)
         problem = None
         if result.record is not None:
-            problem = item_problem(result.record, self.settings.allowed_urls)
+            problem = item_problem(result.record, self.settings.allowed_urls,
+                                   self.settings.catalog)
             self._record = result.record
         was_holding = self.holding.state is HolderState.HOLDING
         decision = self.holding.on_renew(result.outcome, sent, now, result.record, problem)
@@ -414,7 +424,7 @@ class Supervisor:
         assert reason is not None
         if problem is not None:
             if reason is StopReason.BAD_ITEM:
-                self.metrics.bad_item("bad_state" if "desired_state" in problem else "bad_url")
+                self.metrics.bad_item(bad_item_reason(problem))
             await self._record_error(problem)
         await self._release(reason, fields, log=True)
 

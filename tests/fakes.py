@@ -129,7 +129,8 @@ class PumpScript:
         def make(tenure: Tenure, holding: Holding, sink: Any, clock: Clock, metrics: Metrics,
                  settings: Any, rng: random.Random | None = None,
                  on_delivered: Callable[[int], None] | None = None,
-                 on_problem: Callable[[str | None], None] | None = None) -> ScriptedPump:
+                 on_problem: Callable[[str | None], None] | None = None,
+                 wire: Any = None) -> ScriptedPump:
             pump = ScriptedPump(self, tenure, holding, sink, clock)
             self.pumps[tenure.stream_id] = pump
             return pump

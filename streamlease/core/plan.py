@@ -8,16 +8,20 @@ from dataclasses import dataclass, field
 
 from streamlease.core.lease import LeaseTimings, can_acquire
 from streamlease.core.model import StreamRecord, error_text
+from streamlease.core.upstream import BUILTIN_CATALOG, Catalog
 from streamlease.core.urls import AllowList, url_problem
 
 VALID_STATES = ("STARTED", "STOPPED")
 
 
-def item_problem(record: StreamRecord, allowed_urls: AllowList) -> str | None:
+def item_problem(record: StreamRecord, allowed_urls: AllowList,
+                 catalog: Catalog = BUILTIN_CATALOG) -> str | None:
     """Why a STARTED-or-not item cannot be served as written, or None.
 
     This is the list of docs/contract.md: an unknown ``desired_state``, a missing ``ws_url``, or
-    one outside the allow-list. The text goes to ``last_error`` and the log.
+    one outside the allow-list; and a ``profile`` that is not defined, or whose templates
+    need an item attribute the item lacks (docs/profiles.md). The text goes to
+    ``last_error`` and the log.
     """
     if record.bad_fields:
         return "wrong attribute type: " + ", ".join(record.bad_fields)
@@ -25,8 +29,18 @@ def item_problem(record: StreamRecord, allowed_urls: AllowList) -> str | None:
         shown = "missing" if record.desired_state is None else repr(record.desired_state)[:64]
         return f"desired_state {shown} is not STARTED or STOPPED"
     if record.started:
-        return url_problem(record.ws_url, allowed_urls)
+        return url_problem(record.ws_url, allowed_urls) or \
+            catalog.item_problem(record.attributes)
     return None
+
+
+def bad_item_reason(problem: str) -> str:
+    """The ``streamlease_bad_items_total`` label for an ``item_problem`` text."""
+    if "desired_state" in problem:
+        return "bad_state"
+    if problem.startswith("profile"):
+        return "bad_profile"
+    return "bad_url"
 
 
 def invisible_to_index(record: StreamRecord) -> bool:
