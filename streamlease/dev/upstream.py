@@ -636,25 +636,23 @@ class UpstreamServer:
         subscription, oldest first (the last 1000). Under ``live`` and ``binary`` that is the
         first number due after it subscribed: all a client of it could have seen."""
         head = self.head()
+        by_mode: dict[Mode, dict[str, Any]] = {mode: {} for mode in MODES}
+        for (mode, sid), stream in sorted(self._streams.items()):
+            entry: dict[str, Any] = {
+                "head": head,
+                "connections": len(stream.connections),
+                "frames_sent": stream.frames_sent,
+                "malformed_sent": stream.malformed_sent,
+            }
+            if mode != DEFAULT_MODE:
+                entry["control_sent"] = stream.control_sent
+                entry["subscriptions"] = list(stream.subscriptions)
+            by_mode[mode][sid] = entry
         modes: dict[str, Any] = {}
-        for mode in MODES:
-            streams: dict[str, Any] = {}
-            for (m, sid), stream in sorted(self._streams.items()):
-                if m != mode:
-                    continue
-                entry: dict[str, Any] = {
-                    "head": head,
-                    "connections": len(stream.connections),
-                    "frames_sent": stream.frames_sent,
-                    "malformed_sent": stream.malformed_sent,
-                }
-                if mode != DEFAULT_MODE:
-                    entry["control_sent"] = stream.control_sent
-                    entry["subscriptions"] = list(stream.subscriptions)
-                streams[sid] = entry
+        for mode, streams in by_mode.items():
             counters = self._counters[mode]
             modes[mode] = {
-                "connections": sum(s["connections"] for s in streams.values()),
+                "connections": sum(entry["connections"] for entry in streams.values()),
                 "opened": counters.opened,
                 "refused": counters.refused,
                 "timed_out": counters.timed_out,
@@ -678,11 +676,14 @@ class UpstreamServer:
         checked = None if mode is None else _check_mode(mode)
         if stream_id is not None:
             _check_stream_id(stream_id)
+        if checked is not None and stream_id is not None:
+            found = self._streams.get((checked, stream_id))
+            streams = [] if found is None else [found]
+        else:
+            streams = [s for (m, sid), s in self._streams.items()
+                       if checked in (None, m) and stream_id in (None, sid)]
         count = 0
-        for (m, sid), stream in list(self._streams.items()):
-            if (checked is not None and m != checked) or (stream_id is not None and
-                                                          sid != stream_id):
-                continue
+        for stream in streams:
             for conn in list(stream.connections):
                 if conn.closed or conn.drop_mode is not None:
                     continue
