@@ -1,24 +1,69 @@
-"""The reference replaying upstream: a loopback WebSocket server serving many streams on one port.
+"""The reference upstream: a loopback WebSocket server serving many streams on one port.
 
 It speaks the default upstream protocol (docs/upstream-protocol.md: text frames, each a JSON
 object with an integer ``seq`` strictly increasing per stream; ``from_seq`` asks for a replay)
-and is used by tests, the demo and the load test. It is a development tool: it binds to
-loopback unless told otherwise.
+and, on other paths, one test feed per shape of real upstream the worker's profiles adapt
+(docs/profiles.md). It is used by tests, the demo and the load test. It is a development tool:
+it binds to loopback unless told otherwise.
 
-* ``ws://HOST:PORT/streams/<stream_id>?from_seq=N`` serves stream ``<stream_id>`` (any id
-  matching ``[A-Za-z0-9_.-]{1,128}``, created on first use) from ``seq = N`` (default 1).
-* Every stream produces ``seq = 1, 2, 3, ...`` at ``rate`` messages per second on one clock that
-  starts with the server: at time ``t`` after start the head is
-  ``initial_backlog + floor(t * rate)``. Frame content is a pure function of
-  ``(stream_id, seq)``: see :func:`frame_for`.
-* A connection first gets the held backlog as fast as possible, then live messages as the head
-  advances. With ``retention`` set, a ``from_seq`` older than the oldest retained message
-  starts at the oldest retained one (a gap the client must detect).
-* Fault hooks, as methods and as plain HTTP GETs on the same port: ``/control/drop``,
-  ``/control/malformed``, ``/control/gap``, ``/control/pause``; plus ``/streams`` and
-  ``/stats``.
+Every path serves message numbers ``n = 1, 2, 3, ...`` on one clock that starts with the
+server, at ``rate`` messages per second: at time ``t`` after start the head is
+``initial_backlog + floor(t * rate)``, and message ``n`` of every stream of every mode is due
+at the same moment. A frame's content is a pure function of ``(mode, stream_id, n)``
+(:func:`mode_frame`), so an audit can check exactly what was delivered; :func:`mode_seq`
+reads ``n`` back from a data frame. A stream id (any id matching ``[A-Za-z0-9_.-]{1,128}``,
+created on first use) under two paths is two independent streams.
 
-Run it with ``python -m streamlease.dev.upstream [--port N] [--streams N] [--rate R]``.
+Modes, by path (``<id>`` is the stream id):
+
+* ``/streams/<id>?from_seq=N`` (the default, :data:`DEFAULT_MODE`): the built-in protocol.
+  Replays from ``N`` (default 1); frames :func:`frame_for`; anything the client sends is
+  discarded.
+* ``/subscribe/<id>?from_seq=N``: replays like the default mode, after a subscription. The
+  client first sends ``{"op":"subscribe","channel":"<id>"}`` (any key order); the server
+  answers ``{"type":"subscribed","channel":"<id>"}``, then sends data frames
+  ``{"type":"data","seq":n,"payload":{"stream":"<id>","data":"<hex>"}}``. Anything else first
+  is closed with 1008; no subscription within 10 s is closed with 1008 too.
+* ``/gateway/<id>``: a chat gateway. The server sends hello
+  ``{"op":10,"d":{"heartbeat_interval_ms":H}}``; the client identifies with
+  ``{"op":2,"d":{"token":"<T>","from_seq":N}}`` (``from_seq`` optional, default 1); the server
+  answers ``{"op":9,"t":"READY"}`` and replays from ``N`` as
+  ``{"op":0,"t":"EVENT","d":{"s":n,"payload":{...}}}``. The client sends ``{"op":1}``
+  heartbeats, each answered ``{"op":11}``; no heartbeat for ``3 * H`` (counted from hello or
+  the last heartbeat) closes with 4009. A first message other than identify closes with 4002,
+  a wrong or missing token with 4004. Later messages other than heartbeats are discarded.
+* ``/live/<id>``: an exchange feed with no replay. The client sends
+  ``{"method":"SUBSCRIBE","params":["<id>"],"id":<any>}``; the server answers
+  ``{"result":null,"id":<same>}`` and from then on sends only the messages due after that
+  moment, ``{"e":"trade","u":n,"s":"<id>","p":"<price>","q":"<quantity>"}``. Anything else
+  first is closed with 1008. The query string is ignored.
+* ``/binary/<id>``: no replay, no subscription: from the moment the connection opens, binary
+  data frames ``b"SLB1" + n.to_bytes(8, "big") + 32 payload bytes``. The query string is
+  ignored.
+
+Control frames, interleaved with data in ``subscribe`` (``{"type":"heartbeat","ts":<ms>}``),
+``live`` (``{"e":"heartbeat"}``) and ``binary`` (text ``{"type":"heartbeat"}``): one after
+every :data:`HEARTBEAT_EVERY` data frames of a connection, and one whenever the connection has
+been sent nothing for ``idle_heartbeat_s`` (1 s).
+
+Authentication, with ``token`` set (``--token``): ``/subscribe/`` needs the header
+``Authorization: Bearer <token>`` and ``/live/`` and ``/binary/`` need ``X-Api-Key: <token>``
+(else HTTP 401 before the upgrade); ``/gateway/`` needs the token in identify (else 4004).
+Without a token nothing is checked. ``/streams/`` never checks.
+
+With ``retention`` set, a ``from_seq`` older than the oldest retained message starts at the
+oldest retained one (a gap the client must detect).
+
+Fault hooks, as methods (each takes ``mode``, default the default mode) and as plain HTTP
+GETs on the same port (``&mode=M``): ``/control/drop`` (every mode; ``mode=all`` drops every
+mode's connections), ``/control/pause`` (every mode: nothing at all is sent while paused),
+``/control/malformed`` (hostile frames in the mode's own shape; ``binary`` only has the
+text kinds ``notjson`` and ``array``) and ``/control/gap`` (the next connection or
+subscription starts later than it should). Plus ``/streams`` and ``/stats`` (per mode:
+connections, refusals, and the first number each subscription was offered).
+
+Run it with ``python -m streamlease.dev.upstream [--port N] [--streams N] [--rate R]
+[--token T] [--gateway-heartbeat-ms H]``.
 """
 
 from __future__ import annotations
@@ -27,6 +72,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -42,17 +88,32 @@ from typing import Any, Literal, Self
 from urllib.parse import parse_qs
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 __all__ = [
+    "BINARY_MAGIC",
+    "DEFAULT_GATEWAY_HEARTBEAT_MS",
+    "DEFAULT_IDLE_HEARTBEAT_S",
+    "DEFAULT_MODE",
+    "GATEWAY_AUTH_FAILED",
+    "GATEWAY_DECODE_ERROR",
+    "GATEWAY_HEARTBEAT_TIMEOUT",
+    "HEARTBEAT_EVERY",
     "MALFORMED_KINDS",
+    "MODES",
     "POISON_SEQ",
+    "POLICY_VIOLATION",
     "STREAM_ID_PATTERN",
+    "Mode",
     "UpstreamServer",
     "declared_stream_ids",
     "frame_for",
     "main",
+    "malformed_kinds",
+    "mode_frame",
+    "mode_seq",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,24 +121,69 @@ log = logging.getLogger(__name__)
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 """Stream ids the server accepts (matched against the whole id)."""
 
+Mode = Literal["streams", "subscribe", "gateway", "live", "binary"]
+MODES: tuple[Mode, ...] = ("streams", "subscribe", "gateway", "live", "binary")
+"""Every mode; a mode's path is ``/<mode>/<stream_id>``."""
+DEFAULT_MODE: Mode = "streams"
+_REPLAYS: frozenset[str] = frozenset({"streams", "subscribe", "gateway"})
+_HEARTBEATS: frozenset[str] = frozenset({"subscribe", "live", "binary"})
+
 MALFORMED_KINDS: tuple[str, ...] = ("notjson", "noseq", "badseq", "binary", "array", "poison")
 """Kinds of hostile frame :meth:`UpstreamServer.inject_malformed` can send. ``poison`` is
 well-formed but carries ``seq`` 2**63-1, far ahead of the stream's real numbering."""
+_BINARY_MALFORMED_KINDS: tuple[str, ...] = ("notjson", "array")
 
 POISON_SEQ = 2**63 - 1
+
+BINARY_MAGIC = b"SLB1"
+"""The first four bytes of every binary data frame; the next eight are ``n``, big-endian."""
+_BINARY_PAYLOAD_BYTES = 32
+
+HEARTBEAT_EVERY = 5
+"""Data frames of one connection between two heartbeats (subscribe, live, binary)."""
+DEFAULT_IDLE_HEARTBEAT_S = 1.0
+DEFAULT_GATEWAY_HEARTBEAT_MS = 1000
+GATEWAY_MISSED_HEARTBEATS = 3
+"""The gateway closes a connection that sent no heartbeat for this many intervals."""
+
+POLICY_VIOLATION = 1008
+GATEWAY_DECODE_ERROR = 4002
+GATEWAY_AUTH_FAILED = 4004
+GATEWAY_HEARTBEAT_TIMEOUT = 4009
 
 YIELD_EVERY = 64
 """A sender yields to the event loop after this many sends (a tight send loop starves others)."""
 
 DROP_CLOSE_CODE = 1011
+HANDSHAKE_TIMEOUT_S = 10.0
+"""How long ``subscribe`` and ``live`` wait for the client's subscription."""
 _MAX_MALFORMED_COUNT = 1_000_000
 _MAX_PAUSE_SECONDS = 3600.0
+_MAX_GATEWAY_HEARTBEAT_MS = 3_600_000
 _MIN_SLEEP = 0.001  # loop timers may round tiny delays down to zero
 _CLOSE_TIMEOUT = 3.0
+_SUBSCRIPTIONS_KEPT = 1000
 _DIGITS = re.compile(r"[0-9]+")
 _JSON_SEPARATORS = (",", ":")
 
 DropMode = Literal["close", "abort"]
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=_JSON_SEPARATORS)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_mode(mode: str) -> Mode:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    return mode
+
+
+# -- frame content -----------------------------------------------------------------------
 
 
 def frame_for(stream_id: str, seq: int) -> str:
@@ -87,30 +193,139 @@ def frame_for(stream_id: str, seq: int) -> str:
     return json.dumps(frame, separators=_JSON_SEPARATORS)
 
 
+def _digest(mode: str, stream_id: str, n: int, size: int = 8) -> bytes:
+    return hashlib.blake2b(f"{mode}/{stream_id}:{n}".encode(), digest_size=size).digest()
+
+
+def _data_object(mode: Mode, stream_id: str, n: int) -> dict[str, Any]:
+    """The JSON data frame of message ``n`` in a JSON mode other than the default."""
+    if mode == "live":
+        h = int.from_bytes(_digest(mode, stream_id, n), "big")
+        cents = 100_000 + h % 9_900_000  # 1000.00 .. 99999.99
+        milli = 1 + (h >> 32) % 100_000  # 0.001 .. 100.000
+        return {"e": "trade", "u": n, "s": stream_id,
+                "p": f"{cents // 100}.{cents % 100:02d}",
+                "q": f"{milli // 1000}.{milli % 1000:03d}"}
+    payload = {"stream": stream_id, "data": _digest(mode, stream_id, n).hex()}
+    if mode == "subscribe":
+        return {"type": "data", "seq": n, "payload": payload}
+    if mode == "gateway":
+        return {"op": 0, "t": "EVENT", "d": {"s": n, "payload": payload}}
+    raise ValueError(f"mode {mode!r} has no JSON data object")
+
+
+def mode_frame(mode: str, stream_id: str, n: int) -> str | bytes:
+    """The exact data frame of message ``n`` of ``stream_id`` under ``mode``.
+
+    ``streams``: :func:`frame_for`. ``subscribe``: ``{"type":"data","seq":n,"payload":P}``.
+    ``gateway``: ``{"op":0,"t":"EVENT","d":{"s":n,"payload":P}}``, where ``P`` is
+    ``{"stream":"<id>","data":"<16 hex digits>"}`` (blake2b of ``"<mode>/<id>:<n>"``).
+    ``live``: ``{"e":"trade","u":n,"s":"<id>","p":"<price>","q":"<quantity>"}``, the decimal
+    strings derived from the same digest. ``binary``: bytes ``b"SLB1"``, ``n`` as 8 bytes
+    big-endian, then the 32-byte blake2b of ``"binary/<id>:<n>"``. Compact JSON, every time
+    identical: a replay sends the same bytes.
+    """
+    checked = _check_mode(mode)
+    if not 1 <= n <= POISON_SEQ:
+        raise ValueError(f"n must be in 1..{POISON_SEQ}, got {n!r}")
+    if checked == "streams":
+        return frame_for(stream_id, n)
+    if checked == "binary":
+        digest = _digest(checked, stream_id, n, _BINARY_PAYLOAD_BYTES)
+        return BINARY_MAGIC + n.to_bytes(8, "big") + digest
+    return _dumps(_data_object(checked, stream_id, n))
+
+
+def mode_seq(mode: str, frame: str | bytes) -> int | None:
+    """The upstream's own message number in a data frame of ``mode``; None for anything else
+    (heartbeats, replies such as ``subscribed``/READY/acks, hostile frames without a number).
+    """
+    checked = _check_mode(mode)
+    if checked == "binary":
+        if isinstance(frame, bytes) and len(frame) >= 12 and frame.startswith(BINARY_MAGIC):
+            return int.from_bytes(frame[4:12], "big")
+        return None
+    if isinstance(frame, bytes):
+        return None
+    try:
+        obj = json.loads(frame)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    value: object = None
+    if checked == "streams":
+        value = obj.get("seq")
+    elif checked == "subscribe":
+        if obj.get("type") == "data":
+            value = obj.get("seq")
+    elif checked == "gateway":
+        d = obj.get("d")
+        if _is_int(obj.get("op")) and obj["op"] == 0 and obj.get("t") == "EVENT" \
+                and isinstance(d, dict):
+            value = d.get("s")
+    elif obj.get("e") == "trade":  # live
+        value = obj.get("u")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _heartbeat_frame(mode: Mode) -> str:
+    if mode == "subscribe":
+        return _dumps({"type": "heartbeat", "ts": int(time.time() * 1000)})
+    if mode == "live":
+        return '{"e":"heartbeat"}'
+    return '{"type":"heartbeat"}'
+
+
 def declared_stream_ids(count: int) -> list[str]:
     """The pre-declared stream ids ``s001``, ``s002``, ... (wider than 3 digits past 999)."""
     width = max(3, len(str(count)))
     return [f"s{i:0{width}d}" for i in range(1, count + 1)]
 
 
-def _hostile_frame(kind: str, stream_id: str, seq: int) -> str | bytes:
+def malformed_kinds(mode: str) -> tuple[str, ...]:
+    """The hostile-frame kinds ``mode`` can send: every kind, except in ``binary``, where
+    any binary frame is data, so only the text kinds ``notjson`` and ``array`` are hostile."""
+    return _BINARY_MALFORMED_KINDS if _check_mode(mode) == "binary" else MALFORMED_KINDS
+
+
+_SEQ_PATH: dict[str, tuple[str, ...]] = {
+    "subscribe": ("seq",), "gateway": ("d", "s"), "live": ("u",),
+}
+
+
+def _hostile_frame(kind: str, stream_id: str, seq: int, mode: Mode = DEFAULT_MODE) -> str | bytes:
     """One hostile frame of ``kind``, sent just before the real frame ``seq``."""
     if kind == "notjson":
-        return f"not json: hostile frame before {stream_id}:{seq} {{"
-    if kind == "noseq":
-        return json.dumps({"stream": stream_id, "data": "hostile"}, separators=_JSON_SEPARATORS)
-    if kind == "badseq":
-        return json.dumps(
-            {"seq": str(seq), "stream": stream_id, "data": "hostile"}, separators=_JSON_SEPARATORS
-        )
+        where = stream_id if mode == DEFAULT_MODE else f"{mode}/{stream_id}"
+        return f"not json: hostile frame before {where}:{seq} {{"
     if kind == "binary":
         return b"\x00\xffhostile binary frame\xfe"
     if kind == "array":
         return json.dumps([seq, stream_id, "hostile"], separators=_JSON_SEPARATORS)
-    if kind == "poison":
-        return json.dumps({"seq": POISON_SEQ, "stream": stream_id, "data": "poisoned"},
-                          separators=_JSON_SEPARATORS)
-    raise ValueError(f"unknown malformed kind {kind!r}")
+    if mode == DEFAULT_MODE:
+        if kind == "noseq":
+            return _dumps({"stream": stream_id, "data": "hostile"})
+        if kind == "badseq":
+            return _dumps({"seq": str(seq), "stream": stream_id, "data": "hostile"})
+        if kind == "poison":
+            return _dumps({"seq": POISON_SEQ, "stream": stream_id, "data": "poisoned"})
+        raise ValueError(f"unknown malformed kind {kind!r}")
+    # The mode's own data frame, its number removed, made a string, or poisoned.
+    obj = _data_object(mode, stream_id, seq)
+    *parents, key = _SEQ_PATH[mode]
+    node = obj
+    for name in parents:
+        node = node[name]
+    if kind == "noseq":
+        del node[key]
+    elif kind == "badseq":
+        node[key] = str(seq)
+    elif kind == "poison":
+        node[key] = POISON_SEQ
+    else:
+        raise ValueError(f"unknown malformed kind {kind!r}")
+    return _dumps(obj)
 
 
 def _check_stream_id(stream_id: str) -> str:
@@ -138,44 +353,107 @@ def _split_target(target: str) -> tuple[str, dict[str, list[str]]]:
     return path, parse_qs(query, keep_blank_values=True)
 
 
+def _route(path: str) -> tuple[Mode, str] | None:
+    """``(mode, rest)`` for a path under one of the modes' prefixes (``rest`` unchecked)."""
+    for mode in MODES:
+        prefix = f"/{mode}/"
+        if path.startswith(prefix):
+            return mode, path[len(prefix):]
+    return None
+
+
 def _format_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _json_object(message: str | bytes) -> dict[str, Any] | None:
+    if not isinstance(message, str):
+        return None
+    try:
+        obj = json.loads(message)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _same_secret(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _one_header(headers: Headers, name: str) -> str | None:
+    values = headers.get_all(name)
+    return values[0] if len(values) == 1 else None
+
+
 class _Stream:
-    """The state of one stream id: its connections, counters and pending faults."""
+    """The state of one stream of one mode: its connections, counters and pending faults."""
 
     __slots__ = (
         "connections",
+        "control_sent",
         "frames_sent",
         "id",
         "malformed",
         "malformed_sent",
+        "mode",
         "paused_until",
         "pending_skip",
+        "subscriptions",
     )
 
-    def __init__(self, stream_id: str) -> None:
+    def __init__(self, mode: Mode, stream_id: str) -> None:
+        self.mode = mode
         self.id = stream_id
         self.connections: set[_Connection] = set()
         self.frames_sent = 0
+        self.control_sent = 0
         self.malformed_sent = 0
         self.malformed: deque[str] = deque()
         self.pending_skip = 0
         self.paused_until = 0.0  # time.monotonic(); 0 = not paused
+        # The first number offered to each subscription, oldest first (the newest kept).
+        self.subscriptions: deque[int] = deque(maxlen=_SUBSCRIPTIONS_KEPT)
+
+    def paused(self) -> bool:
+        return self.paused_until > 0 and self.paused_until > time.monotonic()
+
+
+class _ModeCounters:
+    __slots__ = ("opened", "refused", "timed_out")
+
+    def __init__(self) -> None:
+        self.opened = 0  # WebSocket connections accepted
+        self.refused = 0  # 401 before the upgrade, or closed for a bad first message
+        self.timed_out = 0  # closed for a missing subscription or missing heartbeats
 
 
 class _Connection:
     """One open WebSocket connection to a stream."""
 
-    __slots__ = ("closed", "drop_mode", "stream", "wake", "ws")
+    __slots__ = (
+        "close_code",
+        "close_reason",
+        "closed",
+        "data_sent",
+        "drop_mode",
+        "last_heartbeat",
+        "last_sent",
+        "stream",
+        "wake",
+        "ws",
+    )
 
     def __init__(self, ws: ServerConnection, stream: _Stream) -> None:
         self.ws = ws
         self.stream = stream
         self.closed = False
         self.drop_mode: DropMode | None = None
+        self.close_code = DROP_CLOSE_CODE
+        self.close_reason = ""
         self.wake = asyncio.Event()
+        self.data_sent = 0
+        self.last_sent = time.monotonic()  # anything sent (heartbeats when idle)
+        self.last_heartbeat = time.monotonic()  # the client's last gateway heartbeat
 
     async def sleep(self, delay: float) -> None:
         """Sleep for ``delay`` seconds or until woken (closed, dropped, paused, resumed)."""
@@ -192,7 +470,7 @@ class _HttpError(Exception):
 
 
 class UpstreamServer:
-    """The reference replaying upstream. ``async with UpstreamServer(...) as up: ...``."""
+    """The reference upstream, every mode on one port. ``async with UpstreamServer(...)``."""
 
     def __init__(
         self,
@@ -202,6 +480,9 @@ class UpstreamServer:
         rate: float = 10.0,
         initial_backlog: int = 0,
         retention: int | None = None,
+        token: str | None = None,
+        gateway_heartbeat_ms: int = DEFAULT_GATEWAY_HEARTBEAT_MS,
+        idle_heartbeat_s: float = DEFAULT_IDLE_HEARTBEAT_S,
     ) -> None:
         if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
             raise ValueError(f"rate must be a finite number > 0, got {rate!r}")
@@ -213,14 +494,28 @@ class UpstreamServer:
             raise ValueError(f"retention must be >= 1 or None, got {retention!r}")
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port!r}")
+        if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
+            raise ValueError("token must be non-empty printable ASCII without spaces")
+        if not 1 <= gateway_heartbeat_ms <= _MAX_GATEWAY_HEARTBEAT_MS:
+            raise ValueError(f"gateway_heartbeat_ms must be in 1..{_MAX_GATEWAY_HEARTBEAT_MS}, "
+                             f"got {gateway_heartbeat_ms!r}")
+        if not (math.isfinite(idle_heartbeat_s) and idle_heartbeat_s > 0):
+            raise ValueError(f"idle_heartbeat_s must be a finite number > 0, "
+                             f"got {idle_heartbeat_s!r}")
         # "localhost" may resolve to two addresses, which with port 0 get two different ports.
         self._host = "127.0.0.1" if host == "localhost" else host
         self._requested_port = port
         self.rate = float(rate)
         self.initial_backlog = initial_backlog
         self.retention = retention
+        self.token = token
+        self.gateway_heartbeat_ms = gateway_heartbeat_ms
+        self.idle_heartbeat_s = float(idle_heartbeat_s)
         self._declared = declared_stream_ids(streams)
-        self._streams: dict[str, _Stream] = {sid: _Stream(sid) for sid in self._declared}
+        self._streams: dict[tuple[Mode, str], _Stream] = {
+            (DEFAULT_MODE, sid): _Stream(DEFAULT_MODE, sid) for sid in self._declared
+        }
+        self._counters = {mode: _ModeCounters() for mode in MODES}
         self._server: Server | None = None
         self._port: int | None = None
         self._t0 = time.monotonic()
@@ -297,16 +592,23 @@ class UpstreamServer:
         """The pre-declared stream ids (``s001``, ...)."""
         return list(self._declared)
 
-    def url_for(self, stream_id: str, from_seq: int | None = None) -> str:
-        """The WebSocket URL of ``stream_id`` (optionally with ``from_seq``)."""
+    def url_for(
+        self, stream_id: str, from_seq: int | None = None, *, mode: str = DEFAULT_MODE
+    ) -> str:
+        """The WebSocket URL of ``stream_id`` under ``mode`` (optionally with ``from_seq``,
+        which only ``streams`` and ``subscribe`` take from the query: ``gateway`` resumes by
+        its identify message, ``live`` and ``binary`` do not replay)."""
+        checked = _check_mode(mode)
         _check_stream_id(stream_id)
-        url = f"{self.base_url}/streams/{stream_id}"
+        url = f"{self.base_url}/{checked}/{stream_id}"
         if from_seq is not None:
+            if checked not in ("streams", "subscribe"):
+                raise ValueError(f"mode {checked} does not take from_seq in the URL")
             url += f"?from_seq={from_seq}"
         return url
 
     def head(self) -> int:
-        """The newest ``seq`` produced now (the same for every stream: one clock)."""
+        """The newest message number produced now (the same for every stream: one clock)."""
         return self._head_at(time.monotonic())
 
     def _head_at(self, now: float) -> int:
@@ -314,46 +616,72 @@ class UpstreamServer:
         return self.initial_backlog + math.floor(elapsed * self.rate + 1e-9)
 
     def _due(self, seq: int) -> float:
-        """The monotonic time at which ``seq`` is produced."""
+        """The monotonic time at which message ``seq`` is produced (in every mode)."""
         return self._t0 + (seq - self.initial_backlog) / self.rate
 
-    def _stream(self, stream_id: str) -> _Stream:
-        stream = self._streams.get(stream_id)
+    def _stream(self, stream_id: str, mode: Mode = DEFAULT_MODE) -> _Stream:
+        key = (mode, stream_id)
+        stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[_check_stream_id(stream_id)] = _Stream(stream_id)
+            _check_stream_id(stream_id)
+            stream = self._streams[key] = _Stream(mode, stream_id)
         return stream
 
     def stats(self) -> dict[str, Any]:
-        """Per stream: head, open connections, frames sent (and hostile frames sent)."""
+        """Head, and per mode: open connections, connections opened, refused and timed out,
+        and per stream frames sent; ``streams`` at the top level is the default mode's.
+
+        For every mode but the default, each stream also has ``control_sent`` (heartbeats and
+        heartbeat acks) and ``subscriptions``: the first message number offered to each
+        subscription, oldest first (the last 1000). Under ``live`` and ``binary`` that is the
+        first number due after it subscribed: all a client of it could have seen."""
         head = self.head()
-        return {
-            "rate": self.rate,
-            "head": head,
-            "streams": {
-                sid: {
-                    "head": head,
-                    "connections": len(stream.connections),
-                    "frames_sent": stream.frames_sent,
-                    "malformed_sent": stream.malformed_sent,
-                }
-                for sid, stream in sorted(self._streams.items())
-            },
-        }
+        by_mode: dict[Mode, dict[str, Any]] = {mode: {} for mode in MODES}
+        for (mode, sid), stream in sorted(self._streams.items()):
+            entry: dict[str, Any] = {
+                "head": head,
+                "connections": len(stream.connections),
+                "frames_sent": stream.frames_sent,
+                "malformed_sent": stream.malformed_sent,
+            }
+            if mode != DEFAULT_MODE:
+                entry["control_sent"] = stream.control_sent
+                entry["subscriptions"] = list(stream.subscriptions)
+            by_mode[mode][sid] = entry
+        modes: dict[str, Any] = {}
+        for mode, streams in by_mode.items():
+            counters = self._counters[mode]
+            modes[mode] = {
+                "connections": sum(entry["connections"] for entry in streams.values()),
+                "opened": counters.opened,
+                "refused": counters.refused,
+                "timed_out": counters.timed_out,
+                "streams": streams,
+            }
+        return {"rate": self.rate, "head": head, "streams": modes[DEFAULT_MODE]["streams"],
+                "modes": modes}
 
     # -- fault hooks ---------------------------------------------------------------------
 
-    def drop(self, stream_id: str | None = None, *, abort: bool = False) -> int:
-        """Close every open connection of ``stream_id`` (all streams if None).
+    def drop(
+        self, stream_id: str | None = None, *, abort: bool = False,
+        mode: str | None = DEFAULT_MODE,
+    ) -> int:
+        """Close every open connection of ``stream_id`` under ``mode`` (every stream if
+        ``stream_id`` is None; every mode if ``mode`` is None).
 
         Closes with code 1011, or aborts the TCP connection when ``abort``. Returns how many
         connections were dropped.
         """
-        if stream_id is None:
-            streams = list(self._streams.values())
-        else:
+        checked = None if mode is None else _check_mode(mode)
+        if stream_id is not None:
             _check_stream_id(stream_id)
-            found = self._streams.get(stream_id)
+        if checked is not None and stream_id is not None:
+            found = self._streams.get((checked, stream_id))
             streams = [] if found is None else [found]
+        else:
+            streams = [s for (m, sid), s in self._streams.items()
+                       if checked in (None, m) and stream_id in (None, sid)]
         count = 0
         for stream in streams:
             for conn in list(stream.connections):
@@ -363,41 +691,58 @@ class UpstreamServer:
                 if abort:
                     conn.drop_mode = "abort"
                     conn.ws.transport.abort()
+                    conn.wake.set()
                 else:
-                    conn.drop_mode = "close"
-                    self._spawn(conn.ws.close(DROP_CLOSE_CODE, "dropped by control hook"))
-                conn.wake.set()
+                    self._end(conn, DROP_CLOSE_CODE, "dropped by control hook")
         return count
 
-    def inject_malformed(self, stream_id: str, count: int = 1, kind: str = "notjson") -> int:
-        """Precede each of the next ``count`` frames sent on ``stream_id`` by a hostile frame.
+    def inject_malformed(
+        self, stream_id: str, count: int = 1, kind: str = "notjson", *,
+        mode: str = DEFAULT_MODE,
+    ) -> int:
+        """Precede each of the next ``count`` data frames sent on ``stream_id`` under ``mode``
+        by a hostile frame (in the mode's own shape: :func:`malformed_kinds`).
 
         Returns how many hostile frames are now pending on the stream.
         """
-        if kind not in MALFORMED_KINDS:
+        checked = _check_mode(mode)
+        kinds = malformed_kinds(checked)
+        if kind not in kinds:
             raise ValueError(
-                f"unknown malformed kind {kind!r}; expected one of {', '.join(MALFORMED_KINDS)}"
+                f"unknown malformed kind {kind!r} for mode {checked}; expected one of "
+                f"{', '.join(kinds)}"
             )
         if not 1 <= count <= _MAX_MALFORMED_COUNT:
             raise ValueError(f"count must be in 1..{_MAX_MALFORMED_COUNT}, got {count!r}")
-        stream = self._stream(stream_id)
+        stream = self._stream(stream_id, checked)
         stream.malformed.extend([kind] * count)
         return len(stream.malformed)
 
-    def inject_gap(self, stream_id: str, skip: int) -> None:
-        """Make the next connection to ``stream_id`` start ``skip`` seqs later than asked."""
+    def inject_gap(self, stream_id: str, skip: int, *, mode: str = DEFAULT_MODE) -> None:
+        """Make the next connection to ``stream_id`` under ``mode`` start ``skip`` numbers
+        later than it asked for (``live``/``binary``: than the first due after it subscribed).
+        """
         if skip < 0:
             raise ValueError(f"skip must be >= 0, got {skip!r}")
-        self._stream(stream_id).pending_skip = skip
+        self._stream(stream_id, _check_mode(mode)).pending_skip = skip
 
-    def pause(self, stream_id: str, seconds: float) -> None:
-        """Stop sending on ``stream_id`` for ``seconds`` (0 resumes); the head keeps advancing."""
+    def pause(self, stream_id: str, seconds: float, *, mode: str = DEFAULT_MODE) -> None:
+        """Send nothing on ``stream_id`` under ``mode`` for ``seconds`` (0 resumes): no data,
+        no heartbeats, no acks. The head keeps advancing."""
         if not (math.isfinite(seconds) and 0 <= seconds <= _MAX_PAUSE_SECONDS):
             raise ValueError(f"seconds must be in 0..{_MAX_PAUSE_SECONDS:g}, got {seconds!r}")
-        stream = self._stream(stream_id)
+        stream = self._stream(stream_id, _check_mode(mode))
         stream.paused_until = time.monotonic() + seconds if seconds > 0 else 0.0
         for conn in stream.connections:
             conn.wake.set()
+
+    def _end(self, conn: _Connection, code: int, reason: str) -> None:
+        """Close ``conn`` with ``code`` from outside its handler (the handler notices)."""
+        conn.drop_mode = "close"
+        conn.close_code = code
+        conn.close_reason = reason
+        self._spawn(conn.ws.close(code, reason))
+        conn.wake.set()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -406,15 +751,39 @@ class UpstreamServer:
 
     # -- HTTP ----------------------------------------------------------------------------
 
+    def _authorized(self, mode: Mode, headers: Headers) -> bool:
+        """Whether the handshake's headers carry the token ``mode`` asks for (if any)."""
+        token = self.token
+        if token is None or mode in ("streams", "gateway"):
+            return True
+        if mode == "subscribe":
+            value = _one_header(headers, "Authorization")
+            if value is None:
+                return False
+            scheme, _, given = value.partition(" ")
+            return scheme.lower() == "bearer" and _same_secret(given.strip(), token)
+        value = _one_header(headers, "X-Api-Key")
+        return value is not None and _same_secret(value, token)
+
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path, params = _split_target(request.path)
-        if path.startswith("/streams/"):
-            if not STREAM_ID_PATTERN.fullmatch(path.removeprefix("/streams/")):
+        route = _route(path)
+        if route is not None:
+            mode, stream_id = route
+            if not STREAM_ID_PATTERN.fullmatch(stream_id):
                 return connection.respond(404, "not found: unknown path\n")
-            try:
-                _parse_from_seq(params)
-            except ValueError as exc:
-                return connection.respond(400, f"bad request: {exc}\n")
+            if not self._authorized(mode, request.headers):
+                self._counters[mode].refused += 1
+                header = "Authorization: Bearer" if mode == "subscribe" else "X-Api-Key"
+                response = connection.respond(401, f"unauthorized: {header} token needed\n")
+                if mode == "subscribe":
+                    response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+            if mode in ("streams", "subscribe"):
+                try:
+                    _parse_from_seq(params)
+                except ValueError as exc:
+                    return connection.respond(400, f"bad request: {exc}\n")
             return None  # go on with the WebSocket handshake
         try:
             if path == "/streams":
@@ -446,21 +815,23 @@ class UpstreamServer:
             return int(text)
 
         stream_id = one("stream")
+        mode = one("mode") or DEFAULT_MODE
         try:
             if hook == "drop":
                 abort = (one("abort") or "0").lower() in ("1", "true", "yes")
-                return {"dropped": self.drop(stream_id, abort=abort)}
+                return {"dropped": self.drop(stream_id, abort=abort,
+                                             mode=None if mode == "all" else mode)}
             if hook not in ("malformed", "gap", "pause"):
                 raise _HttpError(404, f"not found: unknown control hook {hook!r}")
             if stream_id is None:
                 raise _HttpError(400, "bad request: stream is required")
             if hook == "malformed":
                 kind = one("kind") or "notjson"
-                pending = self.inject_malformed(stream_id, integer("count", 1), kind)
+                pending = self.inject_malformed(stream_id, integer("count", 1), kind, mode=mode)
                 return {"stream": stream_id, "kind": kind, "pending": pending}
             if hook == "gap":
                 skip = integer("skip", 1)
-                self.inject_gap(stream_id, skip)
+                self.inject_gap(stream_id, skip, mode=mode)
                 return {"stream": stream_id, "skip": skip}
             text = one("seconds")
             if text is None:
@@ -470,7 +841,7 @@ class UpstreamServer:
             except ValueError:
                 message = f"bad request: seconds must be a number, got {text!r}"
                 raise _HttpError(400, message) from None
-            self.pause(stream_id, seconds)
+            self.pause(stream_id, seconds, mode=mode)
             return {"stream": stream_id, "paused_for": seconds}
         except ValueError as exc:
             raise _HttpError(400, f"bad request: {exc}") from None
@@ -480,25 +851,137 @@ class UpstreamServer:
     async def _handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None  # the handshake succeeded
         path, params = _split_target(ws.request.path)
-        stream = self._stream(path.removeprefix("/streams/"))
-        from_seq = _parse_from_seq(params)  # validated in _process_request
-
-        start = from_seq + stream.pending_skip
-        stream.pending_skip = 0
-        if self.retention is not None:
-            start = max(start, self.head() - self.retention + 1)
-
+        route = _route(path)
+        assert route is not None  # checked in _process_request
+        mode, stream_id = route
+        stream = self._stream(stream_id, mode)
         conn = _Connection(ws, stream)
         stream.connections.add(conn)
-        reader = asyncio.create_task(self._read_until_closed(conn))
+        self._counters[mode].opened += 1
+        helpers: list[asyncio.Task[None]] = []
         try:
-            await self._pump(conn, start)
+            start = await self._open(conn, params, helpers)
+            if start is not None:
+                await self._pump(conn, start)
         except ConnectionClosed:
             pass
         finally:
             stream.connections.discard(conn)
-            reader.cancel()
-            await asyncio.wait([reader])
+            for task in helpers:
+                task.cancel()
+            if helpers:
+                await asyncio.wait(helpers)
+
+    async def _open(
+        self, conn: _Connection, params: dict[str, list[str]], helpers: list[asyncio.Task[None]]
+    ) -> int | None:
+        """The mode's opening exchange: the first number to send, or None if it failed (the
+        connection is then closing). Starts the connection's reader in ``helpers``."""
+        stream = conn.stream
+        mode = stream.mode
+        if mode == "gateway":
+            return await self._open_gateway(conn, helpers)
+        if mode == "streams":
+            start = self._replay_start(stream, _parse_from_seq(params))  # validated already
+        elif mode == "binary":
+            start = self._live_start(stream)
+        else:  # subscribe, live: the client's first message subscribes
+            message = await self._first_message(conn)
+            if message is None:
+                return None
+            obj = _json_object(message)
+            if mode == "subscribe":
+                if obj != {"op": "subscribe", "channel": stream.id}:
+                    await self._refuse(conn, POLICY_VIOLATION,
+                                       'expected {"op":"subscribe","channel":<this id>} first')
+                    return None
+                await conn.ws.send(_dumps({"type": "subscribed", "channel": stream.id}))
+                start = self._replay_start(stream, _parse_from_seq(params))
+            else:
+                if obj is None or obj.get("method") != "SUBSCRIBE" or \
+                        obj.get("params") != [stream.id] or "id" not in obj:
+                    await self._refuse(conn, POLICY_VIOLATION,
+                                       'expected {"method":"SUBSCRIBE","params":[<this id>],'
+                                       '"id":…} first')
+                    return None
+                start = self._live_start(stream)  # only what is due from now on
+                await conn.ws.send(_dumps({"result": None, "id": obj["id"]}))
+        if mode != "streams":
+            stream.subscriptions.append(start)
+        helpers.append(asyncio.create_task(self._read_until_closed(conn)))
+        return start
+
+    async def _first_message(self, conn: _Connection) -> str | bytes | None:
+        """The client's first message, or None (closed with 1008) after the handshake timeout."""
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                return await conn.ws.recv()
+        except TimeoutError:
+            self._counters[conn.stream.mode].timed_out += 1
+            await conn.ws.close(POLICY_VIOLATION, "no subscription in time")
+            return None
+
+    async def _refuse(self, conn: _Connection, code: int, reason: str) -> None:
+        self._counters[conn.stream.mode].refused += 1
+        await conn.ws.close(code, reason)
+
+    async def _open_gateway(
+        self, conn: _Connection, helpers: list[asyncio.Task[None]]
+    ) -> int | None:
+        """Hello, identify, READY; the heartbeat watchdog runs from hello on."""
+        stream, ws = conn.stream, conn.ws
+        conn.last_heartbeat = time.monotonic()
+        await ws.send(_dumps({"op": 10, "d": {"heartbeat_interval_ms": self.gateway_heartbeat_ms}}))
+        helpers.append(asyncio.create_task(self._gateway_watchdog(conn)))
+        obj = _json_object(await ws.recv())  # a silent client is closed by the watchdog
+        d = None if obj is None else obj.get("d")
+        if obj is None or not _is_int(obj.get("op")) or obj["op"] != 2 or not isinstance(d, dict):
+            await self._refuse(conn, GATEWAY_DECODE_ERROR, "expected identify (op 2) first")
+            return None
+        token = d.get("token")
+        if self.token is not None and not (
+                isinstance(token, str) and _same_secret(token, self.token)):
+            await self._refuse(conn, GATEWAY_AUTH_FAILED, "authentication failed")
+            return None
+        from_seq = d.get("from_seq", 1)
+        if not _is_int(from_seq) or not 1 <= from_seq <= POISON_SEQ:
+            await self._refuse(conn, GATEWAY_DECODE_ERROR, "from_seq must be an integer >= 1")
+            return None
+        await ws.send(_dumps({"op": 9, "t": "READY"}))
+        start = self._replay_start(stream, from_seq)
+        stream.subscriptions.append(start)
+        helpers.append(asyncio.create_task(self._read_gateway(conn)))
+        return start
+
+    async def _gateway_watchdog(self, conn: _Connection) -> None:
+        """Close with 4009 once the client has sent no heartbeat for 3 intervals."""
+        limit = GATEWAY_MISSED_HEARTBEATS * self.gateway_heartbeat_ms / 1000
+        while True:
+            left = conn.last_heartbeat + limit - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(max(left, _MIN_SLEEP))
+        if conn.closed or conn.drop_mode is not None:
+            return
+        self._counters["gateway"].timed_out += 1
+        self._end(conn, GATEWAY_HEARTBEAT_TIMEOUT, "no heartbeat in time")
+
+    async def _read_gateway(self, conn: _Connection) -> None:
+        """Answer each heartbeat ``{"op":1}`` with ``{"op":11}``; discard anything else."""
+        try:
+            async for message in conn.ws:
+                obj = _json_object(message)
+                if obj is None or not _is_int(obj.get("op")) or obj["op"] != 1:
+                    continue
+                conn.last_heartbeat = time.monotonic()
+                if not conn.stream.paused() and conn.drop_mode is None:
+                    await conn.ws.send('{"op":11}')
+                    conn.stream.control_sent += 1
+        except ConnectionClosed:
+            pass
+        finally:
+            conn.closed = True
+            conn.wake.set()
 
     @staticmethod
     async def _read_until_closed(conn: _Connection) -> None:
@@ -512,18 +995,41 @@ class UpstreamServer:
             conn.closed = True
             conn.wake.set()
 
+    def _replay_start(self, stream: _Stream, from_seq: int) -> int:
+        start = from_seq + stream.pending_skip
+        stream.pending_skip = 0
+        if self.retention is not None:
+            start = max(start, self.head() - self.retention + 1)
+        return start
+
+    def _live_start(self, stream: _Stream) -> int:
+        start = self.head() + 1 + stream.pending_skip
+        stream.pending_skip = 0
+        return start
+
+    async def _send_heartbeat(self, conn: _Connection) -> None:
+        await conn.ws.send(_heartbeat_frame(conn.stream.mode))
+        conn.stream.control_sent += 1
+        conn.last_sent = time.monotonic()
+
     async def _pump(self, conn: _Connection, start: int) -> None:
-        """Send ``start``, ``start + 1``, ... : the backlog at once, then live as produced."""
+        """Send ``start``, ``start + 1``, ... : the backlog at once, then live as produced,
+        with the mode's heartbeats in between."""
         ws, stream = conn.ws, conn.stream
+        mode = stream.mode
+        heartbeats = mode in _HEARTBEATS
+        make: Callable[[str, int], str | bytes] = (
+            frame_for if mode == DEFAULT_MODE else (lambda sid, n: mode_frame(mode, sid, n)))
         seq = start
         sends = 0
+        conn.last_sent = time.monotonic()
         while True:
             conn.wake.clear()  # clear before checking, so a wake-up during the checks is kept
             if conn.closed:
                 return
             if conn.drop_mode is not None:
                 if conn.drop_mode == "close":
-                    await ws.close(DROP_CLOSE_CODE, "dropped by control hook")
+                    await ws.close(conn.close_code, conn.close_reason)
                 return
             now = time.monotonic()
             if stream.paused_until > now:
@@ -531,7 +1037,14 @@ class UpstreamServer:
                 continue
             head = self._head_at(now)
             if seq > head:
-                await conn.sleep(self._due(seq) - now)
+                wake_at = self._due(seq)
+                if heartbeats:
+                    idle_at = conn.last_sent + self.idle_heartbeat_s
+                    if now >= idle_at:
+                        await self._send_heartbeat(conn)
+                        continue
+                    wake_at = min(wake_at, idle_at)
+                await conn.sleep(wake_at - now)
                 continue
             while seq <= head:
                 if conn.closed or conn.drop_mode is not None:
@@ -540,14 +1053,20 @@ class UpstreamServer:
                     break
                 if stream.malformed:
                     kind = stream.malformed.popleft()
-                    await ws.send(_hostile_frame(kind, stream.id, seq))
+                    await ws.send(_hostile_frame(kind, stream.id, seq, mode))
                     stream.malformed_sent += 1
-                await ws.send(frame_for(stream.id, seq))
+                await ws.send(make(stream.id, seq))
                 stream.frames_sent += 1
                 seq += 1
                 sends += 1
+                if heartbeats:
+                    conn.data_sent += 1
+                    if conn.data_sent % HEARTBEAT_EVERY == 0:
+                        await self._send_heartbeat(conn)
                 if sends % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # let other connections and handshakes run
+            if heartbeats:
+                conn.last_sent = time.monotonic()
 
 
 # -- command line ------------------------------------------------------------------------
@@ -577,6 +1096,12 @@ def _positive_rate(text: str) -> float:
     return value
 
 
+def _token(text: str) -> str:
+    if not re.fullmatch(r"[\x21-\x7e]+", text):
+        raise argparse.ArgumentTypeError("must be non-empty printable ASCII without spaces")
+    return text
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -589,7 +1114,8 @@ def _is_loopback(host: str) -> bool:
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamlease dev upstream",
-        description="The reference replaying upstream: many WebSocket streams on one port.",
+        description="The reference upstream: many WebSocket streams on one port, in every "
+        "test-feed mode.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
@@ -614,6 +1140,19 @@ def _build_parser() -> argparse.ArgumentParser:
         help="messages kept per stream (default unlimited)",
     )
     parser.add_argument(
+        "--token",
+        type=_token,
+        default=None,
+        help="token the test feeds require: Authorization: Bearer (subscribe), X-Api-Key "
+        "(live, binary), identify (gateway); default: none checked",
+    )
+    parser.add_argument(
+        "--gateway-heartbeat-ms",
+        type=_int_in(1, _MAX_GATEWAY_HEARTBEAT_MS),
+        default=DEFAULT_GATEWAY_HEARTBEAT_MS,
+        help="heartbeat interval the gateway asks for; 3 missed close with 4009 (1000)",
+    )
+    parser.add_argument(
         "--allow-remote", action="store_true", help="allow binding a non-loopback address"
     )
     return parser
@@ -636,6 +1175,8 @@ async def _serve(args: argparse.Namespace) -> int:
         rate=args.rate,
         initial_backlog=args.initial_backlog,
         retention=args.retention,
+        token=args.token,
+        gateway_heartbeat_ms=args.gateway_heartbeat_ms,
     )
     try:
         try:
