@@ -103,8 +103,6 @@ def ip_literal(text: str) -> str:
         raise ValueError("must be an IP address such as 0.0.0.0, 127.0.0.1 or ::") from None
 
 
-# The documented knobs, in the order docs/configuration.md lists them: docs/contract.md's
-# first, then the ones that tune internals and need no touching.
 def read_profiles(path: str) -> dict[str, Profile]:
     """STREAMLEASE_PROFILES: the file read and every profile in it validated; ValueError
     listing every problem (the file's format comes from its name: ``.json``, ``.toml``)."""
@@ -121,7 +119,12 @@ def read_profiles(path: str) -> dict[str, Profile]:
     try:
         return parse_profiles(text, fmt)
     except ProfileError as exc:
-        raise ValueError(f"{path!r}: " + "; ".join(exc.problems)) from None
+        # The problems quote the file's own names; the error is one line on stderr.
+        raise ValueError(f"{path!r}: " + "; ".join(map(_printable, exc.problems))) from None
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def python_upstream(text: str) -> str:
@@ -134,6 +137,8 @@ def python_upstream(text: str) -> str:
     return text
 
 
+# The documented knobs, in the order docs/configuration.md lists them: docs/contract.md's
+# first, then the ones that tune internals and need no touching.
 SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_TABLE", "table", "streamlease-streams", "streams table", table_name),
     Setting("STREAMLEASE_EVENTS_TABLE", "events_table", "streamlease-events", "sink table",

@@ -92,14 +92,22 @@ class Message:
         just before this one: docs/profiles.md, Gap records), else None."""
         if GAP_KEY not in self.text:
             return None
-        return gap_body(self.data)
+        return gap_body(self._data_or_none())
 
     @property
     def bytes(self) -> bytes | None:
         """The payload of a binary frame (``binary: true`` profiles), else None."""
         if BINARY_KEY not in self.text:
             return None
-        return binary_payload(self.data)
+        return binary_payload(self._data_or_none())
+
+    def _data_or_none(self) -> Any:
+        """``data``, or None for a text that is not JSON (it is then neither a gap record
+        nor a binary frame, and asking must not raise)."""
+        try:
+            return self.data
+        except (ValueError, RecursionError):
+            return None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Message) and (self.seq, self.text) == (other.seq, other.text)

@@ -50,13 +50,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from websockets.exceptions import ConnectionClosed
 
-from streamlease.core.frames import Frame, Malformed, parse_frame
+from streamlease.core.frames import MAX_SEQ, Frame, Malformed, parse_frame
 from streamlease.core.profiles import (
     BUILTIN,
     Control,
@@ -76,6 +78,8 @@ from streamlease.processor import Message
 from streamlease.secrets import SecretResolver
 
 Classified = Frame | Control | Malformed
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
 
 
 class SetupFailed(Exception):
@@ -265,13 +269,17 @@ def _no_secret(ref: Any) -> str:
 
 
 class PythonWire:
-    """An ``Upstream`` of the user's behind the pump's ``Wire``."""
+    """An ``Upstream`` of the user's behind the pump's ``Wire``.
+
+    ``upstream`` is None when ``factory`` failed to make one: each connection attempt
+    then calls ``factory`` again, and fails with ``SetupFailed`` until it succeeds."""
 
     numbered = False
 
-    def __init__(self, upstream: Upstream, name: str, stream_id: str,
-                 item: Mapping[str, Any]) -> None:
+    def __init__(self, upstream: Upstream | None, name: str, stream_id: str,
+                 item: Mapping[str, Any], factory: UpstreamFactory | None = None) -> None:
         self._upstream = upstream
+        self._factory = factory
         self.name = name
         self.replays = bool(getattr(upstream, "replays", True))
         self._stream_id = stream_id
@@ -284,16 +292,32 @@ class PythonWire:
             ctx = self._ctx = UpstreamContext(self._stream_id, ws_url, self._item, from_seq)
         return ctx
 
+    def _made(self) -> Upstream:
+        if self._upstream is None:
+            assert self._factory is not None
+            try:
+                self._upstream = self._factory()
+                self.replays = bool(getattr(self._upstream, "replays", True))
+            except Exception as exc:
+                self._upstream = None
+                raise SetupFailed(f"{self.name}: making the upstream: "
+                                  f"{_described(exc)}") from None
+        return self._upstream
+
     async def prepare(self, ws_url: str, from_seq: int) -> Prepared:
         ctx = self._context(ws_url, from_seq)
+        upstream = self._made()
         try:
-            url = self._upstream.url(ctx)
-            headers = await self._upstream.headers(ctx)
+            url = upstream.url(ctx)
+            headers = await upstream.headers(ctx)
             if not isinstance(url, str):
                 raise TypeError("url() must return a string")
             pairs = tuple((str(k), str(v)) for k, v in dict(headers).items())
         except Exception as exc:  # the user's code: any failure is this stream's problem
             raise SetupFailed(f"{self.name}: {_described(exc)}") from None
+        # Neither is shown: a bad name may be a value in the wrong place.
+        if not all(_HEADER_NAME.fullmatch(k) for k, _ in pairs):
+            raise SetupFailed(f"{self.name}: a header name is not an HTTP token")
         if any(ch in v for _, v in pairs for ch in "\r\n\x00"):
             raise SetupFailed(f"{self.name}: a header value holds a line break or NUL")
         return Prepared(url, from_seq, pairs)
@@ -301,7 +325,7 @@ class PythonWire:
     async def open(self, conn: Connection, prepared: Prepared, deliver: Deliver) -> None:
         ctx = self._context(self._ctx.ws_url if self._ctx else "", prepared.from_seq)
         try:
-            await self._upstream.opening(conn, ctx)
+            await self._made().opening(conn, ctx)
         except (asyncio.CancelledError, OpeningFailed):
             raise
         except Exception as exc:
@@ -312,7 +336,7 @@ class PythonWire:
 
     def classify(self, data: str | bytes, count: int) -> Classified:
         ctx = self._ctx
-        assert ctx is not None
+        assert ctx is not None and self._upstream is not None  # prepared: connected
         try:
             message = self._upstream.message(data, ctx)
         except Exception as exc:  # the user's code: a frame it cannot read is malformed
@@ -323,6 +347,13 @@ class PythonWire:
                 or not isinstance(message.seq, int) or not isinstance(message.text, str):
             return Malformed(f"{self.name}: message() must return a Message with an int "
                              "seq and str text, or None")
+        if not 1 <= message.seq <= MAX_SEQ:
+            return Malformed(f"{self.name}: seq {message.seq} out of range"[:200])
+        try:
+            # Every sink and processor reads the text as JSON (``Message.data``).
+            json.loads(message.text)
+        except (ValueError, RecursionError):
+            return Malformed(f"{self.name}: message() text is not JSON")
         return Frame(message.seq, message.text)
 
 
@@ -342,7 +373,7 @@ def load_python_upstream(spec: str) -> UpstreamFactory:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise ConfigError([f"{name}: cannot import {module_name!r}: "
-                           f"{type(exc).__name__}: {exc}"]) from exc
+                           f"{_described(exc)}"]) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError([f"{name}: {module_name}.{attr} is not a callable that returns an "
@@ -362,7 +393,14 @@ class Upstreams:
         """The wire for a stream; the caller checked ``catalog.item_problem`` first (an
         item it would refuse gets the built-in wire, never a guess)."""
         if self.python is not None:
-            return PythonWire(self.python(), self.catalog.python or "python", stream_id, item)
+            name = self.catalog.python or "python"
+            try:
+                upstream: Upstream | None = self.python()
+            except Exception:
+                # The user's code: the stream is held and its connection attempts fail
+                # (SetupFailed, its last_error), each making the upstream again.
+                upstream = None
+            return PythonWire(upstream, name, stream_id, item, factory=self.python)
         chosen = self.catalog.choose(item)
         if isinstance(chosen, str) or chosen.name == BUILTIN:
             return BUILTIN_WIRE

@@ -463,7 +463,14 @@ def classify(frame: str | bytes, profile: Profile, count: int) -> tuple[Classifi
             if count >= MAX_SEQ:
                 return Malformed("frame count past the largest seq"), count
             return Data(count + 1, frame, frame), count + 1
-    obj = _decode(frame)
+        try:
+            # Strictly UTF-8 (json.loads would also take UTF-16/32 and a BOM, and the text
+            # passed on would then not be the JSON that was read).
+            obj = _decode(frame.decode("utf-8"))
+        except UnicodeDecodeError:
+            return Malformed("not JSON"), count
+    else:
+        obj = _decode(frame)
     if isinstance(obj, Malformed):
         return obj, count
     for pointer, values in profile.skip:
