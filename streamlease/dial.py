@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import re
 import ssl
 from collections.abc import Sequence
@@ -74,6 +75,12 @@ class _CheckedConnect(connect):
         return target
 
 
+# websockets logs every handshake header and frame at DEBUG: with profiles those hold
+# secrets (an Authorization header, an identify message). The worker's connections log
+# through this logger, held at INFO whatever the root level, so no secret reaches a log.
+HANDSHAKE_LOG = logging.getLogger("streamlease.websockets")
+HANDSHAKE_LOG.setLevel(logging.INFO)
+
 async def dial(
     url: str,
     rules: AllowList,
@@ -106,7 +113,7 @@ async def dial(
         return await _CheckedConnect(
             url, rules, proxy=None, compression=compression, max_size=max_size,
             max_queue=max_queue, open_timeout=open_timeout, close_timeout=close_timeout,
-            ping_interval=ping_interval, ping_timeout=ping_timeout,
+            ping_interval=ping_interval, ping_timeout=ping_timeout, logger=HANDSHAKE_LOG,
             additional_headers=list(additional_headers) if additional_headers else None,
             subprotocols=[Subprotocol(p) for p in subprotocols] if subprotocols else None,
             **tls,

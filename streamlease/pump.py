@@ -256,8 +256,10 @@ class Pump:
         event(logging.INFO, "pump.connected", "connected to upstream", stream=self.stream,
               fence=self.tenure.fence, url=redact(url), from_seq=asked,
               upstream=self.wire.name)
-        self._gap = gap_on_connect(self.wire.replays, self._connections_made == 0,
-                                   self.machine.received, self._closed_ms) or self._gap
+        # A gap still pending (a connection that ended before its first message) keeps
+        # its earlier start: the loss it marks began then.
+        self._gap = self._gap or gap_on_connect(self.wire.replays, self._connections_made == 0,
+                                                self.machine.received, self._closed_ms)
         self._connections_made += 1
         try:
             return await self._session(ws, prepared)

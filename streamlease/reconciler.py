@@ -57,6 +57,10 @@ from streamlease.supervisor import (
 )
 
 ORPHAN_QUERY_LIMIT = 1000
+# An item found unservable only once acquired (a profile problem: the orphan index does not
+# hold those attributes) is not taken again for this long; the operator's fix is picked up
+# after it.
+UNSERVABLE_RETRY_S = 60.0
 REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
 AUDITED_LIMIT = 100_000  # (stream, fence) pairs the self-audit knows are not leased here
 AUDIT_READS = 200  # consistent reads one self-audit makes at most
@@ -151,6 +155,7 @@ class Reconciler:
         # acquisition, so the same entry needs no second read. Forgotten when this worker
         # acquires the stream (its fence may then be moved anywhere by ``advance``).
         self._audited: OrderedDict[str, int] = OrderedDict()
+        self._unservable_until: dict[str, float] = {}  # stream -> monotonic: not before
         self.health = health or HealthState(timings.lease_s)
 
     def stop(self, release_by: float | None = None) -> None:
@@ -325,6 +330,12 @@ class Reconciler:
                 held.seen(candidate)  # released or taken from under us (a force release)
         if orphans:
             self.metrics.orphans_found(len(orphans))
+        if self._unservable_until:
+            mono = self.clock.monotonic()
+            for stream_id, until in list(self._unservable_until.items()):
+                if until <= mono:
+                    del self._unservable_until[stream_id]
+            orphans = [o for o in orphans if o.stream_id not in self._unservable_until]
         waited = self._waited(orphans, now)
         plan = plan_cycle(
             orphans, held=set(self.supervisors), max_streams=self.settings.max_streams,
@@ -561,8 +572,15 @@ class Reconciler:
                 self._unsure.add(got.tenure.stream_id)
             return
         self._audited.pop(got.tenure.stream_id, None)
-        if item_problem(got.record, self.settings.supervisor.allowed_urls,
-                        self.settings.supervisor.catalog) is None:
+        problem = item_problem(got.record, self.settings.supervisor.allowed_urls,
+                               self.settings.supervisor.catalog)
+        if problem is not None:
+            # The orphan index does not project every attribute a problem can lie in (a
+            # profile, the attributes its templates use): without a pause the item would be
+            # taken and handed back every cycle. Its supervisor records it and releases.
+            self._unservable_until[got.tenure.stream_id] = \
+                self.clock.monotonic() + UNSERVABLE_RETRY_S
+        else:
             # (An item that cannot be served gets no processor: its supervisor only
             # records the problem and releases.)
             opened = await self._open_output(got)

@@ -97,8 +97,6 @@ async def test_an_item_its_profile_cannot_serve_is_not_served(
     await fleet.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="the orphan index does not hold the profile, so every "
-                   "reconcile cycle acquires the item, finds the problem and releases it")
 @pytest.mark.parametrize(("attributes", "why"), BAD[:1])
 async def test_an_item_its_profile_cannot_serve_is_not_acquired_over_and_over(
         attributes: dict[str, str], why: str, caplog: pytest.LogCaptureFixture) -> None:
