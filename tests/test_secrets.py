@@ -275,3 +275,32 @@ async def test_a_profile_renders_with_resolved_secrets(
     assert sent == f'{{"token":"{VALUE}","env":"env-{VALUE}","s":5}}'
     assert render(Template.parse("${file:" + str(path) + "}"), "s", 1, {},
                   values.lookup) == "file-" + VALUE
+
+
+# --- through a profile --------------------------------------------------------------------
+
+
+async def test_a_profile_header_from_secrets_manager(sm: Any, aws_env: dict[str, str]) -> None:
+    """What the pump dials with: the header rendered from the secret; a secret that does not
+    exist fails the setup naming the reference (the stream's last_error), never a value."""
+    from streamlease.core.profiles import parse_profile
+    from streamlease.upstream import ProfileWire, SetupFailed
+
+    arn = await new_secret(sm, "feed/token")
+    raw = {"headers": {"Authorization": "Bearer ${secretsmanager:" + arn + "}"},
+           "on_open": [{"send": '{"token":"${secretsmanager:' + arn + '}","from":${from_seq}}'}],
+           "resume": {"mode": "message"}}
+    profile, problems = parse_profile("feed", raw)
+    assert profile is not None, problems
+    async with SecretResolver(environ=aws_env) as resolver:
+        prepared = await ProfileWire(profile, "s1", {}, resolver).prepare("wss://f.example/x", 8)
+        assert prepared.headers == (("Authorization", f"Bearer {VALUE}"),)
+        assert prepared.sends == (f'{{"token":"{VALUE}","from":8}}',)
+        assert prepared.url == "wss://f.example/x"  # resume by message: the URL is unchanged
+        gone = arn.replace("feed/token", "feed/gone")
+        missing, _ = parse_profile("feed", {"headers": {"X-Key": "${secretsmanager:" + gone + "}"}})
+        assert missing is not None
+        with pytest.raises(SetupFailed) as caught:
+            await ProfileWire(missing, "s1", {}, resolver).prepare("wss://f.example/x", 1)
+    assert str(caught.value) == \
+        f"profile feed: ${{secretsmanager:{gone}}}: ResourceNotFoundException"
