@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamlease.core.model import StreamRecord
+from streamlease.core.upstream import PROFILE_ATTRIBUTE
 from streamlease.dev import local_aws_env
 from streamlease.dev.upstream import frame_for
+from streamlease.store import codec
 from streamlease.store.dynamodb import connect_admin
 from streamlease.store.protocols import AdminStore, Stores
 from tests.procs import Proc, python
@@ -124,6 +126,11 @@ class Fleet:
     streams: int = 20
     rate: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
+    # The upstream path the streams are read from (a test feed's mode), the items' upstream
+    # profile (None: no `profile` attribute) and extra `dev upstream` arguments (`--token`).
+    mode: str = "streams"
+    profile: str | None = None
+    upstream_args: tuple[str, ...] = ()
     workers: dict[str, Worker] = field(default_factory=dict)
     upstream: Proc | None = None
     upstream_url: str = ""
@@ -140,7 +147,8 @@ class Fleet:
 
     async def start(self, workers: int = 3) -> Fleet:
         self.upstream = Proc(python("-m", "streamlease", "dev", "upstream", "--port", "0",
-                                    "--streams", str(self.streams), "--rate", str(self.rate)),
+                                    "--streams", str(self.streams), "--rate", str(self.rate),
+                                    *self.upstream_args),
                              name="upstream")
         self.upstream_url = self.upstream.url()
         cm = connect_admin(self.table, self.events_table, self.fleet_table, connections=50)
@@ -149,13 +157,19 @@ class Fleet:
         self.store = self.stores.admin
         await self.store.create_tables()
         for sid in self.stream_ids:
-            await self.store.put_started(sid, self.stream_url(sid))
+            if self.profile is None:
+                await self.store.put_started(sid, self.stream_url(sid))
+            else:  # `ctl start` sets no profile: the item as an operator writes it
+                await self.store.put_item({
+                    **codec.key(sid), codec.DESIRED_STATE: codec.s("STARTED"),
+                    codec.WS_URL: codec.s(self.stream_url(sid)),
+                    codec.LEASE_EXPIRES: codec.n(0), PROFILE_ATTRIBUTE: codec.s(self.profile)})
         for i in range(1, workers + 1):
             self.start_worker(f"w{i}")
         return self
 
     def stream_url(self, sid: str) -> str:
-        return f"{self.upstream_url}/streams/{sid}"
+        return f"{self.upstream_url}/{self.mode}/{sid}"
 
     def start_worker(self, name: str, endpoint: str | None = None,
                      env: Mapping[str, str] | None = None,
