@@ -24,9 +24,11 @@ $(CHECKOV_STAMP): requirements-checkov.lock
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements-checkov.lock
 	touch $(CHECKOV_STAMP)
 
-# `make run SINK=file:///tmp/out` delivers to that sink instead of the events table.
+# `make run SINK=file:///tmp/out` delivers to that sink instead of the events table;
+# `make run FEED=gateway` (subscribe, gateway, live, binary) serves the streams from that test
+# feed of the upstream, through its profile in examples/profiles.toml.
 run: $(STAMP)
-	$(BIN)/python -m streamlease.dev.demo $(if $(SINK),--sink '$(SINK)') $(ARGS)
+	$(BIN)/python -m streamlease.dev.demo $(if $(SINK),--sink '$(SINK)') $(if $(FEED),--feed '$(FEED)') $(ARGS)
 
 test: $(STAMP) lint typecheck pytest
 

@@ -22,6 +22,8 @@ from streamlease.config import WorkerConfig, allowed_prefixes, setting_value, ta
 from streamlease.core import roster
 from streamlease.core.frames import export_line
 from streamlease.core.model import StreamRecord
+from streamlease.core.profiles import PROFILE_NAME
+from streamlease.core.upstream import PROFILE_ATTRIBUTE
 from streamlease.core.urls import ANY_WS_URL, AllowList, parse_allowed_urls, redact, url_problem
 from streamlease.errors import ConfigError, StoreError, TableMissing
 from streamlease.store.protocols import AdminStore, FleetStore, Stores
@@ -48,6 +50,13 @@ def _stream_id(value: str) -> str:
     if not value or len(value) > MAX_STREAM_ID or not value.isprintable():
         raise argparse.ArgumentTypeError(
             f"stream id must be 1-{MAX_STREAM_ID} printable characters, got {value!r}")
+    return value
+
+
+def _profile_name(value: str) -> str:
+    if not PROFILE_NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"a profile name is 1-64 letters, digits, '_', '.' or '-', got {value!r}")
     return value
 
 
@@ -92,6 +101,9 @@ def build_parser() -> _Parser:
     start.add_argument("ids", nargs="+", type=_stream_id, metavar="ID")
     start.add_argument("--url", required=True,
                        help="upstream WebSocket URL; {id} is replaced by each stream id")
+    start.add_argument("--profile", type=_profile_name,
+                       help="the upstream profile the streams use (docs/profiles.md); "
+                            "default: leave the item's profile as it is")
     stop = ctl_sub.add_parser("stop", help="set streams STOPPED")
     stop.add_argument("ids", nargs="+", type=_stream_id, metavar="ID")
     listing = ctl_sub.add_parser("list", help="one row a stream")
@@ -289,10 +301,14 @@ async def _ctl_start(tables: Tables, args: argparse.Namespace) -> int:
     async with _store(tables) as store:
         for stream_id, url in plans:
             before = await store.get(stream_id)
-            await store.put_started(stream_id, url)
+            await store.put_started(stream_id, url, args.profile)
+            same_profile = args.profile is None or (
+                before is not None and _profile(before) == args.profile)
             change = "created" if before is None else (
-                "unchanged" if before.started and before.ws_url == url else "updated")
-            print(f"{stream_id}: STARTED ({change}) url={redact(url)}")
+                "unchanged" if before.started and before.ws_url == url and same_profile
+                else "updated")
+            profile = f" profile={args.profile}" if args.profile is not None else ""
+            print(f"{stream_id}: STARTED ({change}) url={redact(url)}{profile}")
             if allowed is not None and url_problem(url, allowed):
                 print(f"{stream_id}: warning: url is outside STREAMLEASE_ALLOWED_URLS in this "
                       "environment; workers with the same setting will not serve it",
@@ -321,11 +337,18 @@ def _lease_left_s(record: StreamRecord, now_ms: int) -> float | None:
     return max(0.0, (record.lease_expires_at_ms - now_ms) / 1000)
 
 
+def _profile(record: StreamRecord) -> str | None:
+    """The item's ``profile`` as written (None: the default profile serves it)."""
+    value = record.attributes.get(PROFILE_ATTRIBUTE)
+    return None if value is None else str(value)
+
+
 def record_json(record: StreamRecord, now_ms: int) -> dict[str, Any]:
     return {
         "stream": record.stream_id,
         "desired_state": record.desired_state,
         "ws_url": redact(record.ws_url) if record.ws_url else None,
+        "profile": _profile(record),
         "lease_owner": record.lease_owner,
         "lease_expires_at_ms": record.lease_expires_at_ms,
         "lease_left_s": _lease_left_s(record, now_ms),

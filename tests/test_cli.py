@@ -78,6 +78,24 @@ def test_start_list_show_stop_release(tables: dict[str, str]) -> None:
     assert json.loads(cli("ctl", "show", "a", env=tables).stdout)["fence"] == 1
 
 
+def test_start_with_a_profile_sets_it_and_without_keeps_it(tables: dict[str, str]) -> None:
+    started = cli("ctl", "start", "a", "--url", "wss://x/{id}", "--profile", "gateway",
+                  env=tables)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == "a: STARTED (created) url=wss://x/*** profile=gateway"
+    assert json.loads(cli("ctl", "show", "a", env=tables).stdout)["profile"] == "gateway"
+    again = cli("ctl", "start", "a", "--url", "wss://x/{id}", env=tables)
+    assert "a: STARTED (unchanged)" in again.stdout
+    assert json.loads(cli("ctl", "show", "a", env=tables).stdout)["profile"] == "gateway"
+    moved = cli("ctl", "start", "a", "--url", "wss://x/{id}", "--profile", "live", env=tables)
+    assert "a: STARTED (updated)" in moved.stdout
+    rows = json.loads(cli("ctl", "list", "-o", "json", env=tables).stdout)
+    assert [(r["stream"], r["profile"]) for r in rows] == [("a", "live")]
+    plain = cli("ctl", "start", "b", "--url", "wss://x/{id}", env=tables)
+    assert plain.stdout.strip() == "b: STARTED (created) url=wss://x/***"
+    assert json.loads(cli("ctl", "show", "b", env=tables).stdout)["profile"] is None
+
+
 def test_missing_stream_is_exit_1(tables: dict[str, str]) -> None:
     for args in (("show", "nope"), ("stop", "nope"), ("release", "nope"), ("export", "nope")):
         result = cli("ctl", *args, env=tables)
@@ -95,6 +113,8 @@ def test_export_of_a_stream_with_no_deliveries_is_empty(tables: dict[str, str]) 
     (("ctl",), "required"),
     (("ctl", "start", "a"), "--url"),
     (("ctl", "start", "a", "--url", "http://x/"), "scheme"),
+    (("ctl", "start", "a", "--url", "wss://x/", "--profile", "no spaces"), "profile name"),
+    (("ctl", "start", "a", "--url", "wss://x/", "--profile", ""), "profile name"),
     (("ctl", "release", "a", "--expect-fence", "-3"), "expect-fence"),
     (("ctl", "list", "-o", "yaml"), "invalid choice"),
     (("frobnicate",), "invalid choice"),

@@ -14,10 +14,12 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import IO, Any
 
 import pytest
 
+from streamlease.dev import demo as demo_module
 from tests.procs import ROOT
 
 MARK = "STREAMLEASE_DEMO_TEST_MARK"
@@ -109,6 +112,24 @@ class Demo:
 
     def children(self) -> dict[str, int]:
         return {f["child"]: int(f["pid"]) for e, f in self.log() if e == "demo.child_started"}
+
+    def ctl(self, command: str) -> str:
+        """``streamlease ctl COMMAND`` in another shell after ``. .run/env`` (the tour's
+        way); its stdout. ``COMMAND`` may use the env file's variables."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        script = f". {self.log_dir / 'env'} && {sys.executable} -m streamlease ctl {command}"
+        done = subprocess.run(["sh", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def env_file(self) -> dict[str, str]:
+        """The demo's ``env`` file as a mapping."""
+        out = {}
+        for line in (self.log_dir / "env").read_text().splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            out[name] = shlex.split(value)[0]
+        return out
 
     def kill_leftovers(self) -> None:
         for pid in marked(self.marker):
@@ -289,14 +310,7 @@ def test_ctl_in_another_shell_reaches_the_demo_through_its_env_file(demos: Start
     holder releases it) and `ctl start --url "$DEMO_UPSTREAM/streams/{id}"` brings it back."""
     demo = demos("--headless")
     demo.owned()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-
-    def ctl(command: str) -> str:
-        script = f". {demo.log_dir / 'env'} && {sys.executable} -m streamlease ctl {command}"
-        done = subprocess.run(["sh", "-c", script], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=60)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+    ctl = demo.ctl
 
     def held(stream: dict[str, Any]) -> bool:
         return bool(stream["lease_owner"]) and (stream["lease_left_s"] or 0) > 0
@@ -309,3 +323,67 @@ def test_ctl_in_another_shell_reaches_the_demo_through_its_env_file(demos: Start
     demo.popen.send_signal(signal.SIGTERM)
     assert demo.finish() == 0, demo.stderr()
     assert_nothing_left(demo)
+
+
+@pytest.mark.parametrize("feed", ["gateway", "binary"])
+def test_make_run_with_a_test_feed_serves_it_through_its_profile(demos: Start,
+                                                                 feed: str) -> None:
+    """`make run FEED=NAME`: the upstream serves the NAME test feed behind a token, and every
+    stream is registered on it with the profile of that name (examples/profiles.toml): the
+    workers own and deliver every stream, dialling the feed only, with no refused handshake,
+    failed opening or malformed frame. A stream added as the tour adds one, through
+    `ctl start --profile`, is served the same way."""
+    demo = demos("--headless", "--feed", feed)
+    demo.owned()
+    rows = json.loads(demo.ctl("list -o json"))
+    assert {r["profile"] for r in rows} == {feed}, rows
+    first = {r["stream"]: r["last_seq"] or 0 for r in rows}
+
+    def progressed() -> bool:
+        now = {r["stream"]: r["last_seq"] or 0 for r in json.loads(demo.ctl("list -o json"))}
+        return all(now[sid] > seq for sid, seq in first.items())
+
+    wait_until(progressed, 30, "every stream's last_seq grows")
+    demo.ctl('start s099 --url "$DEMO_UPSTREAM/$DEMO_FEED/{id}" --profile "$DEMO_FEED"')
+    wait_until(lambda: (json.loads(demo.ctl("show s099"))["last_seq"] or 0) > 0, 30,
+               "the stream added with ctl start --profile delivers")
+    env = demo.env_file()
+    assert env["DEMO_FEED"] == feed
+    port = env["DEMO_UPSTREAM"].rsplit(":", 1)[1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as answer:
+        modes = json.load(answer)["modes"]
+    assert modes[feed]["opened"] >= STREAMS + 1 and modes[feed]["refused"] == 0, modes[feed]
+    assert modes["streams"]["opened"] == 0, modes["streams"]
+    demo.popen.send_signal(signal.SIGTERM)
+    assert demo.finish() == 0, demo.stderr()
+    assert_orderly(demo, "SIGTERM")
+    assert_nothing_left(demo)
+    logs = "".join((demo.log_dir / f"worker-{n}.log").read_text() for n in (1, 2))
+    for bad in ("pump.malformed_frame", "pump.opening_failed", "pump.setup_failed",
+                "stream.unservable"):
+        assert bad not in logs, logs[-3000:]
+
+
+def test_a_feed_without_its_profiles_file_is_one_line_and_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An installed package has no examples/: `--feed` says so in one line and starts
+    nothing; so does a profiles file without the feed's profile."""
+    logs = tmp_path / "logs"
+    monkeypatch.setattr(demo_module, "EXAMPLE_PROFILES", tmp_path / "examples" / "profiles.toml")
+    assert demo_module.main(["--feed", "live", "--log-dir", str(logs)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not found" in err and "--feed live" in err
+    other = tmp_path / "other.toml"
+    other.write_text("[gateway]\nseq = \"/s\"\n")
+    monkeypatch.setattr(demo_module, "EXAMPLE_PROFILES", other)
+    assert demo_module.main(["--feed", "live", "--log-dir", str(logs)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no profile 'live'" in err
+    assert not logs.exists()
+
+
+def test_the_feeds_are_the_example_profiles() -> None:
+    """Every test feed `--feed` offers has its profile in the checkout's examples."""
+    for feed in demo_module.FEEDS:
+        assert demo_module.feed_profiles(feed, demo_module.EXAMPLE_PROFILES)

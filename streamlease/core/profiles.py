@@ -43,7 +43,8 @@ STEP_KEYS = frozenset({"send", "expect", "timeout_s"})
 KEEPALIVE_KEYS = frozenset({"send", "every_s"})
 RESUME_MODES = ("query", "message", "none")
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A profile's name, matched against the whole name."""
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _QUERY_PARAM = re.compile(r"[A-Za-z0-9_.~\[\]-]{1,64}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -774,7 +775,7 @@ def parse_profiles(text: str, fmt: Literal["json", "toml"] | str) -> dict[str, P
         if name == BUILTIN:
             problems.append(f"profile {name}: reserved for the built-in protocol")
             continue
-        if not _NAME.fullmatch(name):
+        if not PROFILE_NAME.fullmatch(name):
             problems.append(f"profile {name!r}: a name is 1-64 letters, digits, '_', '.', '-'")
             continue
         profile, found = parse_profile(name, body)

@@ -7,7 +7,11 @@ takeovers since the last refresh. ``--kill-every N`` kills a random worker with 
 every N seconds and starts a replacement, so self-healing happens in front of you;
 ``--flip-every N`` stops a random stream and restarts it a cycle later. In a terminal,
 keys act at once: ``k`` kill -9 a worker, ``+`` add one, ``-`` SIGTERM one, ``s`` stop a
-random stream, ``r`` restart every stopped stream, ``q`` quit.
+random stream, ``r`` restart every stopped stream, ``q`` quit. ``--feed NAME`` serves the
+streams from one of the upstream's test feeds instead of its default protocol (``subscribe``,
+``gateway``, ``live`` or ``binary``): the upstream then requires a token, and the workers speak
+the feed's profile from ``examples/profiles.toml`` of the source checkout, with the token in
+``FEED_TOKEN``.
 
 Every way out stops the workers with SIGTERM first, so they release their leases, waits
 for them (at most the workers' shutdown budget plus a margin, then SIGKILL), and only then
@@ -32,6 +36,7 @@ import contextlib
 import logging
 import os
 import random
+import secrets
 import shlex
 import signal
 import sys
@@ -42,12 +47,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from streamlease.config import read_profiles
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.model import StreamRecord
 from streamlease.core.roster import FleetRead, MemberReport, report
 from streamlease.core.sinks import parse_sink
 from streamlease.dev import local_aws_env
 from streamlease.dev.procs import Child, Interrupted, stop_all
+from streamlease.dev.upstream import DEFAULT_MODE, MODES
 from streamlease.errors import StreamleaseError
 from streamlease.leadership import FLEET_LEASE
 from streamlease.logs import LOGGER, TextFormatter, event
@@ -83,6 +90,24 @@ TIMINGS = {
 WORKER_STOP_S = float(TIMINGS["STREAMLEASE_SHUTDOWN_SECONDS"]) + 5.0
 SERVER_STOP_S = 5.0
 EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FEEDS = tuple(mode for mode in MODES if mode != DEFAULT_MODE)
+"""The reference upstream's test feeds; each has the profile of the same name in
+EXAMPLE_PROFILES."""
+EXAMPLE_PROFILES = Path(__file__).resolve().parents[2] / "examples" / "profiles.toml"
+"""The test feeds' profiles, in the source checkout this package runs from (an installed
+wheel has no ``examples/``)."""
+
+
+def feed_profiles(feed: str, path: Path) -> Path:
+    """``path`` if it holds a valid profile for ``feed``; else ValueError, one line."""
+    if not path.is_file():
+        raise ValueError(f"{path} not found: the test feeds' profiles come with a source "
+                         "checkout of streamlease (examples/profiles.toml), not with an "
+                         "installed package")
+    profiles = read_profiles(str(path))
+    if feed not in profiles:
+        raise ValueError(f"{path} has no profile {feed!r}")
+    return path
 
 
 class StopRequest:
@@ -147,6 +172,8 @@ class Demo:
         self.rng = random.Random()
         self.keys: asyncio.Queue[str] = asyncio.Queue()
         self.wake = asyncio.Event()  # a key, Ctrl-C or SIGTERM: redraw now
+        # What the test feeds require (--token), handed to the workers as FEED_TOKEN.
+        self.feed_token = secrets.token_urlsafe(16)
 
     def python(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "streamlease", *args]
@@ -173,18 +200,22 @@ class Demo:
         local = local_aws_env(ddb.listening_url(stop=stopping))
         self.env.update(local)
         os.environ.update(local)  # for this process's own store
+        token = ["--token", self.feed_token] if self.args.feed else []
         up = self.child("upstream", self.python("dev", "upstream", "--port", "0", "--streams",
                                                 str(self.args.streams), "--rate",
-                                                str(self.args.rate)), self.env)
+                                                str(self.args.rate), *token), self.env)
         self.servers.append(up)
         upstream = up.listening_url(stop=stopping)
-        self.write_env({**local, "DEMO_UPSTREAM": upstream})
+        feed = {"DEMO_FEED": self.args.feed} if self.args.feed else {}
+        self.write_env({**local, "DEMO_UPSTREAM": upstream, **feed})
         return upstream
 
     def write_env(self, local: dict[str, str]) -> None:
         """``env`` in the log directory, for ``. .run/env`` in another shell: the settings
         that point ``streamlease ctl`` at this demo's DynamoDB, and ``DEMO_UPSTREAM``, the
-        reference upstream (its streams are ``$DEMO_UPSTREAM/streams/{id}``)."""
+        reference upstream (its streams are ``$DEMO_UPSTREAM/streams/{id}``); with a feed,
+        ``DEMO_FEED``, its name (its streams are ``$DEMO_UPSTREAM/$DEMO_FEED/{id}``, with
+        ``profile`` ``$DEMO_FEED``). The feed's token is not written: ``ctl`` needs none."""
         lines = [f"export {name}={shlex.quote(value)}" for name, value in sorted(local.items())]
         (self.logs / "env").write_text("\n".join(lines) + "\n")
 
@@ -193,6 +224,8 @@ class Demo:
         name = f"worker-{self.counter}"
         env = {**self.env, **TIMINGS, "STREAMLEASE_WORKER_ID": name,
                "STREAMLEASE_SINK": self.args.sink}
+        if self.args.feed:
+            env.update(STREAMLEASE_PROFILES=str(self.args.profiles), FEED_TOKEN=self.feed_token)
         # A worker's stdout (the stdout sink, a processor's prints) goes to its log.
         self.workers[name] = self.child(name, self.python("run"), env, signal.SIGKILL,
                                         capture=False)
@@ -254,14 +287,19 @@ class Demo:
                 async with asyncio.timeout(None) as self.setup:
                     await store.create_tables()
                     ids = [f"s{i:03d}" for i in range(1, self.args.streams + 1)]
+                    feed = self.args.feed
                     for sid in ids:
-                        await store.put_started(sid, f"{upstream}/streams/{sid}")
+                        await store.put_started(sid, f"{upstream}/{feed or DEFAULT_MODE}/{sid}",
+                                                profile=feed)
             except TimeoutError:
                 if not self.stop.requested:
                     raise
                 return
             finally:
                 self.setup = None
+            if self.args.feed:
+                self.note(f"feed {self.args.feed}: profile {self.args.feed} from "
+                          f"{self.args.profiles}")
             for _ in range(self.args.workers):
                 self.start_worker()
             await self.watch(stores)
@@ -511,6 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where the workers deliver (STREAMLEASE_SINK): dynamodb (the "
                              "events table), file:///DIR, stdout (into each worker's log), "
                              "python:MODULE:ATTR, ...")
+    parser.add_argument("--feed", choices=FEEDS,
+                        help="serve the streams from this test feed of the upstream, through "
+                             "its profile in examples/profiles.toml (default: the built-in "
+                             "protocol)")
     args = parser.parse_args(argv)
     try:
         parse_sink(args.sink)
@@ -518,6 +560,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--sink: {exc}")
     if not 1 <= args.workers <= 20 or not 1 <= args.streams <= 200 or args.rate <= 0:
         parser.error("--workers 1-20, --streams 1-200 and a positive --rate")
+    args.profiles = None
+    if args.feed:
+        try:
+            args.profiles = feed_profiles(args.feed, EXAMPLE_PROFILES)
+        except ValueError as exc:
+            print(f"make run: --feed {args.feed}: {exc}", file=sys.stderr)
+            return 2
     stop = StopRequest()
     stop.install()  # before any child exists; never replaced, so also active in shutdown
     demo = Demo(args, stop)

@@ -22,6 +22,7 @@ from streamlease.core.model import (
     stream_id_from_key,
     stream_key,
 )
+from streamlease.core.upstream import PROFILE_ATTRIBUTE
 from streamlease.errors import SinkConflict, StaleFence
 from streamlease.store.protocols import SinkOutcome
 
@@ -36,6 +37,7 @@ LAST_SEQ = "last_seq"
 LAST_ERROR = "last_error"
 LAST_ERROR_AT = "last_error_at_ms"
 LEASE_EPOCH = "lease_epoch"  # the holder's member epoch when it acquired the lease
+PROFILE = PROFILE_ATTRIBUTE  # the stream's upstream profile (docs/profiles.md)
 INDEX_NAME = "desired_state-lease_expires_at_ms-index"
 OWNER_INDEX_NAME = "lease_owner-fence-index"
 # What the orphan index holds besides its keys and Pk: enough to plan without reading the

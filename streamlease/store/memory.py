@@ -390,11 +390,14 @@ class MemoryStore:
     async def list_streams(self) -> list[StreamRecord]:
         return sorted(_records(self.items.values()), key=lambda r: r.stream_id)
 
-    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord:
+    async def put_started(self, stream_id: str, ws_url: str,
+                          profile: str | None = None) -> StreamRecord:
         pk = stream_key(stream_id)
         self._remember(pk)
         item = self.items.setdefault(pk, {codec.PK: codec.s(pk)})
         changes = {codec.DESIRED_STATE: codec.s("STARTED"), codec.WS_URL: codec.s(ws_url)}
+        if profile is not None:
+            changes[codec.PROFILE] = codec.s(profile)
         if codec.LEASE_EXPIRES not in item:
             changes[codec.LEASE_EXPIRES] = codec.n(0)
         self._set(item, changes)

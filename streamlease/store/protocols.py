@@ -216,7 +216,10 @@ class AdminStore(Protocol):
 
     async def list_streams(self) -> list[StreamRecord]: ...
 
-    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord: ...
+    async def put_started(self, stream_id: str, ws_url: str,
+                          profile: str | None = None) -> StreamRecord:
+        """Upsert as STARTED; a new item gets ``lease_expires_at_ms`` 0 (free now). With
+        ``profile``, the item's ``profile`` is set too; without, it is left as it is."""
 
     async def set_state(self, stream_id: str, state: str) -> StreamRecord | None: ...
 

@@ -62,6 +62,19 @@ async def test_acquire_returns_a_new_fence_and_the_item(stores: Stores) -> None:
     assert await stores.leases.acquire("a", "w2", NOW + 1000, T) is None  # live lease
 
 
+async def test_put_started_sets_a_profile_and_keeps_it_when_given_none(stores: Stores) -> None:
+    created = await stores.admin.put_started("a", URL, profile="gateway")
+    assert created.attributes["profile"] == "gateway" and created.lease_expires_at_ms == 0
+    again = await stores.admin.put_started("a", URL + "2")
+    assert again.attributes["profile"] == "gateway" and again.ws_url == URL + "2"
+    changed = await stores.admin.put_started("a", URL, profile="live")
+    read = await stores.admin.get("a")
+    assert changed.attributes["profile"] == "live"
+    assert read is not None and read.attributes["profile"] == "live"
+    plain = await stores.admin.put_started("b", URL)
+    assert "profile" not in plain.attributes
+
+
 async def test_fences_strictly_increase_across_takeovers(stores: Stores) -> None:
     await stores.admin.put_started("a", URL)
     fences = []

@@ -144,15 +144,21 @@ class DynamoAdmin(DynamoTable):
                 return sorted(found, key=lambda r: r.stream_id)
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
-    async def put_started(self, stream_id: str, ws_url: str) -> StreamRecord:
-        """Upsert as STARTED; a new item gets ``lease_expires_at_ms`` 0 (free now)."""
+    async def put_started(self, stream_id: str, ws_url: str,
+                          profile: str | None = None) -> StreamRecord:
+        """Upsert as STARTED; a new item gets ``lease_expires_at_ms`` 0 (free now). With
+        ``profile``, the item's ``profile`` is set too; without, it is left as it is."""
+        update = "SET #ds = :started, #url = :url, #exp = if_not_exists(#exp, :zero)"
+        names = {"#ds": codec.DESIRED_STATE, "#url": codec.WS_URL, "#exp": codec.LEASE_EXPIRES}
+        values = {":started": codec.s("STARTED"), ":url": codec.s(ws_url), ":zero": codec.n(0)}
+        if profile is not None:
+            update += ", #profile = :profile"
+            names["#profile"] = codec.PROFILE
+            values[":profile"] = codec.s(profile)
         resp = await self._call(
             "update_item", TableName=self.table, Key=codec.key(stream_id), ReturnValues="ALL_NEW",
-            UpdateExpression="SET #ds = :started, #url = :url, #exp = if_not_exists(#exp, :zero)",
-            ExpressionAttributeNames={"#ds": codec.DESIRED_STATE, "#url": codec.WS_URL,
-                                      "#exp": codec.LEASE_EXPIRES},
-            ExpressionAttributeValues={":started": codec.s("STARTED"), ":url": codec.s(ws_url),
-                                       ":zero": codec.n(0)},
+            UpdateExpression=update, ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
         )
         record = codec.decode_record(resp["Attributes"])
         assert record is not None
