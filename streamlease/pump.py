@@ -222,18 +222,23 @@ class Pump:
         except SetupFailed as exc:
             text = str(exc)
             if text != self._setup_problem:
-                self._setup_problem = text
                 event(logging.ERROR, "pump.setup_failed",
                       "cannot work out how to connect to the upstream; not dialled",
                       stream=self.stream, fence=self.tenure.fence, upstream=self.wire.name,
                       error=text)
-                if self._on_problem is not None:
-                    self._on_problem(text)
+            self._connect_problem(text)
             return "setup_failed"
         if prepared is None:
             return "closed"  # stopped while a secret was being fetched
-        self._setup_problem = None
         return prepared
+
+    def _connect_problem(self, text: str) -> None:
+        """A connection attempt failed before any frame could be read (setup, opening
+        exchange): the stream's ``last_error``, written once per change of text."""
+        if text != self._setup_problem:
+            self._setup_problem = text
+            if self._on_problem is not None:
+                self._on_problem(text)
 
     async def _connection(self, asked: int) -> str:
         """One connection, from the handshake to its end; the reason it ended."""
@@ -287,6 +292,7 @@ class Pump:
                   "the upstream's opening exchange did not complete; reconnecting",
                   stream=self.stream, fence=self.tenure.fence, upstream=self.wire.name,
                   reason=exc.reason, error=str(exc))
+            self._connect_problem(str(exc))
             await self._close(ws)
             return exc.reason
         except ConnectionClosedOK:

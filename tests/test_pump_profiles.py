@@ -249,10 +249,12 @@ async def test_an_expect_that_never_comes_reconnects_and_counts(
     wire = profile_wire({"on_open": [{"send": '{"op":"subscribe"}',
                                       "expect": {"/type": "subscribed"}, "timeout_s": 0.05}]})
     sink = FakeSink()
-    pump, metrics = make(feed.url, sink, wire)
+    problems: list[str | None] = []
+    pump, metrics = make(feed.url, sink, wire, problems=problems)
     await running(pump, lambda: value(metrics, "streamlease_upstream_reconnects_total",
                                       reason="expect_timeout") >= 2)
     assert feed.connections >= 2 and sink.seqs == []
+    assert problems == ["profile test: on_open[0]: no reply matching expect within 0.05 s"]
     failed = events(caplog, "pump.opening_failed")
     assert failed and "on_open[0]" in failed[0]["error"]
     assert failed[0]["reason"] == "expect_timeout"
