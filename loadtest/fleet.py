@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.common import Server, dynamodb_args
+from loadtest.common import Server, dynamodb_args, put_stream
 from streamlease.core.model import StreamRecord
 from streamlease.dev import local_aws_env
 from streamlease.dev.upstream import frame_for
@@ -127,8 +127,14 @@ class Fleet:
                  sample_s: float = 0.25, table_s: float | None = None,
                  watch_upstream: bool = False,
                  log_root: Path | None = None, seed: int | None = None,
-                 stream_ids: list[str] | None = None) -> None:
+                 stream_ids: list[str] | None = None, feed: str = "streams",
+                 profile: str | None = None, upstream_args: tuple[str, ...] = ()) -> None:
         self.scenario = scenario
+        # Each stream is the upstream's ``/<feed>/<id>`` (the test feeds of
+        # streamlease.dev.upstream), its item naming ``profile`` when given.
+        self.feed = feed
+        self.profile = profile
+        self.upstream_args = upstream_args
         self.streams = streams
         self.rate = rate
         self.base_worker_env = worker_env
@@ -210,7 +216,8 @@ class Fleet:
             local = local_aws_env(ddb.url)
             self.env.update(local)
             os.environ.update(local)  # for this process's own store
-        up = Server("upstream", "--port", "0", "--streams", "0", "--rate", repr(self.rate))
+        up = Server("upstream", "--port", "0", "--streams", "0", "--rate", repr(self.rate),
+                    *self.upstream_args)
         self.servers.append(up)
         self.upstream_url = up.url
         self._admin_cm = connect_admin(self.table, self.events, self.fleet_table,
@@ -225,7 +232,8 @@ class Fleet:
         async def put(sid: str) -> None:
             assert self.store is not None
             async with gate:
-                await self.store.put_started(sid, f"{self.upstream_url}/streams/{sid}")
+                await put_stream(self.store, sid, f"{self.upstream_url}/{self.feed}/{sid}",
+                                 self.profile)
 
         await asyncio.gather(*(put(sid) for sid in self.ids))
         self.t0 = time.monotonic()

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadtest.common import Server
+from loadtest.common import Server, put_stream
 from streamlease.store.dynamodb import connect_admin
 
 BACKLOG = 400_000
@@ -106,15 +106,17 @@ async def _child(mode: str, urls: list[str], seconds: float) -> float:
 
 
 async def _worker_phase(env: dict[str, str], upstream: str, streams: int, seconds: float,
-                        extra: dict[str, str], wait_for: int) -> dict[str, float]:
-    """Run one worker over ``streams`` fresh streams; delivered msgs/s, CPU, RSS."""
+                        extra: dict[str, str], wait_for: int, feed: str = "streams",
+                        profile: str | None = None) -> dict[str, float]:
+    """Run one worker over ``streams`` fresh streams (the upstream's ``/<feed>/<id>``, items
+    naming ``profile`` when given); delivered msgs/s, CPU, RSS."""
     suffix = uuid.uuid4().hex[:8]
     table, events = f"tp-s-{suffix}", f"tp-e-{suffix}"
     async with connect_admin(table, events, f"tp-f-{suffix}") as stores:
         store = stores.admin
         await store.create_tables()
         for i in range(streams):
-            await store.put_started(f"t{i:04d}", f"{upstream}/streams/t{i:04d}")
+            await put_stream(store, f"t{i:04d}", f"{upstream}/{feed}/t{i:04d}", profile)
         worker_env = {**env, "STREAMLEASE_TABLE": table, "STREAMLEASE_EVENTS_TABLE": events,
                       "STREAMLEASE_FLEET_TABLE": f"tp-f-{suffix}",
                       "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
