@@ -1,8 +1,8 @@
 """The load and chaos benchmark: failover, loss, cost, throughput, skew, a slow store,
 balance, singleton jobs and scale, in one command.
 
-    make loadtest                                   # the default scenarios, ~17 minutes
-    make loadtest ARGS="--scenarios all"            # and the scale run: ~14-16 minutes
+    make loadtest                                   # the default scenarios, ~21 minutes
+    make loadtest ARGS="--scenarios all"            # and the scale run: ~5 minutes more
     make loadtest ARGS="--scenarios scale"          # one scenario into the last results
     make loadtest ARGS="--profile large"
     python -m loadtest.chaos --help
@@ -35,6 +35,12 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
   Python processor) through a short chaos run of its own (kill -9, SIGSTOP past the lease,
   SIGTERM), then its destination read back: lost, duplicated, duplicated within one tenure,
   out of order (``loadtest.sinks_scenario``).
+* ``upstreams``: a stream feed per resume mode of the upstream profiles (``query``,
+  ``message``, ``none``, and ``none_count``: binary frames the worker numbers) through a
+  short chaos run of its own, audited against the feed's own numbering: lost, duplicated,
+  and where the feed cannot replay, the share of lost messages inside a recorded gap; and
+  one worker's throughput with a profile against the built-in protocol
+  (``loadtest.upstreams_scenario``).
 * ``scale``: 2,000 idle streams on 4 workers at default timings: the store's requests
   by kind per 1,000 held streams, time until all are held, kill -9 of one worker, and
   the capacity model.
@@ -42,9 +48,10 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 It writes ``loadtest/results/latest.{json,md,png}`` (plus timestamped copies) and exits
 non-zero if a correctness figure (lost, duplicated, out of order, stale writes
 accepted, fleet-caused gaps, job slots run twice; per sink: lost, duplicated for the
-exactly-once ones, duplicated within one tenure) of any scenario is not zero, or a
-scenario could not run. It asserts no times: it reports them. Worker logs stay in
-``.run/loadtest/``.
+exactly-once ones, duplicated within one tenure; per upstream mode: lost where the feed
+replays, lost outside a recorded gap where it cannot, duplicated) of any scenario is not
+zero, or a scenario could not run. It asserts no times: it reports them. Worker logs stay
+in ``.run/loadtest/``.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import sinks_scenario
+from loadtest import sinks_scenario, upstreams_scenario
 from loadtest.common import Server
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.report import write_reports
@@ -84,10 +91,10 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance", "jobs",
-             "sinks", "scale")
+             "sinks", "upstreams", "scale")
 # The scale run (~5 minutes of 2,000 connections) is not in the default: see --scenarios.
 DEFAULT_SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance",
-                     "jobs", "sinks")
+                     "jobs", "sinks", "upstreams")
 INDEX_LAG_MS = 1000.0  # the index_lag scenario: every index read a second behind
 # Sections several scenarios write keys into, and how many levels down a scenario's own
 # keys are: ``failover.kill9`` (chaos) next to ``failover.sigterm_slow_store``;
@@ -393,7 +400,7 @@ def runners() -> dict[str, Callable[[Context], Awaitable[dict[str, Any]]]]:
             "skew": scenarios.run_skew,
             "slow_store": scenarios.run_slow_store, "balance": scenarios.run_balance,
             "jobs": jobs_scenario.run_jobs, "sinks": sinks_scenario.run_sinks,
-            "scale": scenarios.run_scale}
+            "upstreams": upstreams_scenario.run_upstreams, "scale": scenarios.run_scale}
 
 
 def section_paths(part: dict[str, Any]) -> list[str]:
@@ -485,8 +492,8 @@ SINK_CORRECTNESS = ("lost", "dup_outside_takeover", "stale_accepted")
 
 
 def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
-    """Every non-zero correctness figure, top-level (chaos), in a scenario's section, or
-    of a sink (``sinks.<name>.<figure>``)."""
+    """Every non-zero correctness figure, top-level (chaos), in a scenario's section, of a
+    sink (``sinks.<name>.<figure>``) or of an upstream mode (``upstreams.<mode>.<figure>``)."""
     bad = {k: result[k] for k in CORRECTNESS if result.get(k)}
     for name, section in result.items():
         if isinstance(section, dict):
@@ -500,6 +507,7 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
         if found.get("exactly_once", sinks_scenario.exactly_once(name)):
             keys = (*keys, "duplicated")
         bad.update({f"sinks.{name}.{k}": found[k] for k in keys if found.get(k)})
+    bad.update(upstreams_scenario.correctness_failures(result.get("upstreams")))
     return bad
 
 
@@ -562,6 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{', '.join(sinks_scenario.SINKS + sinks_scenario.OPTIONAL_SINKS)}; "
                         "'default' (all but "
                         f"{', '.join(sinks_scenario.OPTIONAL_SINKS)}) or 'all'")
+    g.add_argument("--upstream-modes", type=upstreams_scenario.parse_modes,
+                   default=list(upstreams_scenario.MODES),
+                   help="resume modes of the upstreams scenario, comma-separated from "
+                        f"{', '.join(upstreams_scenario.MODES)}, or 'all' (the default)")
     g.add_argument("--scale-streams", type=int, default=2000)
     g.add_argument("--scale-workers", type=int, default=4)
     g.add_argument("--scale-rate", type=float, default=1e-6,

@@ -124,13 +124,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          "sinks.dynamodb.added_latency_s", "<= 5 s", at_most(5.0)),
     ]
     rows += sink_target_rows(r)
+    rows += upstream_target_rows(r)
     ran = r.get("scenarios")
     out = []
     for scenario, label, key, target, check in rows:
         value = _get(r, key)
         if isinstance(value, list):
             value = len(value)
-        if value is None and key.startswith("sinks."):
+        if value is None and key.startswith(("sinks.", "upstreams.")):
             sink = _get(r, key.rsplit(".", 1)[0]) or {}
             value = "skipped" if "skipped" in sink else "error" if "error" in sink else None
         if (scenario not in ran) if isinstance(ran, dict) else value is None:
@@ -167,6 +168,45 @@ def sink_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, Any]]:
     return rows
 
 
+# The upstreams scenario's resume modes, in report order, and those whose feed replays.
+UPSTREAM_MODES = ("query", "message", "none", "none_count")
+REPLAYING_MODES = ("query", "message")
+
+
+def upstream_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, Any]]:
+    """Per resume mode of the upstreams scenario: lost and duplicated where the feed
+    replays; duplicated and the share of lost messages inside a recorded gap where it
+    cannot; and a profile's throughput against the built-in protocol."""
+    def zero(v: Any) -> bool | None:
+        return None if v is None or isinstance(v, str) else v <= 0
+
+    def whole(v: Any) -> bool | None:
+        return None if v is None or isinstance(v, str) else v >= 1.0
+
+    rows: list[tuple[str, str, str, str, Any]] = []
+    section = r.get("upstreams")
+    modes = section if isinstance(section, dict) else {}
+    for mode in UPSTREAM_MODES:
+        k = modes.get(mode)
+        if not isinstance(k, dict):
+            continue
+        feed = f"{mode} resume (/{k.get('feed', '?')}/ feed)"
+        if k.get("replays", mode in REPLAYING_MODES):
+            rows.append(("upstreams", f"{feed}, chaos run: messages lost",
+                         f"upstreams.{mode}.lost", "0", zero))
+            rows.append(("upstreams", f"{feed}, chaos run: duplicates",
+                         f"upstreams.{mode}.duplicated", "0", zero))
+        else:
+            rows.append(("upstreams", f"{feed}, chaos run: duplicates",
+                         f"upstreams.{mode}.duplicated", "0", zero))
+            rows.append(("upstreams", f"{feed}, chaos run: lost messages inside a recorded "
+                         "gap", f"upstreams.{mode}.loss_in_gaps", "100 % (1.0)", whole))
+    rows.append(("upstreams", "one worker: throughput with a profile (nested seq, control "
+                 "frames skipped) / the built-in protocol", "upstreams.profile_ratio",
+                 ">= 0.9", lambda v: None if v is None else v >= 0.9))
+    return rows
+
+
 def markdown(r: dict[str, Any]) -> str:
     lines = [f"# streamlease load and chaos run ({r.get('profile', '?')} profile, "
              f"{r.get('started_at', '?')})", ""]
@@ -194,7 +234,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines += throughput_md(r)
     for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
                          ("slow_store", slow_store_md), ("balance", balance_md),
-                         ("jobs", jobs_md), ("sinks", sinks_md), ("scale", scale_md)):
+                         ("jobs", jobs_md), ("sinks", sinks_md), ("upstreams", upstreams_md),
+                         ("scale", scale_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
     if isinstance(_get(r, "sinks.dynamodb"), dict):
@@ -384,6 +425,80 @@ def sinks_md(r: dict[str, Any]) -> list[str]:
     ddb = sinks.get("dynamodb") if isinstance(sinks.get("dynamodb"), dict) else {}
     if ddb.get("cost_error"):
         lines += [f"DynamoDB sink cost and latency: **{ddb['cost_error']}**", ""]
+    return lines
+
+
+def upstreams_md(r: dict[str, Any]) -> list[str]:
+    u = r["upstreams"]
+    ran = {m: u[m] for m in UPSTREAM_MODES if isinstance(u.get(m), dict)}
+    lines = ["## Upstream profiles", ""]
+    if ran:
+        first = next((k for k in ran.values() if "streams" in k), {})
+        lines += [
+            f"Each resume mode through a chaos run of its own: {_v(first.get('streams'))} "
+            f"streams of one test feed of `streamlease dev upstream` x "
+            f"{_v(first.get('rate'))} msg/s, {_v(first.get('workers'))} workers, the feed's "
+            "profile from `examples/profiles.toml`, the `dynamodb` sink, small-profile "
+            "timings; the upstream drops a few streams' connections, then one kill -9, one "
+            "SIGSTOP past the lease, one SIGTERM; then the events read back against the "
+            "feed's own numbering. A feed that cannot replay loses what it sends while no "
+            "connection is open: every such loss must lie inside a recorded gap (a gap "
+            "record between the messages delivered before and after it).",
+            "",
+            "| mode | feed, profile | messages | lost | duplicated | out of order | "
+            "gap records | lost inside a gap | loss in gaps |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for mode, k in ran.items():
+            where = f"/{k.get('feed', '?')}/, {k.get('profile', '?')}"
+            if "error" in k:
+                lines.append(f"| {mode} | {where} | **{k['error']}** | | | | | | |")
+                continue
+            share = k.get("loss_in_gaps")
+            lines.append(f"| {mode} | {where} | {_v(k.get('messages'))} | "
+                         + " | ".join(_v(k.get(f)) for f in ("lost", "duplicated",
+                                                              "out_of_order", "gap_records",
+                                                              "lost_in_gaps"))
+                         + f" | {'-' if share is None else f'{100 * share:.1f} %'} |")
+        lines.append("")
+        for mode, k in ran.items():
+            notes = [f"{label} {_v(k[key])}" for key, label in (
+                ("mismatched", "copies not the feed's frame"),
+                ("seq_differs", "seqs not the feed's number"),
+                ("stale_accepted", "stale writes accepted"),
+                ("lost_outside_gaps", "lost outside a recorded gap"),
+                ("gap_ranges_wrong", "gap records whose missing range is wrong"),
+                ("upstream_gaps_counted", "gap records counted, by reason"),
+                ("malformed_frames", "malformed frames"),
+                ("failover_p99_s", "failover p99 (s)"))
+                if k.get(key) and (not isinstance(k[key], dict) or any(k[key].values()))]
+            if k.get("worker_exits"):
+                notes.append(f"workers that exited on their own: {len(k['worker_exits'])}")
+            if k.get("log_events"):
+                notes.append(f"warnings/errors logged: {_v(k['log_events'])}")
+            if notes:
+                lines.append(f"- {mode}: " + "; ".join(notes))
+        lines.append("")
+    t = u.get("profile_throughput") if isinstance(u.get("profile_throughput"), dict) else {}
+    if t:
+        rate, cpu = t.get("msgs_per_s") or {}, t.get("msgs_per_cpu_s") or {}
+        lines += [
+            f"Profile cost, one worker over {_v(t.get('streams'))} backlogged streams into a "
+            f"no-op Python processor (batches of up to {_v(t.get('batch_max_messages'))}), "
+            f"{_v(t.get('rounds'))} alternating round(s) of {_v(t.get('seconds'))} s: built-in "
+            f"protocol on `/streams/` {_v(rate.get('streams'))} msg/s; `gateway` profile "
+            f"(identify, seq at `/d/s`, keepalive acks skipped) {_v(rate.get('gateway'))} "
+            f"msg/s, **{_v(u.get('profile_ratio'))}** of the built-in; `subscribe` profile "
+            f"(a heartbeat after every 5 data frames) {_v(rate.get('subscribe'))} msg/s, "
+            f"{_v(u.get('profile_ratio_subscribe'))}. Per second of the worker's own CPU: "
+            f"{_v(cpu.get('streams'))} / {_v(cpu.get('gateway'))} / "
+            f"{_v(cpu.get('subscribe'))} messages (gateway {_v(t.get('cpu_ratio'))}, "
+            f"subscribe {_v(t.get('cpu_ratio_subscribe'))}); machine load average "
+            f"{_v(t.get('load_average'))} (before, after).",
+            "",
+        ]
+    if u.get("profile_ratio_error"):
+        lines += [f"Profile throughput: **{u['profile_ratio_error']}**", ""]
     return lines
 
 

@@ -25,10 +25,12 @@ from loadtest.sinks_scenario import (
     json_lines,
     parse_sinks,
 )
+from loadtest.upstreams_scenario import MODES as UPSTREAM_MODES
+from loadtest.upstreams_scenario import audit_feed, combine, parse_modes
 from streamlease.core.jobs import JobRun, RunOutcome
 from streamlease.core.model import StreamRecord
 from streamlease.core.schedule import slot_name
-from streamlease.dev.upstream import frame_for
+from streamlease.dev.upstream import frame_for, mode_frame
 
 REQUIRED = ("lost", "duplicated", "out_of_order", "stale_accepted", "stale_rejected",
             "failover", "requests_per_stream_minute", "cost_per_1000_streams_month_usd",
@@ -611,3 +613,181 @@ def test_sink_selection() -> None:
     assert "sqs_fifo" in parse_sinks("all") and "sqs_fifo" not in parse_sinks("default")
     with pytest.raises(Exception, match="unknown sink"):
         parse_sinks("file,nope")
+
+
+# -- the upstreams scenario's audit, section and correctness rule ---------------------------
+
+
+def _gap(after: int, missing: tuple[int, int] | None = None) -> str:
+    body: dict[str, Any] = {"reason": "takeover", "after_seq": after, "since_ms": None,
+                            "until_ms": 1}
+    if missing is not None:
+        body["missing_from"], body["missing_to"] = missing
+    return json.dumps({"streamlease_gap": body})
+
+
+def _live(sid: str, seqs: list[int | tuple[int, int]]) -> list[tuple[int, str]]:
+    """Delivered (seq, text) of the live feed: a number is its frame (at that seq), a pair
+    ``(before, after)`` the gap record between those numbers."""
+    out: list[tuple[int, str]] = []
+    for item in seqs:
+        if isinstance(item, tuple):
+            before, after = item
+            out.append((before + 1, _gap(before, (before + 1, after - 1))))
+        else:
+            out.append((item, str(mode_frame("live", sid, item))))
+    return out
+
+
+def test_a_replaying_feed_audits_against_its_own_numbering() -> None:
+    sid = "s001"
+    clean = [(n, str(mode_frame("gateway", sid, n))) for n in range(1, 6)]
+    assert audit_feed("gateway", sid, clean, replays=True) == {
+        "messages": 5, "lost": 0, "mismatched": 0, "seq_differs": 0, "duplicated": 0,
+        "out_of_order": 0, "gap_records": 0, "gaps_with_loss": 0, "gap_ranges_wrong": 0,
+        "lost_in_gaps": 0, "lost_outside_gaps": 0}
+    # 2 missing, 4 twice, 3 after 4, 6 another stream's frame: a replaying feed loses
+    # nothing, from 1 (the first connection asks for 1).
+    bad = [(n, str(mode_frame("gateway", sid, n))) for n in (1, 4, 4, 3, 5)]
+    bad.append((6, str(mode_frame("gateway", "s002", 6))))
+    found = audit_feed("gateway", sid, bad, replays=True)
+    assert found["lost"] == 2 and found["mismatched"] == 1  # 2 never came; 6 not intact
+    assert found["duplicated"] == 1 and found["out_of_order"] == 1
+    late = [(n, str(mode_frame("subscribe", sid, n))) for n in (3, 4)]
+    assert audit_feed("subscribe", sid, late, replays=True)["lost"] == 2  # 1 and 2
+    # A replayed message stored under another seq than the feed's number is flagged.
+    moved = [(7, str(mode_frame("subscribe", sid, 1)))]
+    assert audit_feed("subscribe", sid, moved, replays=True)["seq_differs"] == 1
+
+
+def test_losses_of_a_feed_that_cannot_replay_are_placed_by_gap_records() -> None:
+    sid = "s001"
+    # 10-12, a gap record, 20-21 (13-19 lost inside it); then 24 with no record (22-23
+    # lost outside any recorded gap).
+    messages = _live(sid, [10, 11, 12, (12, 20), 20, 21, 24])
+    found = combine([audit_feed("live", sid, messages, replays=False)])
+    assert found["messages"] == 6 and found["gap_records"] == 1
+    assert found["lost"] == 9 and found["lost_in_gaps"] == 7
+    assert found["lost_outside_gaps"] == 2 and found["loss_in_gaps"] == round(7 / 9, 4)
+    assert found["gaps_with_loss"] == 1 and found["gap_ranges_wrong"] == 0
+    # Numbers before the first delivered are not losses (the feed is read from wherever
+    # it is); a record whose missing range is not the numbers between its neighbours is.
+    wrong = [(5, str(mode_frame("live", sid, 5))), (6, _gap(5, (6, 7))),
+             (9, str(mode_frame("live", sid, 9)))]
+    found = combine([audit_feed("live", sid, wrong, replays=False)])
+    assert found["lost"] == 3 and found["loss_in_gaps"] == 1.0
+    assert found["gap_ranges_wrong"] == 1
+    assert combine([audit_feed("live", sid, _live(sid, [1, 2]), replays=False)])[
+        "loss_in_gaps"] is None  # nothing lost: no share to report
+
+
+def test_binary_frames_numbered_by_the_worker_are_audited_by_their_bytes() -> None:
+    from streamlease.core.upstream import binary_text
+
+    sid = "s001"
+
+    def frame(n: int) -> str:
+        raw = mode_frame("binary", sid, n)
+        assert isinstance(raw, bytes)
+        return binary_text(raw)
+
+    # Worker seqs 1.. count frames and records; the feed's numbers are in the bytes.
+    messages = [(1, frame(40)), (2, frame(41)), (3, _gap(2)), (4, frame(47)),
+                (5, _gap(4)), (6, frame(48)), (7, frame(48))]
+    found = audit_feed("binary", sid, messages, replays=False)
+    assert found["messages"] == 5 and found["duplicated"] == 1
+    assert found["lost"] == 5 and found["lost_in_gaps"] == 5  # 42-46, inside the first
+    assert found["gap_records"] == 2 and found["gaps_with_loss"] == 1
+    assert found["seq_differs"] == 0  # the worker's numbers are not the feed's, by design
+    assert audit_feed("binary", sid, [(1, '{"streamlease_binary":"AAAA"}')],
+                      replays=False)["mismatched"] == 1
+
+
+def upstreams_section() -> dict[str, Any]:
+    clean = {"messages": 3000, "lost": 0, "duplicated": 0, "out_of_order": 0,
+             "mismatched": 0, "stale_accepted": 0, "gap_records": 0, "lost_in_gaps": 0,
+             "lost_outside_gaps": 0, "loss_in_gaps": None, "streams": 12, "rate": 10.0,
+             "workers": 3}
+    lossy = {**clean, "messages": 2000, "lost": 450, "gap_records": 30, "lost_in_gaps": 450,
+             "loss_in_gaps": 1.0, "upstream_gaps_counted": {"takeover": 27, "reconnect": 3}}
+    return {
+        "query": {**clean, "feed": "subscribe", "profile": "subscribe", "replays": True},
+        "message": {**clean, "feed": "gateway", "profile": "gateway", "replays": True},
+        "none": {**lossy, "feed": "live", "profile": "live", "replays": False},
+        "none_count": {**lossy, "feed": "binary", "profile": "binary", "replays": False},
+        "profile_ratio": 0.93, "profile_ratio_subscribe": 0.88,
+        "profile_throughput": {"msgs_per_s": {"streams": 40000, "gateway": 37200,
+                                              "subscribe": 35200},
+                               "msgs_per_cpu_s": {"streams": 50000, "gateway": 45000,
+                                                  "subscribe": 44000},
+                               "cpu_ratio": 0.9, "cpu_ratio_subscribe": 0.88,
+                               "streams": 10, "seconds": 8.0, "rounds": 2,
+                               "batch_max_messages": 1000, "load_average": [1.0, 1.2]},
+    }
+
+
+def test_the_upstreams_section_renders_with_its_targets(tmp_path: Path) -> None:
+    result = {"profile": "small", "settings": sample_result()["settings"],
+              "started_at": "2026-01-01T00:00:00Z",
+              "scenarios": {"upstreams": {"ok": True, "seconds": 200.0, "keys": ["upstreams"]}},
+              "upstreams": upstreams_section()}
+    md = markdown(result)
+    assert "## Upstream profiles" in md and "## Sinks" not in md
+    assert [row[1] for row in targets(result)] == [
+        "upstreams.query.lost", "upstreams.query.duplicated", "upstreams.message.lost",
+        "upstreams.message.duplicated", "upstreams.none.duplicated",
+        "upstreams.none.loss_in_gaps", "upstreams.none_count.duplicated",
+        "upstreams.none_count.loss_in_gaps", "upstreams.profile_ratio"]
+    assert "| query | /subscribe/, subscribe | 3,000 | 0 | 0 | 0 | 0 | 0 | - |" in md
+    assert "| none | /live/, live | 2,000 | 450 | 0 | 0 | 30 | 450 | 100.0 % |" in md
+    assert "| `upstreams.none.loss_in_gaps` | 1 | 100 % (1.0) | yes |" in md
+    assert "| `upstreams.profile_ratio` | 0.93 | >= 0.9 | yes |" in md
+    assert "**0.93** of the built-in" in md
+    assert "gap records counted, by reason takeover 27, reconnect 3" in md
+    doc = json.loads(Path(write_reports(result, tmp_path)["json"]).read_text())
+    for mode in ("query", "message"):
+        assert {"lost", "duplicated"} <= set(doc["upstreams"][mode])
+    for mode in ("none", "none_count"):
+        assert {"duplicated", "loss_in_gaps", "lost", "gap_records"} <= set(
+            doc["upstreams"][mode])
+    assert doc["upstreams"]["profile_ratio"] == 0.93
+    # A mode that failed shows as an error, its targets unmet rather than missing.
+    broken = {**result, "upstreams": {**upstreams_section(),
+                                      "message": {"feed": "gateway", "error": "boom"}}}
+    assert "| `upstreams.message.lost` | error | 0 | - |" in markdown(broken)
+
+
+def test_upstream_correctness_figures_fail_the_run() -> None:
+    assert chaos.correctness_failures({"upstreams": upstreams_section()}) == {}
+    bad = upstreams_section()
+    bad["query"]["lost"] = 2
+    bad["message"]["duplicated"] = 1
+    bad["none"]["lost_outside_gaps"] = 3  # lost alone (450) is expected without replay
+    bad["none_count"]["stale_accepted"] = 1
+    assert chaos.correctness_failures({"upstreams": bad}) == {
+        "upstreams.query.lost": 2, "upstreams.message.duplicated": 1,
+        "upstreams.none.lost_outside_gaps": 3, "upstreams.none_count.stale_accepted": 1}
+
+
+async def test_a_run_of_another_scenario_keeps_the_upstream_figures(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    async def skew(ctx: chaos.Context) -> dict[str, Any]:
+        return {"skew": {"settled": True}}
+
+    monkeypatch.setattr(chaos, "runners", lambda: {"skew": skew})
+    args = chaos.build_parser().parse_args(["--scenarios", "skew"])
+    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    previous = {"scenarios": {"upstreams": {"ok": True, "keys": ["upstreams"]}},
+                "upstreams": upstreams_section()}
+    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    assert result["upstreams"] == upstreams_section()
+    assert result["scenarios"]["upstreams"]["from_previous_run"] is True
+
+
+def test_upstream_selection() -> None:
+    assert "upstreams" in chaos.parse_scenarios("default") and "upstreams" in chaos.runners()
+    assert chaos.parse_scenarios("upstreams") == ["upstreams"]
+    assert chaos.build_parser().parse_args([]).upstream_modes == list(UPSTREAM_MODES)
+    assert parse_modes("none_count,query") == ["query", "none_count"]
+    with pytest.raises(Exception, match="unknown upstream mode"):
+        parse_modes("query,nope")

@@ -1,0 +1,390 @@
+"""The ``upstreams`` scenario: upstream profiles through a chaos run, audited against the
+feed's own numbering, and what a profile costs in throughput.
+
+For each resume mode (``--upstream-modes``; by default ``MODES``) a fleet of its own:
+``UPSTREAM_RUN``'s workers on streams of one test feed of ``streamlease dev upstream``
+(started with ``--token``), each item naming the feed's profile from
+``examples/profiles.toml`` (``STREAMLEASE_PROFILES``; the token reaches the workers as
+``FEED_TOKEN``), the default ``dynamodb`` sink, small-profile timings:
+
+* ``query``: ``/subscribe/<id>`` with profile ``subscribe`` (subscribe message, replay by
+  the ``from_seq`` query parameter, heartbeats between data frames);
+* ``message``: ``/gateway/<id>`` with profile ``gateway`` (identify carrying the number to
+  resume from, the sequence number at ``/d/s``, a keepalive, its acks skipped);
+* ``none``: ``/live/<id>`` with profile ``live`` (no replay, the sequence number at ``/u``);
+* ``none_count``: ``/binary/<id>`` with profile ``binary`` (no replay, binary frames, the
+  worker numbers them).
+
+Once every stream delivers: kill -9 of a worker holding streams (a new one replaces it),
+SIGSTOP of one past its lease then SIGCONT, the upstream dropping a few streams'
+connections, a new worker and SIGTERM of an old one (``loadtest.sinks_scenario.sink_chaos``);
+then every worker is stopped and each stream's events are read back (``audit_feed``). A
+delivered message is the feed's own frame (the text of a JSON frame, the bytes of a binary
+one): its number ``n`` is the upstream's (``mode_seq``), and it must be byte-identical to
+``mode_frame(feed, stream, n)``:
+
+* ``lost``: numbers never delivered, from 1 to the last delivered for a feed that replays
+  (the first connection asks for 1), between the first and the last delivered for one that
+  cannot; plus copies that are not the feed's frame (``mismatched``);
+* ``duplicated``: a number delivered more than once; ``out_of_order``: a number below the
+  one delivered before it; ``stale_accepted``: events items whose fence decreases;
+* for the feeds that cannot replay, gap records (``gap_records``): a lost number lies
+  *inside a recorded gap* when a gap record sits between the message delivered before it
+  and the one delivered after it (position-based, whatever the record's fields say).
+  ``loss_in_gaps`` is the fraction of lost numbers inside a recorded gap (1.0: every loss
+  is marked), ``lost_outside_gaps`` the rest (a correctness figure: must be 0);
+  ``gap_ranges_wrong``: records whose ``missing_from``-``missing_to`` is not exactly the
+  numbers between its neighbours (feeds that number their messages only).
+
+``profile_ratio``: one worker (one process) replaying the same backlog of 10 streams into a
+no-op Python processor (``loadtest.throughput.PYTHON_PROCESSOR_ENV``, so the store is not
+the limit), once on ``/gateway/`` with the ``gateway`` profile (identify, a nested sequence
+number, keepalive acks skipped) and once on ``/streams/`` with the built-in profile,
+alternating over ``PROFILE_ROUNDS`` rounds: delivered messages/s of the profile over the
+default's. ``profile_ratio_subscribe`` is the same for the ``subscribe`` profile, whose
+feed sends a heartbeat after every 5 data frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import traceback
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loadtest.common import Server
+from loadtest.fleet import ROOT, Fleet, get
+from streamlease.core.upstream import binary_payload, gap_body
+from streamlease.dev import local_aws_env
+from streamlease.dev.upstream import mode_frame, mode_seq
+
+if TYPE_CHECKING:
+    from loadtest.chaos import Context
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One resume mode's test feed: the upstream's path, the profile, whether it replays."""
+
+    path: str
+    profile: str
+    replays: bool
+    description: str
+
+
+MODES: dict[str, Feed] = {
+    "query": Feed("subscribe", "subscribe", True,
+                  "subscribe, replay by query parameter, heartbeats skipped"),
+    "message": Feed("gateway", "gateway", True,
+                    "identify with from_seq, seq at /d/s, keepalive"),
+    "none": Feed("live", "live", False, "subscribe, no replay, seq at /u"),
+    "none_count": Feed("binary", "binary", False,
+                       "binary frames, no replay, numbered by the worker"),
+}
+PROFILES_FILE = ROOT / "examples" / "profiles.toml"
+TOKEN = "loadtest-feed-token"
+# Per mode: a small fleet at the small profile's timings (see loadtest.chaos.timing_env).
+UPSTREAM_RUN: dict[str, Any] = {"streams": 12, "rate": 10.0, "workers": 3, "gap": 4.0,
+                                "settle_timeout": 25.0, "drops": 3}
+# profile_ratio: backlogged streams, seconds per phase, alternating rounds.
+PROFILE_STREAMS = 10
+PROFILE_SECONDS = 8.0
+PROFILE_ROUNDS = 2
+PROFILE_BACKLOG = 400_000
+# Feeds that resume from a number the worker sends (a replay).
+REPLAYING = frozenset(name for name, feed in MODES.items() if feed.replays)
+
+
+# -- the audit (pure) ------------------------------------------------------------------------
+
+
+def upstream_number(feed: str, stream_id: str, text: str) -> tuple[int | None, bool, bool]:
+    """What one delivered message is: (the feed's own number or None, whether it is
+    byte-identical to the feed's frame of that number, whether it is a gap record)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None, False, False
+    if gap_body(data) is not None:
+        return None, True, True
+    frame: str | bytes | None = text
+    if feed == "binary":
+        frame = binary_payload(data)
+        if frame is None:
+            return None, False, False
+    n = mode_seq(feed, frame)
+    if n is None or n < 1:
+        return None, False, False
+    return n, frame == mode_frame(feed, stream_id, n), False
+
+
+def audit_feed(feed: str, stream_id: str, messages: Iterable[tuple[int, str]],
+               replays: bool) -> dict[str, Any]:
+    """One stream's delivered messages ``(seq, text)`` in seq order against the feed's own
+    numbering (see the module doc)."""
+    numbers: list[int] = []
+    gaps: list[tuple[int, dict[str, Any]]] = []  # (data messages before it, record)
+    mismatched = seq_differs = 0
+    for seq, text in messages:
+        n, intact, is_gap = upstream_number(feed, stream_id, text)
+        if is_gap:
+            gaps.append((len(numbers), gap_body(json.loads(text)) or {}))
+            continue
+        if n is None or not intact:
+            mismatched += 1
+            continue
+        if replays and seq != n:
+            seq_differs += 1  # a feed that numbers its messages keeps its numbers
+        numbers.append(n)
+    seen = set(numbers)
+    lost_numbers: set[int] = set()
+    if numbers:
+        first = 1 if replays else min(numbers)
+        lost_numbers = set(range(first, max(numbers) + 1)) - seen
+    inside: set[int] = set()
+    wrong_ranges = with_loss = 0
+    for position, body in gaps:
+        before = numbers[position - 1] if position > 0 else 0
+        after = numbers[position] if position < len(numbers) else max(seen, default=0) + 1
+        between = {n for n in lost_numbers if before < n < after}
+        inside |= between
+        with_loss += bool(between)
+        if "missing_from" in body and (body.get("missing_from"), body.get("missing_to")) != \
+                (before + 1, after - 1):
+            wrong_ranges += 1
+    return {
+        "messages": len(numbers), "lost": len(lost_numbers) + mismatched,
+        "mismatched": mismatched, "seq_differs": seq_differs,
+        "duplicated": len(numbers) - len(seen),
+        "out_of_order": sum(1 for a, b in itertools.pairwise(numbers) if b < a),
+        "gap_records": len(gaps), "gaps_with_loss": with_loss, "gap_ranges_wrong": wrong_ranges,
+        "lost_in_gaps": len(inside), "lost_outside_gaps": len(lost_numbers - inside) + mismatched,
+    }
+
+
+def combine(audits: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Per-stream audits summed, and ``loss_in_gaps``: the fraction of lost numbers inside
+    a recorded gap (None when nothing was lost)."""
+    total: Counter[str] = Counter()
+    for audit in audits:
+        total.update(audit)
+    out: dict[str, Any] = dict(total)
+    lost = out.get("lost", 0)
+    out["loss_in_gaps"] = round(out.get("lost_in_gaps", 0) / lost, 4) if lost else None
+    return out
+
+
+# -- the chaos runs --------------------------------------------------------------------------
+
+
+def worker_env() -> dict[str, str]:
+    from loadtest.chaos import PROFILES, timing_env
+
+    return {**timing_env(PROFILES["small"]), "STREAMLEASE_PROFILES": str(PROFILES_FILE),
+            "FEED_TOKEN": TOKEN}
+
+
+async def drop_connections(fleet: Fleet, feed: str, count: int) -> None:
+    """The upstream closes ``count`` random streams' connections."""
+    for sid in fleet.rng.sample(sorted(fleet.ids), k=min(count, len(fleet.ids))):
+        fleet.fault("drop", None)
+        await asyncio.to_thread(
+            get, f"{fleet.upstream_url.replace('ws://', 'http://')}/control/drop"
+                 f"?stream={sid}&mode={feed}")
+
+
+async def read_back(fleet: Fleet, feed: Feed) -> dict[str, Any]:
+    """Every stream's events against the feed's numbering, summed; fences monotonic."""
+    assert fleet.store is not None
+    audits, stale = [], 0
+    for sid in fleet.ids:
+        messages = [(frame.seq, frame.text) async for frame in fleet.store.read_events(sid)]
+        audits.append(audit_feed(feed.path, sid, messages, feed.replays))
+        fences = await fleet.store.event_fences(sid)
+        stale += sum(1 for a, b in itertools.pairwise(fences) if b < a)
+    return {**combine(audits), "stale_accepted": stale}
+
+
+async def run_mode(ctx: Context, name: str) -> dict[str, Any]:
+    from loadtest.chaos import PROFILES
+    from loadtest.sinks_scenario import sink_chaos
+
+    p = PROFILES["small"]
+    feed = MODES[name]
+    run = UPSTREAM_RUN
+    async with ctx.fleet(f"upstreams_{name}", streams=run["streams"], rate=run["rate"],
+                         worker_env=worker_env(), feed=feed.path, profile=feed.profile,
+                         upstream_args=("--token", TOKEN)) as fleet:
+        for _ in range(run["workers"]):
+            fleet.start_worker()
+        print(f"upstreams: {name}: /{feed.path}/ with profile {feed.profile}, "
+              f"{run['streams']} streams x {run['rate']:g} msg/s, {run['workers']} workers",
+              flush=True)
+        settled = await fleet.wait_until(
+            lambda: fleet.held_total() == run["streams"]
+            and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
+        started = fleet.now()
+        await drop_connections(fleet, feed.path, run["drops"])
+        await asyncio.sleep(run["gap"] / 2)
+        await sink_chaos(fleet, p, run["gap"])
+        chaos_s = fleet.now() - started
+        fleet.scrape_all()
+        await fleet.stop_all()
+        found = await read_back(fleet, feed)
+        total = fleet.total
+        return {
+            "feed": feed.path, "profile": feed.profile,
+            "resume": "none" if not feed.replays else name, "replays": feed.replays,
+            "what": feed.description,
+            **found,
+            "checkpointed": sum(fleet.checkpoints().values()),
+            "settled_s": None if settled is None else round(settled, 2),
+            "chaos_seconds": round(chaos_s, 1),
+            "streams": run["streams"], "rate": run["rate"], "workers": run["workers"],
+            "faults": fleet.fault_list(),
+            "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
+                                                                       "sigterm")},
+            "upstream_gaps_counted": {
+                r: int(total(f'streamlease_upstream_gaps_total{{reason="{r}"}}'))
+                for r in ("takeover", "reconnect")},
+            "malformed_frames": int(total("streamlease_malformed_frames_total")),
+            "worker_exits": fleet.exits,
+            "log_events": fleet.log_events(),
+        }
+
+
+# -- what a profile costs --------------------------------------------------------------------
+
+
+async def profile_throughput(ctx: Context) -> dict[str, Any]:
+    """Delivered msgs/s of one worker over the same backlog: the built-in profile on
+    ``/streams/``, ``gateway`` on ``/gateway/`` and ``subscribe`` on ``/subscribe/``,
+    alternating (see the module doc)."""
+    from loadtest.throughput import PYTHON_PROCESSOR_ENV, _worker_phase
+
+    quick = bool(getattr(ctx.args, "quick", False))
+    seconds, rounds = (4.0, 1) if quick else (PROFILE_SECONDS, PROFILE_ROUNDS)
+    env = dict(os.environ)
+    ddb = None
+    if ctx.args.dynamodb == "embedded":
+        ddb = Server("dynamodb", "--port", "0")
+        env.update(local_aws_env(ddb.url))
+        os.environ.update(local_aws_env(ddb.url))
+    backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
+                     "--initial-backlog", str(PROFILE_BACKLOG), "--token", TOKEN)
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    extra = {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path,
+             "STREAMLEASE_PROFILES": str(PROFILES_FILE), "FEED_TOKEN": TOKEN}
+    phases = (("streams", None), ("gateway", "gateway"), ("subscribe", "subscribe"))
+    rates: dict[str, list[float]] = {feed: [] for feed, _ in phases}
+    work: dict[str, list[float]] = {feed: [0.0, 0.0] for feed, _ in phases}  # msgs, CPU s
+    load_before = os.getloadavg()[0]
+    try:
+        for i in range(rounds):
+            for feed, profile in phases:
+                print(f"upstreams: throughput, /{feed}/ with profile "
+                      f"{profile or 'streamlease (built-in)'}, round {i + 1} ...", flush=True)
+                found = await _worker_phase(env, backlog.url, PROFILE_STREAMS, seconds, extra,
+                                            PROFILE_STREAMS, feed=feed, profile=profile)
+                rates[feed].append(found["msgs_per_s"])
+                work[feed][0] += found["messages"]
+                work[feed][1] += found["cpu_s"]
+    finally:
+        backlog.stop()
+        if ddb is not None:
+            ddb.stop()
+    mean = {feed: sum(v) / len(v) for feed, v in rates.items()}
+    per_cpu = {feed: m / cpu if cpu else 0.0 for feed, (m, cpu) in work.items()}
+
+    def ratio(of: dict[str, float], feed: str) -> float | None:
+        return round(of[feed] / of["streams"], 3) if of["streams"] else None
+
+    return {"profile_ratio": ratio(mean, "gateway"),
+            "profile_ratio_subscribe": ratio(mean, "subscribe"),
+            "profile_throughput": {
+                "msgs_per_s": {f: round(v) for f, v in mean.items()},
+                "runs": {f: [round(x) for x in v] for f, v in rates.items()},
+                # Messages per second of the worker's own CPU time: what a profile costs
+                # the worker, less sensitive than msgs/s to other load on the machine.
+                "msgs_per_cpu_s": {f: round(v) for f, v in per_cpu.items()},
+                "cpu_ratio": ratio(per_cpu, "gateway"),
+                "cpu_ratio_subscribe": ratio(per_cpu, "subscribe"),
+                "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                "streams": PROFILE_STREAMS, "seconds": seconds, "rounds": rounds,
+                "sink": PYTHON_PROCESSOR_ENV["STREAMLEASE_SINK"],
+                "batch_max_messages": int(PYTHON_PROCESSOR_ENV["STREAMLEASE_BATCH_MAX_MESSAGES"]),
+            }}
+
+
+# -- the scenario ----------------------------------------------------------------------------
+
+
+async def run_upstreams(ctx: Context) -> dict[str, Any]:
+    names = list(getattr(ctx.args, "upstream_modes", None) or MODES)
+    section: dict[str, Any] = {}
+    failed: list[str] = []
+    for name in names:
+        try:
+            section[name] = await run_mode(ctx, name)
+        except Exception as exc:
+            traceback.print_exc()
+            failed.append(name)
+            section[name] = {"feed": MODES[name].path, "profile": MODES[name].profile,
+                             "error": f"{type(exc).__name__}: {exc}"}
+        s = section[name]
+        print(f"upstreams: {name}: " + (s.get("error") or ", ".join(
+            f"{k} {s.get(k)}" for k in ("messages", "lost", "duplicated", "out_of_order",
+                                        "gap_records", "lost_in_gaps", "loss_in_gaps"))),
+              flush=True)
+    try:
+        section.update(await profile_throughput(ctx))
+        print(f"upstreams: profile_ratio {section['profile_ratio']} (gateway / built-in), "
+              f"subscribe {section['profile_ratio_subscribe']}; msg/s "
+              f"{section['profile_throughput']['msgs_per_s']}", flush=True)
+    except Exception as exc:
+        traceback.print_exc()
+        failed.append("profile_ratio")
+        section["profile_ratio_error"] = f"{type(exc).__name__}: {exc}"
+    out: dict[str, Any] = {"upstreams": section}
+    if failed:
+        out["error"] = f"upstream run(s) failed: {', '.join(failed)}"
+    return out
+
+
+# Per mode: what must be 0 (``lost`` only where the feed replays; ``lost_outside_gaps``
+# where it cannot).
+def correctness_keys(mode: str, section: dict[str, Any]) -> tuple[str, ...]:
+    keys = ("duplicated", "out_of_order", "stale_accepted", "mismatched")
+    replays = section.get("replays", mode in REPLAYING)
+    return (*keys, "lost") if replays else (*keys, "lost_outside_gaps")
+
+
+def correctness_failures(section: Any) -> dict[str, Any]:
+    """Every non-zero correctness figure of the ``upstreams`` section, by JSON key."""
+    bad: dict[str, Any] = {}
+    if not isinstance(section, dict):
+        return bad
+    for mode, found in section.items():
+        if isinstance(found, dict) and mode in MODES:
+            bad.update({f"upstreams.{mode}.{k}": found[k]
+                        for k in correctness_keys(mode, found) if found.get(k)})
+    return bad
+
+
+def parse_modes(text: str) -> list[str]:
+    """``--upstream-modes``: comma-separated names, or ``all``."""
+    if text == "all":
+        return list(MODES)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODES]
+    if unknown or not names:
+        import argparse
+        raise argparse.ArgumentTypeError(
+            f"unknown upstream mode(s) {', '.join(unknown) or '(none)'}; choose from "
+            f"{', '.join(MODES)} or 'all'")
+    return [n for n in MODES if n in names]
