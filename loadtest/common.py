@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 from streamlease.dev import local_aws_env
 from streamlease.dev.procs import Child
-from streamlease.store import codec
 
 
 class Server(Child):
@@ -37,14 +35,3 @@ def dynamodb_args(*, latency_ms: float = 0.0, latency_mode: str = "serial",
 
 def use_local_dynamodb(url: str) -> None:
     os.environ.update(local_aws_env(url))
-
-
-async def put_stream(store: Any, stream_id: str, ws_url: str, profile: str | None = None) -> None:
-    """A new STARTED stream item (free now); with ``profile``, one that names its upstream
-    profile (the ``profile`` attribute), written whole as an operator would."""
-    if profile is None:
-        await store.put_started(stream_id, ws_url)
-        return
-    await store.put_item({**codec.key(stream_id), codec.DESIRED_STATE: codec.s("STARTED"),
-                          codec.WS_URL: codec.s(ws_url), codec.LEASE_EXPIRES: codec.n(0),
-                          "profile": codec.s(profile)})

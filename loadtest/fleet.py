@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.common import Server, dynamodb_args, put_stream
+from loadtest.common import Server, dynamodb_args
 from streamlease.core.model import StreamRecord
 from streamlease.dev import local_aws_env
 from streamlease.dev.upstream import frame_for
@@ -232,8 +232,8 @@ class Fleet:
         async def put(sid: str) -> None:
             assert self.store is not None
             async with gate:
-                await put_stream(self.store, sid, f"{self.upstream_url}/{self.feed}/{sid}",
-                                 self.profile)
+                await self.store.put_started(sid, f"{self.upstream_url}/{self.feed}/{sid}",
+                                             self.profile)
 
         await asyncio.gather(*(put(sid) for sid in self.ids))
         self.t0 = time.monotonic()

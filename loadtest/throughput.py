@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadtest.common import Server, put_stream
+from loadtest.common import Server
 from streamlease.store.dynamodb import connect_admin
 
 BACKLOG = 400_000
@@ -116,7 +116,7 @@ async def _worker_phase(env: dict[str, str], upstream: str, streams: int, second
         store = stores.admin
         await store.create_tables()
         for i in range(streams):
-            await put_stream(store, f"t{i:04d}", f"{upstream}/{feed}/t{i:04d}", profile)
+            await store.put_started(f"t{i:04d}", f"{upstream}/{feed}/t{i:04d}", profile)
         worker_env = {**env, "STREAMLEASE_TABLE": table, "STREAMLEASE_EVENTS_TABLE": events,
                       "STREAMLEASE_FLEET_TABLE": f"tp-f-{suffix}",
                       "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
