@@ -15,9 +15,9 @@ For each resume mode (``--upstream-modes``; by default ``MODES``) a fleet of its
 * ``none_count``: ``/binary/<id>`` with profile ``binary`` (no replay, binary frames, the
   worker numbers them).
 
-Once every stream delivers: kill -9 of a worker holding streams (a new one replaces it),
-SIGSTOP of one past its lease then SIGCONT, the upstream dropping a few streams'
-connections, a new worker and SIGTERM of an old one (``loadtest.sinks_scenario.sink_chaos``);
+Once every stream delivers: the upstream drops a few streams' connections, then kill -9
+of a worker holding streams (a new one replaces it), SIGSTOP of one past its lease then
+SIGCONT, a new worker and SIGTERM of an old one (``loadtest.sinks_scenario.sink_chaos``);
 then every worker is stopped and each stream's events are read back (``audit_feed``). A
 delivered message is the feed's own frame (the text of a JSON frame, the bytes of a binary
 one): its number ``n`` is the upstream's (``mode_seq``), and it must be byte-identical to
