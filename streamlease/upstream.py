@@ -64,6 +64,7 @@ from streamlease.core.profiles import (
     Control,
     Data,
     Profile,
+    TextClassifier,
     UnresolvedReference,
     connect_url,
     render,
@@ -203,6 +204,7 @@ class ProfileWire:
         self.name = profile.name
         self.replays = profile.resume.replays
         self.numbered = profile.seq is None
+        self._text = TextClassifier.of(profile)
         self._stream_id = stream_id
         self._item = item
         self._secrets = secrets
@@ -253,6 +255,9 @@ class ProfileWire:
                 deliver(frame)
 
     def classify(self, data: str | bytes, count: int) -> Classified:
+        if type(data) is str:
+            text, _ = self._text.classify(data, count)
+            return Frame(text.seq, data) if type(text) is Data else text  # type: ignore[return-value]
         got, _ = classify_frame(data, self.profile, count)
         if isinstance(got, Data):
             raw = got.raw

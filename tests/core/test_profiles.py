@@ -521,3 +521,29 @@ def test_the_documented_examples_are_valid() -> None:
     assert json.loads(subscribe)["payload"] == {
         "query": "subscription ($ch: String!) { messages(channel: $ch) { id body } }",
         "variables": {"ch": "general"}}
+
+
+def test_the_compiled_text_classifier_answers_as_classify() -> None:
+    """``TextClassifier`` (the pump's fast path) and ``classify`` agree on every frame,
+    including JSON's equality rules in skip values (true is not 1, 1 is 1.0)."""
+    from streamlease.core.profiles import TextClassifier, classify, parse_profile
+
+    profile, problems = parse_profile("p", {
+        "seq": "/d/s",
+        "skip": {"/op": [1, True, "hb", None, {"k": [1]}], "/a/0": [2.5]},
+    })
+    assert profile is not None, problems
+    counted, _ = parse_profile("c", {"seq": "count", "resume": {"mode": "none"},
+                                     "skip": {"/t": ["x"]}})
+    assert counted is not None
+    only_true, _ = parse_profile("t", {"skip": {"/op": [True]}})  # 1 must not match
+    assert only_true is not None
+    frames = ['{"op":1}', '{"op":1.0}', '{"op":true}', '{"op":"hb"}', '{"op":null}',
+              '{"op":{"k":[1]}}', '{"op":{"k":[1.0]}}', '{"op":{"k":[true]}}', '{"op":2}',
+              '{"a":[2.5]}', '{"a":[2.5,1]}', '{"a":{"0":2.5}}', '{"d":{"s":7}}',
+              '{"d":{"s":7.0}}', '{"d":{"s":true}}', '{"d":{"s":0}}', '{"d":[]}', '[1]',
+              'nope', '{"d":{"s":9223372036854775808}}', '{"t":"x"}', '{"t":"y"}', '"s"']
+    for p in (profile, counted, only_true):
+        fast = TextClassifier.of(p)
+        for frame in frames:
+            assert fast.classify(frame, 4) == classify(frame, p, 4), (p.name, frame)
