@@ -798,3 +798,12 @@ async def test_stop_leaves_no_task_behind_with_every_mode_open() -> None:
         await recv_until_closed(ws)
         assert close_code(ws) == 1001
     assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+@pytest.mark.parametrize("mode", ["streams", "subscribe", "gateway", "live", "binary"])
+def test_the_per_connection_frame_maker_sends_exactly_mode_frame(mode: str) -> None:
+    from streamlease.dev.upstream import frame_maker, mode_frame
+    for sid in ("s001", "a.b-c_9", "X" * 128):
+        make = frame_maker(mode, sid)
+        for n in (1, 2, 99, 10**6, 2**63 - 1):
+            assert make(n) == mode_frame(mode, sid, n), (sid, n)
