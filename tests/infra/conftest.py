@@ -3,8 +3,8 @@
 - ``module_report``: the module's committed tests (terraform/modules/streamlease/tests/)
   and the runs worker_cases.py generates from streamlease/config.py;
 - ``module_plans``: plans of the module (defaults, every input changed, the fleet's
-  options, a Redis leader backend, sinks), printed with ``-verbose`` so the tests can read what
-  terraform would create;
+  options, a Redis leader backend, sinks, profiles), printed with ``-verbose`` so the
+  tests can read what terraform would create;
 - ``example_report``: the example root's tests with terraform.tfvars.example, verbose.
 
 They start together in the background once the copy is initialised (with `terraform
@@ -82,6 +82,26 @@ PLAN_RUNS: dict[str, dict[str, Any]] = {
         "dead_letter_resource_arns": ["arn:aws:s3:::acme-dlq/failed/*"],
         "sink_secrets_kms_key_arn": "arn:aws:kms:eu-west-1:123456789012:key/"
                                     "00000000-0000-0000-0000-00000000000d",
+    },
+    # Upstream profiles: the file in the image, a python upstream, the templates' secrets
+    # (one listed twice, one in another region and account) and two env secrets (one
+    # with a JSON key), all under one customer key.
+    "profiles": {
+        "profiles_path": "/etc/streamlease/profiles.toml",
+        "default_profile": "gateway",
+        "upstream": "python:acme.feeds:make_upstream",
+        "profile_secret_arns": [
+            "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gateway/bot-token-AbCdEf",
+            "arn:aws:secretsmanager:us-east-1:210987654321:secret:exchange/api-key-Gh1jK2",
+            "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gateway/bot-token-AbCdEf",
+        ],
+        "profile_secret_kms_key_arns": ["arn:aws:kms:eu-west-1:123456789012:key/"
+                                        "00000000-0000-0000-0000-00000000000e"],
+        "profile_env_secrets": {
+            "GRAPHQL_TOKEN": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:graphql-Zz9Yy8",
+            "EXCHANGE_KEY": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
+                            "exchange/creds-Qw3Er4:api_key::",
+        },
     },
 }
 

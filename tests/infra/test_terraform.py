@@ -628,10 +628,12 @@ def test_task_environment_carries_every_setting_at_its_default(
     assert "STREAMLEASE_WORKER_ID" not in env  # the ECS task id, so never shared
     cases = worker_cases.Cases(module)
     # A variable whose default is null leaves its setting out, so the worker's default
-    # applies: the safety margin (a tenth of the lease), the dead letter (none).
+    # applies: the safety margin (a tenth of the lease), the dead letter (none), the
+    # profiles file (none: the built-in profile only), the python upstream (none).
     unset = {name for name, variable in cases.variable_of.items()
              if cases.defaults.get(variable) is None}
-    assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_DEAD_LETTER"}, unset
+    assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_DEAD_LETTER",
+                     "STREAMLEASE_PROFILES", "STREAMLEASE_UPSTREAM"}, unset
     missing = set(cases.variable_of) - set(env) - unset
     assert not missing, f"not passed to the container (ecs.tf local.worker_settings): {missing}"
     assert not unset & set(env), unset & set(env)
@@ -827,6 +829,103 @@ def test_sinks_from_secrets_never_enter_the_environment(module_plans: dict[str, 
         assert env["STREAMLEASE_DEAD_LETTER"] == PLAN_RUNS[name]["dead_letter"]
         assert container(module_plans[name])["secrets"] == []
     assert environment(module_plans["sqs"])["STREAMLEASE_PROCESS_MAX_ATTEMPTS"] == "3"
+
+
+# --- upstream profiles: the settings, the secrets their templates read ----------------------
+
+PROFILES = PLAN_RUNS["profiles"]
+
+
+def secret_of(value_from: str) -> str:
+    """The secret an ECS valueFrom names: its ARN without :JSON_KEY:VERSION_STAGE:VERSION_ID
+    (a secret's name has no colon, so the ARN is the first seven fields)."""
+    return ":".join(value_from.split(":")[:7])
+
+
+def via_secrets_manager(*regions: str) -> Condition:
+    return ("StringEquals", "kms:ViaService",
+            tuple(sorted(f"secretsmanager.{r}.amazonaws.com" for r in regions)))
+
+
+def test_profile_settings_enter_the_environment_only_when_set(
+        module_plans: dict[str, Any]) -> None:
+    env = environment(module_plans["profiles"])
+    assert env["STREAMLEASE_PROFILES"] == PROFILES["profiles_path"]
+    assert env["STREAMLEASE_DEFAULT_PROFILE"] == PROFILES["default_profile"]
+    assert env["STREAMLEASE_UPSTREAM"] == PROFILES["upstream"]
+    assert not set(PROFILES["profile_env_secrets"]) & set(env)  # ECS secrets, not plain env
+    # What the worker makes of that environment, in an image whose profiles file
+    # defines the default profile (worker_cases.ImageFiles).
+    config = WorkerConfig.from_env(worker_cases.IMAGE.env(env))
+    assert config.default_profile == "gateway" and "gateway" in config.all_profiles
+    assert config.upstream == PROFILES["upstream"]
+    defaults = environment(module_plans["defaults"])
+    assert "STREAMLEASE_PROFILES" not in defaults and "STREAMLEASE_UPSTREAM" not in defaults
+    assert defaults["STREAMLEASE_DEFAULT_PROFILE"] == DEFAULTS["STREAMLEASE_DEFAULT_PROFILE"]
+
+
+def test_profile_env_secrets_are_the_container_s_secrets(module_plans: dict[str, Any]) -> None:
+    """Each NAME => ARN of profile_env_secrets is an ECS secret of the container, as given
+    (a JSON key included), so ${env:NAME} finds it; nothing else is."""
+    secrets = sorted(container(module_plans["profiles"])["secrets"], key=lambda s: s["name"])
+    assert secrets == [{"name": name, "valueFrom": arn}
+                       for name, arn in sorted(PROFILES["profile_env_secrets"].items())]
+
+
+@pytest.mark.parametrize("plan_name", sorted(PLAN_RUNS))
+def test_no_name_is_both_in_the_environment_and_a_secret(module_plans: dict[str, Any],
+                                                         plan_name: str) -> None:
+    names = [s["name"] for s in container(module_plans[plan_name])["secrets"]]
+    assert len(names) == len(set(names)), names
+    assert not set(names) & set(environment(module_plans[plan_name])), names
+
+
+def test_the_worker_fetches_secrets_with_get_secret_value_only() -> None:
+    """The task role's profile grant is the action of every Secrets Manager call in
+    streamlease/secrets.py, read from the code and botocore's model of the service."""
+    import botocore.session
+    from botocore import xform_name
+
+    model = botocore.session.get_session().get_service_model("secretsmanager")
+    operations = {xform_name(op): op for op in model.operation_names}
+    calls = sink_calls.client_calls(ROOT / "streamlease" / "secrets.py")
+    assert calls and calls <= set(operations), calls
+    assert {f"secretsmanager:{operations[c]}" for c in calls} == {"secretsmanager:GetSecretValue"}
+
+
+def test_task_role_reads_exactly_the_profiles_secrets(module_plans: dict[str, Any]) -> None:
+    """GetSecretValue on each ARN of profile_secret_arns (once, however often listed) and
+    kms:Decrypt on their keys through Secrets Manager in the secrets' regions: nothing
+    else beyond what the worker's DynamoDB calls need."""
+    plan = module_plans["profiles"]
+    expected = derived_grants(worker_needs(), arns(plan), [], stream_attribute_list=True)
+    secrets = sorted(set(PROFILES["profile_secret_arns"]))
+    assert len(secrets) == 2 < len(PROFILES["profile_secret_arns"])
+    for arn in secrets:
+        expected[arn] = {"secretsmanager:GetSecretValue": NONE}
+    for key in PROFILES["profile_secret_kms_key_arns"]:
+        expected[key] = {"kms:Decrypt": frozenset({via_secrets_manager("eu-west-1",
+                                                                       "us-east-1")})}
+    granted = policy(plan, "task")
+    assert not differences(granted, expected), "\n".join(differences(granted, expected))
+
+
+def test_execution_role_reads_exactly_the_profiles_env_secrets(
+        module_plans: dict[str, Any]) -> None:
+    """GetSecretValue on the secret of each profile_env_secrets value (without its JSON
+    key), kms:Decrypt on the keys through Secrets Manager: beside the image pull and
+    the logs, which are the default deployment's."""
+    expected = policy(module_plans["defaults"], "execution")
+    env_secrets = {secret_of(v) for v in PROFILES["profile_env_secrets"].values()}
+    assert env_secrets == {
+        "arn:aws:secretsmanager:eu-west-1:123456789012:secret:graphql-Zz9Yy8",
+        "arn:aws:secretsmanager:eu-west-1:123456789012:secret:exchange/creds-Qw3Er4"}
+    for arn in env_secrets:
+        expected[arn] = {"secretsmanager:GetSecretValue": NONE}
+    for key in PROFILES["profile_secret_kms_key_arns"]:
+        expected[key] = {"kms:Decrypt": frozenset({via_secrets_manager("eu-west-1")})}
+    granted = policy(module_plans["profiles"], "execution")
+    assert not differences(granted, expected), "\n".join(differences(granted, expected))
 
 
 # --- the example ----------------------------------------------------------------------------

@@ -20,24 +20,34 @@ reinterpret).
    from its parser: a ``seconds`` or ``count`` parser's bounds (read from its closure:
    each bound, just outside it, 0, -1, a fraction or an overflow), each choice of a
    ``choice`` parser in alternating case plus one that is not a choice, fixed lists for
-   table names and allowed URLs, the default for any other parser. Run i takes the i-th
+   table names, allowed URLs and the profile settings (``LISTED_VALUES``), the default
+   for any other parser. Run i takes the i-th
    refused (or accepted) value of every variable; each run is a file of its own, so one
    disagreement does not hide the others.
 2. The committed runs (``committed_cases``): terraform/modules/streamlease/tests/ puts
    every rule between settings on both sides of its boundary; the worker must agree
    with what each run expects.
+
+The profiles file (STREAMLEASE_PROFILES) is in the image, which a plan cannot read: the
+module checks its path, the worker its content at start-up. The worker's verdict is
+taken with ``ImageFiles``' stand-in at that path: a file of the same format that defines
+the default profile, when any file can define a profile of that name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
-from collections.abc import Callable, Iterable
+import json
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from streamlease.config import SETTINGS, Setting, WorkerConfig, read_settings
+from streamlease.core.profiles import BUILTIN, ProfileError, parse_profiles, profile_format
 from streamlease.errors import ConfigError
 from tests.infra.tf import TASK_DEFINITION, StaticModule, hcl_value, literal, parse_hcl
 
@@ -77,6 +87,14 @@ STRICTER: list[tuple[dict[str, Any], str]] = [
      "it when the worker starts (a stream name has no '/'), terraform at plan time"),
     ({"dead_letter": "s3://acme-dlq/failed*"},
      "a '*' in the S3 key prefix would be a wildcard in the task role's S3 resource"),
+    ({"profiles_path": "profiles.toml"},
+     "the worker reads a relative path from its working directory; terraform asks for the "
+     "file's absolute path in the image"),
+    ({"profiles_path": "/tmp/streamlease/profiles.toml"},
+     "the task mounts an empty volume on /tmp, which hides whatever the image holds there"),
+    ({"profiles_path": "/etc/streamlease/../../tmp/profiles.json"},
+     "the worker resolves . and .. parts; terraform wants the path normalised, so that the "
+     "/tmp rule reads the path the worker opens"),
 ]
 
 # How sinks.tf tells a secret-held output's stated resources from another service's.
@@ -87,6 +105,71 @@ URL_LISTS: list[list[str]] = [
     ["wss://"], ["ws://", "wss://"], ["ws://127.0.0.1:9", "wss://feeds.example.com/v1"],
     ["http://x"], ["wss://a", "https://b"],
 ]
+# Settings whose parser says nothing about its values' bounds, given their values.
+LISTED_VALUES: dict[str, list[str]] = {
+    # as many accepted paths as accepted profile names, so each name comes with a file
+    "STREAMLEASE_PROFILES": ["/etc/streamlease/profiles.toml", "/opt/acme/Profiles.JSON",
+                             "/profiles.json", "/etc/streamlease/feeds.v2.toml",
+                             "/etc/streamlease/profiles.yaml", "/etc/streamlease/profiles"],
+    "STREAMLEASE_DEFAULT_PROFILE": ["streamlease", "gateway", "a" * 64, "v1.2_x-Y",
+                                    "bad name", "a" * 65, "x/y"],
+    "STREAMLEASE_UPSTREAM": ["python:acme.feeds:make_upstream", "python:m:A",
+                             "python:_p.q_1.r:x9", "acme.feeds:make", "python:acme.feeds",
+                             "python:acme.feeds:", "python:1acme:x", "python:acme..feeds:x",
+                             "python:a:b:c", "python:a-b:c"],
+}
+
+
+class ImageFiles:
+    """Stand-ins for the files a deployment's image holds (the profiles file), in a
+    temporary directory that lives as long as this object."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="streamlease-image-")
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with STREAMLEASE_PROFILES pointing at a stand-in of the same format
+        that defines STREAMLEASE_DEFAULT_PROFILE (when a file can); a path whose name
+        the worker refuses is left for it to refuse."""
+        out = dict(env)
+        path = out.get("STREAMLEASE_PROFILES", "").strip()
+        fmt = profile_format(path) if path else None
+        if fmt is None:
+            return out
+        default = out.get("STREAMLEASE_DEFAULT_PROFILE", "").strip() or BUILTIN
+        names = [default] if default != BUILTIN and definable(default) else []
+        if fmt == "json":
+            text = json.dumps({name: {} for name in names})
+        else:
+            text = "".join(f"[{json.dumps(name)}]\n" for name in names)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        stand_in = f"{self._dir.name}/{digest}.{fmt}"
+        with open(stand_in, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        out["STREAMLEASE_PROFILES"] = stand_in
+        return out
+
+
+def definable(name: str) -> bool:
+    """Whether a profiles file can define a profile of this name (the worker's rule)."""
+    try:
+        parse_profiles(json.dumps({name: {}}), "json")
+    except ProfileError:
+        return False
+    return True
+
+
+def undefinable_default(env: Mapping[str, str]) -> list[str]:
+    """The worker refuses a default profile no file can define whatever the image holds:
+    that is the value's own fault, as a parser's refusal is."""
+    name = env.get("STREAMLEASE_DEFAULT_PROFILE", "").strip()
+    if not name or name == BUILTIN or definable(name):
+        return []
+    return [f"STREAMLEASE_DEFAULT_PROFILE: no profiles file can define a profile named "
+            f"{name!r}"]
+
+
+IMAGE = ImageFiles()
 
 
 def deployment_problems(values: dict[str, Any]) -> list[str]:
@@ -187,12 +270,14 @@ def _bounds(parse: Callable[[str], Any]) -> tuple[Any, Any] | None:
 
 
 def candidates(setting: Setting, kind: str) -> list[Any]:
-    """Terraform values for one setting, from its parser."""
+    """Terraform values for one setting, from its parser or its listed values."""
     qualname = getattr(setting.parse, "__qualname__", "")
     texts: list[str] = []
     if setting.name == "STREAMLEASE_ALLOWED_URLS":
         return [list(u) for u in URL_LISTS]
-    if qualname.startswith("seconds.") and (bounds := _bounds(setting.parse)):
+    if setting.name in LISTED_VALUES:
+        texts = list(LISTED_VALUES[setting.name])
+    elif qualname.startswith("seconds.") and (bounds := _bounds(setting.parse)):
         low, high = (Decimal(str(b)) for b in bounds)
         texts = [str(low), str(high), str(low * Decimal("0.9")), str(high + Decimal("0.1")),
                  "0", "-1", "1e40"]
@@ -252,8 +337,9 @@ class Cases:
         return env
 
     def verdict(self, values: dict[str, Any]) -> Verdict:
-        env = self.env(values)
+        env = IMAGE.env(self.env(values))
         _, problems = read_settings(SETTINGS, env)
+        problems += undefinable_default(env)
         if problems:
             own = tuple(sorted({p.split(":", 1)[0] for p in problems}))
             return Verdict(own, tuple(problems))

@@ -38,17 +38,19 @@ locals {
   dead_letter_env = var.dead_letter_secret_arn != null || local.dead_letter_unset ? null : one(
     [for v in [var.dead_letter] : v if !local.dead_letter_unset]
   )
-  container_secrets = [for name, arn in {
+  # ... and the profiles' ${env:NAME} secrets (profiles.tf), whose names never start
+  # with STREAMLEASE_.
+  container_secrets = concat([for name, arn in {
     STREAMLEASE_LEADER_BACKEND = var.leader_backend_secret_arn
     STREAMLEASE_SINK           = var.sink_secret_arn
     STREAMLEASE_DEAD_LETTER    = var.dead_letter_secret_arn
-  } : { name = name, valueFrom = arn } if arn != null]
+  } : { name = name, valueFrom = arn } if arn != null], local.profile_container_secrets)
 
   # Every worker setting, as the environment the worker reads (streamlease/config.py SETTINGS).
   # STREAMLEASE_WORKER_ID is left out on purpose: the worker then uses its ECS task id.
   # A null value (safety margin not set; no dead-letter destination; the leader backend,
-  # the sink or the dead letter taken from a secret) leaves the variable out, so the
-  # worker's own default, or the secret, applies.
+  # the sink or the dead letter taken from a secret; no profiles file, no python
+  # upstream) leaves the variable out, so the worker's own default, or the secret, applies.
   worker_settings = {
     STREAMLEASE_TABLE                 = aws_dynamodb_table.streams.name
     STREAMLEASE_EVENTS_TABLE          = aws_dynamodb_table.events.name
@@ -83,6 +85,9 @@ locals {
     STREAMLEASE_SINK                  = local.sink_env
     STREAMLEASE_PROCESS_MAX_ATTEMPTS  = tostring(var.process_max_attempts)
     STREAMLEASE_DEAD_LETTER           = local.dead_letter_env
+    STREAMLEASE_PROFILES              = local.profiles_path == "" ? null : local.profiles_path
+    STREAMLEASE_DEFAULT_PROFILE       = var.default_profile
+    STREAMLEASE_UPSTREAM              = local.upstream == "" ? null : local.upstream
     AWS_REGION                        = data.aws_region.current.name
   }
   container_environment = [for k, v in local.worker_settings : { name = k, value = v } if v != null]
@@ -235,6 +240,10 @@ resource "aws_ecs_task_definition" "worker" {
     precondition {
       condition     = var.max_streams * (local.stream_buffer_bytes_per_frame_byte * var.max_frame_bytes + local.stream_buffer_bytes_fixed) <= var.buffer_budget_bytes
       error_message = "STREAMLEASE_BUFFER_BUDGET_BYTES: max_streams x the buffers one stream may fill (9 x max_frame_bytes + 1062144 bytes) must fit in buffer_budget_bytes: lower max_streams or max_frame_bytes, or raise buffer_budget_bytes (and memory)."
+    }
+    precondition {
+      condition     = local.profiles_path != "" || var.default_profile == "streamlease"
+      error_message = "STREAMLEASE_DEFAULT_PROFILE: without profiles_path the only profile is the built-in streamlease; set profiles_path to the file that defines default_profile."
     }
     # Deployment rules.
     precondition {

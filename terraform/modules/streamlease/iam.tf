@@ -1,9 +1,11 @@
 # Two roles: the task role the worker's AWS SDK uses, holding only the DynamoDB actions
 # `streamlease run` and `streamlease job write` (run by jobs, the worker's subprocesses)
 # call (streamlease/store/) and the calls of the chosen sink and dead-letter outputs
-# (streamlease/sinks/, sinks.tf), and the execution role the ECS agent uses to pull the
-# image, read the leader backend's and the sinks' secrets and ship logs. The operator policy (for people running
-# `streamlease table create`, `ctl` and `job`) is an output, attached to nothing here.
+# (streamlease/sinks/, sinks.tf) and the secrets the upstream profiles read (profiles.tf),
+# and the execution role the ECS agent uses to pull the image, read the leader backend's,
+# the sinks' and the profiles' environment secrets and ship logs. The operator policy
+# (for people running `streamlease table create`, `ctl` and `job`) is an output, attached
+# to nothing here.
 # tests/infra/test_terraform.py pins each action set, resource and condition exactly.
 
 data "aws_caller_identity" "current" {}
@@ -179,6 +181,35 @@ data "aws_iam_policy_document" "task" {
       sid       = statement.value.sid
       actions   = statement.value.actions
       resources = statement.value.resources
+    }
+  }
+
+  # The secrets the upstream profiles' templates name with ${secretsmanager:ARN}
+  # (profiles.tf): the worker fetches each with GetSecretValue, in the region its ARN
+  # names. Those secrets only; none when the list is empty.
+  dynamic "statement" {
+    for_each = length(local.profile_secret_arns) == 0 ? [] : [local.profile_secret_arns]
+    content {
+      sid       = "ReadProfileSecrets"
+      actions   = ["secretsmanager:GetSecretValue"]
+      resources = statement.value
+    }
+  }
+
+  # Their customer managed keys, if any: decrypt only through Secrets Manager, in the
+  # secrets' regions (a GetSecretValue on the secrets above is the only such use).
+  dynamic "statement" {
+    for_each = length(local.profile_secret_arns) > 0 && length(var.profile_secret_kms_key_arns) > 0 ? [sort(distinct(var.profile_secret_kms_key_arns))] : []
+    content {
+      sid       = "DecryptProfileSecrets"
+      actions   = ["kms:Decrypt"]
+      resources = statement.value
+
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = local.profile_secret_via
+      }
     }
   }
 
@@ -387,6 +418,32 @@ data "aws_iam_policy_document" "execution" {
         test     = "StringEquals"
         variable = "kms:ViaService"
         values   = [for service, arns in local.sink_secrets_by_service : "${service}.${data.aws_region.current.name}.amazonaws.com" if length(arns) > 0]
+      }
+    }
+  }
+
+  # The environment variables of the profiles' ${env:NAME} references
+  # (profile_env_secrets), the same way: those secrets only.
+  dynamic "statement" {
+    for_each = length(local.profile_env_secret_arns) == 0 ? [] : [local.profile_env_secret_arns]
+    content {
+      sid       = "ReadProfileEnvSecrets"
+      actions   = ["secretsmanager:GetSecretValue"]
+      resources = statement.value
+    }
+  }
+
+  dynamic "statement" {
+    for_each = length(local.profile_env_secret_arns) > 0 && length(var.profile_secret_kms_key_arns) > 0 ? [sort(distinct(var.profile_secret_kms_key_arns))] : []
+    content {
+      sid       = "DecryptProfileEnvSecrets"
+      actions   = ["kms:Decrypt"]
+      resources = statement.value
+
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = local.profile_env_secret_via
       }
     }
   }

@@ -24,12 +24,12 @@ output "container_name" {
 }
 
 output "task_role_arn" {
-  description = "Role the worker's AWS SDK (and its jobs) run as: DynamoDB calls and its sink's calls only."
+  description = "Role the worker's AWS SDK (and its jobs) run as: DynamoDB calls, its sink's calls and its profiles' secrets only."
   value       = aws_iam_role.task.arn
 }
 
 output "execution_role_arn" {
-  description = "Role the ECS agent uses to pull the image, read the leader backend's and the sinks' secrets and write logs."
+  description = "Role the ECS agent uses to pull the image, read the leader backend's, the sinks' and the profiles' env secrets and write logs."
   value       = aws_iam_role.execution.arn
 }
 

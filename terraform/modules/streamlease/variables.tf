@@ -436,6 +436,44 @@ variable "sink_egress" {
   }
 }
 
+variable "profile_secret_arns" {
+  description = "Secrets Manager secrets the upstream profiles' templates read with $${secretsmanager:ARN} (docs/profiles.md), as the full ARNs the templates write (with the six-character suffix Secrets Manager adds to the name). The worker fetches them itself, in the region each ARN names: the task role may GetSecretValue on exactly these. Empty: none."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for a in var.profile_secret_arns : can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}$", a))])
+    error_message = "profile_secret_arns: full Secrets Manager secret ARNs (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-AbCdEf, the suffix included: IAM matches the full ARN, so a partial one would be refused at run time), no wildcards."
+  }
+}
+
+variable "profile_secret_kms_key_arns" {
+  description = "Customer managed KMS keys of the profile secrets (profile_secret_arns, profile_env_secrets), if any has one: the role that reads those secrets (the task role for profile_secret_arns, the execution role for profile_env_secrets) may decrypt with them through Secrets Manager only, in the secrets' regions. Empty: the AWS managed key, which needs no grant."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for a in var.profile_secret_kms_key_arns : can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[A-Za-z0-9-]+$", a))])
+    error_message = "profile_secret_kms_key_arns: KMS key ARNs (arn:aws:kms:REGION:ACCOUNT:key/ID), not aliases or wildcards."
+  }
+}
+
+variable "profile_env_secrets" {
+  description = "Environment variables for the profiles' $${env:NAME} references, each from a Secrets Manager secret: NAME => the secret's full ARN, optionally with ECS's :JSON_KEY:VERSION_STAGE:VERSION_ID suffix. ECS injects them into the container (`secrets`); the execution role may read these secrets only, and the values never pass through terraform or the task definition. Names starting with STREAMLEASE_, AWS_ or ECS_ are refused (the worker, the AWS SDK and the ECS agent read those). Empty: none."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for n in keys(var.profile_env_secrets) : can(regex("^[A-Za-z_][A-Za-z0-9_]*$", n)) && !can(regex("^(?i:streamlease|aws|ecs)_", n))])
+    error_message = "profile_env_secrets: names are environment variable names (letters, digits, _, not starting with a digit) outside STREAMLEASE_*, AWS_* and ECS_*, which the worker, the AWS SDK and the ECS agent read."
+  }
+
+  validation {
+    condition     = alltrue([for a in values(var.profile_env_secrets) : can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}(:[^:\\s]*:[A-Za-z0-9_-]*:[A-Za-z0-9-]*)?$", a))])
+    error_message = "profile_env_secrets: values are full Secrets Manager secret ARNs (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-AbCdEf, the suffix included), optionally followed by :JSON_KEY:VERSION_STAGE:VERSION_ID."
+  }
+}
+
 variable "extra_task_policy_json" {
   description = "An IAM policy document (JSON, e.g. an aws_iam_policy_document's json) attached to the task role as a second inline policy, for what the module does not grant: a python:MODULE:ATTR processor's own AWS calls, or kms:GenerateDataKey on the key of a KMS-encrypted Kinesis stream, SQS queue or S3 bucket sink. null: none."
   type        = string
@@ -858,5 +896,43 @@ variable "dead_letter" {
       || can(regex("^(?i:file)://(localhost)?/[^?#]*$", var.dead_letter))
     ) && try(tonumber(regex("^[A-Za-z][A-Za-z0-9+.-]*://(\\[[^]]*\\]|[^/?#:]*):([0-9]+)", var.dead_letter)[1]), 0) <= 65535
     error_message = "dead_letter: a sink URL other than dynamodb (the events table takes only delivered messages): stdout, python:MODULE:ATTR, postgres://..., http(s)://..., kinesis://STREAM, sqs://QUEUE, s3://BUCKET/PREFIX or file:///DIR."
+  }
+}
+
+variable "profiles_path" {
+  description = "STREAMLEASE_PROFILES: the upstream profiles file (docs/profiles.md) inside the container image, an absolute path ending in .json or .toml, e.g. /etc/streamlease/profiles.toml in an image built FROM the worker's (docs/deploying.md). Not under /tmp, which the task mounts empty. null or empty: none, only the built-in streamlease profile."
+  type        = string
+  default     = null
+
+  validation {
+    condition = var.profiles_path == null ? true : var.profiles_path == "" ? true : alltrue([
+      can(regex("^/[^\\x00-\\x1f\\x7f]*\\.(?i:json|toml)$", var.profiles_path)),
+      !can(regex("(^|/)\\.\\.?(/|$)|//", var.profiles_path)),
+      !can(regex("^/tmp(/|$)", var.profiles_path)),
+    ])
+    error_message = "profiles_path: an absolute, normalised path (no //, . or .. parts) ending in .json or .toml, not under /tmp (a task volume that hides the image's files), or null."
+  }
+}
+
+variable "default_profile" {
+  description = "STREAMLEASE_DEFAULT_PROFILE: the profile for stream items that name none: streamlease (the built-in protocol) or a profile of the profiles_path file (1-64 letters, digits, _, . or -). Another name needs profiles_path."
+  type        = string
+  default     = "streamlease"
+  nullable    = false
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.-]{1,64}$", var.default_profile))
+    error_message = "default_profile: a profile name, 1-64 letters, digits, _, . or -."
+  }
+}
+
+variable "upstream" {
+  description = "STREAMLEASE_UPSTREAM: python:MODULE:ATTR, your own upstream object for every stream instead of profiles (docs/profiles.md, Python upstreams), importable in the image. null or empty: profiles."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.upstream == null ? true : var.upstream == "" ? true : can(regex("^python:[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$", var.upstream))
+    error_message = "upstream: python:MODULE:ATTR (a dotted module path and an attribute name), or null."
   }
 }

@@ -201,3 +201,22 @@ run "metrics_port_below_1024" {
 
   expect_failures = [aws_ecs_task_definition.worker]
 }
+
+run "a_default_profile_from_the_profiles_file" {
+  command = plan
+
+  variables {
+    profiles_path   = "/etc/streamlease/profiles.toml"
+    default_profile = "gateway"
+  }
+}
+
+run "a_default_profile_without_a_profiles_file" {
+  command = plan
+
+  variables {
+    default_profile = "gateway"
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
