@@ -494,7 +494,11 @@ def upstreams_md(r: dict[str, Any]) -> list[str]:
             f"{_v(cpu.get('streams'))} / {_v(cpu.get('gateway'))} / "
             f"{_v(cpu.get('subscribe'))} messages (gateway {_v(t.get('cpu_ratio'))}, "
             f"subscribe {_v(t.get('cpu_ratio_subscribe'))}); machine load average "
-            f"{_v(t.get('load_average'))} (before, after).",
+            f"{_v(t.get('load_average'))} (before, after). The same `/streams/` frames read "
+            f"through a profile (seq at `/seq`, a skip rule) instead of the built-in parser: "
+            f"{_v(rate.get('same_feed'))} msg/s, **{_v(u.get('profile_ratio_same_feed'))}** "
+            f"(CPU {_v(t.get('cpu_ratio_same_feed'))}): the profile machinery alone, apart "
+            "from the size of another feed's frames.",
             "",
         ]
     if u.get("profile_ratio_error"):

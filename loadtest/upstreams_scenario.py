@@ -51,10 +51,12 @@ import asyncio
 import itertools
 import json
 import os
+import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadtest.common import Server
@@ -87,6 +89,12 @@ MODES: dict[str, Feed] = {
                        "binary frames, no replay, numbered by the worker"),
 }
 PROFILES_FILE = ROOT / "examples" / "profiles.toml"
+SAME_FEED_PROFILE = """
+# Added by the load test: the built-in protocol spelled as a profile.
+[same_feed]
+seq = "/seq"
+skip = { "/type" = ["heartbeat"] }
+"""
 TOKEN = "loadtest-feed-token"
 # Per mode: a small fleet at the small profile's timings (see loadtest.chaos.timing_env).
 UPSTREAM_RUN: dict[str, Any] = {"streams": 12, "rate": 10.0, "workers": 3, "gap": 4.0,
@@ -112,11 +120,12 @@ def upstream_number(feed: str, stream_id: str, text: str) -> tuple[int | None, b
         return None, False, False
     if gap_body(data) is not None:
         return None, True, True
-    frame: str | bytes | None = text
+    frame: str | bytes = text
     if feed == "binary":
-        frame = binary_payload(data)
-        if frame is None:
+        payload = binary_payload(data)
+        if payload is None:
             return None, False, False
+        frame = payload
     n = mode_seq(feed, frame)
     if n is None or n < 1:
         return None, False, False
@@ -278,24 +287,32 @@ async def profile_throughput(ctx: Context) -> dict[str, Any]:
     backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
                      "--initial-backlog", str(PROFILE_BACKLOG), "--token", TOKEN)
     path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    # The example profiles plus one for the built-in feed itself (seq at /seq, a skip rule
+    # that never matches): the same frames both ways, so it prices the profile machinery
+    # alone, apart from the size of another feed's frames.
+    scratch = tempfile.TemporaryDirectory(prefix="streamlease-profiles-")
+    profiles_file = Path(scratch.name) / "profiles.toml"
+    profiles_file.write_text(PROFILES_FILE.read_text() + SAME_FEED_PROFILE)
     extra = {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path,
-             "STREAMLEASE_PROFILES": str(PROFILES_FILE), "FEED_TOKEN": TOKEN}
-    phases = (("streams", None), ("gateway", "gateway"), ("subscribe", "subscribe"))
-    rates: dict[str, list[float]] = {feed: [] for feed, _ in phases}
-    work: dict[str, list[float]] = {feed: [0.0, 0.0] for feed, _ in phases}  # msgs, CPU s
+             "STREAMLEASE_PROFILES": str(profiles_file), "FEED_TOKEN": TOKEN}
+    phases = (("streams", "streams", None), ("gateway", "gateway", "gateway"),
+              ("subscribe", "subscribe", "subscribe"), ("same_feed", "streams", "same_feed"))
+    rates: dict[str, list[float]] = {key: [] for key, _, _ in phases}
+    work: dict[str, list[float]] = {key: [0.0, 0.0] for key, _, _ in phases}  # msgs, CPU s
     load_before = os.getloadavg()[0]
     try:
         for i in range(rounds):
-            for feed, profile in phases:
+            for key, feed, profile in phases:
                 print(f"upstreams: throughput, /{feed}/ with profile "
                       f"{profile or 'streamlease (built-in)'}, round {i + 1} ...", flush=True)
                 found = await _worker_phase(env, backlog.url, PROFILE_STREAMS, seconds, extra,
                                             PROFILE_STREAMS, feed=feed, profile=profile)
-                rates[feed].append(found["msgs_per_s"])
-                work[feed][0] += found["messages"]
-                work[feed][1] += found["cpu_s"]
+                rates[key].append(found["msgs_per_s"])
+                work[key][0] += found["messages"]
+                work[key][1] += found["cpu_s"]
     finally:
         backlog.stop()
+        scratch.cleanup()
         if ddb is not None:
             ddb.stop()
     mean = {feed: sum(v) / len(v) for feed, v in rates.items()}
@@ -306,6 +323,7 @@ async def profile_throughput(ctx: Context) -> dict[str, Any]:
 
     return {"profile_ratio": ratio(mean, "gateway"),
             "profile_ratio_subscribe": ratio(mean, "subscribe"),
+            "profile_ratio_same_feed": ratio(mean, "same_feed"),
             "profile_throughput": {
                 "msgs_per_s": {f: round(v) for f, v in mean.items()},
                 "runs": {f: [round(x) for x in v] for f, v in rates.items()},
@@ -314,6 +332,7 @@ async def profile_throughput(ctx: Context) -> dict[str, Any]:
                 "msgs_per_cpu_s": {f: round(v) for f, v in per_cpu.items()},
                 "cpu_ratio": ratio(per_cpu, "gateway"),
                 "cpu_ratio_subscribe": ratio(per_cpu, "subscribe"),
+                "cpu_ratio_same_feed": ratio(per_cpu, "same_feed"),
                 "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "streams": PROFILE_STREAMS, "seconds": seconds, "rounds": rounds,
                 "sink": PYTHON_PROCESSOR_ENV["STREAMLEASE_SINK"],
