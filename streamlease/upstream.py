@@ -256,8 +256,7 @@ class ProfileWire:
 
     def classify(self, data: str | bytes, count: int) -> Classified:
         if type(data) is str:
-            text, _ = self._text.classify(data, count)
-            return Frame(text.seq, data) if type(text) is Data else text  # type: ignore[return-value]
+            return self._text.frame(data, count)
         got, _ = classify_frame(data, self.profile, count)
         if isinstance(got, Data):
             raw = got.raw

@@ -30,7 +30,7 @@ from decimal import Decimal
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from streamlease.core.frames import MAX_SEQ, Malformed
+from streamlease.core.frames import MAX_SEQ, Frame, Malformed
 
 BUILTIN = "streamlease"
 DEFAULT_SEQ_POINTER = "/seq"
@@ -523,6 +523,36 @@ class TextClassifier:
             others = tuple(v for v in values if _scalar_key(v) is None)
             rules.append((pointer, frozenset(keys), others))
         return TextClassifier(tuple(rules), profile.seq)
+
+    def frame(self, text: str, count: int) -> Frame | Control | Malformed:
+        """``classify`` for the pump's hot path: a message comes back as the ``Frame`` the
+        sink takes (``Data`` is not built), the count as ``frame.seq``."""
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):
+            return Malformed("not JSON")
+        if type(obj) is not dict:
+            return Malformed(f"JSON {type(obj).__name__}, not an object")
+        for pointer, keys, others in self.skip:
+            found = pointer.get(obj)
+            if found is MISSING:
+                continue
+            key = _scalar_key(found)
+            if (key is not None and key in keys) or \
+                    (others and any(json_equal(found, v) for v in others)):
+                return Control(pointer.text)
+        if self.seq is None:
+            if count >= MAX_SEQ:
+                return Malformed("frame count past the largest seq")
+            return Frame(count + 1, text)
+        seq = self.seq.get(obj)
+        if type(seq) is not int:
+            if seq is MISSING:
+                return Malformed(f"no seq at {self.seq.text}")
+            return Malformed(f"no integer seq at {self.seq.text}")
+        if not 1 <= seq <= MAX_SEQ:
+            return Malformed(f"seq {seq} out of range")
+        return Frame(seq, text)
 
     def classify(self, frame: str, count: int) -> tuple[Data | Control | Malformed, int]:
         try:

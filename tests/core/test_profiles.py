@@ -526,7 +526,8 @@ def test_the_documented_examples_are_valid() -> None:
 def test_the_compiled_text_classifier_answers_as_classify() -> None:
     """``TextClassifier`` (the pump's fast path) and ``classify`` agree on every frame,
     including JSON's equality rules in skip values (true is not 1, 1 is 1.0)."""
-    from streamlease.core.profiles import TextClassifier, classify, parse_profile
+    from streamlease.core.frames import Frame
+    from streamlease.core.profiles import Data, TextClassifier, classify, parse_profile
 
     profile, problems = parse_profile("p", {
         "seq": "/d/s",
@@ -546,4 +547,10 @@ def test_the_compiled_text_classifier_answers_as_classify() -> None:
     for p in (profile, counted, only_true):
         fast = TextClassifier.of(p)
         for frame in frames:
-            assert fast.classify(frame, 4) == classify(frame, p, 4), (p.name, frame)
+            slow, _ = classify(frame, p, 4)
+            assert fast.classify(frame, 4) == (slow, _), (p.name, frame)
+            quick = fast.frame(frame, 4)
+            if isinstance(slow, Data):
+                assert quick == Frame(slow.seq, frame), (p.name, frame)
+            else:
+                assert quick == slow, (p.name, frame)
