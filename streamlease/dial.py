@@ -27,6 +27,7 @@ import re
 import ssl
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, InvalidURI, WebSocketException
@@ -59,6 +60,9 @@ class _CheckedConnect(connect):
 
     def __init__(self, uri: str, rules: AllowList, **kwargs: Any) -> None:
         self.rules = rules
+        # A profile's headers may hold secrets: they never follow a redirect to another
+        # origin (websockets itself strips only Authorization and cookies).
+        self.origin = _origin(uri) if kwargs.get("additional_headers") else None
         super().__init__(uri, **kwargs)
 
     def process_redirect(self, exc: Exception) -> Exception | str:
@@ -70,9 +74,17 @@ class _CheckedConnect(connect):
         if isinstance(target, Exception):
             return target
         problem = url_problem(target, self.rules, subject="redirect target")
+        if problem is None and self.origin is not None and _origin(target) != self.origin:
+            problem = "redirect to another origin refused: the profile's headers would follow"
         if problem is not None:
             return _RedirectRefused(problem, status)
         return target
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    default = 443 if parts.scheme == "wss" else 80
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
 
 
 # websockets logs every handshake header and frame at DEBUG: with profiles those hold
@@ -98,7 +110,7 @@ async def dial(
     """Open ``url`` (the final URL, ``from_seq`` already added) if ``rules`` allow it.
 
     The keyword arguments are websockets' ``connect`` arguments of the same names (the
-    headers go to the allow-listed host and to allow-listed redirects only); the
+    headers go to the URL's origin only: a redirect elsewhere is refused when there are any); the
     proxy and TLS settings are not arguments (see the module docstring). Raises
     DialError (``retriable`` False when ``url`` itself is refused); cancellation
     propagates as is.

@@ -24,6 +24,7 @@ sink itself refuses a stale fence. Reconnects flush first, so every connection a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import sys
@@ -129,7 +130,10 @@ class Pump:
         self.clock = clock
         self.metrics = metrics
         self.settings = settings
-        self.machine = StreamMachine(settings.rules(), tenure.last_seq or 0, rng)
+        rules = settings.rules()
+        if not wire.replays:
+            rules = dataclasses.replace(rules, unanchored=True)
+        self.machine = StreamMachine(rules, tenure.last_seq or 0, rng)
         self.connected = False
         self._on_delivered = on_delivered
         self._on_problem = on_problem
@@ -278,8 +282,13 @@ class Pump:
         a close is asked for."""
         machine = self.machine
         keepalive: asyncio.Task[None] | None = None
+        opening = False
         try:
-            await self._interruptible(self.wire.open(Connection(ws), prepared, self._on_data))
+            opening = True
+            await self._interruptible(self.wire.open(Connection(ws), prepared, self._deliver))
+            opening = False
+            self._setup_problem = None  # connected and through the opening: a new failure
+            # of the same kind is reported again
             if prepared.keepalive is not None and prepared.keepalive_s is not None:
                 keepalive = asyncio.create_task(
                     self._keepalive(ws, prepared.keepalive, prepared.keepalive_s),
@@ -298,6 +307,8 @@ class Pump:
         except ConnectionClosedOK:
             return "closed"
         except ConnectionClosed as exc:
+            if opening:
+                self._closed_while_opening(exc)
             return self._closed(exc)
         except asyncio.CancelledError:
             ws.transport.abort()
@@ -310,6 +321,26 @@ class Pump:
                 await self._end_keepalive(keepalive)
         await self._close(ws)
         return "closed"
+
+    def _closed_while_opening(self, exc: ConnectionClosed) -> None:
+        """The upstream closed during the opening exchange: usually a refused token or
+        subscription (close codes like 4004). The stream's ``last_error`` says so."""
+        code = exc.rcvd.code if exc.rcvd else None
+        reason = (exc.rcvd.reason if exc.rcvd else "")[:120]
+        text = f"upstream closed the connection during the opening exchange (code {code}" + \
+            (f": {reason})" if reason else ")")
+        event(logging.WARNING, "pump.opening_failed",
+              "the upstream's opening exchange did not complete; reconnecting",
+              stream=self.stream, fence=self.tenure.fence, upstream=self.wire.name,
+              reason="closed", error=text)
+        self._connect_problem(text)
+
+    async def _deliver(self, data: str | bytes) -> None:
+        """A frame read during the opening exchange: handled like any other, and a batch
+        that is due is written before the exchange reads on (back-pressure)."""
+        self._on_data(data)
+        if self.machine.pause_reading:
+            await self._write_due()
 
     async def _keepalive(self, ws: ClientConnection, text: str, every_s: float) -> None:
         """The profile's application-level keepalive, every ``every_s`` while connected."""
@@ -424,6 +455,8 @@ class Pump:
         got = machine.receive(record, sys.getsizeof(record.text), self.clock.monotonic())
         if not got.verdict.accepted:
             return frame  # closing: the next connection (or holder) records the gap
+        if got.problem_changed:
+            self._report_problem()
         self._gap = None
         self.metrics.upstream_gap(gap.reason)
         event(logging.WARNING, "pump.upstream_gap",
@@ -538,13 +571,19 @@ class Pump:
         supervisor interrupted it."""
         self._parked = True
         try:
-            return await aw
+            result = await aw
         except asyncio.CancelledError:
             if not self._own_interrupt():
                 raise
             return None
         finally:
             self._parked = False
+        if self._interrupted:
+            # The interrupt landed in code that swallowed it (a user's upstream): take it
+            # back, or every later request would be ignored.
+            self._own_interrupt()
+            return None
+        return result
 
     def _interrupt(self) -> None:
         """Wake the task if it waits for the upstream or the clock. The wait is cancelled

@@ -24,14 +24,16 @@ of your own (``STREAMLEASE_UPSTREAM=python:MODULE:ATTR``)::
         replays = True                       # False: a reconnect cannot replay (gaps)
 
         def url(self, ctx: UpstreamContext) -> str:
-            return f"{ctx.ws_url}?after={ctx.from_seq - 1}"
+            return ctx.ws_url
 
         async def headers(self, ctx: UpstreamContext) -> Mapping[str, str]:
             return {"Authorization": "Bearer " + os.environ["FEED_TOKEN"]}
 
         async def opening(self, conn: UpstreamConnection, ctx: UpstreamContext) -> None:
-            await conn.send(json.dumps({"subscribe": ctx.item["channel"]}))
-            await conn.recv(timeout=10)      # the acknowledgement
+            await conn.send(json.dumps({"subscribe": ctx.item["channel"],
+                                        "after": ctx.from_seq - 1}))
+            await conn.recv(timeout=10)      # the acknowledgement (frames read here are
+                                             # not delivered: the replay follows it)
 
         def message(self, frame: str | bytes, ctx: UpstreamContext) -> Message | None:
             obj = json.loads(frame)          # an exception: counted as malformed
@@ -52,8 +54,8 @@ import asyncio
 import importlib
 import json
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from websockets.exceptions import ConnectionClosed
@@ -140,10 +142,10 @@ class Prepared:
 
     url: str
     from_seq: int
-    headers: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     subprotocols: tuple[str, ...] = ()
-    sends: tuple[str, ...] = ()
-    keepalive: str | None = None
+    sends: tuple[str, ...] = field(default=(), repr=False)
+    keepalive: str | None = field(default=None, repr=False)
     keepalive_s: float | None = None
 
 
@@ -162,7 +164,9 @@ class Connection:
             return data
 
 
-Deliver = Callable[[str | bytes], None]
+# Hands a frame read during the opening exchange to the pump, which may write a batch
+# before it returns (a feed that replays before it answers still meets back-pressure).
+Deliver = Callable[[str | bytes], Awaitable[None]]
 
 
 class Wire(Protocol):
@@ -227,6 +231,9 @@ class ProfileWire:
             keepalive = render(profile.keepalive.send, *args) if profile.keepalive else None
         except UnresolvedReference as exc:
             raise SetupFailed(f"profile {profile.name}: {exc}") from None
+        _encodable(profile.name, [v for _, v in headers], "a header")
+        _encodable(profile.name, sends, "an on_open message")
+        _encodable(profile.name, [keepalive] if keepalive else [], "the keepalive")
         return Prepared(connect_url(profile, ws_url, from_seq), from_seq, tuple(headers),
                         profile.subprotocols, sends, keepalive,
                         profile.keepalive.every_s if profile.keepalive else None)
@@ -252,7 +259,7 @@ class ProfileWire:
                         f"matching expect within {step.timeout_s:g} s") from None
                 if reply_matches(frame, step):
                     break
-                deliver(frame)
+                await deliver(frame)
 
     def classify(self, data: str | bytes, count: int) -> Classified:
         if type(data) is str:
@@ -266,6 +273,17 @@ class ProfileWire:
                 return Frame(got.seq, binary_text(raw))
             return Frame(got.seq, raw.decode("utf-8"))  # classify decoded it as JSON
         return got
+
+
+def _encodable(name: str, texts: Sequence[str], what: str) -> None:
+    """Refuse text that cannot be sent as UTF-8 (a secret with undecodable bytes): the
+    encoder's own error would quote the whole text, secret included."""
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SetupFailed(f"profile {name}: {what} rendered from its template is not "
+                              "valid UTF-8 text (check the secrets it references)") from None
 
 
 def _no_secret(ref: Any) -> str:
@@ -285,7 +303,12 @@ class PythonWire:
         self._upstream = upstream
         self._factory = factory
         self.name = name
-        self.replays = bool(getattr(upstream, "replays", True))
+        self.replays = True
+        try:
+            self.replays = bool(getattr(upstream, "replays", True))
+        except BaseException as exc:  # a property of the user's: read again when made anew
+            _reraise_cancel(exc)
+            self._upstream = None
         self._stream_id = stream_id
         self._item = item
         self._ctx: UpstreamContext | None = None
@@ -302,7 +325,8 @@ class PythonWire:
             try:
                 self._upstream = self._factory()
                 self.replays = bool(getattr(self._upstream, "replays", True))
-            except Exception as exc:
+            except BaseException as exc:
+                _reraise_cancel(exc)
                 self._upstream = None
                 raise SetupFailed(f"{self.name}: making the upstream: "
                                   f"{_described(exc)}") from None
@@ -317,7 +341,8 @@ class PythonWire:
             if not isinstance(url, str):
                 raise TypeError("url() must return a string")
             pairs = tuple((str(k), str(v)) for k, v in dict(headers).items())
-        except Exception as exc:  # the user's code: any failure is this stream's problem
+        except BaseException as exc:  # the user's code: any failure is this stream's problem
+            _reraise_cancel(exc)
             raise SetupFailed(f"{self.name}: {_described(exc)}") from None
         # Neither is shown: a bad name may be a value in the wrong place.
         if not all(_HEADER_NAME.fullmatch(k) for k, _ in pairs):
@@ -330,11 +355,9 @@ class PythonWire:
         ctx = self._context(self._ctx.ws_url if self._ctx else "", prepared.from_seq)
         try:
             await self._made().opening(conn, ctx)
-        except (asyncio.CancelledError, OpeningFailed):
+        except (asyncio.CancelledError, OpeningFailed, ConnectionClosed):
             raise
-        except Exception as exc:
-            if isinstance(exc, ConnectionClosed):
-                raise
+        except BaseException as exc:
             raise OpeningFailed("opening_failed", f"{self.name}: opening: "
                                 f"{_described(exc)}") from None
 
@@ -343,7 +366,8 @@ class PythonWire:
         assert ctx is not None and self._upstream is not None  # prepared: connected
         try:
             message = self._upstream.message(data, ctx)
-        except Exception as exc:  # the user's code: a frame it cannot read is malformed
+        except BaseException as exc:  # the user's code: a frame it cannot read is malformed
+            _reraise_cancel(exc)
             return Malformed(f"{self.name}: {_described(exc)}"[:200])
         if message is None:
             return Control(self.name)
@@ -362,8 +386,14 @@ class PythonWire:
 
 
 def _described(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0][:160] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """The exception's type only: its message may quote what the user's code held (a
+    token in a URL), and this text goes to ``last_error`` and the log."""
+    return type(exc).__name__
+
+
+def _reraise_cancel(exc: BaseException) -> None:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        raise exc
 
 
 def load_python_upstream(spec: str) -> UpstreamFactory:
@@ -376,8 +406,10 @@ def load_python_upstream(spec: str) -> UpstreamFactory:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
+        # The operator's own configuration, at start-up: the message says what to fix.
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise ConfigError([f"{name}: cannot import {module_name!r}: "
-                           f"{_described(exc)}"]) from exc
+                           f"{type(exc).__name__}{': ' + first if first else ''}"]) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError([f"{name}: {module_name}.{attr} is not a callable that returns an "
@@ -400,7 +432,8 @@ class Upstreams:
             name = self.catalog.python or "python"
             try:
                 upstream: Upstream | None = self.python()
-            except Exception:
+            except BaseException as exc:
+                _reraise_cancel(exc)
                 # The user's code: the stream is held and its connection attempts fail
                 # (SetupFailed, its last_error), each making the upstream again.
                 upstream = None

@@ -279,3 +279,21 @@ async def test_dial_errors_never_carry_the_url_secrets(template: str, expected: 
     assert expected in str(err.value)
     assert SECRET not in full_text(err.value)
     assert err.value.url in str(err.value) or err.value.url == "<unparseable url>"
+
+
+async def test_a_profiles_headers_never_follow_a_redirect_to_another_origin(
+        elsewhere: Listener, settle: Settle) -> None:
+    """Allowed by the rules, and still refused: the headers (a profile's, which may hold
+    secrets) would go to another host. The same redirect without headers is followed."""
+    async with upstream() as target, \
+            upstream(process_request=redirect_to(f"ws://127.0.0.1:{target}/moved")) as origin:
+        rules = parse_allowed_urls("ws://127.0.0.1")
+        with pytest.raises(DialError) as err:
+            await dial(f"ws://127.0.0.1:{origin}/", rules, **OPTIONS,
+                       additional_headers=[("X-Api-Key", "s3cret")])
+        assert "another origin" in str(err.value) and "s3cret" not in full_text(err.value)
+        ws = await dial(f"ws://127.0.0.1:{origin}/", rules, **OPTIONS)
+        try:
+            assert ws.remote_address[1] == target
+        finally:
+            await ws.close()

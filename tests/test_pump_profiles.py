@@ -515,3 +515,88 @@ def test_binary_text_is_base64_in_a_json_object() -> None:
     got = wire.classify(b"\xff\x00", 9)
     assert got.seq == 10 and json.loads(got.text) == {  # type: ignore[union-attr]
         "streamlease_binary": base64.b64encode(b"\xff\x00").decode()}
+
+
+# --- what a review of the above found -----------------------------------------------------
+
+
+async def test_frames_before_the_expected_reply_meet_back_pressure(feed_server: Any) -> None:
+    """A feed that replays before it answers: batches are written during the exchange, so
+    what the pump holds stays bounded (without it all 600 frames wait for the reply)."""
+    async def replays_first(feed: Feed, ws: ServerConnection) -> None:
+        await feed.recv(ws)
+        for n in range(1, 601):
+            await ws.send(json.dumps({"d": {"s": n}}))
+        await ws.send('{"type":"subscribed"}')
+        await ws.wait_closed()
+
+    feed = await feed_server(replays_first)
+    wire = profile_wire({"seq": "/d/s", "on_open": [
+        {"send": '{"op":"subscribe"}', "expect": {"/type": "subscribed"}, "timeout_s": 5}]})
+    sink = FakeSink()
+    pump, _ = make(feed.url, sink, wire, batch_max_messages=50, batch_max_s=0.2)
+    await running(pump, lambda: len(sink.seqs) >= 600)
+    assert sink.seqs == list(range(1, 601))
+    assert max(sink.buffer_sizes) <= 100, max(sink.buffer_sizes)
+
+
+async def test_a_token_refused_by_a_close_is_the_streams_error(feed_server: Any) -> None:
+    feed = await feed_server(gateway)
+    wire = profile_wire(GATEWAY, secrets=SecretResolver(environ={"FEED_TOKEN": "wrong"}))
+    problems: list[str | None] = []
+    pump, _ = make(feed.url, FakeSink(), wire, problems=problems)
+    await running(pump, lambda: feed.connections >= 2)
+    assert problems[:1] == ["upstream closed the connection during the opening exchange "
+                            "(code 4004: authentication failed)"]
+
+
+async def test_a_feed_that_cannot_replay_starts_at_its_own_large_numbers(
+        feed_server: Any) -> None:
+    feed = await feed_server(live(skip_on_reconnect=0))
+    feed.head = 50_000_000_000  # exchange update ids: far past STREAMLEASE_MAX_SEQ_JUMP
+    sink = FakeSink()
+    pump, metrics = make(feed.url, sink, profile_wire(LIVE))
+    await running(pump, lambda: len(sink.seqs) >= 5)
+    assert sink.seqs[:5] == list(range(50_000_000_001, 50_000_000_006))
+    assert value(metrics, "streamlease_malformed_frames_total") == 0
+
+
+async def test_a_secret_that_is_not_utf8_fails_the_setup_without_quoting_it(
+        feed_server: Any) -> None:
+    feed = await feed_server(gateway)
+    bad = "tok\udcff-3f9a"  # an environment value with an undecodable byte
+    wire = profile_wire(GATEWAY, secrets=SecretResolver(environ={"FEED_TOKEN": bad}))
+    problems: list[str | None] = []
+    pump, metrics = make(feed.url, FakeSink(), wire, problems=problems)
+    await running(pump, lambda: value(metrics, "streamlease_upstream_reconnects_total",
+                                      reason="setup_failed") >= 1)
+    assert feed.connections == 0
+    assert problems and problems[0] is not None and "3f9a" not in problems[0]
+    assert "not valid UTF-8" in problems[0]
+
+
+class Swallower(MyFeed):
+    """An opening that ignores cancellation (a user's bug): a stop must still work."""
+
+    async def opening(self, conn: UpstreamConnection, ctx: UpstreamContext) -> None:
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+                return
+            except asyncio.CancelledError:
+                continue
+
+
+async def test_an_interrupt_swallowed_by_user_code_does_not_wedge_the_pump(
+        feed_server: Any) -> None:
+    feed = await feed_server(python_feed)
+    wire = PythonWire(Swallower("t"), "python:tests:Swallower", "s001", {"channel": "c1"})
+    sink = FakeSink()
+    pump, _ = make(feed.url, sink, wire)
+    task = asyncio.create_task(pump.run())
+    await until(lambda: feed.connections >= 1)
+    await pump.reconnect("url_changed")  # lands in the opening, which swallows it
+    await until(lambda: feed.connections >= 2)  # the pump went on (a new connection)
+    await pump.stop()
+    async with asyncio.timeout(5):
+        await task

@@ -81,13 +81,13 @@ async def test_prepare_asks_the_upstream_with_the_stream_context() -> None:
 
 
 @pytest.mark.parametrize(("answers", "expected"), [
-    ({"url": KeyError("FEED_URL")}, f"{NAME}: KeyError: 'FEED_URL'"),
+    ({"url": KeyError("FEED_URL")}, f"{NAME}: KeyError"),
     ({"url": RuntimeError()}, f"{NAME}: RuntimeError"),
-    ({"url": b"wss://x"}, f"{NAME}: TypeError: url() must return a string"),
-    ({"headers": OSError("token service down")}, f"{NAME}: OSError: token service down"),
-    ({"headers": ["Authorization"]}, f"{NAME}: ValueError: "),
-    # Only the first line of an exception's text, and only so much of it.
-    ({"url": ValueError("first line\nsecond line " + SECRET)}, f"{NAME}: ValueError: first line"),
+    ({"url": b"wss://x"}, f"{NAME}: TypeError"),
+    ({"headers": OSError("token service down")}, f"{NAME}: OSError"),
+    ({"headers": ["Authorization"]}, f"{NAME}: ValueError"),
+    # The type only: the text of a user's exception may quote what it held.
+    ({"url": ValueError("first line\nsecond line " + SECRET)}, f"{NAME}: ValueError"),
 ])
 async def test_a_failing_url_or_headers_is_a_setup_failure_naming_its_type(
         answers: dict[str, Any], expected: str) -> None:
@@ -122,7 +122,7 @@ async def test_classify_maps_the_upstreams_answers() -> None:
     assert isinstance(w.classify("{}", 0), Control)
     w = await prepared(Feed(message=ValueError("no id in " + "x" * 500)))
     got = w.classify("{}", 0)
-    assert isinstance(got, Malformed) and got.reason.startswith(f"{NAME}: ValueError: no id")
+    assert isinstance(got, Malformed) and got.reason == f"{NAME}: ValueError"
     assert len(got.reason) <= 200
 
 
@@ -184,7 +184,7 @@ async def test_a_factory_that_fails_makes_a_wire_that_fails_setup_until_it_works
     upstreams = Upstreams(Catalog({}, python=NAME), python=make)
     w = upstreams.wire("s1", {})  # never raises: it runs inside the reconciler
     for _ in range(2):
-        with pytest.raises(SetupFailed, match=r"making the upstream: RuntimeError: FEED_TOKEN"):
+        with pytest.raises(SetupFailed, match=r"making the upstream: RuntimeError$"):
             await w.prepare("wss://feed.example/x", 1)
     got = await w.prepare("wss://feed.example/x", 1)
     assert got.url == "wss://feed.example/x?after=0" and len(calls) == 4

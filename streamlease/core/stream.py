@@ -105,6 +105,10 @@ class StreamRules:
     # waits at most this long: a stream that changed hands delivers again at once.
     first_batch_s: float = 0.02
     max_seq_jump: int = 1_000_000_000
+    # A feed that cannot replay numbers its messages from wherever it is (an exchange's
+    # update ids are often past 10**10): the first number a stream ever accepts is not held
+    # to ``max_seq_jump`` (from 0), every later one is.
+    unanchored: bool = False
     stall_s: float = 60.0
     reconnect_base_s: float = 0.1
     reconnect_cap_s: float = 30.0
@@ -220,6 +224,7 @@ class StreamMachine:
                  rng: random.Random | None = None) -> None:
         self.rules = rules
         self._max_jump = rules.max_seq_jump
+        self._unanchored = rules.unanchored
         self._max_bytes = rules.batch_max_bytes
         self._max_messages = rules.batch_max_messages
         self._fill = rules.batch_fill_bytes
@@ -358,7 +363,7 @@ class StreamMachine:
         seq = frame.seq
         if seq <= reference:
             return self._refuse(Verdict.DUPLICATE, seq, reference, now)
-        if seq - reference > self._max_jump:
+        if seq - reference > self._max_jump and not (self._unanchored and reference == 0):
             return self._refuse(Verdict.JUMP, seq, reference, now)
         verdict = _ACCEPTED
         if self._first:
