@@ -148,18 +148,30 @@ class DynamoAdmin(DynamoTable):
                           profile: str | None = None) -> StreamRecord:
         """Upsert as STARTED; a new item gets ``lease_expires_at_ms`` 0 (free now). With
         ``profile``, the item's ``profile`` is set too; without, it is left as it is."""
-        update = "SET #ds = :started, #url = :url, #exp = if_not_exists(#exp, :zero)"
-        names = {"#ds": codec.DESIRED_STATE, "#url": codec.WS_URL, "#exp": codec.LEASE_EXPIRES}
-        values = {":started": codec.s("STARTED"), ":url": codec.s(ws_url), ":zero": codec.n(0)}
-        if profile is not None:
-            update += ", #profile = :profile"
-            names["#profile"] = codec.PROFILE
-            values[":profile"] = codec.s(profile)
-        resp = await self._call(
-            "update_item", TableName=self.table, Key=codec.key(stream_id), ReturnValues="ALL_NEW",
-            UpdateExpression=update, ExpressionAttributeNames=names,
-            ExpressionAttributeValues=values,
-        )
+        if profile is None:
+            resp = await self._call(
+                "update_item", TableName=self.table, Key=codec.key(stream_id),
+                ReturnValues="ALL_NEW",
+                UpdateExpression="SET #ds = :started, #url = :url, "
+                                 "#exp = if_not_exists(#exp, :zero)",
+                ExpressionAttributeNames={"#ds": codec.DESIRED_STATE, "#url": codec.WS_URL,
+                                          "#exp": codec.LEASE_EXPIRES},
+                ExpressionAttributeValues={":started": codec.s("STARTED"),
+                                           ":url": codec.s(ws_url), ":zero": codec.n(0)},
+            )
+        else:
+            resp = await self._call(
+                "update_item", TableName=self.table, Key=codec.key(stream_id),
+                ReturnValues="ALL_NEW",
+                UpdateExpression="SET #ds = :started, #url = :url, "
+                                 "#exp = if_not_exists(#exp, :zero), #profile = :profile",
+                ExpressionAttributeNames={"#ds": codec.DESIRED_STATE, "#url": codec.WS_URL,
+                                          "#exp": codec.LEASE_EXPIRES,
+                                          "#profile": codec.PROFILE},
+                ExpressionAttributeValues={":started": codec.s("STARTED"),
+                                           ":url": codec.s(ws_url), ":zero": codec.n(0),
+                                           ":profile": codec.s(profile)},
+            )
         record = codec.decode_record(resp["Attributes"])
         assert record is not None
         return record
