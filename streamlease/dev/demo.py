@@ -200,7 +200,8 @@ class Demo:
         local = local_aws_env(ddb.listening_url(stop=stopping))
         self.env.update(local)
         os.environ.update(local)  # for this process's own store
-        token = ["--token", self.feed_token] if self.args.feed else []
+        # One argument: a token may start with "-", which argparse would take for an option.
+        token = [f"--token={self.feed_token}"] if self.args.feed else []
         up = self.child("upstream", self.python("dev", "upstream", "--port", "0", "--streams",
                                                 str(self.args.streams), "--rate",
                                                 str(self.args.rate), *token), self.env)
