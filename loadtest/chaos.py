@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import sinks_scenario, upstreams_scenario
-from loadtest.common import Server
+from loadtest.common import Server, choose_names
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.report import write_reports
 from loadtest.throughput import measure_throughput
@@ -512,17 +512,7 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
 
 
 def parse_scenarios(text: str) -> list[str]:
-    if text == "all":
-        return list(SCENARIOS)
-    if text == "default":
-        return list(DEFAULT_SCENARIOS)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown scenario(s) {', '.join(unknown) or '(none)'}; choose from "
-            f"{', '.join(SCENARIOS)}, 'default' or 'all'")
-    return [n for n in SCENARIOS if n in names]
+    return choose_names(text, SCENARIOS, "scenario", default=DEFAULT_SCENARIOS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from collections.abc import Sequence
 
 from streamlease.dev import local_aws_env
 from streamlease.dev.procs import Child
@@ -35,3 +37,21 @@ def dynamodb_args(*, latency_ms: float = 0.0, latency_mode: str = "serial",
 
 def use_local_dynamodb(url: str) -> None:
     os.environ.update(local_aws_env(url))
+
+
+def choose_names(text: str, known: Sequence[str], noun: str,
+                 default: Sequence[str] | None = None) -> list[str]:
+    """A comma-separated command-line list of ``known`` names, in ``known``'s order; ``all``
+    (and ``default`` when there is one) as shorthands. ArgumentTypeError naming the unknown."""
+    if text == "all":
+        return list(known)
+    if default is not None and text == "default":
+        return list(default)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        shorthands = ", 'default' or 'all'" if default is not None else " or 'all'"
+        raise argparse.ArgumentTypeError(
+            f"unknown {noun}(s) {', '.join(unknown) or '(none)'}; choose from "
+            f"{', '.join(known)}{shorthands}")
+    return [n for n in known if n in names]

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from loadtest.common import choose_names
 from loadtest.fleet import ROOT, Fleet
 from streamlease.core.sinks import EXACTLY_ONCE
 from streamlease.dev.upstream import frame_for
@@ -609,16 +610,4 @@ async def run_sinks(ctx: Context) -> dict[str, Any]:
 def parse_sinks(text: str) -> list[str]:
     """``--sinks``: comma-separated names, ``all`` (with the optional ones) or
     ``default``."""
-    known = (*SINKS, *OPTIONAL_SINKS)
-    if text == "all":
-        return list(known)
-    if text == "default":
-        return list(SINKS)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        import argparse
-        raise argparse.ArgumentTypeError(
-            f"unknown sink(s) {', '.join(unknown) or '(none)'}; choose from "
-            f"{', '.join(known)}, 'default' or 'all'")
-    return [n for n in known if n in names]
+    return choose_names(text, (*SINKS, *OPTIONAL_SINKS), "sink", default=SINKS)

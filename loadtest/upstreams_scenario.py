@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadtest.common import Server
+from loadtest.common import Server, choose_names
 from loadtest.fleet import ROOT, Fleet, get
 from streamlease.core.upstream import binary_payload, gap_body
 from streamlease.dev import local_aws_env
@@ -397,13 +397,4 @@ def correctness_failures(section: Any) -> dict[str, Any]:
 
 def parse_modes(text: str) -> list[str]:
     """``--upstream-modes``: comma-separated names, or ``all``."""
-    if text == "all":
-        return list(MODES)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in MODES]
-    if unknown or not names:
-        import argparse
-        raise argparse.ArgumentTypeError(
-            f"unknown upstream mode(s) {', '.join(unknown) or '(none)'}; choose from "
-            f"{', '.join(MODES)} or 'all'")
-    return [n for n in MODES if n in names]
+    return choose_names(text, list(MODES), "upstream mode")
