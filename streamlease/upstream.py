@@ -53,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -63,6 +62,7 @@ from websockets.exceptions import ConnectionClosed
 from streamlease.core.frames import MAX_SEQ, Frame, Malformed, parse_frame
 from streamlease.core.profiles import (
     BUILTIN,
+    HEADER_NAME,
     Control,
     Data,
     Profile,
@@ -81,8 +81,6 @@ from streamlease.processor import Message
 from streamlease.secrets import SecretResolver
 
 Classified = Frame | Control | Malformed
-
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
 
 
 class SetupFailed(Exception):
@@ -345,7 +343,7 @@ class PythonWire:
             _reraise_cancel(exc)
             raise SetupFailed(f"{self.name}: {_described(exc)}") from None
         # Neither is shown: a bad name may be a value in the wrong place.
-        if not all(_HEADER_NAME.fullmatch(k) for k, _ in pairs):
+        if not all(HEADER_NAME.fullmatch(k) for k, _ in pairs):
             raise SetupFailed(f"{self.name}: a header name is not an HTTP token")
         if any(ch in v for _, v in pairs for ch in "\r\n\x00"):
             raise SetupFailed(f"{self.name}: a header value holds a line break or NUL")

@@ -45,7 +45,7 @@ RESUME_MODES = ("query", "message", "none")
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A profile's name, matched against the whole name."""
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
 _QUERY_PARAM = re.compile(r"[A-Za-z0-9_.~\[\]-]{1,64}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ITEM_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -554,34 +554,6 @@ class TextClassifier:
             return Malformed(f"seq {seq} out of range")
         return Frame(seq, text)
 
-    def classify(self, frame: str, count: int) -> tuple[Data | Control | Malformed, int]:
-        try:
-            obj = json.loads(frame)
-        except (ValueError, RecursionError):
-            return Malformed("not JSON"), count
-        if type(obj) is not dict:
-            return Malformed(f"JSON {type(obj).__name__}, not an object"), count
-        for pointer, keys, others in self.skip:
-            found = pointer.get(obj)
-            if found is MISSING:
-                continue
-            key = _scalar_key(found)
-            if (key is not None and key in keys) or \
-                    (others and any(json_equal(found, v) for v in others)):
-                return Control(pointer.text), count
-        if self.seq is None:
-            if count >= MAX_SEQ:
-                return Malformed("frame count past the largest seq"), count
-            return Data(count + 1, obj, frame), count + 1
-        seq = self.seq.get(obj)
-        if type(seq) is not int:
-            if seq is MISSING:
-                return Malformed(f"no seq at {self.seq.text}"), count
-            return Malformed(f"no integer seq at {self.seq.text}"), count
-        if not 1 <= seq <= MAX_SEQ:
-            return Malformed(f"seq {seq} out of range"), count
-        return Data(seq, obj, frame), count
-
 
 def reply_matches(frame: str | bytes, step: Step) -> bool:
     """True if ``frame`` is a JSON object holding every value ``step.expect`` asks for."""
@@ -646,7 +618,7 @@ def _headers(raw: object, where: str,
     for name, value in raw.items():
         at = f"{where}.{name}"
         lower = name.lower()
-        if not _HEADER_NAME.fullmatch(name):
+        if not HEADER_NAME.fullmatch(name):
             problems.add(at, "not a valid header name")
             continue
         if lower in seen:

@@ -548,7 +548,6 @@ def test_the_compiled_text_classifier_answers_as_classify() -> None:
         fast = TextClassifier.of(p)
         for frame in frames:
             slow, _ = classify(frame, p, 4)
-            assert fast.classify(frame, 4) == (slow, _), (p.name, frame)
             quick = fast.frame(frame, 4)
             if isinstance(slow, Data):
                 assert quick == Frame(slow.seq, frame), (p.name, frame)
