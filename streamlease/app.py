@@ -35,7 +35,7 @@ from streamlease.jobs import JobRunner, JobSettings
 from streamlease.leader import LeaderBackend
 from streamlease.leadership import Leadership, LeadershipSettings
 from streamlease.logs import CONTEXT, event, setup
-from streamlease.membership import Hooks, Membership, MembershipSettings
+from streamlease.membership import SECOND_PASS_S, Hooks, Membership, MembershipSettings
 from streamlease.metrics import Metrics
 from streamlease.pacing import PacedSink, SinkGate
 from streamlease.processing import ProcessingSettings, ProcessorSink
@@ -95,6 +95,7 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         supervisor=supervisor, stopped_check_s=timings.heartbeat_s,
         # Jittered +/-20 %: at most 1.92 member leases apart, inside the two allowed.
         min_hold_s=config.min_hold_s, audit_s=1.6 * timings.lease_s,
+        second_pass_s=min(SECOND_PASS_S, timings.lease_s),
     )
 
 

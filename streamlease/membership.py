@@ -431,16 +431,35 @@ class Membership:
                   "a member stopped heartbeating; fenced it and releasing its streams",
                   member=seen.worker_id, epoch=seen.epoch, heartbeat=seen.heartbeat,
                   new_epoch=fenced.epoch)
-            await self._release_dead(fenced)
+            # Survivors deal its streams among themselves from the DEAD row (the
+            # reconciler's take-over): show it to this worker's own at once.
+            self.view = FleetView(tuple(fenced if m.worker_id == fenced.worker_id else m
+                                        for m in self.view.members), self.view.observed_dead)
+            self.hooks.fleet_changed()
+            await self._release_dead(fenced, after=self.deal_window_s)
         except StoreError as exc:
             event(logging.WARNING, "member.takeover_failed", "fencing a dead member failed",
                   member=seen.worker_id, error=str(exc))
         finally:
             self._working.discard(key)
 
-    async def _release_dead(self, fenced: MemberRecord) -> None:
-        """Release every stream of a fenced member; mark its row released only if none
-        failed (else a later pass by any member finishes the job)."""
+    @property
+    def deal_window_s(self) -> float:
+        """How long survivors have to take a fenced member's streams straight over before
+        its fencer releases what is left: two fleet reads (every survivor has seen the
+        DEAD row) and the take-over's second look at the lagging owner index."""
+        return 2 * self.timings.observe_s + min(SECOND_PASS_S, self.timings.lease_s)
+
+    async def _release_dead(self, fenced: MemberRecord, after: float = 0.0) -> None:
+        """Release every stream of a fenced member still leased to it ``after`` seconds
+        from now (the survivors take their parts meanwhile); mark its row released only if
+        none failed (else a later pass by any member finishes the job)."""
+        if after:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(after):
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return
         released, failed = await self._release_all(fenced.worker_id, fenced.epoch)
         self.hooks.fleet_changed()
         # The owner index is eventually consistent: a stream the member acquired just

@@ -47,7 +47,7 @@ FLEET_STATES = ("STARTED", "STOPPED", "invalid")
 FLEET_LEASES = ("live", "expired", "none")
 # Long-lived tasks whose crash is counted (each then ends in a defined state).
 TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbeat", "pump",
-         "membership", "leader", "jobs")
+         "membership", "leader", "jobs", "takeover")
 INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
 SINK_KINDS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "stdout", "python")
 UNREPLICATED_OPERATIONS = ("acquire", "renew", "write")  # redis_leader.WAITED_OPERATIONS
@@ -151,6 +151,10 @@ class Metrics:
         self._on_behalf = Counter(p + "releases_on_behalf",
                                   "Streams of dead members this worker released for them",
                                   registry=r)
+        self._dead_taken = Counter(p + "dead_streams_taken",
+                                   "Streams of dead members this worker took straight over "
+                                   "(one conditional write each, no release between)",
+                                   registry=r)
         self._member_fenced = Counter(p + "member_fenced",
                                       "Times this worker found its own epoch moved on",
                                       registry=r)
@@ -369,6 +373,9 @@ class Metrics:
 
     def released_on_behalf(self, count: int) -> None:
         self._on_behalf.inc(count)
+
+    def dead_streams_taken(self, count: int) -> None:
+        self._dead_taken.inc(count)
 
     def leader(self, leading: bool) -> None:
         if leading:

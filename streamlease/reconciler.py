@@ -32,7 +32,9 @@ from typing import Protocol
 from streamlease.clock import Clock
 from streamlease.core import balance
 from streamlease.core.backoff import jittered
+from streamlease.core.deal import deal, deal_weights
 from streamlease.core.lease import HolderState, StopReason, resume_point, takeover_threshold_ms
+from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.core.model import StreamRecord, Tenure, error_text
 from streamlease.core.plan import (
     VALID_STATES,
@@ -64,6 +66,11 @@ UNSERVABLE_RETRY_S = 60.0
 REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
 AUDITED_LIMIT = 100_000  # (stream, fence) pairs the self-audit knows are not leased here
 AUDIT_READS = 200  # consistent reads one self-audit makes at most
+# Take-overs of a dead member's streams: each moves the orphan index's STARTED key (a
+# delete and a put), which takes about 1,000 writes/s; the survivors share half of it.
+TAKEOVER_INDEX_WRITES_S = 500.0
+TAKEOVER_CONCURRENCY = 16  # take-over writes in flight per worker
+DEALT_LIMIT = 1_000  # dead incarnations remembered as dealt
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class ReconcilerSettings:
     stopped_check_s: float = 5.0  # the held-STOPPED query (the member heartbeat interval)
     min_hold_s: float = 30.0  # a stream is never handed over sooner after its acquisition
     audit_s: float = 32.0  # the self-audit's interval: 1.6 member leases (+20 % < two)
+    second_pass_s: float = 2.0  # a dead member's streams are looked up again after this
 
 
 class MemberGate(Protocol):
@@ -156,6 +164,8 @@ class Reconciler:
         # acquires the stream (its fence may then be moved anywhere by ``advance``).
         self._audited: OrderedDict[str, int] = OrderedDict()
         self._unservable_until: dict[str, float] = {}  # stream -> monotonic: not before
+        # Dead incarnations (worker id, fenced epoch) whose streams this worker has dealt.
+        self._dealt: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.health = health or HealthState(timings.lease_s)
 
     def stop(self, release_by: float | None = None) -> None:
@@ -316,6 +326,7 @@ class Reconciler:
             await self._settle_unsure()
         if not self._admits():
             return  # nothing will be taken: spare the store the orphan query too
+        self._deal_dead()
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
         now = self.clock.monotonic()
@@ -360,6 +371,118 @@ class Reconciler:
             self._fast_until = max(self._fast_until,
                                    self.clock.monotonic() + self.settings.reconcile_s)
         self.metrics.set_leases_held(len(self.supervisors))
+
+    # -- a dead member's streams ---------------------------------------------------------
+
+    def _deal_dead(self) -> None:
+        """For each member row newly seen fenced (DEAD, its streams not yet released), take
+        this worker's part of the deal (``streamlease.core.deal``) straight over."""
+        view = self.membership.view
+        for row in view.members:
+            if row.status is not MemberStatus.DEAD or row.released:
+                continue
+            key = (row.worker_id, row.epoch)
+            if key in self._dealt or self._tg is None:
+                continue
+            self._dealt[key] = None
+            if len(self._dealt) > DEALT_LIMIT:
+                self._dealt.popitem(last=False)
+            self._tg.create_task(self._guarded_take(row), name=f"take over {row.worker_id}")
+
+    async def _guarded_take(self, dead: MemberRecord) -> None:
+        try:
+            await self._take_dead_part(dead)
+            # The owner index lags: a stream the dead member took just before it died may
+            # be listed only a moment later.
+            await self._pause(self.settings.second_pass_s)
+            if not self._stop.is_set():
+                await self._take_dead_part(dead)
+        except StoreError as exc:
+            event(logging.WARNING, "takeover.failed", "taking a dead member's streams over "
+                  "failed; its fencer releases what is left", member=dead.worker_id,
+                  error=str(exc))
+        except Exception:
+            self.metrics.task_crashed("takeover")
+            event(logging.ERROR, "takeover.crashed", "taking a dead member's streams over "
+                  "crashed; its fencer releases what is left", member=dead.worker_id,
+                  exc_info=True)
+
+    def _deal_for(self, dead: MemberRecord, stream_ids: list[str]) -> list[str]:
+        """This worker's part of the deal of ``stream_ids``, as every survivor computes it
+        from the member rows (its own row's count replaced by its live one, as all do
+        with their own: the rows lag by a heartbeat at most)."""
+        view = self.membership.view
+        survivors = [m for m in view.active() if m.worker_id != dead.worker_id]
+        counts = {m.worker_id: m.streams for m in survivors}
+        capacities = {m.worker_id: m.capacity for m in survivors}
+        weights = deal_weights(counts, capacities, len(stream_ids))
+        dealt = deal(stream_ids, weights)
+        return [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
+
+    async def _take_dead_part(self, dead: MemberRecord) -> int:
+        owned = await self.leases.owned_by(dead.worker_id,
+                                           timeout=2 * self.settings.stopped_check_s)
+        stream_ids = sorted({o.stream_id for o in owned})
+        mine = [sid for sid in self._deal_for(dead, stream_ids)
+                if sid not in self.supervisors and sid not in self._acquiring]
+        room = self.settings.max_streams - len(self.supervisors)
+        mine = mine[:max(0, room)]
+        if not mine or not self.membership.accepting:
+            return 0
+        survivors = max(1, len([m for m in self.membership.view.active()
+                                if m.worker_id != dead.worker_id]))
+        spacing = survivors * 2 / TAKEOVER_INDEX_WRITES_S  # this worker's part of the budget
+        gate = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
+        taken: list[bool] = []
+
+        async def one(stream_id: str) -> None:
+            async with gate:
+                taken.append(await self._take_one(stream_id, dead))
+
+        async with asyncio.TaskGroup() as tg:
+            for stream_id in mine:
+                if self._stop.is_set():
+                    break
+                tg.create_task(one(stream_id))
+                await self.clock.sleep(spacing)
+        count = sum(taken)
+        if count:
+            self.metrics.dead_streams_taken(count)
+            self.membership.counts_changed()
+            event(logging.INFO, "takeover.done", "took a dead member's streams straight over",
+                  member=dead.worker_id, epoch=dead.epoch, dealt=len(mine), taken=count)
+        self.metrics.set_leases_held(len(self.supervisors))
+        return count
+
+    async def _take_one(self, stream_id: str, dead: MemberRecord) -> bool:
+        if self._stop.is_set() or not self.membership.accepting or \
+                len(self.supervisors) >= self.settings.max_streams:
+            return False
+        self._acquiring.add(stream_id)
+        try:
+            sent = self.clock.monotonic()
+            try:
+                got = await self.leases.take_over(
+                    stream_id, dead.worker_id, dead.epoch, self.settings.owner,
+                    self.clock.wall_ms(), self.settings.supervisor.timings,
+                    timeout=2 * self.settings.stopped_check_s, epoch=self.membership.epoch)
+                if got is not None:
+                    got = await self._resume_where_the_sink_is(got)
+            except StoreError as exc:
+                self._unsure.add(stream_id)  # it may have applied: read back next cycle
+                event(logging.WARNING, "lease.acquire_failed",
+                      "take-over failed; its outcome is checked at the next cycle",
+                      error=str(exc), stream=stream_id)
+                return False
+            if got is None:
+                return False  # released, taken by another survivor, or never held by it
+            await self._start(got, sent, None, dead.worker_id, how="takeover")
+            return stream_id in self.supervisors
+        except BaseException:
+            self._unsure.add(stream_id)  # cancelled mid-call: it may have applied
+            raise
+        finally:
+            self._acquiring.discard(stream_id)
 
     def _waited(self, orphans: list[StreamRecord], now: float) -> _Waited:
         """Note when this worker first saw each orphan; the orphans by how long they
@@ -557,6 +680,19 @@ class Reconciler:
             return
         if got is None:
             return  # someone else won, or the item changed: not an error
+        # Unowned since its stored expiry; a released stream (expiry 0: a hand-over, a
+        # release on behalf) since this worker first saw it free, a lower bound.
+        expired = candidate.lease_expires_at_ms
+        seen = self._orphan_since.get(candidate.stream_id)
+        delay = (now_ms - expired) / 1000 if expired else \
+            None if seen is None else max(0.0, sent - seen)
+        await self._start(got, sent, delay, candidate.lease_owner)
+
+    async def _start(self, got: Acquired, sent: float, delay: float | None,
+                     previous_owner: str | None, how: str = "orphan") -> None:
+        """Serve a lease just taken (acquired as an orphan, or taken over from a dead
+        member): start its output and its supervisor, or hand it straight back if this
+        worker can no longer serve it."""
         if self._stop.is_set() or len(self.supervisors) >= self.settings.max_streams \
                 or not self.membership.accepting:
             # Stopped, full, or no longer a member in good standing while the call was in
@@ -587,16 +723,10 @@ class Reconciler:
             if opened is None:
                 return
             got = opened
-        # Unowned since its stored expiry; a released stream (expiry 0: a hand-over, a
-        # release on behalf) since this worker first saw it free, a lower bound.
-        expired = candidate.lease_expires_at_ms
-        seen = self._orphan_since.get(candidate.stream_id)
-        delay = (now_ms - expired) / 1000 if expired else \
-            None if seen is None else max(0.0, sent - seen)
         self.metrics.lease_acquired(delay)
         event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
               fence=got.tenure.fence, last_seq=got.tenure.last_seq,
-              previous_owner=candidate.lease_owner, unowned_s=delay)
+              previous_owner=previous_owner, unowned_s=delay, how=how)
         supervisor = Supervisor(got.tenure, got.record, sent, self.leases, self.sink,
                                 self.clock, self.metrics, self.settings.supervisor, self.rng,
                                 self._on_delivered, self.health, self.lease_health,

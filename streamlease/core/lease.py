@@ -121,6 +121,18 @@ def can_renew(record: StreamRecord | None, owner: str, fence: int) -> bool:
         record.lease_expires_at_ms != 0
 
 
+def can_take_over(record: StreamRecord | None, dead_owner: str, fenced_epoch: int) -> bool:
+    """Take-over rule: a STARTED stream still leased (expiry not 0) to ``dead_owner`` under
+    an epoch older than ``fenced_epoch`` (the dead member's row epoch after it was fenced)
+    passes straight to a survivor — fence + 1, the survivor's owner, expiry and epoch — in
+    one conditional write, with no release between. It is an acquisition: the fence moves
+    on, so nothing the dead incarnation still sends is accepted."""
+    return (record is not None and record.started and record.lease_owner == dead_owner
+            and record.fence is not None and record.lease_expires_at_ms is not None
+            and record.lease_expires_at_ms != 0
+            and (record.lease_epoch is None or record.lease_epoch < fenced_epoch))
+
+
 def next_fence(record: StreamRecord) -> int:
     """Fence after an acquisition or a force release: +1, starting from 0."""
     return (record.fence or 0) + 1

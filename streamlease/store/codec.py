@@ -281,6 +281,23 @@ def release_for_expr(owner: str, fence: int, fenced_epoch: int) -> Expr:
     )
 
 
+def take_over_expr(dead_owner: str, fenced_epoch: int, owner: str, epoch: int,
+                   new_expiry_ms: int) -> Expr:
+    """``can_take_over`` + ``next_fence``: a dead incarnation's held, STARTED stream passes
+    to ``owner`` (its epoch and a fresh expiry) in one write, fence + 1."""
+    return Expr(
+        condition=("attribute_exists(#pk) AND #ds = :started AND #owner = :dead AND "
+                   "#exp <> :zero AND attribute_exists(#fence) AND "
+                   "(attribute_not_exists(#epoch) OR #epoch < :fenced) AND "
+                   "(attribute_not_exists(#last) OR attribute_type(#last, :number))"),
+        update="SET #owner = :me, #exp = :exp, #epoch = :epoch, #fence = #fence + :one",
+        names=_names("#pk", "#ds", "#owner", "#exp", "#fence", "#epoch", "#last"),
+        values={":started": s("STARTED"), ":dead": s(dead_owner), ":zero": n(0),
+                ":fenced": n(fenced_epoch), ":number": s("N"), ":me": s(owner),
+                ":exp": n(new_expiry_ms), ":epoch": n(epoch), ":one": n(1)},
+    )
+
+
 def adopt_expr() -> Expr:
     """Give a hand-written item ``lease_expires_at_ms = 0`` so the sparse index sees it."""
     return Expr(

@@ -29,7 +29,13 @@ from typing import Any, Protocol
 from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
 from streamlease.core.leadership import LeaderRecord, next_fence, raised_fence_mark
-from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
+from streamlease.core.lease import (
+    LeaseTimings,
+    RenewOutcome,
+    can_take_over,
+    expiry_for,
+    takeover_threshold_ms,
+)
 from streamlease.core.membership import (
     HeartbeatOutcome,
     MemberRecord,
@@ -247,6 +253,27 @@ class MemoryStore:
             return False
         self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1)})
         return True
+
+    async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
+                        now_wall_ms: int, timings: LeaseTimings, timeout: float | None = None,
+                        epoch: int = 0) -> Acquired | None:
+        self._called("take_over")
+        item = self.items.get(stream_key(stream_id))
+        if item is None:
+            return None
+        expiry = expiry_for(now_wall_ms, timings)
+        if codec.LAST_SEQ in item and _n(item, codec.LAST_SEQ) is None:
+            return None  # a wrongly typed checkpoint: the condition refuses it
+        if not can_take_over(_record(item), dead_owner, fenced_epoch):
+            return _resent_acquire(item, owner, expiry)
+        fence = _n(item, codec.FENCE)
+        if fence is None:
+            raise StoreError("ValidationException: fence is not a number")
+        self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
+                         codec.FENCE: codec.n(fence + 1), codec.LEASE_EPOCH: codec.n(epoch)})
+        record = _record(item)
+        return Acquired(Tenure(stream_id, owner, fence + 1, record.last_seq, expiry, epoch),
+                        record)
 
     async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
         self._called("scan")

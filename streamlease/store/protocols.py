@@ -110,6 +110,14 @@ class LeaseStore(Protocol):
         owner and fence are as seen, the lease is held, and it was taken under an epoch
         older than ``fenced_epoch``. False if any of that no longer holds."""
 
+    async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
+                        now_wall_ms: int, timings: LeaseTimings, timeout: float | None = None,
+                        epoch: int = 0) -> Acquired | None:
+        """Take a fenced member's stream straight over (``can_take_over``): owner, expiry
+        and epoch become this worker's, fence + 1, in one conditional write. None if the
+        stream is not (or no longer) leased to an incarnation older than
+        ``fenced_epoch``."""
+
     async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
         """Every stream item, including those the index cannot see (the sweep)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import HeartbeatOutcome, MemberStatus
+from streamlease.core.model import Tenure
 from streamlease.store.protocols import Stores
 from tests.store.lag import eventually
 
@@ -139,3 +140,43 @@ async def test_rows_name_their_incarnation_and_their_fencer(stores: Stores) -> N
     (row,) = await fleet.members()
     assert (row.epoch, row.incarnation, row.fenced_by) == (theirs.epoch, "two", None)
     assert row.status is MemberStatus.ACTIVE
+
+
+async def test_take_over_passes_a_dead_incarnations_stream_in_one_write(stores: Stores) -> None:
+    """A survivor takes a fenced member's held stream straight over: owner, expiry and
+    epoch its own, fence + 1; nothing else qualifies (released, newer incarnation,
+    STOPPED, another owner), and a second survivor's write finds it gone."""
+    leases, admin = stores.leases, stores.admin
+    for sid in ("held", "released", "newer", "stopped", "other"):
+        await admin.put_started(sid, "wss://x/")
+    assert await leases.acquire("held", "a", NOW, T, epoch=5) is not None
+    released = await leases.acquire("released", "a", NOW, T, epoch=5)
+    assert released is not None and await leases.release(released.tenure)
+    assert await leases.acquire("newer", "a", NOW, T, epoch=7) is not None  # re-registered
+    assert await leases.acquire("stopped", "a", NOW, T, epoch=5) is not None
+    await admin.set_state("stopped", "STOPPED")
+    assert await leases.acquire("other", "z", NOW, T, epoch=5) is not None
+    fenced_epoch = 6
+    later = NOW + 1_000
+    got = await leases.take_over("held", "a", fenced_epoch, "b", later, T, epoch=3)
+    assert got is not None
+    assert (got.tenure.owner, got.tenure.fence, got.tenure.expires_at_ms, got.tenure.epoch) == \
+        ("b", 2, later + T.lease_ms, 3)
+    record = await admin.get("held")
+    assert record is not None and (record.lease_owner, record.fence, record.lease_epoch,
+                                   record.lease_expires_at_ms) == ("b", 2, 3, later + T.lease_ms)
+    for sid in ("released", "newer", "stopped", "other"):
+        assert await leases.take_over(sid, "a", fenced_epoch, "b", later, T, epoch=3) is None, sid
+    assert await leases.take_over("held", "a", fenced_epoch, "c", later, T, epoch=4) is None
+    assert await leases.take_over("missing", "a", fenced_epoch, "b", later, T, epoch=3) is None
+    # The holder it passed from cannot renew or release any more.
+    assert await leases.release(Tenure("held", "a", 1, None, NOW + T.lease_ms)) is False
+
+
+async def test_a_resent_take_over_that_applied_returns_the_tenure(stores: Stores) -> None:
+    leases, admin = stores.leases, stores.admin
+    await admin.put_started("s", "wss://x/")
+    assert await leases.acquire("s", "a", NOW, T, epoch=5) is not None
+    first = await leases.take_over("s", "a", 6, "b", NOW + 10, T, epoch=3)
+    again = await leases.take_over("s", "a", 6, "b", NOW + 10, T, epoch=3)
+    assert first is not None and again is not None and again.tenure == first.tenure

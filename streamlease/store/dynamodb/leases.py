@@ -164,6 +164,27 @@ class DynamoLeaseStore(DynamoTable):
             return False
         return True
 
+    async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
+                        now_wall_ms: int, timings: LeaseTimings, timeout: float | None = None,
+                        epoch: int = 0) -> Acquired | None:
+        expiry = expiry_for(now_wall_ms, timings)
+        expr = codec.take_over_expr(dead_owner, fenced_epoch, owner, epoch, expiry)
+        try:
+            resp = await self._call(
+                "update_item", timeout, TableName=self.table, Key=codec.key(stream_id),
+                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **expr.update_kwargs(),
+            )
+        except ConditionFailed as failed:
+            old = codec.decode_record(failed.item) if failed.item else None
+            if old is not None and old.lease_owner == owner and old.lease_expires_at_ms == expiry:
+                return acquired(old, owner, expiry)  # it applied; this is its re-send
+            return None
+        record = codec.decode_record(resp["Attributes"])
+        if record is None:
+            raise StoreError(f"take-over of {stream_id} returned an item without a stream key")
+        return acquired(record, owner, expiry)
+
     async def scan(self, timeout: float | None = None, page_size: int = 500) -> list[StreamRecord]:
         found: list[StreamRecord] = []
         kwargs: dict[str, Any] = {"TableName": self.table, "Limit": page_size}
