@@ -45,6 +45,11 @@ class TableMissing(StoreError):
     """A table this worker needs does not exist (run ``streamlease table create``)."""
 
 
+class WriteRefused(StoreError):
+    """A leader's fenced write was refused by its own condition (not the fence): nothing
+    was written."""
+
+
 class StaleFence(StreamleaseError):
     """The sink refused a batch: this holder's fence is no longer current.
 

@@ -32,17 +32,22 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.core.backoff import jittered
+from streamlease.core.fenced import HashSet, PutItem, Transaction
 from streamlease.core.leadership import LeaderObserver, LeaderRecord
 from streamlease.core.membership import HeartbeatOutcome, Liveness, MemberState, MemberTimings
-from streamlease.errors import StoreError
+from streamlease.errors import StoreError, WriteRefused
 from streamlease.logs import event
+from streamlease.store.protocols import LeaderBackend
 
+# The public API of leader leases, in one place. The writes (streamlease.core.fenced), the
+# backend protocol (streamlease.store.protocols) and WriteRefused (streamlease.errors) are
+# defined below the runtime, where the stores that apply them import them; storage imports
+# no runtime module (tests/test_layering.py).
 __all__ = [
     "HashSet",
     "LeaderBackend",
@@ -50,78 +55,9 @@ __all__ = [
     "LeaderRecord",
     "PutItem",
     "Transaction",
+    "WriteRefused",
     "dynamodb_backend",
 ]
-
-
-# -- writes ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PutItem:
-    """DynamoDB: put ``item`` (DynamoDB JSON) into ``table``; ``condition`` (with its
-    names and values) is the put's own condition, e.g. ``attribute_not_exists(Pk)``."""
-
-    table: str
-    item: dict[str, Any]
-    condition: str | None = None
-    names: dict[str, str] = field(default_factory=dict)
-    values: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Transaction:
-    """DynamoDB: these ``TransactWriteItems`` actions, all or nothing, with the fence."""
-
-    actions: list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class HashSet:
-    """Redis: ``HSET key field value``."""
-
-    key: str
-    field: str
-    value: str
-
-
-class WriteRefused(StoreError):
-    """The write's own condition failed (not the fence): nothing was written."""
-
-
-# -- the backend ----------------------------------------------------------------------
-
-
-class LeaderBackend(Protocol):
-    """Where named leases live. Every method is one atomic, conditional operation."""
-
-    #: Whether ``fenced_write`` applies a ``PutItem`` with a condition of its own, in
-    #: the same atomic step as the fence check (DynamoDB and the in-memory store; not
-    #: Redis, whose fenced writes are hash sets).
-    conditional_puts: bool
-
-    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
-        """The lease as it is (a consistent read); None if absent or expired."""
-
-    async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
-                      now_wall_ms: int, timeout: float | None = None) -> int | None:
-        """Take the lease if it is still exactly as ``seen`` (None: absent); the new
-        fence (above every earlier one), or None if the condition failed."""
-
-    async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
-                    timeout: float | None = None) -> HeartbeatOutcome:
-        """Extend it while it is still this owner's under this fence (RENEWED), or report
-        it gone (FENCED), or that the outcome is unknown."""
-
-    async def resign(self, name: str, owner: str, fence: int,
-                     timeout: float | None = None) -> bool:
-        """Free it now (the fence stays) if still this holder's."""
-
-    async def fenced_write(self, name: str, fence: int, write: Any,
-                           timeout: float | None = None) -> None:
-        """Apply ``write`` only if the lease still carries ``fence``, atomically. Raises
-        StaleFence if it does not, WriteRefused if the write's own condition failed,
-        TypeError for a write this backend cannot apply."""
 
 
 @contextlib.asynccontextmanager

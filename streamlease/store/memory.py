@@ -26,6 +26,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from streamlease.core.fenced import HashSet, PutItem, Transaction
 from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
 from streamlease.core.leadership import LeaderRecord, next_fence, raised_fence_mark
@@ -51,8 +52,7 @@ from streamlease.core.model import (
     error_text,
     stream_key,
 )
-from streamlease.errors import StaleFence, StoreError, TableMissing
-from streamlease.leader import HashSet, PutItem, Transaction, WriteRefused
+from streamlease.errors import StaleFence, StoreError, TableMissing, WriteRefused
 from streamlease.store import codec, fleetcodec, schema
 from streamlease.store.protocols import (
     Acquired,

@@ -8,7 +8,7 @@ Six roles, each a handful of methods, each with a DynamoDB implementation
   orphan query, the sweep, ``last_error``.
 * ``Sink`` — the fenced data plane: one transaction per batch, refused for a stale fence.
 * ``FleetStore`` — member rows: register, heartbeat, read the fleet, fence a dead member.
-* ``LeaderBackend`` (``streamlease.leader``) — named leader leases and fenced writes.
+* ``LeaderBackend`` — named leader leases and fenced writes (``streamlease.leader``).
 * ``JobStore`` — singleton jobs and one run record per slot.
 * ``AdminStore`` — what operators and tests do: create tables, upsert and flip streams, force
   releases, read the sink back.
@@ -24,12 +24,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from streamlease.core.fenced import PutItem
 from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, UnreadableJob
+from streamlease.core.leadership import LeaderRecord
 from streamlease.core.lease import LeaseTimings, RenewOutcome
 from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from streamlease.core.model import EventMark, OwnedStream, StreamRecord, Tenure
-from streamlease.leader import LeaderBackend, PutItem
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,38 @@ class FleetStore(Protocol):
 
     async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
         """Remove this incarnation's row (a clean exit, every stream released)."""
+
+
+class LeaderBackend(Protocol):
+    """Where named leases live. Every method is one atomic, conditional operation."""
+
+    #: Whether ``fenced_write`` applies a ``PutItem`` with a condition of its own, in
+    #: the same atomic step as the fence check (DynamoDB and the in-memory store; not
+    #: Redis, whose fenced writes are hash sets).
+    conditional_puts: bool
+
+    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
+        """The lease as it is (a consistent read); None if absent or expired."""
+
+    async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
+                      now_wall_ms: int, timeout: float | None = None) -> int | None:
+        """Take the lease if it is still exactly as ``seen`` (None: absent); the new
+        fence (above every earlier one), or None if the condition failed."""
+
+    async def renew(self, name: str, owner: str, fence: int, ttl_s: float, now_wall_ms: int,
+                    timeout: float | None = None) -> HeartbeatOutcome:
+        """Extend it while it is still this owner's under this fence (RENEWED), or report
+        it gone (FENCED), or that the outcome is unknown."""
+
+    async def resign(self, name: str, owner: str, fence: int,
+                     timeout: float | None = None) -> bool:
+        """Free it now (the fence stays) if still this holder's."""
+
+    async def fenced_write(self, name: str, fence: int, write: Any,
+                           timeout: float | None = None) -> None:
+        """Apply ``write`` only if the lease still carries ``fence``, atomically. Raises
+        StaleFence if it does not, WriteRefused if the write's own condition failed,
+        TypeError for a write this backend cannot apply."""
 
 
 class JobStore(Protocol):

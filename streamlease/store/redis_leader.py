@@ -76,10 +76,10 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
 from streamlease.core.backends import DEFAULT_WAIT_MS, RedisTarget, parse_leader_backend
+from streamlease.core.fenced import HashSet, PutItem
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.membership import HeartbeatOutcome
 from streamlease.errors import StaleFence, StoreError, StoreUnavailable
-from streamlease.leader import HashSet, PutItem
 from streamlease.logs import event
 
 __all__ = ["PREFIX", "RedisLeaderBackend", "RedisTarget", "hash_set_for_item",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamlease.core.fenced import PutItem
 from streamlease.core.jobs import Job, JobList, JobRun, UnreadableJob
-from streamlease.leader import PutItem
 from streamlease.store import fleetcodec
 from streamlease.store.codec import s
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable

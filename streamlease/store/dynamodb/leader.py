@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamlease.core.fenced import PutItem, Transaction
 from streamlease.core.leadership import LeaderRecord, next_fence
 from streamlease.core.membership import HeartbeatOutcome
-from streamlease.errors import StaleFence, StoreError, StoreThrottled, StoreUnavailable
-from streamlease.leader import PutItem, Transaction, WriteRefused
+from streamlease.errors import (
+    StaleFence,
+    StoreError,
+    StoreThrottled,
+    StoreUnavailable,
+    WriteRefused,
+)
 from streamlease.store import fleetcodec
 from streamlease.store.dynamodb.client import (
     TXN_CONFLICT_REASONS,
