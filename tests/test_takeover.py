@@ -62,6 +62,10 @@ def worker(store: FaultyStore, name: str, reconciles: bool = True) -> Worker:
     return Worker(membership, reconciler, metrics, [])
 
 
+def supervised(workers: list[Worker]) -> int:
+    return sum(len(w.reconciler.supervisors) for w in workers if w.reconciler is not None)
+
+
 async def start(w: Worker) -> None:
     await w.membership.register()
     w.tasks.append(asyncio.create_task(w.membership.run()))
@@ -112,8 +116,7 @@ async def test_survivors_take_a_dead_members_streams_straight_over_by_share() ->
     dead.membership.stop()  # a kill -9: no release, the row stays as it was
     await asyncio.gather(*dead.tasks, return_exceptions=True)
     async with asyncio.timeout(4 * T.lease_s):
-        while sum(len(w.reconciler.supervisors) for w in survivors  # type: ignore[union-attr]
-                  ) < DEAD_STREAMS:  # noqa: ASYNC110
+        while supervised(survivors) < DEAD_STREAMS:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
     held = await owners(memory, ids)
     # One write each: fence 1 -> 2, straight from the dead incarnation to a survivor.
@@ -152,8 +155,7 @@ async def test_a_part_nobody_takes_is_released_after_the_deal_window_and_acquire
     dead.membership.stop()
     await asyncio.gather(*dead.tasks, return_exceptions=True)
     async with asyncio.timeout(20 * T.lease_s):
-        while sum(len(w.reconciler.supervisors) for w in active  # type: ignore[union-attr]
-                  ) < DEAD_STREAMS:  # noqa: ASYNC110
+        while supervised(active) < DEAD_STREAMS:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
     held = await owners(memory, ids)
     assert {owner for owner, _ in held.values()} <= {"a", "b"}
