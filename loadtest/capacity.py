@@ -545,11 +545,11 @@ def scale_figures(streams: int, settings: Settings) -> dict[str, Any]:
                   for x in found if x.kind.code != "(none yet)"},
         "keys": [{"table": k.table, "key": k.key, "read_units_per_s": _r(k.read_units_s),
                   "write_units_per_s": _r(k.write_units_s),
-                  "read_share": round(k.read_share, 4), "write_share": round(k.write_share, 4)}
+                  "read_share": _sig(k.read_share), "write_share": _sig(k.write_share)}
                  for k in key_loads(shape)],
         "tables": {t: {"read_units_per_s": _r(r), "write_units_per_s": _r(w)}
                    for t, (r, w) in table_loads(shape).items()},
-        "nearest_limit": nearest[0], "nearest_limit_share": round(nearest[1], 4),
+        "nearest_limit": nearest[0], "nearest_limit_share": _sig(nearest[1]),
         "over_budget": sorted(name for name, share in used if share > BUDGET),
         "over_limit": sorted(name for name, share in used if share > 1.0),
     }
@@ -858,6 +858,10 @@ def _r(value: float) -> float:
     return round(value, 3)
 
 
+def _sig(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
 def _q(value: float | None) -> str:
     if value is None:
         return "-"
@@ -866,7 +870,9 @@ def _q(value: float | None) -> str:
 
 def _pct(share: float) -> str:
     pct = share * 100
-    return f"**{pct:,.0f} %**" if share > 1 else f"{pct:.3g} %" if pct < 10 else f"{pct:.0f} %"
+    if share > 1:
+        return f"**{pct:,.0f} %**"
+    return "< 0.1 %" if pct < 0.1 else f"{pct:.2g} %" if pct < 10 else f"{pct:.0f} %"
 
 
 def _count(value: int | None) -> str:
