@@ -42,7 +42,6 @@ KEY_READ_LIMIT = 3000.0  # read units/s one partition serves
 KEY_WRITE_LIMIT = 1000.0  # write units/s one partition serves
 TABLE_QUOTA = 40_000.0  # default read and write units/s per table or index (adjustable)
 BUDGET = 0.5  # every key stays under half its limit
-KEY_LIMIT_WRITES_S = BUDGET * KEY_WRITE_LIMIT  # the index-writes-only model's budget
 INDEX_WRITES_PER_LEASE_WRITE = 2  # the range key moves: delete + put
 DEFAULT_MAX_STREAMS = int(DEFAULTS["STREAMLEASE_MAX_STREAMS"])
 SCALES = (1_000, 10_000, 100_000, 1_000_000)
@@ -303,6 +302,11 @@ def _sweep(f: Shape) -> tuple[float, float]:
     return paged_read_units(f.streams, f.sizes.stream, False, SCAN_PAGE)
 
 
+def _moved(entry: int) -> float:
+    """Write units of an index entry whose key changes: a delete and a put."""
+    return INDEX_WRITES_PER_LEASE_WRITE * write_units(entry)
+
+
 def _renewals(f: Shape) -> float:
     return 0.0 if f.first_interval else f.streams / f.settings.stream_renew_s
 
@@ -359,7 +363,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("stream renewal: index entry moves", "store/schema.py (range key lease_expires_at_ms)",
          "-", STATE_INDEX, "STARTED", "one", "2 x renewals",
          per_s=_renewals, requests=_zero,
-         write_units=lambda f: 2 * write_units(f.sizes.orphan_entry)),
+         write_units=lambda f: _moved(f.sizes.orphan_entry)),
     # Supervisor._heartbeat_loop -> _check_once -> DynamoLeaseStore.check: a consistent
     # GetItem of the stream's item every STREAM_CHECK_SECONDS between renewals.
     Kind("stream check", "supervisor.py _check_once; store/dynamodb/leases.py check",
@@ -403,18 +407,18 @@ KINDS: tuple[Kind, ...] = (
     # ... which moves its STARTED entry (new expiry) ...
     Kind("acquisition: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED",
          "one", "2 x acquisitions", per_s=lambda f: f.churn, requests=_zero,
-         write_units=lambda f: 2 * write_units(f.sizes.orphan_entry)),
+         write_units=lambda f: _moved(f.sizes.orphan_entry)),
     # ... and its owner-index entry (the fence, usually the owner, changes).
     Kind("acquisition: owner entry moves", "store/schema.py", "-", OWNER_INDEX,
          "each worker id", "worker", "2 x acquisitions", per_s=lambda f: f.churn,
-         requests=_zero, write_units=lambda f: 2 * write_units(f.sizes.owner_entry)),
+         requests=_zero, write_units=lambda f: _moved(f.sizes.owner_entry)),
     # Supervisor._release -> DynamoLeaseStore.release (expiry 0; owner and fence kept).
     Kind("release", "supervisor.py _release; store/dynamodb/leases.py release", "update_item",
          STREAMS, "each stream", "stream", "= acquisitions", per_s=lambda f: f.churn,
          write_units=lambda f: write_units(f.sizes.stream)),
     Kind("release: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED", "one",
          "2 x releases", per_s=lambda f: f.churn, requests=_zero,
-         write_units=lambda f: 2 * write_units(f.sizes.orphan_entry)),
+         write_units=lambda f: _moved(f.sizes.orphan_entry)),
     # No change-feed reader exists yet (STREAMLEASE_CHANGE_FEED): when it does, it is one
     # reader per fleet per shard (DynamoDB Streams allows about two), counted here.
     Kind("change feed", "(none yet)", "-", STREAMS, "-", "one", "0", per_s=_zero,

@@ -4,6 +4,7 @@ issues, per partition-key value, against DynamoDB's limits; pure arithmetic, no 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +187,13 @@ def test_the_text_names_every_kind_and_the_result() -> None:
             assert k.name in text
     assert f"**Streams per table at defaults: {model['streams_per_table']:,}**" in text
     assert "| fleet table / MEMBER, reads |" in text
+
+
+def test_docs_show_the_model_as_it_is() -> None:
+    """docs/performance.md carries the model's own text: a change to a request kind, a
+    setting or an item size that moves a figure fails here until the docs follow
+    (``python -m loadtest.capacity`` prints the section)."""
+    doc = (Path(__file__).parent.parent / "docs" / "performance.md").read_text()
+    missing = [line for line in model_text(capacity_model()).splitlines()
+               if line and line not in doc]
+    assert missing == []
