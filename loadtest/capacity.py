@@ -1,35 +1,642 @@
-"""The capacity model: how many streams one table carries before the orphan index's
-hottest partition-key value needs more writes than it can take.
+"""The capacity model: every request the control plane makes at steady state, counted from
+the code, per table and per partition-key value, against DynamoDB's limits.
 
-Every stream that should run sits under one value of the index's hash key,
-``desired_state = STARTED``. DynamoDB serves about 1,000 writes/s per partition-key
-value and cannot split a hot key whose range key only grows, and a throttled index
-throttles the table's own writes; the model keeps that value under half of it.
+DynamoDB serves at most about 3,000 read units and 1,000 write units a second per
+partition. The model treats one partition-key value as one partition: a single item (the
+leader lease) cannot be split at all, and although DynamoDB may split a hot item collection
+(the member rows, the index's ``STARTED`` entries) by sort key on its own initiative, that
+is not something to size a fleet on (and ``STARTED``'s range key only grows, the pattern a
+split does not help). Each key is kept under half its limit (``BUDGET``); a table or index
+also has an account quota (40,000 read and write units a second by default, adjustable),
+shown beside the keys.
 
-Which writes land on it: a write to a stream item touches the index only if it changes
-an attribute the index holds. ``lease_expires_at_ms`` is the index's *range* key, so a
-lease write (renewal, acquisition, release — the holder's or one on a dead member's
-behalf) moves the entry: a delete and a put, 2 index writes. A sink checkpoint writes
-``last_seq``, which the index does not project (see ``streamlease/store/schema.py``): none.
-Member heartbeats go to the fleet table: none.
+``KINDS`` is the one place that says what the code does: one entry per kind of request (or
+index write a request causes), with the code path it comes from, how often it happens as a
+function of the settings and the fleet's shape, and what each costs. Change the entry when
+the code changes. Data-plane traffic (sink transactions, the events table, a processor's
+own writes) is not counted: it scales with messages, not with the fleet.
 
-    index writes/s on STARTED = N x (renewals + acquisitions + releases per stream-minute)
-                                  x 2 / 60
-    streams per table         = floor(500 x 60 / (2 x lease writes per stream-minute))
-
-Lease upkeep per held stream-minute (the figure the membership design bounds by 1):
-stream renewals, plus member heartbeats amortised over the streams a worker holds.
+Unit rules used (DynamoDB's): a read unit covers 4 KB of a strongly consistent read and
+8 KB of an eventually consistent one (index queries and scans here are eventually
+consistent), summed over a Query or Scan page and rounded up per page, with the minimum
+unit charged for a read that returns nothing; a write unit covers 1 KB of the item (the
+larger of before and after); a write that moves an index's key is a delete and a put in
+that index. Item sizes come from representative items built with the codecs' own
+attribute names (``item_bytes``).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-KEY_LIMIT_WRITES_S = 500.0  # half of DynamoDB's ~1,000 writes/s per partition-key value
+from streamlease.config import DEFAULTS
+from streamlease.core.membership import MemberTimings
+from streamlease.store import codec, fleetcodec
+
+KEY_READ_LIMIT = 3000.0  # read units/s one partition serves
+KEY_WRITE_LIMIT = 1000.0  # write units/s one partition serves
+TABLE_QUOTA = 40_000.0  # default read and write units/s per table or index (adjustable)
+BUDGET = 0.5  # every key stays under half its limit
 INDEX_WRITES_PER_LEASE_WRITE = 2  # the range key moves: delete + put
-DEFAULT_MAX_STREAMS = 100
+DEFAULT_MAX_STREAMS = int(DEFAULTS["STREAMLEASE_MAX_STREAMS"])
+SCALES = (1_000, 10_000, 100_000, 1_000_000)
+READ_UNIT = 4096
+WRITE_UNIT = 1024
+PAGE_BYTES = 1 << 20  # a Query or Scan page returns at most 1 MB
+SCAN_PAGE = 500  # DynamoLeaseStore.scan / owned_by page_size
+PRICE_READ = 0.125 / 1e6  # USD per read request unit, on-demand, us-east-1
+PRICE_WRITE = 0.625 / 1e6
+SECONDS_PER_MONTH = 30 * 86400
+MAX_SEARCH = 100_000_000  # streams: a key not past its budget below this is "never"
+
+# -- item sizes -------------------------------------------------------------------------
+
+WORKER_ID = "0123456789abcdef0123456789abcdef"  # an ECS task id: the default worker id
+STREAM_ID = "5f0c7a1e-2b3d-4c5e-8f90-123456789abc"  # operators choose; a UUID here
+WS_URL = f"wss://feeds.example.com/v1/streams/{STREAM_ID}"
+NOW_MS = 1_780_123_456_789  # no trailing zeros: a number is billed by its digits
+
+
+def _s(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def _n(value: int) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def item_bytes(item: Mapping[str, Any]) -> int:
+    """An item's size as DynamoDB bills it: each attribute's name plus its value (a string
+    in UTF-8, a number one byte per two significant digits plus one)."""
+    total = 0
+    for name, value in item.items():
+        total += len(name.encode())
+        if "S" in value:
+            total += len(value["S"].encode())
+        elif "N" in value:
+            digits = value["N"].lstrip("-").replace(".", "").strip("0") or "0"
+            total += (len(digits) + 1) // 2 + 1
+        else:
+            total += 1  # BOOL / NULL
+    return total
+
+
+def member_row() -> dict[str, Any]:
+    """A live member row as ``fleetcodec.register_expr`` and ``heartbeat_expr`` leave it
+    (a day of heartbeats)."""
+    f = fleetcodec
+    return {f.PK: _s(f.MEMBER_PK), f.SK: _s(WORKER_ID), f.EPOCH: _n(NOW_MS),
+            f.HEARTBEAT: _n(17_280), f.STATUS: _s("ACTIVE"), f.STREAMS: _n(100),
+            f.CAPACITY: _n(100), f.HEARTBEAT_AT: _n(NOW_MS), f.STARTED_AT: _n(NOW_MS),
+            f.RELEASED: _n(0), f.HANDOFFS: _n(12), f.INCARNATION: _s("0123456789abcdef")}
+
+
+def high_water_item() -> dict[str, Any]:
+    return {**fleetcodec.high_water_key(), fleetcodec.EPOCH: _n(NOW_MS)}
+
+
+def leader_item() -> dict[str, Any]:
+    f = fleetcodec
+    return {**f.leader_key("fleet"), f.OWNER: _s(WORKER_ID), f.FENCE: _n(1234),
+            f.HEARTBEAT: _n(17_280), f.EXPIRES: _n(NOW_MS), f.ACQUIRED_AT: _n(NOW_MS)}
+
+
+def stream_item() -> dict[str, Any]:
+    """A held stream's item: the contract's attributes plus the holder's epoch."""
+    c = codec
+    return {**c.key(STREAM_ID), c.DESIRED_STATE: _s("STARTED"), c.WS_URL: _s(WS_URL),
+            c.LEASE_OWNER: _s(WORKER_ID), c.LEASE_EXPIRES: _n(NOW_MS), c.FENCE: _n(42),
+            c.LAST_SEQ: _n(1_234_567_890), c.LEASE_EPOCH: _n(NOW_MS)}
+
+
+def orphan_index_entry() -> dict[str, Any]:
+    """The stream's entry in the orphan index: keys, ``Pk`` and ``INDEX_PROJECTED``."""
+    item = stream_item()
+    keep = {codec.PK, codec.DESIRED_STATE, codec.LEASE_EXPIRES, *codec.INDEX_PROJECTED}
+    return {k: v for k, v in item.items() if k in keep}
+
+
+def owner_index_entry() -> dict[str, Any]:
+    """KEYS_ONLY: the owner, the fence and ``Pk``."""
+    item = stream_item()
+    return {k: v for k, v in item.items() if k in (codec.PK, codec.LEASE_OWNER, codec.FENCE)}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Bytes per item, from the representative items above."""
+
+    member_row: int
+    high_water: int
+    leader: int
+    stream: int
+    orphan_entry: int
+    owner_entry: int
+
+    @classmethod
+    def from_codecs(cls) -> Sizes:
+        return cls(member_row=item_bytes(member_row()), high_water=item_bytes(high_water_item()),
+                   leader=item_bytes(leader_item()), stream=item_bytes(stream_item()),
+                   orphan_entry=item_bytes(orphan_index_entry()),
+                   owner_entry=item_bytes(owner_index_entry()))
+
+
+SIZES = Sizes.from_codecs()
+
+
+def read_units(nbytes: float, consistent: bool) -> float:
+    """One read (a GetItem, or one page of a Query or Scan) of ``nbytes`` in all."""
+    units = max(1, math.ceil(nbytes / READ_UNIT))
+    return float(units) if consistent else units / 2
+
+
+def paged_read_units(items: float, size: int, consistent: bool,
+                     per_page: int | None = None) -> tuple[float, float]:
+    """(requests, read units) of reading ``items`` items of ``size`` bytes page by page
+    (``per_page`` items a page at most, else 1 MB). DynamoDB returns a last, empty page
+    when a page ends exactly at its limit; counted."""
+    fit = max(1, PAGE_BYTES // size)
+    page = min(per_page, fit) if per_page else fit
+    full, rest = divmod(math.ceil(items), page)
+    pages = full + 1 if per_page else full + (1 if rest or not full else 0)
+    units = full * read_units(page * size, consistent) + \
+        (read_units(rest * size, consistent) if pages > full else 0.0)
+    return float(pages), units
+
+
+def write_units(nbytes: int) -> float:
+    return float(max(1, math.ceil(nbytes / WRITE_UNIT)))
+
+
+# -- settings and the fleet's shape -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings the rates depend on (defaults: the worker's own, from ``DEFAULTS``)."""
+
+    lease_s: float = float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])
+    heartbeat_s: float = float(DEFAULTS["STREAMLEASE_HEARTBEAT_SECONDS"])
+    reconcile_s: float = float(DEFAULTS["STREAMLEASE_RECONCILE_SECONDS"])
+    sweep_s: float = float(DEFAULTS["STREAMLEASE_SWEEP_SECONDS"])
+    stream_renew_s: float = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])
+    stream_check_s: float = float(DEFAULTS["STREAMLEASE_STREAM_CHECK_SECONDS"])
+    max_streams: int = DEFAULT_MAX_STREAMS
+    deploys_per_day: float = 1.0  # each moves every stream once: a release and an acquire
+    jobs: int = 0  # job definitions the leader lists (their runs depend on their schedules)
+
+    @property
+    def observe_s(self) -> float:
+        """Member reads and the leader campaign (``MemberTimings.observe_s``)."""
+        return MemberTimings(self.lease_s, self.heartbeat_s, 0.0).observe_s
+
+    @property
+    def audit_s(self) -> float:
+        return 1.6 * self.lease_s  # streamlease/app.py reconciler_settings: audit_s
+
+    @property
+    def fast_poll_s(self) -> float:
+        """The orphan poll while a peer drains or has just handed streams over
+        (``Reconciler._next_pause``)."""
+        return max(0.02, min(self.reconcile_s, self.heartbeat_s) / 5)
+
+    @property
+    def checks_per_renewal(self) -> int:
+        """Check-ins between two renewals: a renewal reads the item too and pushes the
+        next check one interval on (``Supervisor._heartbeat_loop``)."""
+        return max(0, math.ceil(self.stream_renew_s / self.stream_check_s) - 1)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A fleet: ``streams`` held by ``workers``.
+
+    ``first_interval``: every stream was acquired less than one renewal interval ago (no
+    renewal yet; checked every ``stream_check_s``), as in a short load-test window.
+    ``churn_per_stream_s``: acquisitions (and as many releases) per stream-second; None
+    takes the settings' rolling deploys."""
+
+    streams: int
+    workers: int
+    settings: Settings = field(default_factory=Settings)
+    sizes: Sizes = field(default_factory=lambda: SIZES)
+    first_interval: bool = False
+    churn_per_stream_s: float | None = None
+
+    @classmethod
+    def at(cls, streams: int, settings: Settings | None = None, **kw: Any) -> Shape:
+        """``streams`` on as few workers as hold them (``max_streams`` each)."""
+        s = settings or Settings()
+        return cls(streams, max(1, math.ceil(streams / s.max_streams)), s, **kw)
+
+    @property
+    def per_worker(self) -> float:
+        return self.streams / self.workers
+
+    @property
+    def churn(self) -> float:
+        """Acquisitions per second, fleet-wide (releases: as many)."""
+        per = self.churn_per_stream_s if self.churn_per_stream_s is not None else \
+            self.settings.deploys_per_day / 86400
+        return self.streams * per
+
+
+# -- the request kinds ------------------------------------------------------------------
+
+FLEET = "fleet table"
+STREAMS = "streams table"
+STATE_INDEX = "streams: desired_state index"
+OWNER_INDEX = "streams: owner index"
+
+Rate = Callable[[Shape], float]
+
+
+def _zero(_: Shape) -> float:
+    return 0.0
+
+
+def _one(_: Shape) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of request (or of index write a request causes).
+
+    ``per_s``: how many a second, fleet-wide; per one: ``requests`` sent (pages; 0 for an
+    index write, which is part of its table write's request), ``items`` read, read and
+    write units. ``spread``: which partition-key values share the load — ``one`` (all on
+    ``key``), ``stream`` (each stream's own key), ``worker`` (each worker's own key)."""
+
+    name: str
+    code: str
+    operation: str  # the request as ``streamlease_dynamodb_requests_total`` labels it
+    table: str
+    key: str
+    spread: str
+    rate: str  # the rate in words
+    per_s: Rate
+    requests: Rate = _one
+    items: Rate = _zero
+    read_units: Rate = _zero
+    write_units: Rate = _zero
+    fast_per_s: Rate | None = None  # while the reconciler polls fast (hand-overs)
+
+
+def _member_query(f: Shape) -> tuple[float, float]:
+    # Every row, and the epoch high-water item that shares the partition (counted as one
+    # more row: it is smaller).
+    return paged_read_units(f.workers + 1, f.sizes.member_row, consistent=True)
+
+
+def _audit(f: Shape) -> tuple[float, float]:
+    return paged_read_units(f.per_worker, f.sizes.owner_entry, False, SCAN_PAGE)
+
+
+def _sweep(f: Shape) -> tuple[float, float]:
+    return paged_read_units(f.streams, f.sizes.stream, False, SCAN_PAGE)
+
+
+def _moved(entry: int) -> float:
+    """Write units of an index entry whose key changes: a delete and a put."""
+    return INDEX_WRITES_PER_LEASE_WRITE * write_units(entry)
+
+
+def _renewals(f: Shape) -> float:
+    return 0.0 if f.first_interval else f.streams / f.settings.stream_renew_s
+
+
+def _checks(f: Shape) -> float:
+    s = f.settings
+    if f.first_interval:
+        return f.streams / s.stream_check_s
+    return f.streams * s.checks_per_renewal / s.stream_renew_s
+
+
+KINDS: tuple[Kind, ...] = (
+    # Membership._heartbeat_loop -> _beat -> DynamoFleetStore.heartbeat: UpdateItem of the
+    # worker's own row, conditioned on its epoch, every heartbeat (early beats that report
+    # a changed count or a hand-over are coalesced; none at steady state).
+    Kind("member heartbeat", "membership.py _beat; store/dynamodb/fleet.py heartbeat",
+         "update_item", FLEET, "MEMBER", "one", "W / heartbeat",
+         per_s=lambda f: f.workers / f.settings.heartbeat_s,
+         write_units=lambda f: write_units(f.sizes.member_row)),
+    # Membership._observe_loop -> _observe -> DynamoFleetStore.members: a consistent Query
+    # of every row under Pk = MEMBER, every observe_s (jittered 10 %), by every worker.
+    Kind("member read (observe)", "membership.py _observe_loop; store/dynamodb/fleet.py members",
+         "query", FLEET, "MEMBER", "one", "W / observe_s; reads all W rows",
+         per_s=lambda f: f.workers / f.settings.observe_s,
+         requests=lambda f: _member_query(f)[0],
+         items=lambda f: f.workers + 1.0,
+         read_units=lambda f: _member_query(f)[1]),
+    # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: every ACTIVE
+    # worker that does not lead reads the lease (consistent GetItem) every observe_s.
+    Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
+         "get_item", FLEET, "LEADER (fleet)", "one", "(W - 1) / observe_s",
+         per_s=lambda f: (f.workers - 1) / f.settings.observe_s,
+         items=_one, read_units=lambda f: read_units(f.sizes.leader, True)),
+    # LeaderLease._renew -> DynamoLeaderBackend.renew: the leader, every heartbeat.
+    Kind("leader renewal", "leader.py LeaderLease._renew", "update_item", FLEET,
+         "LEADER (fleet)", "one", "1 / heartbeat",
+         per_s=lambda f: 1 / f.settings.heartbeat_s,
+         write_units=lambda f: write_units(f.sizes.leader)),
+    # JobRunner.run -> _refresh -> DynamoJobStore.list_jobs: the leader, a consistent Query
+    # of Pk = JOB every refresh_s (= heartbeat). Runs are read and written per slot: they
+    # follow the jobs' schedules, not the fleet, and are not counted.
+    Kind("job list", "jobs.py JobRunner._refresh; store/dynamodb/jobs.py list_jobs", "query",
+         FLEET, "JOB", "one", "1 / heartbeat (leader)",
+         per_s=lambda f: 1 / f.settings.heartbeat_s,
+         items=lambda f: float(f.settings.jobs),
+         read_units=lambda f: read_units(f.settings.jobs * 200, True)),
+    # Supervisor._heartbeat_loop -> _renew_once -> DynamoLeaseStore.renew: UpdateItem of the
+    # stream's item every STREAM_RENEW_SECONDS (none in the first interval).
+    Kind("stream renewal", "supervisor.py _renew_once; store/dynamodb/leases.py renew",
+         "update_item", STREAMS, "each stream", "stream", "N / stream_renew",
+         per_s=_renewals, write_units=lambda f: write_units(f.sizes.stream)),
+    # ... which moves the stream's entry in the orphan index (its range key
+    # lease_expires_at_ms changes): a delete and a put under STARTED.
+    Kind("stream renewal: index entry moves", "store/schema.py (range key lease_expires_at_ms)",
+         "-", STATE_INDEX, "STARTED", "one", "2 x renewals",
+         per_s=_renewals, requests=_zero,
+         write_units=lambda f: _moved(f.sizes.orphan_entry)),
+    # Supervisor._heartbeat_loop -> _check_once -> DynamoLeaseStore.check: a consistent
+    # GetItem of the stream's item every STREAM_CHECK_SECONDS between renewals.
+    Kind("stream check", "supervisor.py _check_once; store/dynamodb/leases.py check",
+         "get_item", STREAMS, "each stream", "stream",
+         "N x (ceil(renew / check) - 1) / renew (first interval: N / check)",
+         per_s=_checks, items=_one, read_units=lambda f: read_units(f.sizes.stream, True)),
+    # Reconciler.run -> _cycle -> DynamoLeaseStore.orphans: an index Query under STARTED
+    # every reconcile_s (jittered 20 %), by every admitting worker; nothing found at steady
+    # state (the minimum unit). While a peer drains or hands streams over: every fast_poll_s.
+    Kind("orphan query", "reconciler.py _cycle; store/dynamodb/leases.py orphans", "query",
+         STATE_INDEX, "STARTED", "one", "W / reconcile",
+         per_s=lambda f: f.workers / f.settings.reconcile_s,
+         read_units=lambda f: read_units(0, False),
+         fast_per_s=lambda f: f.workers / f.settings.fast_poll_s),
+    # Reconciler._stopped_loop -> DynamoLeaseStore.held_stopped: an index Query under
+    # STOPPED (lease still live) every member heartbeat, by every worker.
+    Kind("STOPPED query", "reconciler.py _stopped_loop; store/dynamodb/leases.py held_stopped",
+         "query", STATE_INDEX, "STOPPED", "one", "W / heartbeat",
+         per_s=lambda f: f.workers / f.settings.heartbeat_s,
+         read_units=lambda f: read_units(0, False)),
+    # Reconciler._audit_loop -> audit -> DynamoLeaseStore.owned_by: each worker queries the
+    # owner index under its own id every audit_s (1.6 leases, jittered 20 %): its held
+    # streams (and any released ones still naming it). A read of each only if unserved.
+    Kind("self-audit", "reconciler.py audit; store/dynamodb/leases.py owned_by", "query",
+         OWNER_INDEX, "each worker id", "worker", "W / audit (1.6 x lease)",
+         per_s=lambda f: f.workers / f.settings.audit_s,
+         requests=lambda f: _audit(f)[0], items=lambda f: f.per_worker,
+         read_units=lambda f: _audit(f)[1]),
+    # Reconciler.sweep_duty -> _sweep -> DynamoLeaseStore.scan: the leader Scans the whole
+    # streams table every sweep_s (jittered 20 %), 500 items a page.
+    Kind("sweep Scan", "reconciler.py sweep_duty/_sweep; store/dynamodb/leases.py scan", "scan",
+         STREAMS, "every stream (Scan)", "stream", "1 / sweep (leader); reads all N items",
+         per_s=lambda f: 1 / f.settings.sweep_s,
+         requests=lambda f: _sweep(f)[0], items=lambda f: float(f.streams),
+         read_units=lambda f: _sweep(f)[1]),
+    # Reconciler._try_acquire -> DynamoLeaseStore.acquire (a rolling deploy moves every
+    # stream once; hand-overs for balance add more): UpdateItem of the item ...
+    Kind("acquisition", "reconciler.py _try_acquire; store/dynamodb/leases.py acquire",
+         "update_item", STREAMS, "each stream", "stream", "N x deploys a day / 86,400",
+         per_s=lambda f: f.churn, write_units=lambda f: write_units(f.sizes.stream)),
+    # ... which moves its STARTED entry (new expiry) ...
+    Kind("acquisition: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED",
+         "one", "2 x acquisitions", per_s=lambda f: f.churn, requests=_zero,
+         write_units=lambda f: _moved(f.sizes.orphan_entry)),
+    # ... and its owner-index entry (the fence, usually the owner, changes).
+    Kind("acquisition: owner entry moves", "store/schema.py", "-", OWNER_INDEX,
+         "each worker id", "worker", "2 x acquisitions", per_s=lambda f: f.churn,
+         requests=_zero, write_units=lambda f: _moved(f.sizes.owner_entry)),
+    # Supervisor._release -> DynamoLeaseStore.release (expiry 0; owner and fence kept).
+    Kind("release", "supervisor.py _release; store/dynamodb/leases.py release", "update_item",
+         STREAMS, "each stream", "stream", "= acquisitions", per_s=lambda f: f.churn,
+         write_units=lambda f: write_units(f.sizes.stream)),
+    Kind("release: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED", "one",
+         "2 x releases", per_s=lambda f: f.churn, requests=_zero,
+         write_units=lambda f: _moved(f.sizes.orphan_entry)),
+    # No change-feed reader exists yet (STREAMLEASE_CHANGE_FEED): when it does, it is one
+    # reader per fleet per shard (DynamoDB Streams allows about two), counted here.
+    Kind("change feed", "(none yet)", "-", STREAMS, "-", "one", "0", per_s=_zero,
+         requests=_zero),
+)
+
+SPREAD: dict[str, Rate] = {"one": _one, "stream": lambda f: max(1.0, f.streams),
+                           "worker": lambda f: max(1.0, f.workers)}
+
+
+@dataclass(frozen=True)
+class Load:
+    kind: Kind
+    requests_s: float
+    items_s: float
+    read_units_s: float
+    write_units_s: float
+    fast_requests_s: float  # requests/s with every worker polling fast
+
+
+def loads(shape: Shape, kinds: tuple[Kind, ...] = KINDS) -> list[Load]:
+    out = []
+    for k in kinds:
+        per = k.per_s(shape)
+        fast = k.fast_per_s(shape) if k.fast_per_s else per
+        out.append(Load(k, per * k.requests(shape), per * k.items(shape),
+                        per * k.read_units(shape), per * k.write_units(shape),
+                        fast * k.requests(shape)))
+    return out
+
+
+@dataclass(frozen=True)
+class KeyLoad:
+    """One partition-key value's load (the busiest one where the load is spread)."""
+
+    table: str
+    key: str
+    read_units_s: float
+    write_units_s: float
+
+    @property
+    def read_share(self) -> float:
+        return self.read_units_s / KEY_READ_LIMIT
+
+    @property
+    def write_share(self) -> float:
+        return self.write_units_s / KEY_WRITE_LIMIT
+
+
+def key_loads(shape: Shape, kinds: tuple[Kind, ...] = KINDS) -> list[KeyLoad]:
+    """Per partition-key value: spread loads divided over the keys that share them."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for load in loads(shape, kinds):
+        k = load.kind
+        if k.key == "-":
+            continue
+        over = SPREAD[k.spread](shape)
+        key = "each stream" if k.spread == "stream" else k.key
+        slot = found.setdefault((k.table, key), [0.0, 0.0])
+        slot[0] += load.read_units_s / over
+        slot[1] += load.write_units_s / over
+    return [KeyLoad(t, key, r, w) for (t, key), (r, w) in found.items()]
+
+
+def limits(shape: Shape) -> list[tuple[str, float]]:
+    """Every limit's use at this shape: (name, share of the limit), keys first."""
+    out = []
+    for k in key_loads(shape):
+        out.append((f"{k.table} / {k.key} / reads", k.read_share))
+        out.append((f"{k.table} / {k.key} / writes", k.write_share))
+    for table, (r, w) in table_loads(shape).items():
+        out.append((f"{table} / quota / reads", r / TABLE_QUOTA))
+        out.append((f"{table} / quota / writes", w / TABLE_QUOTA))
+    return out
+
+
+def table_loads(shape: Shape) -> dict[str, tuple[float, float]]:
+    found: dict[str, list[float]] = {}
+    for load in loads(shape):
+        slot = found.setdefault(load.kind.table, [0.0, 0.0])
+        slot[0] += load.read_units_s
+        slot[1] += load.write_units_s
+    return {t: (r, w) for t, (r, w) in found.items()}
+
+
+def passes(name: str, share: float, settings: Settings) -> int | None:
+    """The fewest streams (on full workers) at which limit ``name`` is used beyond
+    ``share``; None if not below ``MAX_SEARCH``. Every rate grows with the fleet."""
+    def over(n: int) -> bool:
+        return dict(limits(Shape.at(n, settings))).get(name, 0.0) > share
+    if not over(MAX_SEARCH):
+        return None
+    lo, hi = 1, MAX_SEARCH
+    if over(lo):
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if over(mid) else (mid, hi)
+    return hi
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+def scale_figures(streams: int, settings: Settings) -> dict[str, Any]:
+    shape = Shape.at(streams, settings)
+    found = loads(shape)
+    used = limits(shape)
+    nearest = max(used, key=lambda u: u[1])
+    reads = sum(x.read_units_s for x in found)
+    writes = sum(x.write_units_s for x in found)
+    member = sum(x.read_units_s for x in found if x.kind.name == "member read (observe)")
+    month = (reads * PRICE_READ + writes * PRICE_WRITE) * SECONDS_PER_MONTH
+    return {
+        "streams": streams, "workers": shape.workers,
+        "requests_per_s": round(sum(x.requests_s for x in found), 1),
+        "items_read_per_s": round(sum(x.items_s for x in found), 1),
+        "read_units_per_s": round(reads, 1), "write_units_per_s": round(writes, 1),
+        "member_read_share_of_read_units": round(member / reads, 3) if reads else 0.0,
+        "member_read_share_of_bill": round(member * PRICE_READ * SECONDS_PER_MONTH / month, 3)
+        if month else 0.0,
+        "upkeep_usd_per_month": round(month, 2),
+        "upkeep_usd_per_1000_streams_month": round(month * 1000 / streams, 2),
+        "kinds": {x.kind.name: {"requests_per_s": _r(x.requests_s),
+                                "items_read_per_s": _r(x.items_s),
+                                "read_units_per_s": _r(x.read_units_s),
+                                "write_units_per_s": _r(x.write_units_s)}
+                  for x in found if x.kind.code != "(none yet)"},
+        "keys": [{"table": k.table, "key": k.key, "read_units_per_s": _r(k.read_units_s),
+                  "write_units_per_s": _r(k.write_units_s),
+                  "read_share": _sig(k.read_share), "write_share": _sig(k.write_share)}
+                 for k in key_loads(shape)],
+        "tables": {t: {"read_units_per_s": _r(r), "write_units_per_s": _r(w)}
+                   for t, (r, w) in table_loads(shape).items()},
+        "nearest_limit": nearest[0], "nearest_limit_share": _sig(nearest[1]),
+        "over_budget": sorted(name for name, share in used if share > BUDGET),
+        "over_limit": sorted(name for name, share in used if share > 1.0),
+    }
+
+
+def limit_crossings(settings: Settings) -> list[dict[str, Any]]:
+    """Each key and table limit: the streams at which it passes 50 % and 100 %, the first
+    one first."""
+    rows = []
+    for name, _ in limits(Shape.at(1000, settings)):
+        half, full = passes(name, BUDGET, settings), passes(name, 1.0, settings)
+        rows.append({"limit": name, "kind": "quota" if "/ quota /" in name else "key",
+                     "streams_at_50_percent": half, "streams_at_100_percent": full})
+    return sorted(rows, key=lambda r: (r["streams_at_100_percent"] or MAX_SEARCH + 1,
+                                       r["streams_at_50_percent"] or MAX_SEARCH + 1))
+
+
+def streams_per_table(settings: Settings) -> tuple[int, str]:
+    """The most streams with every partition-key value at or under ``BUDGET``, and the
+    key that passes it first."""
+    names = [name for name, _ in limits(Shape.at(1000, settings)) if "/ quota /" not in name]
+    first = min((passes(n, BUDGET, settings) or MAX_SEARCH + 1, n) for n in names)
+    return first[0] - 1, first[1]
+
+
+def items_per_worker_minute(workers: int, settings: Settings) -> tuple[float, dict[str, float]]:
+    """Control-plane items read per worker-minute, workers holding ``max_streams`` each."""
+    shape = Shape(workers * settings.max_streams, workers, settings)
+    by_kind = {x.kind.name: x.items_s * 60 / workers for x in loads(shape) if x.items_s}
+    return sum(by_kind.values()), by_kind
+
+
+def per_worker_read_growth(settings: Settings | None = None) -> dict[str, Any]:
+    """Items read per worker-minute at 8 workers over that at 2, the same streams per
+    worker (1.0: a worker's reads do not grow with the fleet). Modelled, not measured."""
+    s = settings or Settings()
+    two, two_by = items_per_worker_minute(2, s)
+    eight, eight_by = items_per_worker_minute(8, s)
+    return {"value": round(eight / two, 2), "modelled": True,
+            "what": "control-plane items read per worker-minute at 8 workers / at 2, "
+                    f"{s.max_streams} streams per worker, counted from the code",
+            "items_per_worker_minute": {"2": round(two, 1), "8": round(eight, 1)},
+            "by_kind": {k: {"2": round(two_by.get(k, 0.0), 1), "8": round(v, 1)}
+                        for k, v in eight_by.items()}}
+
+
+def model_requests(shape: Shape) -> dict[str, tuple[float, float]]:
+    """Requests/s by operation: (steady, with every worker polling fast)."""
+    out: dict[str, list[float]] = {}
+    for load in loads(shape):
+        if load.kind.operation == "-" or not load.requests_s:
+            continue
+        slot = out.setdefault(load.kind.operation, [0.0, 0.0])
+        slot[0] += load.requests_s
+        slot[1] += load.fast_requests_s
+    return {op: (a, b) for op, (a, b) in out.items()}
+
+
+AGREE = 0.25  # measured within 25 % of the model's range
+
+
+def compare_measured(measured_per_1000: Mapping[str, float], shape: Shape) -> dict[str, Any]:
+    """The scale run's requests/s per 1,000 held streams by operation against the model at
+    the run's shape. The model's range runs from steady polling to every worker polling
+    orphans fast (as it does while peers hand streams over)."""
+    model = model_requests(shape)
+    rows: dict[str, Any] = {}
+    for op in sorted(set(model) | set(measured_per_1000)):
+        low, high = (v * 1000 / shape.streams for v in model.get(op, (0.0, 0.0)))
+        got = measured_per_1000.get(op)
+        agrees = got is not None and (1 - AGREE) * low <= got <= (1 + AGREE) * high
+        rows[op] = {"measured": got, "model": round(low, 3),
+                    "model_with_fast_polling": round(high, 3),
+                    "ratio": round(got / low, 2) if got is not None and low else None,
+                    "agrees": agrees}
+    return {"per_1000_streams": rows, "agrees": all(r["agrees"] for r in rows.values()),
+            "shape": {"streams": shape.streams, "workers": shape.workers,
+                      "first_interval": shape.first_interval,
+                      "churn_per_stream_minute": round(shape.churn / shape.streams * 60, 5)},
+            "tolerance": AGREE}
+
+
+# -- the measured inputs (the scale scenario) -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -44,6 +651,11 @@ class CapacityInputs:
     releases_per_stream_minute: float
     streams_per_worker: float  # held per worker in the run (amortises member heartbeats)
     index_writes_per_lease_write: int = INDEX_WRITES_PER_LEASE_WRITE
+    # The run's shape and its requests/s by operation, for the comparison.
+    streams: int = 0
+    workers: int = 0
+    requests_per_s_per_1000_streams: dict[str, float] = field(default_factory=dict)
+    first_interval: bool = False  # the window ended before any stream's first renewal
 
 
 def renewal_rate(measured_per_stream_minute: float, window_s: float,
@@ -59,81 +671,231 @@ def renewal_rate(measured_per_stream_minute: float, window_s: float,
                         f"it measured {measured_per_stream_minute:.3f}")
 
 
-def capacity_model(inputs: CapacityInputs,
-                   limit_writes_s: float = KEY_LIMIT_WRITES_S) -> dict[str, Any]:
-    lease_writes = (inputs.renewals_per_stream_minute + inputs.acquisitions_per_stream_minute
-                    + inputs.releases_per_stream_minute)
-    index_per_stream_s = lease_writes * inputs.index_writes_per_lease_write / 60
-    streams = math.floor(limit_writes_s / index_per_stream_s) if index_per_stream_s else None
-    member_per_stream_minute = (inputs.member_heartbeats_per_worker_s * 60
-                                / inputs.streams_per_worker) if inputs.streams_per_worker else None
-    upkeep = None if member_per_stream_minute is None else \
-        inputs.renewals_per_stream_minute + member_per_stream_minute
-    full_default = inputs.renewals_per_stream_minute + \
-        inputs.member_heartbeats_per_worker_s * 60 / DEFAULT_MAX_STREAMS
+def inputs_from_scale(section: Mapping[str, Any]) -> CapacityInputs:
+    """The measured inputs from the scale scenario's section (``loadtest.scenarios``)."""
+    rates = section.get("rates", {})
+    renew_s = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])
+    measured = rates.get("renewals_per_stream_minute", 0.0)
+    renewals, source = renewal_rate(measured, section.get("window_measured_s", 0.0), renew_s)
+    held = section.get("held_streams_in_window") or section["streams"]
+    return CapacityInputs(
+        member_heartbeats_per_worker_s=rates.get("member_heartbeats_per_worker_s", 0.0),
+        renewals_per_stream_minute=renewals, renewals_source=source,
+        renewals_measured_per_stream_minute=measured,
+        acquisitions_per_stream_minute=rates.get("acquisitions_per_stream_minute", 0.0),
+        releases_per_stream_minute=rates.get("releases_per_stream_minute", 0.0),
+        streams_per_worker=held / section["workers"],
+        streams=round(held), workers=int(section["workers"]),
+        requests_per_s_per_1000_streams=dict(section.get("requests_per_s_per_1000_streams",
+                                                         {})),
+        # No renewal in the window: every stream was still in its first interval (checked
+        # every STREAM_CHECK_SECONDS, not yet renewed).
+        first_interval=not measured)
 
-    def with_deploys(every_h: float) -> int | None:
-        # A rolling deploy releases and re-acquires every stream once: 2 lease writes.
-        extra = 2 / (60 * every_h)
-        per_s = (lease_writes + extra) * inputs.index_writes_per_lease_write / 60
-        return math.floor(limit_writes_s / per_s) if per_s else None
 
+def capacity_model(inputs: CapacityInputs | None = None,
+                   settings: Settings | None = None) -> dict[str, Any]:
+    """The model at defaults (every request kind, per key, at each of ``SCALES``), with
+    the measured inputs beside it when a scale run gave them."""
+    s = settings or Settings()
+    per_table, first_key = streams_per_table(s)
+    crossings = limit_crossings(s)
+    sizes = Sizes.from_codecs()
+    out: dict[str, Any] = {
+        "settings": {**asdict(s), "observe_s": s.observe_s, "audit_s": s.audit_s,
+                     "checks_per_renewal": s.checks_per_renewal},
+        "item_bytes": asdict(sizes),
+        "limits": {"key_read_units_per_s": KEY_READ_LIMIT,
+                   "key_write_units_per_s": KEY_WRITE_LIMIT,
+                   "table_quota_units_per_s": TABLE_QUOTA, "budget": BUDGET},
+        "request_kinds": [{"name": k.name, "code": k.code, "operation": k.operation,
+                           "table": k.table, "key": k.key, "rate": k.rate} for k in KINDS],
+        "scales": {_label(n): scale_figures(n, s) for n in SCALES},
+        "limit_crossings": crossings,
+        "first_key_over_budget": first_key,
+        "first_limit": next((c for c in crossings if c["streams_at_100_percent"]), None),
+        "streams_per_table": per_table,
+        "streams_per_table_with_daily_deploys": streams_per_table(replace(s, deploys_per_day=1))[0],
+        "streams_per_table_with_hourly_deploys":
+            streams_per_table(replace(s, deploys_per_day=24))[0],
+        "per_worker_read_growth": per_worker_read_growth(s),
+    }
+    if inputs is not None:
+        out["inputs"] = asdict(inputs)
+        out.update(_measured_upkeep(inputs, s))
+        if inputs.streams and inputs.workers and inputs.requests_per_s_per_1000_streams:
+            churn = (inputs.acquisitions_per_stream_minute
+                     + inputs.releases_per_stream_minute) / 2 / 60
+            shape = Shape(inputs.streams, inputs.workers, s,
+                          first_interval=inputs.first_interval, churn_per_stream_s=churn)
+            out["measured_vs_model"] = compare_measured(inputs.requests_per_s_per_1000_streams,
+                                                        shape)
+    return out
+
+
+def _measured_upkeep(inputs: CapacityInputs, s: Settings) -> dict[str, Any]:
+    """Lease upkeep writes per held stream-minute from the measured rates: stream renewals
+    plus member heartbeats spread over the streams a worker holds."""
+    member = inputs.member_heartbeats_per_worker_s * 60 / inputs.streams_per_worker \
+        if inputs.streams_per_worker else None
     return {
-        "inputs": asdict(inputs),
-        "limit_writes_per_s": limit_writes_s,
-        "lease_writes_per_stream_minute": round(lease_writes, 4),
-        "index_writes_per_stream_s": round(index_per_stream_s, 6),
-        "formula": (f"writes/s on STARTED = N x (renewals + acquisitions + releases per "
-                    f"stream-minute) x {inputs.index_writes_per_lease_write} / 60 = "
-                    f"N x {index_per_stream_s:.6f}; N at {limit_writes_s:g} writes/s = "
-                    f"{limit_writes_s:g} / {index_per_stream_s:.6f}"),
-        "streams_per_table": streams,
-        "streams_per_table_with_hourly_deploys": with_deploys(1.0),
-        "streams_per_table_with_daily_deploys": with_deploys(24.0),
-        "member_heartbeats_per_stream_minute": None if member_per_stream_minute is None
-        else round(member_per_stream_minute, 4),
-        "upkeep_writes_per_stream_minute": None if upkeep is None else round(upkeep, 4),
-        "upkeep_writes_per_stream_minute_full_workers": round(full_default, 4),
+        "member_heartbeats_per_stream_minute": None if member is None else round(member, 4),
+        "upkeep_writes_per_stream_minute": None if member is None
+        else round(inputs.renewals_per_stream_minute + member, 4),
+        "upkeep_writes_per_stream_minute_full_workers": round(
+            inputs.renewals_per_stream_minute
+            + inputs.member_heartbeats_per_worker_s * 60 / s.max_streams, 4),
     }
 
 
+# -- text -------------------------------------------------------------------------------
+
+
 def model_text(model: dict[str, Any]) -> str:
-    """The model in prose, for the report and docs/performance.md."""
-    i = model["inputs"]
-    streams = model["streams_per_table"]
-    return "\n".join([
-        "Inputs, measured by the scale scenario at default timings "
-        f"({i['streams_per_worker']:.0f} streams per worker):",
-        f"- member heartbeats: {i['member_heartbeats_per_worker_s']:.3f}/s per worker, to the "
-        "fleet table (not the index)",
-        f"- stream renewals: {i['renewals_per_stream_minute']:.3f} per stream-minute "
-        f"({i['renewals_source']})",
-        f"- acquisitions: {i['acquisitions_per_stream_minute']:.4f} and releases: "
-        f"{i['releases_per_stream_minute']:.4f} per stream-minute in the steady window",
-        f"- index writes per stream lease write: {i['index_writes_per_lease_write']} (the range "
-        "key `lease_expires_at_ms` moves: delete + put); sink checkpoints write no index entry "
-        "(`last_seq` is not projected)",
+    """The model in markdown, for the report and docs/performance.md."""
+    s = model["settings"]
+    z = model["item_bytes"]
+    scales = model["scales"]
+    lines = [
+        f"Counted from the code at the default settings (lease {s['lease_s']:g} s, member "
+        f"heartbeat {s['heartbeat_s']:g} s, member reads every {s['observe_s']:g} s, reconcile "
+        f"{s['reconcile_s']:g} s, sweep {s['sweep_s']:g} s, stream renewal "
+        f"{s['stream_renew_s']:g} s, stream check {s['stream_check_s']:g} s, "
+        f"{s['max_streams']} streams a worker, so W = N / {s['max_streams']} workers; "
+        f"{s['deploys_per_day']:g} rolling deploy a day). Item sizes from the codecs: member "
+        f"row {z['member_row']} B, stream item {z['stream']} B, leader lease {z['leader']} B, "
+        f"orphan-index entry {z['orphan_entry']} B, owner-index entry {z['owner_entry']} B. "
+        "Sink traffic (data plane) is not counted.",
         "",
-        f"Formula: {model['formula']}.",
+        "| request | code | table / key | rate | " +
+        " | ".join(f"{label} RU/s, WU/s" for label in scales) + " |",
+        "|---|---|---|---|" + "---|" * len(scales),
+    ]
+    for kind in model["request_kinds"]:
+        if kind["code"] == "(none yet)":
+            continue
+        cells = []
+        for fig in scales.values():
+            k = fig["kinds"][kind["name"]]
+            cells.append(f"{_q(k['read_units_per_s'])}, {_q(k['write_units_per_s'])}")
+        op = "" if kind["operation"] == "-" else f" (`{kind['operation']}`)"
+        lines.append(f"| {kind['name']}{op} | `{kind['code']}` | {kind['table']} / "
+                     f"{kind['key']} | {kind['rate']} | " + " | ".join(cells) + " |")
+    lines += ["", "No change-feed reader exists yet; when one does, it is counted here.", "",
+              "Per partition-key value (the busiest where a load is spread), as a share of "
+              f"{KEY_READ_LIMIT:,.0f} read / {KEY_WRITE_LIMIT:,.0f} write units a second:", "",
+              "| key | " + " | ".join(scales) + " | passes 50 % at | passes 100 % at |",
+              "|---|" + "---|" * (len(scales) + 2)]
+    crossing = {c["limit"]: c for c in model["limit_crossings"]}
+    for key in next(iter(scales.values()))["keys"]:
+        for side in ("read", "write"):
+            shares = [next(k for k in fig["keys"] if (k["table"], k["key"]) ==
+                           (key["table"], key["key"]))[f"{side}_share"]
+                      for fig in scales.values()]
+            if not any(shares):
+                continue
+            c = crossing.get(f"{key['table']} / {key['key']} / {side}s", {})
+            lines.append(f"| {key['table']} / {key['key']}, {side}s | " +
+                         " | ".join(_pct(x) for x in shares) +
+                         f" | {_count(c.get('streams_at_50_percent'))} | "
+                         f"{_count(c.get('streams_at_100_percent'))} |")
+    lines += ["", "Per table or index, read / write units a second, as a share of the default "
+              f"account quota of {TABLE_QUOTA:,.0f} each (adjustable):", "",
+              "| table | " + " | ".join(scales) + " |", "|---|" + "---|" * len(scales)]
+    for table in next(iter(scales.values()))["tables"]:
+        cells = []
+        for fig in scales.values():
+            t = fig["tables"][table]
+            r, w = t["read_units_per_s"], t["write_units_per_s"]
+            cells.append(f"{_q(r)} / {_q(w)} ({_pct(max(r, w) / TABLE_QUOTA)})")
+        lines.append(f"| {table} | " + " | ".join(cells) + " |")
+    lines += ["", "| at | workers | requests/s | items read/s | read units/s | write units/s | "
+              "member reads, of read units | upkeep $/month (per 1,000 streams) | "
+              "nearest limit |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, fig in scales.items():
+        lines.append(
+            f"| {label} | {fig['workers']:,} | {_q(fig['requests_per_s'])} | "
+            f"{_q(fig['items_read_per_s'])} | {_q(fig['read_units_per_s'])} | "
+            f"{_q(fig['write_units_per_s'])} | {_pct(fig['member_read_share_of_read_units'])} | "
+            f"{fig['upkeep_usd_per_month']:,.0f} ({fig['upkeep_usd_per_1000_streams_month']:,.2f})"
+            f" | {fig['nearest_limit']}: {_pct(fig['nearest_limit_share'])} |")
+    fl = model.get("first_limit") or {}
+    growth = model["per_worker_read_growth"]
+    lines += [
         "",
-        f"Result: one table carries {_n(streams)} streams at defaults before `STARTED` needs "
-        f"more than {model['limit_writes_per_s']:g} index writes/s "
-        f"({_n(model['streams_per_table_with_daily_deploys'])} with a rolling deploy a day, "
-        f"{_n(model['streams_per_table_with_hourly_deploys'])} with one an hour: each moves "
-        "every stream twice).",
-        f"Lease upkeep: {model['upkeep_writes_per_stream_minute_full_workers']:.3f} writes per "
-        f"held stream-minute at default settings, where a worker holds at most "
-        f"{DEFAULT_MAX_STREAMS} streams ({i['member_heartbeats_per_worker_s'] * 60:.1f} member "
-        f"heartbeats a minute over {DEFAULT_MAX_STREAMS} streams + "
-        f"{i['renewals_per_stream_minute']:.3f} renewals); "
-        f"{_f(model['upkeep_writes_per_stream_minute'])} in this run "
-        f"({i['streams_per_worker']:.0f} streams per worker).",
-    ])
+        f"**Streams per table at defaults: {_count(model['streams_per_table'])}** (every "
+        f"partition-key value at or under {BUDGET:.0%} of its limit; the first past it: "
+        f"{model['first_key_over_budget']}). The first limit reached: "
+        f"{fl.get('limit', '-')} at {_count(fl.get('streams_at_100_percent'))} streams.",
+        f"Control-plane items read per worker-minute grow {growth['value']:g}x from 2 to 8 "
+        f"workers at {s['max_streams']} streams each (modelled: "
+        f"{growth['items_per_worker_minute']['2']:,.0f} -> "
+        f"{growth['items_per_worker_minute']['8']:,.0f}).",
+    ]
+    if "upkeep_writes_per_stream_minute_full_workers" in model:
+        lines.append(
+            "Lease upkeep writes per held stream-minute (measured member heartbeats over "
+            f"{s['max_streams']} streams + renewals): "
+            f"{model['upkeep_writes_per_stream_minute_full_workers']:.3f}.")
+    cmp = model.get("measured_vs_model")
+    if cmp:
+        sh = cmp["shape"]
+        lines += ["", f"Measured by the scale run against the model at its shape "
+                  f"({sh['streams']:,} streams on {sh['workers']} workers"
+                  f"{', within the first renewal interval' if sh['first_interval'] else ''}, "
+                  f"{sh['churn_per_stream_minute']:g} acquisitions per stream-minute), "
+                  "requests/s per 1,000 streams:", "",
+                  "| request | measured | model | model, all polling fast | ratio | agrees |",
+                  "|---|---|---|---|---|---|"]
+        for op, row in cmp["per_1000_streams"].items():
+            lines.append(f"| `{op}` | {_q(row['measured'])} | {row['model']:g} | "
+                         f"{row['model_with_fast_polling']:g} | {_q(row['ratio'])} | "
+                         f"{'yes' if row['agrees'] else '**no**'} |")
+    return "\n".join(lines)
 
 
-def _n(value: int | None) -> str:
+def _label(n: int) -> str:
+    return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k"
+
+
+def _r(value: float) -> float:
+    return round(value, 3)
+
+
+def _sig(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _q(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _pct(share: float) -> str:
+    pct = share * 100
+    if share > 1:
+        return f"**{pct:,.0f} %**"
+    return "< 0.1 %" if pct < 0.1 else f"{pct:.2g} %" if pct < 10 else f"{pct:.0f} %"
+
+
+def _count(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def _f(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the capacity model at default settings")
+    parser.add_argument("--json", action="store_true", help="the model as JSON")
+    parser.add_argument("--results", help="a load-test results JSON: compare its scale run")
+    args = parser.parse_args()
+    inputs = None
+    if args.results:
+        with open(args.results) as f:
+            result = json.load(f)
+        inputs = inputs_from_scale(result["scale"])
+    model = capacity_model(inputs)
+    print(json.dumps(model, indent=2) if args.json else model_text(model))
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,12 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from loadtest.capacity import CapacityInputs, capacity_model, model_text, renewal_rate
+from loadtest.capacity import (
+    capacity_model,
+    inputs_from_scale,
+    model_text,
+    per_worker_read_growth,
+)
 from loadtest.fleet import Fleet, WorkerProc, faketime_library
 from streamlease.config import DEFAULTS
 from streamlease.core.stream import stream_buffer_bytes
@@ -447,12 +452,15 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
         section["upstream_rss_mb"] = _rss_mb(fleet.servers[-1].popen.pid)
         await _finish(fleet, section, only_delivered=True)
         section["timeline"] = fleet.timeline_out(every=2)
-    model = capacity_model(_capacity_inputs(section))
+    # Counted from the code (loadtest/capacity.py), not measured: the run has one fleet size.
+    section["per_worker_read_growth"] = per_worker_read_growth()
+    model = capacity_model(inputs_from_scale(section))
     return {"scale": section, "capacity_model": {**model, "text": model_text(model)},
             # At default settings a worker holds at most 100 streams, so its heartbeats
             # are amortised over 100 at best (the scale run raises the cap: see the model).
             "upkeep_writes_per_stream_minute_default":
                 model["upkeep_writes_per_stream_minute_full_workers"],
+            # Every request kind, every partition-key value at or under half its limit.
             "streams_per_table_at_defaults": model["streams_per_table"]}
 
 
@@ -513,21 +521,6 @@ async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
                                                          0.0) for w in fleet.workers.values()),
                                           default=0.0), 4),
     }
-
-
-def _capacity_inputs(section: dict[str, Any]) -> CapacityInputs:
-    rates = section.get("rates", {})
-    renew_s = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])
-    measured = rates.get("renewals_per_stream_minute", 0.0)
-    renewals, source = renewal_rate(measured, section.get("window_measured_s", 0.0), renew_s)
-    held = section.get("held_streams_in_window") or section["streams"]
-    return CapacityInputs(
-        member_heartbeats_per_worker_s=rates.get("member_heartbeats_per_worker_s", 0.0),
-        renewals_per_stream_minute=renewals, renewals_source=source,
-        renewals_measured_per_stream_minute=measured,
-        acquisitions_per_stream_minute=rates.get("acquisitions_per_stream_minute", 0.0),
-        releases_per_stream_minute=rates.get("releases_per_stream_minute", 0.0),
-        streams_per_worker=held / section["workers"])
 
 
 def _rss_mb(pid: int) -> float | None:

@@ -438,10 +438,12 @@ async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
     from streamlease.clock import SYSTEM_CLOCK
     window = args.observe if args.observe is not None else \
         OBSERVE_HEARTBEATS * float(setting_value("STREAMLEASE_HEARTBEAT_SECONDS"))
+    # Member rows only (and the leader lease): never the streams table, whose Scan grows
+    # with the streams. Shares are of what the rows say the fleet holds.
     async with _stores(tables) as stores:
         reads = await watch_fleet(stores.fleet, SYSTEM_CLOCK, window)
-        started = sum(1 for r in await stores.admin.list_streams() if r.started)
-    reports = roster.report(reads, started)
+    held = roster.held(reads[-1].members)
+    reports = roster.report(reads, held)
     leader = await _leader_text()
     if args.output == "json":
         print(json.dumps([member_json(r) for r in reports], indent=2))
@@ -466,7 +468,8 @@ async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
     counts = ", ".join(f"{sum(r.liveness == state for r in reports)} {state}"
                        for state in ("alive", "silent", "dead"))
     watched = reads[-1].received_at - reads[0].received_at
-    print(f"{counts}; {started} STARTED streams; {leader}; watched {watched:.1f}s in "
+    print(f"{counts}; {held} streams held, as the member rows report them; {leader}; "
+          f"watched {watched:.1f}s in "
           f"{len(reads)} reads (HEARTBEAT AGE: how long this command saw each heartbeat "
           "unchanged)")
     return EXIT_OK

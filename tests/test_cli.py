@@ -211,9 +211,11 @@ async def heartbeating(fleet: FleetStore,
 
 
 async def test_members_observes_liveness_and_shares(tables: dict[str, str]) -> None:
-    assert cli("ctl", "start", "a", "b", "c", "d", "--url", "wss://x/{id}",
+    # 5 STARTED streams, of which the members report holding 3: shares are of those 3
+    # (the command reads member rows only, not the streams table).
+    assert cli("ctl", "start", "a", "b", "c", "d", "e", "f", "--url", "wss://x/{id}",
                env=tables).returncode == 0
-    assert cli("ctl", "stop", "d", env=tables).returncode == 0  # 3 STARTED streams
+    assert cli("ctl", "stop", "d", env=tables).returncode == 0
     async with dynamodb_stores(tables) as stores:
         fleet = stores.fleet
         now = int(time.time() * 1000)
@@ -260,7 +262,8 @@ async def test_members_observes_liveness_and_shares(tables: dict[str, str]) -> N
         "alive", "dead", "alive", "alive", "silent"]
     assert lines[6].split() == ["(5", "members)", "3", "3", "31"]
     assert lines[7].startswith(
-        f"3 alive, 1 silent, 1 dead; 3 STARTED streams; leader w-big (fence {fence});")
+        f"3 alive, 1 silent, 1 dead; 3 streams held, as the member rows report them; "
+        f"leader w-big (fence {fence});")
 
 
 async def test_members_stops_watching_once_every_member_proved_alive(
@@ -276,6 +279,25 @@ async def test_members_stops_watching_once_every_member_proved_alive(
     assert [(r["id"], r["alive"], r["share"]) for r in json.loads(result.stdout)] == [
         ("w-1", True, 0)]
     assert elapsed < 60
+
+
+async def test_members_reads_no_streams_table(tables: dict[str, str]) -> None:
+    """``ctl members`` reads the fleet table only: pointed at a streams table that does
+    not exist, it still reports the members (a read of it would fail: run `table create`)."""
+    async with dynamodb_stores(tables) as stores:
+        member = await stores.fleet.register("w-1", 10, int(time.time() * 1000))
+        live = {"w-1": (member.epoch, MemberStatus.ACTIVE, 4, 10)}
+        async with heartbeating(stores.fleet, live):
+            env = dict(tables, STREAMLEASE_TABLE=f"missing-{uuid.uuid4().hex[:8]}")
+            as_json = await asyncio.to_thread(cli, "ctl", "members", "-o", "json",
+                                              "--observe", "1", env=env)
+            as_table = await asyncio.to_thread(cli, "ctl", "members", "--observe", "1",
+                                               env=env)
+    assert as_json.returncode == 0, as_json.stderr
+    assert [(r["id"], r["streams"], r["share"], r["alive"])
+            for r in json.loads(as_json.stdout)] == [("w-1", 4, 4, True)]
+    assert as_table.returncode == 0, as_table.stderr
+    assert "4 streams held, as the member rows report them" in as_table.stdout
 
 
 def test_members_of_an_empty_fleet(tables: dict[str, str]) -> None:

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from loadtest import chaos
-from loadtest.capacity import CapacityInputs, capacity_model, model_text, renewal_rate
+from loadtest.capacity import (
+    CapacityInputs,
+    capacity_model,
+    model_text,
+    per_worker_read_growth,
+    renewal_rate,
+)
 from loadtest.chaos import _cost, _pct
 from loadtest.fleet import Fleet, parse_metrics
 from loadtest.jobs_scenario import Disturbance, SideItem, SideWatch, audit_jobs
@@ -124,6 +130,7 @@ def scenario_sections() -> dict[str, Any]:
                   "held_streams_in_window": 2000.0, "requests_per_s_total": 40.0,
                   "requests_per_s_per_1000_streams": {"get_item": 16.7, "query": 1.6},
                   "rates": {"member_heartbeats_per_worker_s": 0.2},
+                  "per_worker_read_growth": per_worker_read_growth(),
                   "kill9": {**FAILOVER, "p99": 24.0, "victim": "w2", "streams": 500},
                   "timeline": [(0.0, {}), (30.0, {"w1": 500, "w2": 500})], **AUDIT, **churn},
         "capacity_model": m,
@@ -157,7 +164,7 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
             assert part in value, key
             value = value[part]
     assert doc["balance"]["converge_s"] is None  # never converged: null, not a crash
-    assert doc["streams_per_table_at_defaults"] == 150_000
+    assert doc["streams_per_table_at_defaults"] == 28_000
     md = Path(paths["md"]).read_text()
     for heading in ("## Targets", "## Clock skew", "## Slow store", "## Balance", "## Scale",
                     "## Capacity model"):
@@ -167,8 +174,10 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
     assert "| `slow_store.moves` | 29 | 0 | **no** |" in md
     assert "| `slow_store.stalled_streams` | 2 | 0 | **no** |" in md
     assert "streams that delivered nothing while observed: **2** (s001, s002)" in md
-    assert "| `streams_per_table_at_defaults` | 150,000 | >= 100,000 | yes |" in md
+    assert "| `streams_per_table_at_defaults` | 28,000 | >= 1,000,000 | **no** |" in md
     assert "(acquired but not served): w2 1" in md
+    assert "8 workers over 2 (`per_worker_read_growth`, **modelled** from the code" in md
+    assert doc["scale"]["per_worker_read_growth"]["modelled"] is True
     png = Path(paths["png"]).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -203,13 +212,14 @@ def test_percentiles_and_cost_arithmetic() -> None:
 
 def test_capacity_model_arithmetic() -> None:
     m = model()
-    # 0.1 renewals per stream-minute, 2 index writes each: N x 0.2 / 60 writes/s <= 500.
-    assert m["streams_per_table"] == 150_000
-    assert m["streams_per_table_with_hourly_deploys"] == 112_500
+    # Every request kind, every key at or under half its limit: the member reads first.
+    assert m["streams_per_table"] == 28_000
+    assert m["first_key_over_budget"] == "fleet table / MEMBER / reads"
     # 12 member heartbeats a minute over 500 streams + 0.1 renewals; over 100 at defaults.
     assert m["upkeep_writes_per_stream_minute"] == pytest.approx(0.124)
     assert m["upkeep_writes_per_stream_minute_full_workers"] == pytest.approx(0.22)
-    assert "150,000 streams" in m["text"]
+    assert "**Streams per table at defaults: 28,000**" in m["text"]
+    assert "measured_vs_model" not in m  # no shape or requests measured: nothing to compare
     assert renewal_rate(0.0, 60, 600)[0] == pytest.approx(0.1)  # window too short
     assert renewal_rate(0.098, 700, 600) == (0.098, "measured over 700 s")
 

@@ -13,8 +13,11 @@ people and decides nothing.
   heartbeat) unchanged: from the arrival of the first read that showed it to the arrival
   of the last read. The heartbeat was written before that first answer, so this is a
   lower bound of its true age, and it is the quantity peers compare with the lease.
-* **share** — ``fair_shares`` of the STARTED streams over the alive ACTIVE members;
-  every other member's share is 0.
+* **share** — ``fair_shares`` of the streams the fleet holds over the alive ACTIVE
+  members; every other member's share is 0. What the fleet holds is what the member rows
+  say (``held``: the sum over every member not DEAD, silent ones included), so the command
+  reads member rows only, never the streams table: a STARTED stream that nobody holds yet
+  is not in it.
 """
 
 from __future__ import annotations
@@ -62,11 +65,19 @@ def _unchanged_since(reads: Sequence[FleetRead], member: MemberRecord) -> tuple[
     return first, False
 
 
-def report(reads: Sequence[FleetRead], started: int) -> list[MemberReport]:
-    """One report per member of the last read, sorted by id. ``started``: the STARTED
-    streams the fleet shares."""
+def held(members: Sequence[MemberRecord]) -> int:
+    """The streams the fleet holds, as its member rows report them: every member not
+    DEAD (a DEAD row's last count is being released to, and counted by, the others)."""
+    return sum(max(0, m.streams) for m in members if m.live_status)
+
+
+def report(reads: Sequence[FleetRead], total: int | None = None) -> list[MemberReport]:
+    """One report per member of the last read, sorted by id. ``total``: the streams the
+    fleet shares (default: ``held`` by the last read's rows)."""
     if not reads:
         return []
+    if total is None:
+        total = held(reads[-1].members)
     last = reads[-1]
     judged: list[tuple[MemberRecord, bool, float]] = []
     for member in sorted(last.members, key=lambda m: m.worker_id):
@@ -75,7 +86,7 @@ def report(reads: Sequence[FleetRead], started: int) -> list[MemberReport]:
         judged.append((member, alive, max(0.0, last.received_at - reads[first].received_at)))
     capacities = {m.worker_id: (m.capacity if alive and m.status is MemberStatus.ACTIVE else 0)
                   for m, alive, _ in judged}
-    shares = fair_shares(started, capacities)
+    shares = fair_shares(total, capacities)
     return [MemberReport(m, alive, age, shares[m.worker_id]) for m, alive, age in judged]
 
 

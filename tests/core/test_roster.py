@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamlease.core.membership import MemberRecord, MemberStatus
-from streamlease.core.roster import FleetRead, report, settled
+from streamlease.core.roster import FleetRead, held, report, settled
 
 ACTIVE, DRAINING, DEAD = MemberStatus.ACTIVE, MemberStatus.DRAINING, MemberStatus.DEAD
 
@@ -34,7 +34,7 @@ def test_liveness_comes_from_what_changed(name: str, before: MemberRecord | None
                                           after: MemberRecord, alive: bool,
                                           age: float) -> None:
     first = read(0.0) if before is None else read(0.0, before)
-    [found] = report([first, read(3.0, after)], started=0)
+    [found] = report([first, read(3.0, after)], total=0)
     assert (found.alive, found.heartbeat_age_s) == (alive, pytest.approx(age)), name
 
 
@@ -68,8 +68,25 @@ def test_shares_go_to_alive_active_members_within_their_capacity() -> None:
     after = read(2.0, m("big", heartbeat=2), m("small", heartbeat=2, capacity=2),
                  m("drain", heartbeat=2, status=DRAINING), m("silent", heartbeat=1),
                  m("dead", 2, 1, DEAD))
-    shares = {r.member.worker_id: r.share for r in report([before, after], started=9)}
+    shares = {r.member.worker_id: r.share for r in report([before, after], total=9)}
     assert shares == {"big": 7, "small": 2, "drain": 0, "silent": 0, "dead": 0}
+
+
+def test_shares_default_to_what_the_member_rows_hold() -> None:
+    """Without a total, the fleet shares what its rows report holding: every member not
+    DEAD, silent and draining ones included (their streams are still held); a DEAD row's
+    last count is not (the others release and count those streams)."""
+    def row(worker_id: str, heartbeat: int, streams: int, status: MemberStatus = ACTIVE,
+            epoch: int = 1) -> MemberRecord:
+        return MemberRecord(worker_id, epoch, heartbeat, status, streams=streams, capacity=10)
+
+    reads = [read(0.0, row("a", 1, 6), row("b", 1, 1), row("silent", 1, 3),
+                  row("drain", 1, 2, status=DRAINING), row("dead", 1, 9, epoch=2, status=DEAD)),
+             read(2.0, row("a", 2, 6), row("b", 2, 1), row("silent", 1, 3),
+                  row("drain", 2, 2, status=DRAINING), row("dead", 1, 9, epoch=2, status=DEAD))]
+    assert held(reads[-1].members) == 6 + 1 + 3 + 2
+    shares = {r.member.worker_id: r.share for r in report(reads)}
+    assert shares == {"a": 6, "b": 6, "silent": 0, "drain": 0, "dead": 0}
 
 
 def test_reports_are_sorted_by_id_and_cover_the_last_read_only() -> None:

@@ -1,0 +1,199 @@
+"""The capacity model (``loadtest/capacity.py``): every request kind the control plane
+issues, per partition-key value, against DynamoDB's limits; pure arithmetic, no fleet."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from loadtest.capacity import (
+    BUDGET,
+    KINDS,
+    SIZES,
+    Settings,
+    Shape,
+    capacity_model,
+    compare_measured,
+    inputs_from_scale,
+    item_bytes,
+    key_loads,
+    limits,
+    loads,
+    member_row,
+    model_text,
+    per_worker_read_growth,
+    scale_figures,
+    streams_per_table,
+)
+
+MEMBER_READS = "fleet table / MEMBER / reads"
+MEMBER_WRITES = "fleet table / MEMBER / writes"
+LEADER_READS = "fleet table / LEADER (fleet) / reads"
+STARTED_WRITES = "streams: desired_state index / STARTED / writes"
+FLEET_QUOTA_READS = "fleet table / quota / reads"
+
+
+def kind(shape: Shape, name: str) -> tuple[float, float, float, float]:
+    """(requests, items, read units, write units) a second of one kind."""
+    [found] = [x for x in loads(shape) if x.kind.name == name]
+    return found.requests_s, found.items_s, found.read_units_s, found.write_units_s
+
+
+def test_every_kind_cites_the_code_and_hits_a_known_key() -> None:
+    names = [k.name for k in KINDS]
+    assert len(names) == len(set(names))
+    for k in KINDS:
+        assert k.code and k.rate and k.spread in ("one", "stream", "worker"), k.name
+    # The model's rates follow the code's settings, not copies of them.
+    s = Settings()
+    assert (s.heartbeat_s, s.lease_s, s.observe_s, s.stream_renew_s, s.stream_check_s) == \
+        (5.0, 20.0, 2.5, 600.0, 60.0)
+    assert s.checks_per_renewal == 9  # a renewal also reads the item: 9 checks, not 10
+
+
+def test_member_reads_grow_with_the_square_of_the_workers() -> None:
+    """Every worker reads every member row: doubling the fleet quadruples the read units
+    on the one MEMBER key, while a per-stream kind only doubles."""
+    for workers in (250, 500, 1000, 2000):
+        small = Shape(workers * 100, workers)
+        big = Shape(2 * workers * 100, 2 * workers)
+        member = kind(big, "member read (observe)")[2] / kind(small, "member read (observe)")[2]
+        checks = kind(big, "stream check")[2] / kind(small, "stream check")[2]
+        assert member == pytest.approx(4.0, rel=0.05), workers
+        assert checks == pytest.approx(2.0)
+        items = kind(big, "member read (observe)")[1] / kind(small, "member read (observe)")[1]
+        assert items == pytest.approx(4.0, rel=0.01)
+
+
+def test_the_first_limit_at_each_scale() -> None:
+    model = capacity_model()
+    scales = model["scales"]
+    assert [f["workers"] for f in scales.values()] == [10, 100, 1000, 10_000]
+    # 1k: nothing is near a limit; the nearest is the index key every renewal moves.
+    assert scales["1k"]["nearest_limit"] == STARTED_WRITES
+    assert scales["1k"]["over_budget"] == []
+    # 10k: the member reads lead, still under budget.
+    assert scales["10k"]["nearest_limit"] == MEMBER_READS and scales["10k"]["over_budget"] == []
+    # 100k: the member key is past its limit (deaths go unnoticed), nothing else is.
+    assert scales["100k"]["nearest_limit"] == MEMBER_READS
+    assert scales["100k"]["over_limit"] == [MEMBER_READS]
+    # 1M: the member reads by far, and every one-key load with them.
+    assert scales["1M"]["nearest_limit"] == MEMBER_READS
+    assert set(scales["1M"]["over_limit"]) == {MEMBER_READS, MEMBER_WRITES, LEADER_READS,
+                                                STARTED_WRITES, FLEET_QUOTA_READS}
+    first = model["first_limit"]
+    assert first["limit"] == MEMBER_READS
+    assert 35_000 <= first["streams_at_100_percent"] <= 45_000  # the issue's ~42,000
+
+
+def test_the_50_percent_rule() -> None:
+    """``streams_per_table`` is the largest fleet with every partition-key value at or
+    under half its limit: one stream more and a key is past it."""
+    s = Settings()
+    most, key = streams_per_table(s)
+    assert key == MEMBER_READS
+
+    def keys(n: int) -> dict[str, float]:
+        return {name: share for name, share in limits(Shape.at(n, s)) if "/ quota /" not in name}
+
+    assert max(keys(most).values()) <= BUDGET
+    assert keys(most + 1)[MEMBER_READS] > BUDGET
+    assert capacity_model()["streams_per_table"] == most
+    # Table quotas are reported, not part of the rule (they can be raised).
+    assert all("/ quota /" not in name for name in keys(most))
+    # Member reads quadruple with each doubling, so halving the budget costs about 30 %.
+    assert 0.65 < most / capacity_model()["first_limit"]["streams_at_100_percent"] < 0.75
+
+
+def test_a_hand_computation_at_100k_streams() -> None:
+    """100,000 streams on 1,000 workers at the defaults, counted by hand."""
+    # A member row: Pk MEMBER (2 + 6), Sk a 32-character ECS task id (2 + 32), epoch a
+    # 13-digit number (5 + 8), heartbeat 17280 (9 + 3: four
+    # significant digits), status ACTIVE (6 + 6), streams 100
+    # (7 + 2: one significant digit), capacity 100 (8 + 2), heartbeat_at_ms (15 + 8),
+    # started_at_ms (13 + 8), released 0 (8 + 2), handoffs 12 (8 + 2), incarnation 16
+    # characters (11 + 16).
+    row = 8 + 34 + 13 + 12 + 12 + 9 + 10 + 23 + 21 + 10 + 10 + 27
+    assert row == 189 == item_bytes(member_row()) == SIZES.member_row
+    shape = Shape.at(100_000)
+    assert shape.workers == 1000
+    # Every worker reads 1,000 rows and the high-water item every 2.5 s: 400 consistent
+    # Queries a second of 1,001 x 189 bytes = 47 read units each.
+    per_query = math.ceil(1001 * row / 4096)
+    assert per_query == 47
+    assert kind(shape, "member read (observe)") == pytest.approx(
+        (400, 400 * 1001, 400 * per_query, 0))
+    assert 400 * per_query == 18_800  # the issue's "about 18,600 read units a second"
+    # Every held stream is read (consistently, 1 unit) 9 times per 600 s renewal interval.
+    assert kind(shape, "stream check")[2] == pytest.approx(100_000 * 9 / 600)
+    # 999 campaigners read the leader lease every 2.5 s.
+    assert kind(shape, "leader campaign read")[2] == pytest.approx(999 / 2.5)
+    # The STARTED key: renewals (100,000 / 600) and a deploy a day's acquisition and
+    # release (100,000 / 86,400 each), each moving the entry: 2 writes.
+    started = 2 * (100_000 / 600 + 2 * 100_000 / 86_400)
+    [loaded] = [k for k in key_loads(shape) if k.key == "STARTED"]
+    assert loaded.write_units_s == pytest.approx(started)
+    assert loaded.read_units_s == pytest.approx(1000 / 5 * 0.5)  # empty orphan queries
+    [member] = [k for k in key_loads(shape) if k.key == "MEMBER"]
+    assert member.read_units_s == pytest.approx(18_800)
+    assert member.write_units_s == pytest.approx(1000 / 5)  # one heartbeat each, 1 unit
+    figures = scale_figures(100_000, Settings())
+    assert figures["member_read_share_of_read_units"] == pytest.approx(
+        18_800 / figures["read_units_per_s"], abs=0.001)
+    assert figures["member_read_share_of_read_units"] > 0.85
+
+
+def test_the_scale_runs_measured_requests_agree_with_the_model() -> None:
+    """The scale run (2,000 streams on 4 workers, every stream in its first renewal
+    interval) as measured: each operation lies within the model's range."""
+    section = {"streams": 2000, "workers": 4, "window_measured_s": 60.0,
+               "held_streams_in_window": 1999.3,
+               "rates": {"member_heartbeats_per_worker_s": 0.254,
+                         "renewals_per_stream_minute": 0.0,
+                         "acquisitions_per_stream_minute": 0.0115,
+                         "releases_per_stream_minute": 0.0115},
+               "requests_per_s_per_1000_streams": {"get_item": 17.184, "query": 2.749,
+                                                   "scan": 0.067, "update_item": 1.016}}
+    inputs = inputs_from_scale(section)
+    assert inputs.first_interval and (inputs.streams, inputs.workers) == (1999, 4)
+    found = capacity_model(inputs)["measured_vs_model"]
+    rows = found["per_1000_streams"]
+    # Checks every 60 s (no renewal yet) and 3 campaigners' leader reads every 2.5 s.
+    assert rows["get_item"]["model"] == pytest.approx((1999 / 60 + 3 / 2.5) / 1.999, rel=1e-3)
+    assert rows["get_item"]["ratio"] == pytest.approx(1.0, abs=0.02)
+    assert found["agrees"] is True
+    # A measurement outside the range is flagged.
+    off = compare_measured({"get_item": 40.0}, Shape(2000, 4, first_interval=True))
+    assert off["per_1000_streams"]["get_item"]["agrees"] is False and off["agrees"] is False
+
+
+def test_per_worker_read_growth_is_modelled() -> None:
+    growth = per_worker_read_growth()
+    assert growth["modelled"] is True
+    two, eight = growth["items_per_worker_minute"]["2"], growth["items_per_worker_minute"]["8"]
+    assert growth["value"] == pytest.approx(eight / two, abs=0.01) and growth["value"] > 1
+    # Only the all-members reads (and the leader campaign) grow with the fleet.
+    grew = {k for k, v in growth["by_kind"].items() if v["8"] > v["2"] + 1e-9}
+    assert grew == {"member read (observe)", "leader campaign read"}
+
+
+def test_the_text_names_every_kind_and_the_result() -> None:
+    model = capacity_model()
+    text = model_text(model)
+    for k in KINDS:
+        if k.code != "(none yet)":
+            assert k.name in text
+    assert f"**Streams per table at defaults: {model['streams_per_table']:,}**" in text
+    assert "| fleet table / MEMBER, reads |" in text
+
+
+def test_docs_show_the_model_as_it_is() -> None:
+    """docs/performance.md carries the model's own text: a change to a request kind, a
+    setting or an item size that moves a figure fails here until the docs follow
+    (``python -m loadtest.capacity`` prints the section)."""
+    doc = (Path(__file__).parent.parent / "docs" / "performance.md").read_text()
+    missing = [line for line in model_text(capacity_model()).splitlines()
+               if line and line not in doc]
+    assert missing == []
