@@ -96,6 +96,7 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         # Jittered +/-20 %: at most 1.92 member leases apart, inside the two allowed.
         min_hold_s=config.min_hold_s, audit_s=1.6 * timings.lease_s,
         second_pass_s=min(SECOND_PASS_S, timings.lease_s),
+        unservable_retry_s=3 * timings.lease_s,
     )
 
 

@@ -199,9 +199,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_STREAM_RENEW_SECONDS", "stream_renew_s", "600",
             "how often a holder renews a stream's lease; at most a third of it",
             seconds(0.03, 28800)),
-    Setting("STREAMLEASE_MIN_HOLD_SECONDS", "min_hold_s", "30",
-            "a stream is never handed over for balance sooner after it was acquired",
-            seconds(0, 86400)),
+    Setting("STREAMLEASE_MIN_HOLD_SECONDS", "min_hold_s", "",
+            "a stream is never handed over for balance sooner after it was acquired "
+            "(default: 1.5 x the lease)", seconds(0, 86400)),
     Setting("STREAMLEASE_LEADER_BACKEND", "leader_backend", "dynamodb",
             "where the fleet leader lease lives: dynamodb (the fleet table) or "
             "redis://host:port/db", parse_leader_backend, secret=True),
@@ -312,6 +312,8 @@ class WorkerConfig:
         safety = values.pop("safety_margin_s")
         timings = LeaseTimings(lease, values.pop("heartbeat_s"), values.pop("skew_margin_s"),
                                lease / 10 if safety is None else safety)
+        if values["min_hold_s"] is None:
+            values["min_hold_s"] = min_hold_for(lease)
         problems.extend(timings.problems())
         # Both intervals are jittered up to +20 %; a hand-written item must start within 60 s.
         if 1.2 * (values["sweep_s"] + values["reconcile_s"]) >= 60:
@@ -330,6 +332,14 @@ class WorkerConfig:
         if problems:
             raise ConfigError(problems)
         return cls(timings=timings, **values)
+
+
+def min_hold_for(lease_s: float) -> float:
+    """STREAMLEASE_MIN_HOLD_SECONDS when unset: one and a half member leases (30 s at the
+    20 s default). Rebalancing runs on the lease's time scale (member rows, takeovers,
+    shed pauses), so with a short lease a new member gets streams seconds after it joins,
+    not after a fixed half minute (docs/configuration.md, Defaults that follow the lease)."""
+    return 1.5 * lease_s
 
 
 def stream_timing_problems(values: Mapping[str, Any], member: LeaseTimings) -> list[str]:

@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any
 
 from streamlease.clock import SYSTEM_CLOCK, Clock
-from streamlease.core.backoff import jittered
+from streamlease.core.backoff import RENEW_JITTER, jittered
 from streamlease.core.fenced import HashSet, PutItem, Transaction
 from streamlease.core.leadership import LeaderObserver, LeaderRecord
 from streamlease.core.membership import HeartbeatOutcome, Liveness, MemberState, MemberTimings
@@ -164,7 +164,7 @@ class LeaderLease:
         """Renew every heartbeat; set ``lost`` on refusal or at the local deadline."""
         assert self._liveness is not None
         liveness = self._liveness
-        delay = self.timings.heartbeat_s
+        delay = jittered(self.timings.heartbeat_s, RENEW_JITTER, self.rng)
         while True:
             await self.clock.sleep(min(delay, max(0.0, liveness.deadline - self.clock.monotonic())))
             if liveness.check_deadline(self.clock.monotonic()):
@@ -174,7 +174,7 @@ class LeaderLease:
             outcome = await self.backend.renew(self.name, self.owner, self.fence,
                                                self.timings.lease_s, self.clock.wall_ms(),
                                                timeout=liveness.call_timeout(sent))
-            delay = liveness.on_heartbeat(outcome, sent, self.clock.monotonic())
+            delay = liveness.on_heartbeat(outcome, sent, self.clock.monotonic(), self.rng)
             if liveness.state is not MemberState.ACTIVE:
                 self._lose("renewal refused" if outcome is HeartbeatOutcome.FENCED
                            else "no renewal proven before the deadline")

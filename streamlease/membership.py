@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamlease.clock import Clock
-from streamlease.core.backoff import Backoff, jittered
+from streamlease.core.backoff import RENEW_JITTER, Backoff, jittered
 from streamlease.core.membership import (
     FenceCause,
     HeartbeatOutcome,
@@ -233,7 +233,7 @@ class Membership:
     # -- heartbeat ------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        delay = self.timings.heartbeat_s
+        delay = jittered(self.timings.heartbeat_s, RENEW_JITTER, self.rng)
         while not self._stop.is_set():
             await self._wait(delay)
             if self._stop.is_set():
@@ -260,7 +260,7 @@ class Membership:
         if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
             self._strained_until = now + 2 * self.timings.heartbeat_s
         before = self.liveness.state
-        delay = self.liveness.on_heartbeat(result.outcome, sent, now)
+        delay = self.liveness.on_heartbeat(result.outcome, sent, now, self.rng)
         if result.outcome is HeartbeatOutcome.RENEWED:
             self.hooks.proven(sent)
         after = self.liveness.state

@@ -59,10 +59,6 @@ from streamlease.supervisor import (
 )
 
 ORPHAN_QUERY_LIMIT = 1000
-# An item found unservable only once acquired (a profile problem: the orphan index does not
-# hold those attributes) is not taken again for this long; the operator's fix is picked up
-# after it.
-UNSERVABLE_RETRY_S = 60.0
 REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
 AUDITED_LIMIT = 100_000  # (stream, fence) pairs the self-audit knows are not leased here
 AUDIT_READS = 200  # consistent reads one self-audit makes at most
@@ -99,6 +95,10 @@ class ReconcilerSettings:
     min_hold_s: float = 30.0  # a stream is never handed over sooner after its acquisition
     audit_s: float = 32.0  # the self-audit's interval: 1.6 member leases (+20 % < two)
     second_pass_s: float = 2.0  # a dead member's streams are looked up again after this
+    # An item found unservable only once acquired (a profile problem: the orphan index does
+    # not hold those attributes) is not taken again for this long (three member leases);
+    # the operator's fix is picked up after it.
+    unservable_retry_s: float = 60.0
 
 
 class MemberGate(Protocol):
@@ -715,7 +715,7 @@ class Reconciler:
             # profile, the attributes its templates use): without a pause the item would be
             # taken and handed back every cycle. Its supervisor records it and releases.
             self._unservable_until[got.tenure.stream_id] = \
-                self.clock.monotonic() + UNSERVABLE_RETRY_S
+                self.clock.monotonic() + self.settings.unservable_retry_s
         else:
             # (An item that cannot be served gets no processor: its supervisor only
             # records the problem and releases.)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from streamlease.clock import Clock
-from streamlease.core.backoff import Backoff, jittered
+from streamlease.core.backoff import Backoff, next_renewal
 from streamlease.core.lease import (
     HolderState,
     Holding,
@@ -298,8 +298,9 @@ class Supervisor:
         timings = self.settings.timings
         check_s = self.settings.check_s or timings.heartbeat_s
         now = self.clock.monotonic()
-        # Streams acquired together would otherwise renew and check in together forever.
-        next_renew = now + jittered(timings.heartbeat_s, 0.1, self.rng)
+        # Streams acquired together would otherwise renew and check in together forever;
+        # every later renewal is spread afresh too (``_renew_once``).
+        next_renew = next_renewal(now, timings.heartbeat_s, self.rng)
         next_check = now + self.rng.uniform(0.5, 1.0) * check_s
         while not self.holding.terminal:
             wait = min(next_renew, next_check, self.holding.deadline) - self.clock.monotonic()
@@ -387,7 +388,7 @@ class Supervisor:
         await self._apply(decision, problem, was_holding)
         if decision.retry_in is not None:
             return now + decision.retry_in
-        return sent + timings.heartbeat_s
+        return next_renewal(sent, timings.heartbeat_s, self.rng)
 
     async def _stop_pump(self, task: asyncio.Task[None]) -> None:
         if task.done():

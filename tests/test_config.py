@@ -93,6 +93,34 @@ def test_sweep_plus_reconcile_keeps_the_one_minute_promise() -> None:
         WorkerConfig.from_env({"STREAMLEASE_SWEEP_SECONDS": "48"})
 
 
+SHORT = {"STREAMLEASE_LEASE_SECONDS": "2", "STREAMLEASE_HEARTBEAT_SECONDS": "0.5",
+         "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"}
+
+
+@pytest.mark.parametrize(("name", "env", "min_hold"), [
+    ("the 20 s default lease: 30 s", {}, 30.0),
+    ("a 2 s lease: 3 s", SHORT, 3.0),
+    ("a sub-second lease: scaled the same", {**SHORT, "STREAMLEASE_LEASE_SECONDS": "0.6",
+                                             "STREAMLEASE_HEARTBEAT_SECONDS": "0.15",
+                                             "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.1"}, 0.9),
+    ("blank is the default", {**SHORT, "STREAMLEASE_MIN_HOLD_SECONDS": " "}, 3.0),
+    ("an explicit value wins", {**SHORT, "STREAMLEASE_MIN_HOLD_SECONDS": "45"}, 45.0),
+    ("zero: rebalance at once", {"STREAMLEASE_MIN_HOLD_SECONDS": "0"}, 0.0),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_minimum_hold_follows_the_lease(name: str, env: dict[str, str],
+                                           min_hold: float) -> None:
+    assert WorkerConfig.from_env(env).min_hold_s == pytest.approx(min_hold)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e40", "thirty"])
+def test_a_bad_minimum_hold_is_refused_by_name(value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({**SHORT, "STREAMLEASE_MIN_HOLD_SECONDS": value})
+    (problem,) = err.value.problems
+    assert problem.startswith("STREAMLEASE_MIN_HOLD_SECONDS: "), problem
+    assert repr(value) in problem
+
+
 def test_the_leader_backend_is_parsed_and_its_password_never_echoed() -> None:
     assert WorkerConfig.from_env({}).leader_backend == "dynamodb"
     redis = WorkerConfig.from_env(

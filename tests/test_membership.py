@@ -4,7 +4,9 @@ silenced, fenced, revived; failures injected into releases."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import random
 from dataclasses import dataclass, field
 
 import pytest
@@ -333,6 +335,27 @@ async def test_the_superseded_worker_stops_its_streams_and_exits_2(
             await asyncio.sleep(0.1)
     second.stop()
     await running
+
+
+async def test_member_heartbeats_are_spread_afresh_every_time() -> None:
+    """Members started together (a fleet deployed at once) do not heartbeat in lock-step:
+    each beat is due a heartbeat +/-10 % after the last was sent, a fresh draw each time."""
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    one = Membership(store, store, LoopClock(), Metrics(), MembershipSettings("w1", 10, T),
+                     Hooks(held=lambda: 0, fenced=lambda: None, self_fenced=lambda: None,
+                           fleet_changed=lambda: None),  # type: ignore[arg-type]
+                     rng=random.Random(3))
+    await one.register()
+    task = asyncio.create_task(one.run())
+    await asyncio.sleep(20 * T.heartbeat_s)
+    one.stop()
+    await asyncio.wait_for(task, 5)
+    sent = [t for name, t in store.sent_at if name == "heartbeat"]
+    intervals = [round(b - a, 9) for a, b in itertools.pairwise(sent)]
+    assert len(intervals) >= 15
+    assert all(0.9 * T.heartbeat_s <= i <= 1.1 * T.heartbeat_s for i in intervals), intervals
+    assert len(set(intervals)) == len(intervals), intervals
 
 
 async def test_a_failing_takeover_task_is_logged_counted_and_the_member_goes_on() -> None:

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from streamlease.app import build_settings
+from streamlease.config import WorkerConfig
 from streamlease.core.lease import LeaseTimings, StopReason
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.core.model import MAX_LAST_ERROR_CHARS
@@ -337,6 +339,41 @@ async def test_a_short_member_takes_its_band_not_every_abandoned_orphan() -> Non
         if len(fleet.held()) > 3:
             break
     assert len(fleet.held()) == 6, fleet.held()  # share + TOLERANCE, not all nine
+    await fleet.stop()
+
+
+async def test_a_short_lease_fleet_rebalances_after_its_scaled_minimum_hold(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A scale-out from 2 to 4 workers with a 2 s member lease and the minimum hold left at
+    its default: the hold follows the lease (1.5 x 2 s = 3 s), so the first stream moves
+    a few seconds after it was taken, not after a fixed 30 s, and none moves sooner."""
+    config = WorkerConfig.from_env({"STREAMLEASE_LEASE_SECONDS": "2",
+                                    "STREAMLEASE_HEARTBEAT_SECONDS": "0.5",
+                                    "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"})
+    wired = build_settings(config, "w1")
+    hold = 1.5 * config.timings.lease_s  # 3 s
+    fleet = Fleet(min_hold_s=wired.min_hold_s, stopped_check_s=wired.stopped_check_s)
+    await fleet.streams("a", "b", "c", "d")
+    fleet.start()
+    async with asyncio.timeout(10):
+        while len(fleet.held()) < 4:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    first_taken = min(s.acquired_at for s in fleet.reconciler.supervisors.values())
+    fleet.member.view = FleetView((
+        MemberRecord("w2", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=4,
+                     capacity=100),
+        MemberRecord("w3", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=0,
+                     capacity=100),
+        MemberRecord("w4", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=0,
+                     capacity=100),
+    ))
+    # total 8, share 2: w1 is past its band (share + 1) and sheds.
+    async with asyncio.timeout(60):
+        while not events(caplog, "balance.shed"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    held_for = fleet.clock.monotonic() - first_taken
+    # The first cycle past the hold sheds: cycles come every reconcile interval (+20 %).
+    assert hold <= held_for < hold + 1.3, held_for
     await fleet.stop()
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
+from streamlease.app import build_settings
+from streamlease.config import WorkerConfig
 from streamlease.core.profiles import parse_profiles
 from streamlease.core.upstream import Catalog
 from streamlease.store import codec
@@ -121,4 +123,26 @@ async def test_an_item_that_gains_the_attribute_is_served() -> None:
     await put(fleet, "late", profile="chat", channel="general")  # the operator's fix
     await until(lambda: "late" in fleet.held(), limit_s=120)
     await until(lambda: "late:run" in fleet.script.log)
+    await fleet.stop()
+
+
+async def test_the_pause_before_an_unservable_item_is_taken_again_follows_the_lease() -> None:
+    """Three member leases: 60 s at the defaults, 6 s with a 2 s lease, so a fleet with
+    short leases picks the operator's fix up on the same scale."""
+    assert build_settings(WorkerConfig.from_env({}), "w1").unservable_retry_s == 60
+    config = WorkerConfig.from_env({"STREAMLEASE_LEASE_SECONDS": "2",
+                                    "STREAMLEASE_HEARTBEAT_SECONDS": "0.5",
+                                    "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"})
+    retry = build_settings(config, "w1").unservable_retry_s
+    assert retry == pytest.approx(6.0)
+    fleet = with_profiles(Fleet(sweep_s=5.0, unservable_retry_s=retry), Catalog(PROFILES))
+    await put(fleet, "late", profile="chat")
+    await asyncio.sleep(fleet.memory.index_lag.max_s)
+    fleet.start()
+    await until(lambda: bad_profile_count(fleet) == 1)
+    found = fleet.clock.monotonic()
+    await put(fleet, "late", profile="chat", channel="general")  # the operator's fix
+    await until(lambda: "late" in fleet.held(), limit_s=120)
+    # The pause, then the next reconcile cycle (1 s +20 %) and the index's lag.
+    assert fleet.clock.monotonic() - found < retry + 2, fleet.clock.monotonic() - found
     await fleet.stop()

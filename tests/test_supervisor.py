@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import itertools
 import logging
+import random
 from typing import Any
 
 import pytest
@@ -44,13 +46,14 @@ class Rig:
             timings=timings, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
             **{"call_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
 
-    async def holder(self, sid: str = "a") -> Supervisor:
+    async def holder(self, sid: str = "a", rng: random.Random | None = None) -> Supervisor:
         await self.memory.put_started(sid, URL)
         sent = self.clock.monotonic()
         got = await self.memory.acquire(sid, "w1", self.clock.wall_ms(), T)
         assert got is not None
         return Supervisor(got.tenure, got.record, sent, self.store, self.store, self.clock,
-                          self.metrics, self.settings, pump_factory=self.script.factory())
+                          self.metrics, self.settings, rng or random.Random(1),
+                          pump_factory=self.script.factory())
 
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels or None) or 0.0
@@ -77,6 +80,23 @@ async def test_renews_every_heartbeat_and_delivers() -> None:
     assert not task.done() and sup.holding.state is HolderState.HOLDING
     record = await rig.record()
     assert record.last_seq == rig.script.pumps["a"].committed > 0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_every_renewal_is_spread_afresh_not_only_the_first() -> None:
+    """Each renewal is due a heartbeat +/-10 % after the previous one was sent, a fresh
+    draw every time: streams taken in one mass acquisition (or realigned by one outage)
+    do not renew in lock-step for as long as they are held."""
+    rig = Rig()
+    sup = await rig.holder(rng=random.Random(42))
+    task = await run_for(sup, 20 * T.heartbeat_s)
+    sent = [t for name, t in rig.store.sent_at if name == "renew"]
+    intervals = [round(b - a, 9) for a, b in itertools.pairwise(sent)]
+    assert len(intervals) >= 15
+    assert all(0.9 * T.heartbeat_s <= i <= 1.1 * T.heartbeat_s for i in intervals), intervals
+    assert len(set(intervals)) == len(intervals), intervals  # no fixed step after the first
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -31,8 +31,11 @@ fleet's epoch high-water mark, however far behind this machine's clock is.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from streamlease.core.backoff import next_renewal
 
 
 class MemberStatus(StrEnum):
@@ -175,8 +178,11 @@ class Liveness:
             return True
         return False
 
-    def on_heartbeat(self, outcome: HeartbeatOutcome, sent_at: float, now: float) -> float:
-        """Apply one heartbeat; the delay until the next one."""
+    def on_heartbeat(self, outcome: HeartbeatOutcome, sent_at: float, now: float,
+                     rng: random.Random) -> float:
+        """Apply one heartbeat; the delay until the next one: a heartbeat interval after
+        this one was sent, spread +/-10 % afresh each time (``next_renewal``), or a retry
+        that backs off after a failure."""
         t = self.timings
         if outcome is HeartbeatOutcome.FENCED:
             self.state = MemberState.FENCED
@@ -187,7 +193,7 @@ class Liveness:
             if self.state is MemberState.SELF_FENCED:
                 # Proven alive again under the same epoch: nobody fenced us meanwhile.
                 self.state = MemberState.ACTIVE
-            return max(0.0, sent_at + t.heartbeat_s - now)
+            return max(0.0, next_renewal(sent_at, t.heartbeat_s, rng) - now)
         self.failures += 1
         self.check_deadline(now)
         base = t.heartbeat_s / (2 if outcome is HeartbeatOutcome.THROTTLED else 4)

@@ -3,6 +3,8 @@ own deadline, which always comes before any peer may declare it dead."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from streamlease.core.membership import (
@@ -21,6 +23,7 @@ from streamlease.core.membership import (
 )
 
 T = MemberTimings(lease_s=10.0, heartbeat_s=2.0, safety_margin_s=1.0)
+RNG = random.Random(0)
 
 
 def member(hb: int, epoch: int = 1, status: MemberStatus = MemberStatus.ACTIVE,
@@ -59,7 +62,7 @@ def test_a_member_stops_before_any_peer_may_declare_it_dead() -> None:
     # The member sends heartbeat n at t=3.0; the server applies it by t=3.2, when a peer
     # happens to read it and first receives it. The member's last proof is that heartbeat.
     live = Liveness.registered(0.0, T)
-    live.on_heartbeat(HeartbeatOutcome.RENEWED, sent_at=3.0, now=3.2)
+    live.on_heartbeat(HeartbeatOutcome.RENEWED, sent_at=3.0, now=3.2, rng=RNG)
     member_stops_at = live.deadline
     obs = Observer("peer", T.lease_s)
     obs.observe([member(7)], sent_at=3.0, received_at=3.2)
@@ -75,7 +78,8 @@ def test_failed_heartbeats_retry_sooner_and_never_past_the_deadline() -> None:
     delays = []
     now = 2.0
     while live.state is MemberState.ACTIVE:
-        delay = live.on_heartbeat(HeartbeatOutcome.UNKNOWN, sent_at=now, now=now + 0.1)
+        delay = live.on_heartbeat(HeartbeatOutcome.UNKNOWN, sent_at=now, now=now + 0.1,
+                                  rng=RNG)
         delays.append(delay)
         now += 0.1 + delay
         assert now <= live.deadline + 1e-9 or live.state is MemberState.SELF_FENCED
@@ -84,18 +88,34 @@ def test_failed_heartbeats_retry_sooner_and_never_past_the_deadline() -> None:
     assert live.state is MemberState.SELF_FENCED
 
 
+def test_each_heartbeat_is_due_an_interval_after_it_was_sent_spread_afresh() -> None:
+    """Members that beat together (a fleet started at once) drift apart: every delay is
+    a fresh draw within +/-10 % of the interval, measured from when the beat was sent."""
+    live = Liveness.registered(0.0, T)
+    rng = random.Random(7)
+    sent, dues = 0.0, []
+    for _ in range(20):
+        delay = live.on_heartbeat(HeartbeatOutcome.RENEWED, sent_at=sent, now=sent + 0.3,
+                                  rng=rng)
+        dues.append(round(0.3 + delay, 9))  # from send to the next send
+        sent += 0.3 + delay
+    assert all(0.9 * T.heartbeat_s <= due <= 1.1 * T.heartbeat_s for due in dues), dues
+    assert len(set(dues)) == len(dues), dues  # never the same interval twice
+    assert live.state is MemberState.ACTIVE
+
+
 def test_a_proven_heartbeat_after_a_self_fence_revives_a_member_nobody_fenced() -> None:
     live = Liveness.registered(0.0, T)
     assert live.check_deadline(T.lease_s)
-    live.on_heartbeat(HeartbeatOutcome.RENEWED, sent_at=12.0, now=12.1)
+    live.on_heartbeat(HeartbeatOutcome.RENEWED, sent_at=12.0, now=12.1, rng=RNG)
     assert live.state is MemberState.ACTIVE and live.may_write(12.2)
 
 
 def test_a_fenced_member_stays_fenced() -> None:
     live = Liveness.registered(0.0, T)
-    assert live.on_heartbeat(HeartbeatOutcome.FENCED, 2.0, 2.1) == 0.0
+    assert live.on_heartbeat(HeartbeatOutcome.FENCED, 2.0, 2.1, RNG) == 0.0
     assert live.state is MemberState.FENCED and not live.may_write(2.2)
-    live.on_heartbeat(HeartbeatOutcome.RENEWED, 3.0, 3.1)
+    live.on_heartbeat(HeartbeatOutcome.RENEWED, 3.0, 3.1, RNG)
     assert live.state is MemberState.FENCED
 
 

@@ -628,12 +628,14 @@ def test_task_environment_carries_every_setting_at_its_default(
     assert "STREAMLEASE_WORKER_ID" not in env  # the ECS task id, so never shared
     cases = worker_cases.Cases(module)
     # A variable whose default is null leaves its setting out, so the worker's default
-    # applies: the safety margin (a tenth of the lease), the dead letter (none), the
-    # profiles file (none: the built-in profile only), the python upstream (none).
+    # applies: the safety margin (a tenth of the lease), the minimum hold (1.5 leases), the
+    # dead letter (none), the profiles file (none: the built-in profile only), the python
+    # upstream (none).
     unset = {name for name, variable in cases.variable_of.items()
              if cases.defaults.get(variable) is None}
-    assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_DEAD_LETTER",
-                     "STREAMLEASE_PROFILES", "STREAMLEASE_UPSTREAM"}, unset
+    assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_MIN_HOLD_SECONDS",
+                     "STREAMLEASE_DEAD_LETTER", "STREAMLEASE_PROFILES",
+                     "STREAMLEASE_UPSTREAM"}, unset
     missing = set(cases.variable_of) - set(env) - unset
     assert not missing, f"not passed to the container (ecs.tf local.worker_settings): {missing}"
     assert not unset & set(env), unset & set(env)

@@ -758,13 +758,13 @@ variable "stream_check_seconds" {
 }
 
 variable "min_hold_seconds" {
-  description = "STREAMLEASE_MIN_HOLD_SECONDS: a stream is never handed over for balance sooner after it was acquired."
+  description = "STREAMLEASE_MIN_HOLD_SECONDS: a stream is never handed over for balance sooner after it was acquired; null: 1.5 x the lease."
   type        = number
-  default     = 30
+  default     = null
 
   validation {
-    condition     = var.min_hold_seconds >= 0 && var.min_hold_seconds <= 86400
-    error_message = "min_hold_seconds: from 0 to 86400 seconds."
+    condition     = var.min_hold_seconds == null ? true : var.min_hold_seconds >= 0 && var.min_hold_seconds <= 86400
+    error_message = "min_hold_seconds: from 0 to 86400 seconds, or null."
   }
 }
 
