@@ -447,7 +447,6 @@ class Reconciler:
                 await self.clock.sleep(spacing)
         count = sum(taken)
         if count:
-            self.metrics.dead_streams_taken(count)
             self.membership.counts_changed()
             event(logging.INFO, "takeover.done", "took a dead member's streams straight over",
                   member=dead.worker_id, epoch=dead.epoch, dealt=len(mine), taken=count)
@@ -477,7 +476,10 @@ class Reconciler:
             if got is None:
                 return False  # released, taken by another survivor, or never held by it
             await self._start(got, sent, None, dead.worker_id, how="takeover")
-            return stream_id in self.supervisors
+            served = stream_id in self.supervisors
+            if served:
+                self.metrics.dead_streams_taken(1)
+            return served
         except BaseException:
             self._unsure.add(stream_id)  # cancelled mid-call: it may have applied
             raise
