@@ -9,9 +9,11 @@ whose membership is not proven, acquires nothing until they recover (admission
 control), so an overloaded store is not fed more work. Every member heartbeat it also
 queries the index for STOPPED streams still held, so their holders release them.
 
-The sweep (a paginated Scan for items the index cannot see: written by hand without lease
-fields, or with an unknown state) is a duty of the fleet leader (``sweep_duty``), in a
-task of its own, so a slow Scan never delays a takeover.
+The reconciler is the intake; the other roles are composed here, each in its module:
+``streamlease.holdings`` (what this worker holds: supervisors, leases being settled),
+``streamlease.takeover`` (a dead member's streams taken straight over),
+``streamlease.audit`` (the self-audit) and ``streamlease.sweep`` (the leader's sweep, and
+what the worker says about items it cannot serve).
 
 Supervisors live in this object's TaskGroup: when the reconciler stops, intake stops
 first, then every supervisor drains, then the group exits.
@@ -20,53 +22,33 @@ first, then every supervisor drains, then the group exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
 
+from streamlease.audit import AuditSettings, SelfAudit
 from streamlease.clock import Clock
 from streamlease.core import balance
 from streamlease.core.backoff import jittered
-from streamlease.core.deal import deal, deal_weights
-from streamlease.core.lease import HolderState, StopReason, resume_point, takeover_threshold_ms
-from streamlease.core.membership import MemberRecord, MemberStatus
-from streamlease.core.model import StreamRecord, Tenure, error_text
-from streamlease.core.plan import (
-    VALID_STATES,
-    bad_item_reason,
-    fleet_view,
-    invisible_to_index,
-    item_problem,
-    plan_cycle,
-)
+from streamlease.core.lease import HolderState, StopReason, takeover_threshold_ms
+from streamlease.core.model import StreamRecord
+from streamlease.core.plan import plan_cycle
 from streamlease.errors import StoreError
 from streamlease.health import HealthState
+from streamlease.holdings import Holdings, HoldingSettings, MemberGate
 from streamlease.logs import event
-from streamlease.membership import FleetView
 from streamlease.metrics import Metrics
-from streamlease.store.protocols import Acquired, LeaseStore, Sink
-from streamlease.supervisor import (
-    LeaseHealth,
-    PumpFactory,
-    Supervisor,
-    SupervisorSettings,
-    shielded,
-)
+from streamlease.store.protocols import LeaseStore, Sink
+from streamlease.supervisor import LeaseHealth, PumpFactory, Supervisor, SupervisorSettings
+from streamlease.sweep import Sweep, SweepSettings, Unservable
+from streamlease.takeover import Takeover, TakeoverSettings
 
 ORPHAN_QUERY_LIMIT = 1000
-REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
-AUDITED_LIMIT = 100_000  # (stream, fence) pairs the self-audit knows are not leased here
-AUDIT_READS = 200  # consistent reads one self-audit makes at most
-# Take-overs of a dead member's streams: each moves the orphan index's STARTED key (a
-# delete and a put), which takes about 1,000 writes/s; the survivors share half of it.
-TAKEOVER_INDEX_WRITES_S = 500.0
-TAKEOVER_CONCURRENCY = 16  # take-over writes in flight per worker
-DEALT_LIMIT = 1_000  # dead incarnations remembered as dealt
+
+__all__ = ["MemberGate", "Reconciler", "ReconcilerSettings"]
 
 
 @dataclass(frozen=True)
@@ -101,25 +83,6 @@ class ReconcilerSettings:
     unservable_retry_s: float = 60.0
 
 
-class MemberGate(Protocol):
-    """What the reconciler needs of this worker's membership."""
-
-    @property
-    def epoch(self) -> int: ...
-
-    @property
-    def accepting(self) -> bool: ...
-
-    @property
-    def view(self) -> FleetView: ...
-
-    def may_write(self, now: float) -> bool: ...
-
-    def counts_changed(self) -> None: ...
-
-    def handed_off(self) -> None: ...
-
-
 class Reconciler:
     def __init__(self, leases: LeaseStore, sink: Sink, clock: Clock, metrics: Metrics,
                  settings: ReconcilerSettings, membership: MemberGate,
@@ -134,7 +97,6 @@ class Reconciler:
         self.settings = settings
         self.membership = membership
         self.rng = rng or random.Random()
-        self.supervisors: dict[str, Supervisor] = {}
         timings = settings.supervisor.timings
         # A renewal slower than half a member heartbeat is slow; one keeps intake off for
         # two heartbeats.
@@ -148,33 +110,54 @@ class Reconciler:
         self._orphan_since: dict[str, float] = {}  # when this worker first saw each orphan
         self._totals: deque[tuple[float, int]] = deque()  # (when, streams counted) lately
         self._release_by: float | None = None
-        self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._on_delivered = on_delivered
-        self._pump_factory = pump_factory
-        self._tg: asyncio.TaskGroup | None = None
         self._admitting = True
-        self.unreleased = 0  # shutdown drains whose release did not go through
-        # Streams this worker may hold without a supervisor: an acquire (or the release
-        # of a late one) whose outcome is unknown. Settled by reading the item back.
-        self._unsure: set[str] = set()
-        self._acquiring: set[str] = set()
-        # Per stream, the fence at which the owner index listed it under this worker and a
-        # consistent read showed it not leased here: a fence moves on with every
-        # acquisition, so the same entry needs no second read. Forgotten when this worker
-        # acquires the stream (its fence may then be moved anywhere by ``advance``).
-        self._audited: OrderedDict[str, int] = OrderedDict()
-        self._unservable_until: dict[str, float] = {}  # stream -> monotonic: not before
-        # Dead incarnations (worker id, fenced epoch) whose streams this worker has dealt.
-        self._dealt: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.health = health or HealthState(timings.lease_s)
+        # The roles: what this worker holds, a dead member's streams taken over, the
+        # self-audit, the sweep (a leader duty) and what cannot be served.
+        self.holdings = Holdings(
+            leases, sink, clock, metrics,
+            HoldingSettings(settings.owner, settings.max_streams, settings.supervisor,
+                            settings.stopped_check_s, settings.unservable_retry_s),
+            membership, self.rng, self._stop, self.lease_health, self.health,
+            on_delivered, pump_factory)
+        self.takeover = Takeover(
+            leases, self.holdings, clock, metrics,
+            TakeoverSettings(settings.owner, settings.max_streams, timings,
+                             settings.stopped_check_s, settings.second_pass_s),
+            membership, self._stop)
+        self.self_audit = SelfAudit(
+            leases, self.holdings, metrics,
+            AuditSettings(settings.owner, settings.audit_s, settings.stopped_check_s),
+            membership, self.rng, self._stop)
+        self.unservable = Unservable(leases, clock, metrics)
+        self.sweep = Sweep(
+            leases, self.holdings, clock, metrics,
+            SweepSettings(settings.sweep_s, settings.supervisor.allowed_urls,
+                          settings.supervisor.catalog),
+            self.unservable, self.rng, self._stop)
+
+    @property
+    def supervisors(self) -> dict[str, Supervisor]:
+        return self.holdings.supervisors
+
+    @property
+    def unreleased(self) -> int:
+        """Streams whose release did not go through when the worker stopped."""
+        return self.holdings.unreleased
+
+    async def audit(self) -> int:
+        return await self.self_audit.audit()
+
+    async def sweep_duty(self, lease: object, stop: asyncio.Event) -> None:
+        """A leader duty (``streamlease.sweep``)."""
+        await self.sweep.duty(lease, stop)
 
     def stop(self, release_by: float | None = None) -> None:
         """Stop acquiring and drain every supervisor now (flush and release, the release
         retried until ``release_by``), without waiting for a cycle in progress."""
         self._stop.set()
         self._release_by = release_by
-        for supervisor in list(self.supervisors.values()):
-            supervisor.request_drain(StopReason.SHUTDOWN, release_by)
+        self.holdings.drain_all(StopReason.SHUTDOWN, release_by)
 
     @property
     def stopping(self) -> asyncio.Event:
@@ -196,15 +179,14 @@ class Reconciler:
 
     def member_lost(self, fenced: bool) -> None:
         """This worker's membership ended or lapsed: every stream stops at once."""
-        for supervisor in list(self.supervisors.values()):
-            supervisor.member_lost(fenced)
+        self.holdings.member_lost(fenced)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            self._tg = tg
+            self.holdings.tg = tg
             stopped = tg.create_task(self._guarded("stopped_query", self._stopped_loop),
                                      name="stopped streams")
-            audit = tg.create_task(self._guarded("audit", self._audit_loop),
+            audit = tg.create_task(self._guarded("audit", self.self_audit.run),
                                    name="self-audit")
             while not self._stop.is_set():
                 started = time.perf_counter()
@@ -221,13 +203,12 @@ class Reconciler:
                 await self._pause(self._next_pause(), self._poke)
             stopped.cancel()
             audit.cancel()
-            for supervisor in list(self.supervisors.values()):
-                supervisor.request_drain(StopReason.SHUTDOWN, self._release_by)
-        self._tg = None
-        await self._settle_unsure()
-        if self._unsure:
+            self.holdings.drain_all(StopReason.SHUTDOWN, self._release_by)
+        self.holdings.tg = None
+        await self.holdings.settle_unsure()
+        if self.holdings.unsure:
             # Possibly still held: keep the member row so peers release them on its behalf.
-            self.unreleased += len(self._unsure)
+            self.holdings.unreleased += len(self.holdings.unsure)
 
     async def _guarded(self, task: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a helper loop of the reconciler; an unexpected failure is logged, counted
@@ -242,69 +223,6 @@ class Reconciler:
                 event(logging.ERROR, "reconcile.task_crashed", "a reconciler loop failed; "
                       "restarting it", task=task, exc_info=True)
                 await self._pause(jittered(self.settings.stopped_check_s, 0.2, self.rng))
-
-    async def _audit_loop(self) -> None:
-        """The self-audit, every ``audit_s`` (+/-20 %), the first one a heartbeat after
-        start-up (a previous incarnation's leases whose release failed at registration)."""
-        await self._pause(self.settings.stopped_check_s)
-        while not self._stop.is_set():
-            try:
-                await self.audit()
-            except StoreError as exc:
-                event(logging.WARNING, "audit.failed", "self-audit failed", error=str(exc))
-            await self._pause(jittered(self.settings.audit_s, 0.2, self.rng))
-
-    async def audit(self) -> int:
-        """Release every stream leased to this worker that it does not serve; returns how
-        many. The backstop for every path that would leave a stream leased but unserved
-        until its stream lease runs out: an acquire whose answer was lost, a supervisor
-        that failed, a release that did not go through, a previous incarnation under the
-        same worker id. The owner index (which lags, keys only) says where to look; a
-        consistent read of each item decides, and the release is conditioned on the
-        owner and fence that read showed."""
-        owner = self.settings.owner
-        listed = await self.leases.owned_by(owner, timeout=self.settings.audit_s / 2)
-        todo = [o for o in listed if o.stream_id not in self.supervisors
-                and o.stream_id not in self._acquiring
-                and self._audited.get(o.stream_id) != o.fence]
-        released = 0
-        for owned in todo[:AUDIT_READS]:
-            if self._stop.is_set():
-                break
-            try:
-                released += await self._audit_one(owner, owned.stream_id, owned.fence)
-            except StoreError as exc:
-                event(logging.WARNING, "audit.read_failed", "self-audit could not settle a "
-                      "stream; trying again next time", stream=owned.stream_id, error=str(exc))
-        return released
-
-    async def _audit_one(self, owner: str, sid: str, listed: int) -> int:
-        record = await self.leases.check(sid, timeout=self.settings.stopped_check_s)
-        if sid in self.supervisors or sid in self._acquiring:
-            return 0  # taken up while the read was in flight: served
-        if record is None or record.fence is None:
-            return 0
-        if record.lease_epoch is not None and record.lease_epoch > self.membership.epoch:
-            return 0  # a newer incarnation under this id took it: not this process's to free
-        if record.lease_owner != owner or not record.lease_expires_at_ms:
-            self._remember_audited(sid, listed)
-            return 0
-        tenure = Tenure(sid, owner, record.fence, record.last_seq, record.lease_expires_at_ms)
-        if not await self.leases.release(tenure, timeout=self.settings.stopped_check_s):
-            return 0
-        self.metrics.unserved_released()
-        self._unsure.discard(sid)
-        event(logging.WARNING, "lease.unserved_released",
-              "a stream leased to this worker had no supervisor here; released",
-              stream=sid, fence=record.fence, source="audit")
-        self._remember_audited(sid, listed)
-        return 1
-
-    def _remember_audited(self, stream_id: str, fence: int) -> None:
-        self._audited[stream_id] = fence
-        self._audited.move_to_end(stream_id)
-        if len(self._audited) > AUDITED_LIMIT:
-            self._audited.popitem(last=False)
 
     async def _pause(self, seconds: float, also: asyncio.Event | None = None,
                      clear: bool = True) -> None:
@@ -322,11 +240,11 @@ class Reconciler:
             also.clear()
 
     async def _cycle(self) -> None:
-        if self._unsure:
-            await self._settle_unsure()
+        if self.holdings.unsure:
+            await self.holdings.settle_unsure()
         if not self._admits():
             return  # nothing will be taken: spare the store the orphan query too
-        self._deal_dead()
+        self.takeover.deal_dead()
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
         now = self.clock.monotonic()
@@ -341,12 +259,12 @@ class Reconciler:
                 held.seen(candidate)  # released or taken from under us (a force release)
         if orphans:
             self.metrics.orphans_found(len(orphans))
-        if self._unservable_until:
+        if self.holdings.unservable_until:
             mono = self.clock.monotonic()
-            for stream_id, until in list(self._unservable_until.items()):
+            for stream_id, until in list(self.holdings.unservable_until.items()):
                 if until <= mono:
-                    del self._unservable_until[stream_id]
-            orphans = [o for o in orphans if o.stream_id not in self._unservable_until]
+                    del self.holdings.unservable_until[stream_id]
+            orphans = [o for o in orphans if o.stream_id not in self.holdings.unservable_until]
         waited = self._waited(orphans, now)
         plan = plan_cycle(
             orphans, held=set(self.supervisors), max_streams=self.settings.max_streams,
@@ -355,7 +273,7 @@ class Reconciler:
             rank=waited.tier,  # the longest waiting first; racing takers spread within a tier
         )
         for record, problem in plan.unservable:
-            await self._report_unservable(record, problem)
+            await self.unservable.report(record, problem)
         want = self._balance(plan.servable, waited, now)
         budget = min(want, self.settings.acquire_per_cycle,
                      self.settings.max_streams - len(self.supervisors))
@@ -373,118 +291,6 @@ class Reconciler:
         self.metrics.set_leases_held(len(self.supervisors))
 
     # -- a dead member's streams ---------------------------------------------------------
-
-    def _deal_dead(self) -> None:
-        """For each member row newly seen fenced (DEAD, its streams not yet released), take
-        this worker's part of the deal (``streamlease.core.deal``) straight over."""
-        view = self.membership.view
-        for row in view.members:
-            if row.status is not MemberStatus.DEAD or row.released:
-                continue
-            key = (row.worker_id, row.epoch)
-            if key in self._dealt or self._tg is None:
-                continue
-            self._dealt[key] = None
-            if len(self._dealt) > DEALT_LIMIT:
-                self._dealt.popitem(last=False)
-            self._tg.create_task(self._guarded_take(row), name=f"take over {row.worker_id}")
-
-    async def _guarded_take(self, dead: MemberRecord) -> None:
-        try:
-            await self._take_dead_part(dead)
-            # The owner index lags: a stream the dead member took just before it died may
-            # be listed only a moment later.
-            await self._pause(self.settings.second_pass_s)
-            if not self._stop.is_set():
-                await self._take_dead_part(dead)
-        except StoreError as exc:
-            event(logging.WARNING, "takeover.failed", "taking a dead member's streams over "
-                  "failed; its fencer releases what is left", member=dead.worker_id,
-                  error=str(exc))
-        except Exception:
-            self.metrics.task_crashed("takeover")
-            event(logging.ERROR, "takeover.crashed", "taking a dead member's streams over "
-                  "crashed; its fencer releases what is left", member=dead.worker_id,
-                  exc_info=True)
-
-    def _deal_for(self, dead: MemberRecord, stream_ids: list[str]) -> list[str]:
-        """This worker's part of the deal of ``stream_ids``, as every survivor computes it
-        from the member rows (its own row's count replaced by its live one, as all do
-        with their own: the rows lag by a heartbeat at most)."""
-        view = self.membership.view
-        survivors = [m for m in view.active() if m.worker_id != dead.worker_id]
-        counts = {m.worker_id: m.streams for m in survivors}
-        capacities = {m.worker_id: m.capacity for m in survivors}
-        weights = deal_weights(counts, capacities, len(stream_ids))
-        dealt = deal(stream_ids, weights)
-        return [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
-
-    async def _take_dead_part(self, dead: MemberRecord) -> int:
-        owned = await self.leases.owned_by(dead.worker_id,
-                                           timeout=2 * self.settings.stopped_check_s)
-        stream_ids = sorted({o.stream_id for o in owned})
-        mine = [sid for sid in self._deal_for(dead, stream_ids)
-                if sid not in self.supervisors and sid not in self._acquiring]
-        room = self.settings.max_streams - len(self.supervisors)
-        mine = mine[:max(0, room)]
-        if not mine or not self.membership.accepting:
-            return 0
-        survivors = max(1, len([m for m in self.membership.view.active()
-                                if m.worker_id != dead.worker_id]))
-        spacing = survivors * 2 / TAKEOVER_INDEX_WRITES_S  # this worker's part of the budget
-        gate = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
-        taken: list[bool] = []
-
-        async def one(stream_id: str) -> None:
-            async with gate:
-                taken.append(await self._take_one(stream_id, dead))
-
-        async with asyncio.TaskGroup() as tg:
-            for stream_id in mine:
-                if self._stop.is_set():
-                    break
-                tg.create_task(one(stream_id))
-                await self.clock.sleep(spacing)
-        count = sum(taken)
-        if count:
-            self.membership.counts_changed()
-            event(logging.INFO, "takeover.done", "took a dead member's streams straight over",
-                  member=dead.worker_id, epoch=dead.epoch, dealt=len(mine), taken=count)
-        self.metrics.set_leases_held(len(self.supervisors))
-        return count
-
-    async def _take_one(self, stream_id: str, dead: MemberRecord) -> bool:
-        if self._stop.is_set() or not self.membership.accepting or \
-                len(self.supervisors) >= self.settings.max_streams:
-            return False
-        self._acquiring.add(stream_id)
-        try:
-            sent = self.clock.monotonic()
-            try:
-                got = await self.leases.take_over(
-                    stream_id, dead.worker_id, dead.epoch, self.settings.owner,
-                    self.clock.wall_ms(), self.settings.supervisor.timings,
-                    timeout=2 * self.settings.stopped_check_s, epoch=self.membership.epoch)
-                if got is not None:
-                    got = await self._resume_where_the_sink_is(got)
-            except StoreError as exc:
-                self._unsure.add(stream_id)  # it may have applied: read back next cycle
-                event(logging.WARNING, "lease.acquire_failed",
-                      "take-over failed; its outcome is checked at the next cycle",
-                      error=str(exc), stream=stream_id)
-                return False
-            if got is None:
-                return False  # released, taken by another survivor, or never held by it
-            await self._start(got, sent, None, dead.worker_id, how="takeover")
-            served = stream_id in self.supervisors
-            if served:
-                self.metrics.dead_streams_taken(1)
-            return served
-        except BaseException:
-            self._unsure.add(stream_id)  # cancelled mid-call: it may have applied
-            raise
-        finally:
-            self._acquiring.discard(stream_id)
 
     def _waited(self, orphans: list[StreamRecord], now: float) -> _Waited:
         """Note when this worker first saw each orphan; the orphans by how long they
@@ -598,66 +404,16 @@ class Reconciler:
                       "cannot query for STOPPED streams", error=str(exc))
             await self._pause(jittered(self.settings.stopped_check_s, 0.1, self.rng))
 
-    async def sweep_duty(self, lease: object, stop: asyncio.Event) -> None:
-        """A leader duty: the sweep and the fleet view, once at once (a new leader picks
-        up hand-written items immediately), then every ``sweep_s`` (+/-20 %)."""
-        while not stop.is_set() and not self._stop.is_set():
-            try:
-                await self._sweep()
-            except StoreError as exc:
-                event(logging.WARNING, "sweep.failed", "sweep failed", error=str(exc))
-            await self._pause(jittered(self.settings.sweep_s, 0.2, self.rng), stop,
-                              clear=False)
-
-    async def _sweep(self) -> None:
-        """One paginated Scan of the streams table: adopt hand-written items, report
-        items that cannot be served, and publish the fleet view metric. (A filtered Scan
-        costs the same read capacity as a full one, so the view comes for free.)"""
-        records = await self.leases.scan()
-        self.metrics.fleet_view(fleet_view(records, self.clock.wall_ms()))
-        for record in records:
-            # Every problem the full item shows (the index does not hold every attribute,
-            # and items with an unknown state are not in it at all), written once.
-            problem = item_problem(record, self.settings.supervisor.allowed_urls,
-                                   self.settings.supervisor.catalog)
-            if problem is not None and record.last_error != error_text(problem) and \
-                    record.stream_id not in self.supervisors:
-                await self._report_unservable(record, problem)
-        for record in filter(invisible_to_index, records):
-            if record.desired_state not in VALID_STATES:
-                continue
-            if record.lease_expires_at_ms is None and await self.leases.adopt(record.stream_id):
-                event(logging.INFO, "stream.adopted",
-                      "hand-written item given lease fields; it is now visible to the fleet",
-                      stream=record.stream_id)
-
-    async def _report_unservable(self, record: StreamRecord, problem: str) -> None:
-        key = (record.stream_id, problem)
-        if key in self._reported:
-            self._reported.move_to_end(key)
-        else:
-            self._reported[key] = None
-            if len(self._reported) > REPORTED_LIMIT:
-                self._reported.popitem(last=False)
-            self.metrics.bad_item(bad_item_reason(problem))
-            event(logging.WARNING, "stream.unservable", "stream cannot be served; not dialled",
-                  stream=record.stream_id, problem=problem)
-        try:
-            await self.leases.record_error(record.stream_id, problem, self.clock.wall_ms())
-        except StoreError as exc:
-            event(logging.WARNING, "stream.record_error_failed", "could not record last_error",
-                  stream=record.stream_id, error=str(exc))
-
     async def _acquire(self, candidate: StreamRecord) -> None:
         stream_id = candidate.stream_id
-        self._acquiring.add(stream_id)
+        self.holdings.acquiring.add(stream_id)
         try:
             await self._try_acquire(candidate)
         except BaseException:
-            self._unsure.add(stream_id)  # cancelled mid-call: it may have applied
+            self.holdings.unsure.add(stream_id)  # cancelled mid-call: it may have applied
             raise
         finally:
-            self._acquiring.discard(stream_id)
+            self.holdings.acquiring.discard(stream_id)
 
     async def _try_acquire(self, candidate: StreamRecord) -> None:
         timings = self.settings.supervisor.timings
@@ -670,12 +426,12 @@ class Reconciler:
                                             timings, timeout=2 * self.settings.stopped_check_s,
                                             epoch=self.membership.epoch)
             if got is not None:
-                got = await self._resume_where_the_sink_is(got)
+                got = await self.holdings.resume_where_the_sink_is(got)
         except StoreError as exc:
             # The write may have applied with its answer lost: read the item back later
             # and release it if so, or it would sit leased to this worker, unserved, for
             # a whole stream lease.
-            self._unsure.add(candidate.stream_id)
+            self.holdings.unsure.add(candidate.stream_id)
             event(logging.WARNING, "lease.acquire_failed",
                   "acquire failed; its outcome is checked at the next cycle", error=str(exc),
                   stream=candidate.stream_id)
@@ -688,163 +444,5 @@ class Reconciler:
         seen = self._orphan_since.get(candidate.stream_id)
         delay = (now_ms - expired) / 1000 if expired else \
             None if seen is None else max(0.0, sent - seen)
-        await self._start(got, sent, delay, candidate.lease_owner)
+        await self.holdings.start(got, sent, delay, candidate.lease_owner)
 
-    async def _start(self, got: Acquired, sent: float, delay: float | None,
-                     previous_owner: str | None, how: str = "orphan") -> None:
-        """Serve a lease just taken (acquired as an orphan, or taken over from a dead
-        member): start its output and its supervisor, or hand it straight back if this
-        worker can no longer serve it."""
-        if self._stop.is_set() or len(self.supervisors) >= self.settings.max_streams \
-                or not self.membership.accepting:
-            # Stopped, full, or no longer a member in good standing while the call was in
-            # flight: nothing may serve it here, so hand it straight back.
-            try:
-                released = await self.leases.release(got.tenure)
-            except StoreError as exc:
-                released = False
-                event(logging.WARNING, "lease.release_failed",
-                      "release after a late acquire failed; checked again at the next cycle",
-                      stream=got.tenure.stream_id, fence=got.tenure.fence, error=str(exc))
-            if not released:
-                self._unsure.add(got.tenure.stream_id)
-            return
-        self._audited.pop(got.tenure.stream_id, None)
-        problem = item_problem(got.record, self.settings.supervisor.allowed_urls,
-                               self.settings.supervisor.catalog)
-        if problem is not None:
-            # The orphan index does not project every attribute a problem can lie in (a
-            # profile, the attributes its templates use): without a pause the item would be
-            # taken and handed back every cycle. Its supervisor records it and releases.
-            self._unservable_until[got.tenure.stream_id] = \
-                self.clock.monotonic() + self.settings.unservable_retry_s
-        else:
-            # (An item that cannot be served gets no processor: its supervisor only
-            # records the problem and releases.)
-            opened = await self._open_output(got)
-            if opened is None:
-                return
-            got = opened
-        self.metrics.lease_acquired(delay)
-        event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
-              fence=got.tenure.fence, last_seq=got.tenure.last_seq,
-              previous_owner=previous_owner, unowned_s=delay, how=how)
-        supervisor = Supervisor(got.tenure, got.record, sent, self.leases, self.sink,
-                                self.clock, self.metrics, self.settings.supervisor, self.rng,
-                                self._on_delivered, self.health, self.lease_health,
-                                self._pump_factory, self.membership.may_write)
-        self.supervisors[got.tenure.stream_id] = supervisor
-        self.metrics.set_leases_held(len(self.supervisors))
-        assert self._tg is not None
-        self._tg.create_task(self._supervise(supervisor), name=f"supervise {supervisor.stream}")
-
-    async def _settle_unsure(self) -> None:
-        """Read back each stream whose acquire (or release) outcome was unknown; if this
-        worker holds it with no supervisor, release it now (owner and fence as read)."""
-        for stream_id in sorted(self._unsure):
-            if stream_id in self._acquiring:
-                continue  # being acquired again right now: settled by that attempt
-            if stream_id in self.supervisors:
-                self._unsure.discard(stream_id)  # acquired again since, and served
-                continue
-            try:
-                record = await self.leases.check(stream_id, timeout=self.settings.stopped_check_s)
-                if record is not None and record.lease_owner == self.settings.owner \
-                        and record.lease_expires_at_ms and record.fence is not None:
-                    tenure = Tenure(stream_id, self.settings.owner, record.fence,
-                                    record.last_seq, record.lease_expires_at_ms or 0)
-                    if await self.leases.release(tenure):
-                        self.metrics.lease_released(StopReason.ERROR)
-                        event(logging.WARNING, "lease.unserved_released",
-                              "an acquire whose answer was lost had applied; released the "
-                              "lease this worker was not serving", stream=stream_id,
-                              fence=record.fence)
-            except StoreError as exc:
-                event(logging.WARNING, "lease.settle_failed",
-                      "cannot read back a stream whose acquire outcome is unknown; "
-                      "trying again at the next cycle", stream=stream_id, error=str(exc))
-                continue
-            self._unsure.discard(stream_id)
-
-    async def _open_output(self, got: Acquired) -> Acquired | None:
-        """Start the tenure's output (its processor's ``start``); resume after what the
-        output already holds when it keeps its own checkpoint. If it cannot start, the
-        stream is released with ``last_error`` and None is returned."""
-        tenure = got.tenure
-        try:
-            async with asyncio.timeout(self.settings.supervisor.drain_timeout_s):
-                beyond = await self.sink.open(tenure, got.record)
-            if beyond > (tenure.last_seq or 0):
-                event(logging.INFO, "stream.resume_after_output",
-                      "the output holds more than the item's checkpoint; resuming after it",
-                      stream=tenure.stream_id, fence=tenure.fence,
-                      item_last_seq=tenure.last_seq, output_last_seq=beyond)
-                moved = await self.leases.advance(tenure, tenure.fence, beyond)
-                if moved is None:
-                    await self._close_output(tenure, "lost")
-                    return None
-                return Acquired(moved, got.record)
-            return got
-        except asyncio.CancelledError:
-            await self._close_output(tenure, "error")
-            raise
-        except Exception as exc:
-            problem = f"output failed to start: {type(exc).__name__}: {exc}"[:500]
-            event(logging.ERROR, "stream.output_start_failed", "the stream's output could not "
-                  "start; releasing it", stream=tenure.stream_id, fence=tenure.fence,
-                  error=problem)
-            await self._close_output(tenure, "error")
-            with contextlib.suppress(StoreError):
-                await self.leases.record_error(tenure.stream_id, problem, self.clock.wall_ms())
-            try:
-                if await self.leases.release(tenure):
-                    self.metrics.lease_released(StopReason.ERROR)
-            except StoreError:
-                self._unsure.add(tenure.stream_id)
-            return None
-
-    async def _close_output(self, tenure: Tenure, reason: str) -> None:
-        """Stop a tenure's output that will not be supervised: bounded, and shielded (a
-        cancellation in progress does not stop the close; it still propagates)."""
-        try:
-            await shielded(self.sink.close(tenure, reason),
-                           self.settings.supervisor.drain_timeout_s, f"close {tenure.stream_id}")
-        except Exception:
-            event(logging.ERROR, "processor.stop_failed", "closing an output failed",
-                  stream=tenure.stream_id, fence=tenure.fence, reason=reason)
-
-    async def _resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
-        """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
-        a backup), move this tenure to where the sink already is before pumping."""
-        newest = await self.sink.newest_event(got.tenure.stream_id)
-        point = resume_point(got.tenure, newest)
-        if point is None:
-            return got
-        fence, last_seq = point
-        event(logging.WARNING, "stream.checkpoint_rewound",
-              "the item's checkpoint or fence is behind the sink; resuming after the sink",
-              stream=got.tenure.stream_id, fence=got.tenure.fence,
-              item_last_seq=got.tenure.last_seq, sink_last_seq=newest.last_seq if newest else None,
-              sink_fence=newest.fence if newest else None, new_fence=fence, new_last_seq=last_seq)
-        self.metrics.checkpoint_rewound()
-        tenure = await self.leases.advance(got.tenure, fence, last_seq)
-        return None if tenure is None else Acquired(tenure, got.record)
-
-    async def _supervise(self, supervisor: Supervisor) -> None:
-        try:
-            await supervisor.run()
-            # Shutting down: any stream that ended neither released nor lost to another
-            # holder (a hand-over or self-fence whose release failed, a crash) may still
-            # name this worker: keep the member row so peers release it on its behalf.
-            if self._stop.is_set() and supervisor.holding.state not in (
-                    HolderState.RELEASED, HolderState.LOST):
-                self.unreleased += 1
-        finally:
-            if self.supervisors.get(supervisor.stream) is supervisor:
-                del self.supervisors[supervisor.stream]
-                self.health.dropped(supervisor.stream)
-            self.metrics.set_leases_held(len(self.supervisors))
-            if supervisor.holding.state is HolderState.RELEASED:
-                self.membership.handed_off()  # peers take it now, not at their next cycle
-            else:
-                self.membership.counts_changed()

@@ -17,9 +17,11 @@ from streamlease.core.urls import parse_allowed_urls
 from streamlease.membership import FleetView
 from streamlease.metrics import Metrics
 from streamlease.pump import PumpSettings
-from streamlease.reconciler import REPORTED_LIMIT, Reconciler, ReconcilerSettings
+from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.store.memory import MemoryStore
 from streamlease.supervisor import SupervisorSettings
+from streamlease.sweep import REPORTED_LIMIT
+from streamlease.upstream import BUILTIN_UPSTREAMS, Upstreams
 from tests.fakes import FaultyStore, PumpScript, StaticMember
 from tests.virtual import LoopClock
 
@@ -38,7 +40,7 @@ class Fleet:
     """One reconciler (a worker) over a shared in-memory table."""
 
     def __init__(self, memory: MemoryStore | None = None, owner: str = "w1",
-                 **overrides: Any) -> None:
+                 upstreams: Upstreams = BUILTIN_UPSTREAMS, **overrides: Any) -> None:
         self.memory = memory or MemoryStore()
         self.store = FaultyStore(self.memory)
         self.clock = LoopClock()
@@ -53,7 +55,7 @@ class Fleet:
             self.store, self.store, self.clock, self.metrics,
             ReconcilerSettings(owner=owner, supervisor=SupervisorSettings(
                 timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
-                call_timeout_s=1.0, drain_timeout_s=5.0), **values),
+                call_timeout_s=1.0, drain_timeout_s=5.0, upstreams=upstreams), **values),
             self.member, pump_factory=self.script.factory())
         self.task: asyncio.Task[None] | None = None
 
@@ -147,8 +149,8 @@ async def test_the_memory_of_reported_problems_is_bounded() -> None:
     from streamlease.core.model import StreamRecord
     for i in range(REPORTED_LIMIT + 50):
         record = StreamRecord(f"s{i}", "STARTED", "ws://x/")
-        await fleet.reconciler._report_unservable(record, "not allowed")
-    assert len(fleet.reconciler._reported) == REPORTED_LIMIT
+        await fleet.reconciler.unservable.report(record, "not allowed")
+    assert len(fleet.reconciler.unservable.reported) == REPORTED_LIMIT
 
 
 async def test_a_rewound_checkpoint_resumes_after_the_sink(

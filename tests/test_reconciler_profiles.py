@@ -4,10 +4,10 @@ dialled, ``last_error`` says why, counted as bad_profile; every other stream is 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -32,11 +32,8 @@ def info_logs(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="streamlease")
 
 
-def with_profiles(fleet: Fleet, catalog: Catalog) -> Fleet:
-    settings = fleet.reconciler.settings
-    fleet.reconciler.settings = dataclasses.replace(settings, supervisor=dataclasses.replace(
-        settings.supervisor, upstreams=Upstreams(catalog)))
-    return fleet
+def with_profiles(catalog: Catalog, **overrides: Any) -> Fleet:
+    return Fleet(upstreams=Upstreams(catalog), **overrides)
 
 
 async def put(fleet: Fleet, sid: str, **attributes: str) -> None:
@@ -77,7 +74,7 @@ def acquired(caplog: pytest.LogCaptureFixture, sid: str) -> int:
 @pytest.mark.parametrize(("attributes", "why"), BAD)
 async def test_an_item_its_profile_cannot_serve_is_not_served(
         attributes: dict[str, str], why: str, caplog: pytest.LogCaptureFixture) -> None:
-    fleet = with_profiles(Fleet(sweep_s=5.0), Catalog(PROFILES))
+    fleet = with_profiles(Catalog(PROFILES), sweep_s=5.0)
     await put(fleet, "bad", **attributes)
     await put(fleet, "good")  # the default profile
     await put(fleet, "chat", profile="chat", channel="general")
@@ -102,7 +99,7 @@ async def test_an_item_its_profile_cannot_serve_is_not_served(
 @pytest.mark.parametrize(("attributes", "why"), BAD[:1])
 async def test_an_item_its_profile_cannot_serve_is_not_acquired_over_and_over(
         attributes: dict[str, str], why: str, caplog: pytest.LogCaptureFixture) -> None:
-    fleet = with_profiles(Fleet(sweep_s=5.0), Catalog(PROFILES))
+    fleet = with_profiles(Catalog(PROFILES), sweep_s=5.0)
     await put(fleet, "bad", **attributes)
     await asyncio.sleep(fleet.memory.index_lag.max_s)
     fleet.start()
@@ -115,7 +112,7 @@ async def test_an_item_its_profile_cannot_serve_is_not_acquired_over_and_over(
 
 
 async def test_an_item_that_gains_the_attribute_is_served() -> None:
-    fleet = with_profiles(Fleet(sweep_s=5.0), Catalog(PROFILES))
+    fleet = with_profiles(Catalog(PROFILES), sweep_s=5.0)
     await put(fleet, "late", profile="chat")
     await asyncio.sleep(fleet.memory.index_lag.max_s)
     fleet.start()
@@ -135,7 +132,7 @@ async def test_the_pause_before_an_unservable_item_is_taken_again_follows_the_le
                                     "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"})
     retry = build_settings(config, "w1").unservable_retry_s
     assert retry == pytest.approx(6.0)
-    fleet = with_profiles(Fleet(sweep_s=5.0, unservable_retry_s=retry), Catalog(PROFILES))
+    fleet = with_profiles(Catalog(PROFILES), sweep_s=5.0, unservable_retry_s=retry)
     await put(fleet, "late", profile="chat")
     await asyncio.sleep(fleet.memory.index_lag.max_s)
     fleet.start()

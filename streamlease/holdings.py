@@ -1,0 +1,278 @@
+"""The streams this worker holds: one supervisor each, and the leases still being settled.
+
+Every way a lease reaches this worker — an orphan acquired by the intake, a dead member's
+stream taken straight over — ends in ``Holdings.start``: the output starts (resuming after
+what it already holds), then the supervisor, in the reconciler's scope. What is not
+served is not kept: a lease taken while this worker stopped, filled up or lost its
+membership in good standing is handed straight back, and one whose outcome is unknown (an
+answer lost, a call cancelled) is read back and released (``settle_unsure``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from streamlease.clock import Clock
+from streamlease.core.lease import HolderState, StopReason, resume_point
+from streamlease.core.model import Tenure
+from streamlease.core.plan import item_problem
+from streamlease.errors import StoreError
+from streamlease.health import HealthState
+from streamlease.logs import event
+from streamlease.membership import FleetView
+from streamlease.metrics import Metrics
+from streamlease.store.protocols import Acquired, LeaseStore, Sink
+from streamlease.supervisor import (
+    LeaseHealth,
+    PumpFactory,
+    Supervisor,
+    SupervisorSettings,
+    shielded,
+)
+
+AUDITED_LIMIT = 100_000  # (stream, fence) pairs the self-audit knows are not leased here
+
+
+class MemberGate(Protocol):
+    """What the holdings and the reconciler need of this worker's membership."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def accepting(self) -> bool: ...
+
+    @property
+    def view(self) -> FleetView: ...
+
+    def may_write(self, now: float) -> bool: ...
+
+    def counts_changed(self) -> None: ...
+
+    def handed_off(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class HoldingSettings:
+    owner: str
+    max_streams: int
+    supervisor: SupervisorSettings
+    call_s: float  # a read back of an unsure lease times out after this (a heartbeat)
+    # An item found unservable only once acquired (a profile problem: the orphan index does
+    # not hold those attributes) is not taken again for this long.
+    unservable_retry_s: float
+
+
+class Holdings:
+    def __init__(self, leases: LeaseStore, sink: Sink, clock: Clock, metrics: Metrics,
+                 settings: HoldingSettings, membership: MemberGate, rng: random.Random,
+                 stopping: asyncio.Event, lease_health: LeaseHealth, health: HealthState,
+                 on_delivered: Callable[[int], None] | None = None,
+                 pump_factory: PumpFactory | None = None) -> None:
+        self.leases = leases
+        self.sink = sink
+        self.clock = clock
+        self.metrics = metrics
+        self.settings = settings
+        self.membership = membership
+        self.rng = rng
+        self.stopping = stopping  # the worker stops: nothing new is served
+        self.lease_health = lease_health
+        self.health = health
+        self.on_delivered = on_delivered
+        self.pump_factory = pump_factory
+        self.supervisors: dict[str, Supervisor] = {}
+        self.tg: asyncio.TaskGroup | None = None  # the scope supervisors run in
+        # Streams being acquired or taken over right now (not yet supervised).
+        self.acquiring: set[str] = set()
+        # Streams this worker may hold without a supervisor: an acquire (or the release
+        # of a late one) whose outcome is unknown. Settled by reading the item back.
+        self.unsure: set[str] = set()
+        # Per stream, the fence at which the owner index listed it under this worker and a
+        # consistent read showed it not leased here: a fence moves on with every
+        # acquisition, so the same entry needs no second read. Forgotten when this worker
+        # acquires the stream (its fence may then be moved anywhere by ``advance``).
+        self.audited: OrderedDict[str, int] = OrderedDict()
+        self.unservable_until: dict[str, float] = {}  # stream -> monotonic: not before
+        self.unreleased = 0  # shutdown drains whose release did not go through
+
+    def drain_all(self, reason: StopReason, release_by: float | None) -> None:
+        for supervisor in list(self.supervisors.values()):
+            supervisor.request_drain(reason, release_by)
+
+    async def start(self, got: Acquired, sent: float, delay: float | None,
+                     previous_owner: str | None, how: str = "orphan") -> None:
+        """Serve a lease just taken (acquired as an orphan, or taken over from a dead
+        member): start its output and its supervisor, or hand it straight back if this
+        worker can no longer serve it."""
+        if self.stopping.is_set() or len(self.supervisors) >= self.settings.max_streams \
+                or not self.membership.accepting:
+            # Stopped, full, or no longer a member in good standing while the call was in
+            # flight: nothing may serve it here, so hand it straight back.
+            try:
+                released = await self.leases.release(got.tenure)
+            except StoreError as exc:
+                released = False
+                event(logging.WARNING, "lease.release_failed",
+                      "release after a late acquire failed; checked again at the next cycle",
+                      stream=got.tenure.stream_id, fence=got.tenure.fence, error=str(exc))
+            if not released:
+                self.unsure.add(got.tenure.stream_id)
+            return
+        self.audited.pop(got.tenure.stream_id, None)
+        problem = item_problem(got.record, self.settings.supervisor.allowed_urls,
+                               self.settings.supervisor.catalog)
+        if problem is not None:
+            # The orphan index does not project every attribute a problem can lie in (a
+            # profile, the attributes its templates use): without a pause the item would be
+            # taken and handed back every cycle. Its supervisor records it and releases.
+            self.unservable_until[got.tenure.stream_id] = \
+                self.clock.monotonic() + self.settings.unservable_retry_s
+        else:
+            # (An item that cannot be served gets no processor: its supervisor only
+            # records the problem and releases.)
+            opened = await self._open_output(got)
+            if opened is None:
+                return
+            got = opened
+        self.metrics.lease_acquired(delay)
+        event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
+              fence=got.tenure.fence, last_seq=got.tenure.last_seq,
+              previous_owner=previous_owner, unowned_s=delay, how=how)
+        supervisor = Supervisor(got.tenure, got.record, sent, self.leases, self.sink,
+                                self.clock, self.metrics, self.settings.supervisor, self.rng,
+                                self.on_delivered, self.health, self.lease_health,
+                                self.pump_factory, self.membership.may_write)
+        self.supervisors[got.tenure.stream_id] = supervisor
+        self.metrics.set_leases_held(len(self.supervisors))
+        assert self.tg is not None
+        self.tg.create_task(self._supervise(supervisor), name=f"supervise {supervisor.stream}")
+
+    async def _open_output(self, got: Acquired) -> Acquired | None:
+        """Start the tenure's output (its processor's ``start``); resume after what the
+        output already holds when it keeps its own checkpoint. If it cannot start, the
+        stream is released with ``last_error`` and None is returned."""
+        tenure = got.tenure
+        try:
+            async with asyncio.timeout(self.settings.supervisor.drain_timeout_s):
+                beyond = await self.sink.open(tenure, got.record)
+            if beyond > (tenure.last_seq or 0):
+                event(logging.INFO, "stream.resume_after_output",
+                      "the output holds more than the item's checkpoint; resuming after it",
+                      stream=tenure.stream_id, fence=tenure.fence,
+                      item_last_seq=tenure.last_seq, output_last_seq=beyond)
+                moved = await self.leases.advance(tenure, tenure.fence, beyond)
+                if moved is None:
+                    await self._close_output(tenure, "lost")
+                    return None
+                return Acquired(moved, got.record)
+            return got
+        except asyncio.CancelledError:
+            await self._close_output(tenure, "error")
+            raise
+        except Exception as exc:
+            problem = f"output failed to start: {type(exc).__name__}: {exc}"[:500]
+            event(logging.ERROR, "stream.output_start_failed", "the stream's output could not "
+                  "start; releasing it", stream=tenure.stream_id, fence=tenure.fence,
+                  error=problem)
+            await self._close_output(tenure, "error")
+            with contextlib.suppress(StoreError):
+                await self.leases.record_error(tenure.stream_id, problem, self.clock.wall_ms())
+            try:
+                if await self.leases.release(tenure):
+                    self.metrics.lease_released(StopReason.ERROR)
+            except StoreError:
+                self.unsure.add(tenure.stream_id)
+            return None
+
+    async def _close_output(self, tenure: Tenure, reason: str) -> None:
+        """Stop a tenure's output that will not be supervised: bounded, and shielded (a
+        cancellation in progress does not stop the close; it still propagates)."""
+        try:
+            await shielded(self.sink.close(tenure, reason),
+                           self.settings.supervisor.drain_timeout_s, f"close {tenure.stream_id}")
+        except Exception:
+            event(logging.ERROR, "processor.stop_failed", "closing an output failed",
+                  stream=tenure.stream_id, fence=tenure.fence, reason=reason)
+
+    async def resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
+        """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
+        a backup), move this tenure to where the sink already is before pumping."""
+        newest = await self.sink.newest_event(got.tenure.stream_id)
+        point = resume_point(got.tenure, newest)
+        if point is None:
+            return got
+        fence, last_seq = point
+        event(logging.WARNING, "stream.checkpoint_rewound",
+              "the item's checkpoint or fence is behind the sink; resuming after the sink",
+              stream=got.tenure.stream_id, fence=got.tenure.fence,
+              item_last_seq=got.tenure.last_seq, sink_last_seq=newest.last_seq if newest else None,
+              sink_fence=newest.fence if newest else None, new_fence=fence, new_last_seq=last_seq)
+        self.metrics.checkpoint_rewound()
+        tenure = await self.leases.advance(got.tenure, fence, last_seq)
+        return None if tenure is None else Acquired(tenure, got.record)
+
+    async def _supervise(self, supervisor: Supervisor) -> None:
+        try:
+            await supervisor.run()
+            # Shutting down: any stream that ended neither released nor lost to another
+            # holder (a hand-over or self-fence whose release failed, a crash) may still
+            # name this worker: keep the member row so peers release it on its behalf.
+            if self.stopping.is_set() and supervisor.holding.state not in (
+                    HolderState.RELEASED, HolderState.LOST):
+                self.unreleased += 1
+        finally:
+            if self.supervisors.get(supervisor.stream) is supervisor:
+                del self.supervisors[supervisor.stream]
+                self.health.dropped(supervisor.stream)
+            self.metrics.set_leases_held(len(self.supervisors))
+            if supervisor.holding.state is HolderState.RELEASED:
+                self.membership.handed_off()  # peers take it now, not at their next cycle
+            else:
+                self.membership.counts_changed()
+
+    async def settle_unsure(self) -> None:
+        """Read back each stream whose acquire (or release) outcome was unknown; if this
+        worker holds it with no supervisor, release it now (owner and fence as read)."""
+        for stream_id in sorted(self.unsure):
+            if stream_id in self.acquiring:
+                continue  # being acquired again right now: settled by that attempt
+            if stream_id in self.supervisors:
+                self.unsure.discard(stream_id)  # acquired again since, and served
+                continue
+            try:
+                record = await self.leases.check(stream_id, timeout=self.settings.call_s)
+                if record is not None and record.lease_owner == self.settings.owner \
+                        and record.lease_expires_at_ms and record.fence is not None:
+                    tenure = Tenure(stream_id, self.settings.owner, record.fence,
+                                    record.last_seq, record.lease_expires_at_ms or 0)
+                    if await self.leases.release(tenure):
+                        self.metrics.lease_released(StopReason.ERROR)
+                        event(logging.WARNING, "lease.unserved_released",
+                              "an acquire whose answer was lost had applied; released the "
+                              "lease this worker was not serving", stream=stream_id,
+                              fence=record.fence)
+            except StoreError as exc:
+                event(logging.WARNING, "lease.settle_failed",
+                      "cannot read back a stream whose acquire outcome is unknown; "
+                      "trying again at the next cycle", stream=stream_id, error=str(exc))
+                continue
+            self.unsure.discard(stream_id)
+
+    def remember_audited(self, stream_id: str, fence: int) -> None:
+        self.audited[stream_id] = fence
+        self.audited.move_to_end(stream_id)
+        if len(self.audited) > AUDITED_LIMIT:
+            self.audited.popitem(last=False)
+
+    def member_lost(self, fenced: bool) -> None:
+        """This worker's membership ended or lapsed: every stream stops at once."""
+        for supervisor in list(self.supervisors.values()):
+            supervisor.member_lost(fenced)

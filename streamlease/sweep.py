@@ -1,0 +1,126 @@
+"""The sweep, and what the worker says about items it cannot serve.
+
+The sweep is a duty of the fleet leader (``Sweep.duty``), in a task of its own so a slow
+Scan never delays a takeover: a paginated Scan of the streams table that gives items
+written by hand without lease fields ``lease_expires_at_ms = 0`` (so the orphan index sees
+them), reports every item that cannot be served, and publishes the fleet view metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from streamlease.clock import Clock
+from streamlease.core.backoff import jittered
+from streamlease.core.model import StreamRecord, error_text
+from streamlease.core.plan import (
+    VALID_STATES,
+    bad_item_reason,
+    fleet_view,
+    invisible_to_index,
+    item_problem,
+)
+from streamlease.core.upstream import Catalog
+from streamlease.core.urls import AllowList
+from streamlease.errors import StoreError
+from streamlease.holdings import Holdings
+from streamlease.logs import event
+from streamlease.metrics import Metrics
+from streamlease.store.protocols import LeaseStore
+
+REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
+
+
+class Unservable:
+    """Items that cannot be served: written to ``last_error`` each time, logged and
+    counted once per (stream, problem)."""
+
+    def __init__(self, leases: LeaseStore, clock: Clock, metrics: Metrics) -> None:
+        self.leases = leases
+        self.clock = clock
+        self.metrics = metrics
+        self.reported: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    async def report(self, record: StreamRecord, problem: str) -> None:
+        key = (record.stream_id, problem)
+        if key in self.reported:
+            self.reported.move_to_end(key)
+        else:
+            self.reported[key] = None
+            if len(self.reported) > REPORTED_LIMIT:
+                self.reported.popitem(last=False)
+            self.metrics.bad_item(bad_item_reason(problem))
+            event(logging.WARNING, "stream.unservable", "stream cannot be served; not dialled",
+                  stream=record.stream_id, problem=problem)
+        try:
+            await self.leases.record_error(record.stream_id, problem, self.clock.wall_ms())
+        except StoreError as exc:
+            event(logging.WARNING, "stream.record_error_failed", "could not record last_error",
+                  stream=record.stream_id, error=str(exc))
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    sweep_s: float
+    allowed_urls: AllowList
+    catalog: Catalog
+
+
+class Sweep:
+    def __init__(self, leases: LeaseStore, holdings: Holdings, clock: Clock, metrics: Metrics,
+                 settings: SweepSettings, unservable: Unservable, rng: random.Random,
+                 stopping: asyncio.Event) -> None:
+        self.leases = leases
+        self.holdings = holdings
+        self.clock = clock
+        self.metrics = metrics
+        self.settings = settings
+        self.unservable = unservable
+        self.rng = rng
+        self.stopping = stopping
+
+    async def duty(self, lease: object, stop: asyncio.Event) -> None:
+        """A leader duty: the sweep and the fleet view, once at once (a new leader picks
+        up hand-written items immediately), then every ``sweep_s`` (+/-20 %)."""
+        while not stop.is_set() and not self.stopping.is_set():
+            try:
+                await self.sweep()
+            except StoreError as exc:
+                event(logging.WARNING, "sweep.failed", "sweep failed", error=str(exc))
+            await _either(jittered(self.settings.sweep_s, 0.2, self.rng), stop, self.stopping)
+
+    async def sweep(self) -> None:
+        """One paginated Scan of the streams table: adopt hand-written items, report
+        items that cannot be served, and publish the fleet view metric. (A filtered Scan
+        costs the same read capacity as a full one, so the view comes for free.)"""
+        records = await self.leases.scan()
+        self.metrics.fleet_view(fleet_view(records, self.clock.wall_ms()))
+        for record in records:
+            # Every problem the full item shows (the index does not hold every attribute,
+            # and items with an unknown state are not in it at all), written once.
+            problem = item_problem(record, self.settings.allowed_urls,
+                                   self.settings.catalog)
+            if problem is not None and record.last_error != error_text(problem) and \
+                    record.stream_id not in self.holdings.supervisors:
+                await self.unservable.report(record, problem)
+        for record in filter(invisible_to_index, records):
+            if record.desired_state not in VALID_STATES:
+                continue
+            if record.lease_expires_at_ms is None and await self.leases.adopt(record.stream_id):
+                event(logging.INFO, "stream.adopted",
+                      "hand-written item given lease fields; it is now visible to the fleet",
+                      stream=record.stream_id)
+
+
+async def _either(seconds: float, *events: asyncio.Event) -> None:
+    """Sleep, cut short by any of ``events``."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waits:
+            waiter.cancel()

@@ -1,0 +1,176 @@
+"""Taking a dead member's streams straight over.
+
+When a member is fenced, every survivor reads its ``DEAD`` row (the fencer at once), lists
+its streams through the owner index, deals them the same way every survivor does
+(``streamlease.core.deal``) and takes its own part: one conditional write per stream, from
+the dead incarnation to this worker (``LeaseStore.take_over``), paced so the survivors
+together stay under half the orphan index key's write rate. The owner index lags, so it
+looks once more a moment later. What nobody takes (a survivor that could not, a stream
+missing from every survivor's listing) is released by the fencer after the deal window
+and acquired as an orphan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from streamlease.clock import Clock
+from streamlease.core.deal import deal, deal_weights
+from streamlease.core.lease import LeaseTimings
+from streamlease.core.membership import MemberRecord, MemberStatus
+from streamlease.errors import StoreError
+from streamlease.holdings import Holdings, MemberGate
+from streamlease.logs import event
+from streamlease.metrics import Metrics
+from streamlease.store.protocols import LeaseStore
+
+# Take-overs of a dead member's streams: each moves the orphan index's STARTED key (a
+# delete and a put), which takes about 1,000 writes/s; the survivors share half of it.
+TAKEOVER_INDEX_WRITES_S = 500.0
+TAKEOVER_CONCURRENCY = 16  # take-over writes in flight per worker
+DEALT_LIMIT = 1_000  # dead incarnations remembered as dealt
+
+
+@dataclass(frozen=True)
+class TakeoverSettings:
+    owner: str
+    max_streams: int
+    timings: LeaseTimings  # the stream lease a take-over stamps
+    call_s: float  # a take-over write times out after twice this
+    second_pass_s: float  # the owner index is listed again after this
+
+
+class Takeover:
+    def __init__(self, leases: LeaseStore, holdings: Holdings, clock: Clock, metrics: Metrics,
+                 settings: TakeoverSettings, membership: MemberGate,
+                 stopping: asyncio.Event) -> None:
+        self.leases = leases
+        self.holdings = holdings
+        self.clock = clock
+        self.metrics = metrics
+        self.settings = settings
+        self.membership = membership
+        self.stopping = stopping
+        # Dead incarnations (worker id, fenced epoch) whose streams this worker has dealt.
+        self.dealt: OrderedDict[tuple[str, int], None] = OrderedDict()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.stopping.wait()
+
+    def deal_dead(self) -> None:
+        """For each member row newly seen fenced (DEAD, its streams not yet released), take
+        this worker's part of the deal (``streamlease.core.deal``) straight over."""
+        view = self.membership.view
+        for row in view.members:
+            if row.status is not MemberStatus.DEAD or row.released:
+                continue
+            key = (row.worker_id, row.epoch)
+            if key in self.dealt or self.holdings.tg is None:
+                continue
+            self.dealt[key] = None
+            if len(self.dealt) > DEALT_LIMIT:
+                self.dealt.popitem(last=False)
+            self.holdings.tg.create_task(self._guarded_take(row), name=f"take over {row.worker_id}")
+
+    async def _guarded_take(self, dead: MemberRecord) -> None:
+        try:
+            await self._take_dead_part(dead)
+            # The owner index lags: a stream the dead member took just before it died may
+            # be listed only a moment later.
+            await self._pause(self.settings.second_pass_s)
+            if not self.stopping.is_set():
+                await self._take_dead_part(dead)
+        except StoreError as exc:
+            event(logging.WARNING, "takeover.failed", "taking a dead member's streams over "
+                  "failed; its fencer releases what is left", member=dead.worker_id,
+                  error=str(exc))
+        except Exception:
+            self.metrics.task_crashed("takeover")
+            event(logging.ERROR, "takeover.crashed", "taking a dead member's streams over "
+                  "crashed; its fencer releases what is left", member=dead.worker_id,
+                  exc_info=True)
+
+    def _deal_for(self, dead: MemberRecord, stream_ids: list[str]) -> list[str]:
+        """This worker's part of the deal of ``stream_ids``, as every survivor computes it
+        from the member rows (its own row's count replaced by its live one, as all do
+        with their own: the rows lag by a heartbeat at most)."""
+        view = self.membership.view
+        survivors = [m for m in view.active() if m.worker_id != dead.worker_id]
+        counts = {m.worker_id: m.streams for m in survivors}
+        capacities = {m.worker_id: m.capacity for m in survivors}
+        weights = deal_weights(counts, capacities, len(stream_ids))
+        dealt = deal(stream_ids, weights)
+        return [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
+
+    async def _take_dead_part(self, dead: MemberRecord) -> int:
+        owned = await self.leases.owned_by(dead.worker_id,
+                                           timeout=2 * self.settings.call_s)
+        stream_ids = sorted({o.stream_id for o in owned})
+        mine = [sid for sid in self._deal_for(dead, stream_ids)
+                if sid not in self.holdings.supervisors and sid not in self.holdings.acquiring]
+        room = self.settings.max_streams - len(self.holdings.supervisors)
+        mine = mine[:max(0, room)]
+        if not mine or not self.membership.accepting:
+            return 0
+        survivors = max(1, len([m for m in self.membership.view.active()
+                                if m.worker_id != dead.worker_id]))
+        spacing = survivors * 2 / TAKEOVER_INDEX_WRITES_S  # this worker's part of the budget
+        gate = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
+        taken: list[bool] = []
+
+        async def one(stream_id: str) -> None:
+            async with gate:
+                taken.append(await self._take_one(stream_id, dead))
+
+        async with asyncio.TaskGroup() as tg:
+            for stream_id in mine:
+                if self.stopping.is_set():
+                    break
+                tg.create_task(one(stream_id))
+                await self.clock.sleep(spacing)
+        count = sum(taken)
+        if count:
+            self.membership.counts_changed()
+            event(logging.INFO, "takeover.done", "took a dead member's streams straight over",
+                  member=dead.worker_id, epoch=dead.epoch, dealt=len(mine), taken=count)
+        self.metrics.set_leases_held(len(self.holdings.supervisors))
+        return count
+
+    async def _take_one(self, stream_id: str, dead: MemberRecord) -> bool:
+        if self.stopping.is_set() or not self.membership.accepting or \
+                len(self.holdings.supervisors) >= self.settings.max_streams:
+            return False
+        self.holdings.acquiring.add(stream_id)
+        try:
+            sent = self.clock.monotonic()
+            try:
+                got = await self.leases.take_over(
+                    stream_id, dead.worker_id, dead.epoch, self.settings.owner,
+                    self.clock.wall_ms(), self.settings.timings,
+                    timeout=2 * self.settings.call_s, epoch=self.membership.epoch)
+                if got is not None:
+                    got = await self.holdings.resume_where_the_sink_is(got)
+            except StoreError as exc:
+                self.holdings.unsure.add(stream_id)  # it may have applied: read back next cycle
+                event(logging.WARNING, "lease.acquire_failed",
+                      "take-over failed; its outcome is checked at the next cycle",
+                      error=str(exc), stream=stream_id)
+                return False
+            if got is None:
+                return False  # released, taken by another survivor, or never held by it
+            await self.holdings.start(got, sent, None, dead.worker_id, how="takeover")
+            served = stream_id in self.holdings.supervisors
+            if served:
+                self.metrics.dead_streams_taken(1)
+            return served
+        except BaseException:
+            self.holdings.unsure.add(stream_id)  # cancelled mid-call: it may have applied
+            raise
+        finally:
+            self.holdings.acquiring.discard(stream_id)
