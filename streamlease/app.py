@@ -105,6 +105,23 @@ def member_timings(config: WorkerConfig) -> MemberTimings:
     return MemberTimings(t.lease_s, t.heartbeat_s, t.safety_margin_s)
 
 
+@dataclasses.dataclass
+class Runtime:
+    """One worker process, built once by the composition root (``serve``): the roles that
+    run, and what they share. Roles never reach for each other through globals; what one
+    asks of another is wired here."""
+
+    config: WorkerConfig
+    owner: str
+    clock: Clock
+    metrics: Metrics
+    health: HealthState
+    stores: Stores
+    membership: Membership
+    reconciler: Reconciler
+    leadership: Leadership
+
+
 async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -> int:
     metrics = Metrics()
     metrics.set_capacity(config.max_streams)
@@ -131,47 +148,69 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         # store that is only slow or throttling gets a few attempts first.
         for advice in await check_tables(stores.admin):
             event(logging.WARNING, "table.index_costly", advice)
-        reconciler: Reconciler | None = None
-
-        def held() -> int:
-            return len(reconciler.supervisors) if reconciler else 0
-
-        def member_proven(at: float) -> None:
-            health.renewed(MEMBER_HEALTH_KEY, at)
-
-        gate = SinkGate(config.max_streams, slow_s=member_timings(config).slow_heartbeat_s,
-                        metrics=metrics)
-
-        def member_beat(outcome: HeartbeatOutcome, seconds: float) -> None:
-            gate.heartbeat(outcome, seconds)
-            if reconciler is not None and outcome is not HeartbeatOutcome.FENCED:
-                reconciler.lease_health.record_call(
-                    outcome is HeartbeatOutcome.RENEWED, seconds)
-
-        leadership: Leadership | None = None
-        membership = Membership(
-            stores.fleet, stores.leases, clock, metrics,
-            MembershipSettings(owner, config.max_streams, member_timings(config)),
-            Hooks(held=held,
-                  fenced=lambda: reconciler.member_lost(True) if reconciler else None,
-                  self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
-                  fleet_changed=lambda: reconciler.poke() if reconciler else None,
-                  proven=member_proven, beat=member_beat,
-                  leading=lambda: leadership is not None and leadership.leading))
         async with worker_sink(config, stores, metrics) as sink, \
                 leader_backend(config, stores, metrics) as backend, \
                 worker_upstreams(config) as upstreams:
             settings = dataclasses.replace(settings, supervisor=dataclasses.replace(
                 settings.supervisor, upstreams=upstreams))
-            reconciler = Reconciler(stores.leases,
-                                    PacedSink(sink, gate, metrics, config.sink.kind), clock,
-                                    metrics, settings, membership, health=health)
-            leadership = build_leadership(config, owner, backend, stores, clock, metrics,
-                                          reconciler, membership)
-            await membership.register()
-            member_proven(clock.monotonic())
-            return await _serve(config, owner, clock, metrics, health, reconciler, membership,
-                                leadership)
+            runtime = build_runtime(config, owner, clock, metrics, health, stores, sink,
+                                    backend, settings)
+            await runtime.membership.register()
+            health.renewed(MEMBER_HEALTH_KEY, clock.monotonic())
+            return await _serve(runtime)
+
+
+def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metrics,
+                  health: HealthState, stores: Stores, sink: Sink, backend: LeaderBackend,
+                  settings: ReconcilerSettings) -> Runtime:
+    """Wire the roles. Membership and the reconciler ask things of each other (the
+    reconciler plans with the member view; membership stops every stream when the member
+    lapses), so membership's hooks reach the reconciler through the runtime once built."""
+    wired: list[Runtime] = []
+
+    def reconciler() -> Reconciler | None:
+        return wired[0].reconciler if wired else None
+
+    def held() -> int:
+        r = reconciler()
+        return len(r.supervisors) if r else 0
+
+    def member_proven(at: float) -> None:
+        health.renewed(MEMBER_HEALTH_KEY, at)
+
+    gate = SinkGate(config.max_streams, slow_s=member_timings(config).slow_heartbeat_s,
+                    metrics=metrics)
+
+    def member_beat(outcome: HeartbeatOutcome, seconds: float) -> None:
+        gate.heartbeat(outcome, seconds)
+        r = reconciler()
+        if r is not None and outcome is not HeartbeatOutcome.FENCED:
+            r.lease_health.record_call(outcome is HeartbeatOutcome.RENEWED, seconds)
+
+    def on_reconciler(act: Callable[[Reconciler], None]) -> Callable[[], None]:
+        def call() -> None:
+            r = reconciler()
+            if r is not None:
+                act(r)
+        return call
+
+    membership = Membership(
+        stores.fleet, stores.leases, clock, metrics,
+        MembershipSettings(owner, config.max_streams, member_timings(config)),
+        Hooks(held=held,
+              fenced=on_reconciler(lambda r: r.member_lost(True)),
+              self_fenced=on_reconciler(lambda r: r.member_lost(False)),
+              fleet_changed=on_reconciler(lambda r: r.poke()),
+              proven=member_proven, beat=member_beat,
+              leading=lambda: bool(wired) and wired[0].leadership.leading))
+    recon = Reconciler(stores.leases, PacedSink(sink, gate, metrics, config.sink.kind), clock,
+                       metrics, settings, membership, health=health)
+    leadership = build_leadership(config, owner, backend, stores, clock, metrics, recon,
+                                  membership)
+    runtime = Runtime(config, owner, clock, metrics, health, stores, membership, recon,
+                      leadership)
+    wired.append(runtime)
+    return runtime
 
 
 @contextlib.asynccontextmanager
@@ -242,9 +281,11 @@ def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, s
                       [reconciler.sweep_duty, runner.run], eligible=lambda: membership.accepting)
 
 
-async def _serve(config: WorkerConfig, owner: str, clock: Clock, metrics: Metrics,
-                 health: HealthState, reconciler: Reconciler, membership: Membership,
-                 leadership: Leadership) -> int:
+async def _serve(runtime: Runtime) -> int:
+    config, clock, metrics, health = runtime.config, runtime.clock, runtime.metrics, \
+        runtime.health
+    reconciler, membership, leadership = runtime.reconciler, runtime.membership, \
+        runtime.leadership
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
@@ -255,7 +296,6 @@ async def _serve(config: WorkerConfig, owner: str, clock: Clock, metrics: Metric
             event(logging.WARNING, "worker.exit_now", "second signal: exiting at once",
                   signal=signal.Signals(signum).name)
             os._exit(1)
-        assert reconciler is not None
         event(logging.INFO, "worker.draining", "draining: releasing every lease",
               signal=signal.Signals(signum).name, leases=len(reconciler.supervisors))
         metrics.draining(True)
