@@ -90,16 +90,19 @@ PROFILES: dict[str, dict[str, Any]] = {
               "reconcile": 1.5, "skew": 0.5, "settle": 20.0, "gap": 15.0, "rounds": 3},
 }
 
-SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance", "jobs",
-             "sinks", "upstreams", "scale")
+SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "skew", "slow_store",
+             "balance", "balance_startup", "jobs", "sinks", "upstreams", "scale_reads", "scale")
 # The scale run (~5 minutes of 2,000 connections) is not in the default: see --scenarios.
-DEFAULT_SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance",
-                     "jobs", "sinks", "upstreams")
+DEFAULT_SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "skew",
+                     "slow_store", "balance", "balance_startup", "jobs", "sinks", "upstreams",
+                     "scale_reads")
 INDEX_LAG_MS = 1000.0  # the index_lag scenario: every index read a second behind
 # Sections several scenarios write keys into, and how many levels down a scenario's own
 # keys are: ``failover.kill9`` (chaos) next to ``failover.sigterm_slow_store``;
-# ``sinks.python.lost`` (sinks) next to ``sinks.python.ratio_to_bare`` (throughput).
-SHARED_SECTIONS = {"failover": 1, "sinks": 2}
+# ``sinks.python.lost`` (sinks) next to ``sinks.python.ratio_to_bare`` (throughput);
+# ``scale.kill9`` (scale) next to ``scale.per_worker_read_growth`` (scale_reads);
+# ``balance.converge_s`` (balance) next to ``balance.during_startup`` (balance_startup).
+SHARED_SECTIONS = {"failover": 1, "sinks": 2, "scale": 1, "balance": 1}
 
 
 @dataclass
@@ -399,8 +402,11 @@ def runners() -> dict[str, Callable[[Context], Awaitable[dict[str, Any]]]]:
     return {"chaos": run_chaos, "index_lag": run_index_lag, "throughput": run_throughput,
             "skew": scenarios.run_skew,
             "slow_store": scenarios.run_slow_store, "balance": scenarios.run_balance,
+            "balance_startup": scenarios.run_balance_startup,
+            "kill9_defaults": scenarios.run_kill9_defaults,
             "jobs": jobs_scenario.run_jobs, "sinks": sinks_scenario.run_sinks,
-            "upstreams": upstreams_scenario.run_upstreams, "scale": scenarios.run_scale}
+            "upstreams": upstreams_scenario.run_upstreams,
+            "scale_reads": scenarios.run_scale_reads, "scale": scenarios.run_scale}
 
 
 def section_paths(part: dict[str, Any]) -> list[str]:
@@ -448,6 +454,7 @@ async def run_scenarios(ctx: Context, names: list[str],
         "logs": str(ctx.log_root),
     }
     table = runners()
+    parts: list[tuple[list[str], dict[str, Any]]] = []
     for name in names:
         print(f"== scenario {name}", flush=True)
         started = time.monotonic()
@@ -464,11 +471,12 @@ async def run_scenarios(ctx: Context, names: list[str],
             meta.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         meta["seconds"] = round(time.monotonic() - started, 1)
         meta["keys"] = section_paths(part)
-        for path in meta["keys"]:
-            put_path(result, path, get_path(part, path))
+        parts.append((meta["keys"], part))
         result["scenarios"][name] = meta
         print(f"== scenario {name}: {'ok' if meta['ok'] else meta['error']} "
               f"({meta['seconds']:.0f} s)", flush=True)
+    # The kept figures first, this run's over them: a scenario of an earlier run may have
+    # recorded a whole shared section (``scale``) that this run's scenarios write into.
     if previous:
         for name, meta in previous.get("scenarios", {}).items():
             if name in result["scenarios"] or not isinstance(meta, dict):
@@ -478,11 +486,16 @@ async def run_scenarios(ctx: Context, names: list[str],
                 if value is not None:
                     put_path(result, path, value)
             result["scenarios"][name] = {**meta, "from_previous_run": True}
+    for keys, part in parts:
+        for path in keys:
+            put_path(result, path, get_path(part, path))
     return result
 
 
 # A scenario section's own correctness figures, beyond the sink audit's.
 SECTION_CORRECTNESS = (*CORRECTNESS, "double_runs")
+# Sections one level down that carry an audit of their own.
+NESTED_SECTIONS = ("balance.during_startup",)
 
 
 # Per sink (``sinks.<name>``): messages lost, duplicated within one tenure, stale writes
@@ -498,6 +511,11 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
     for name, section in result.items():
         if isinstance(section, dict):
             bad.update({f"{name}.{k}": section[k] for k in SECTION_CORRECTNESS
+                        if section.get(k)})
+    for path in NESTED_SECTIONS:
+        section = get_path(result, path)
+        if isinstance(section, dict):
+            bad.update({f"{path}.{k}": section[k] for k in SECTION_CORRECTNESS
                         if section.get(k)})
     sinks = result.get("sinks")
     for name, found in (sinks.items() if isinstance(sinks, dict) else ()):
@@ -564,6 +582,18 @@ def build_parser() -> argparse.ArgumentParser:
                    default=list(upstreams_scenario.MODES),
                    help="resume modes of the upstreams scenario, comma-separated from "
                         f"{', '.join(upstreams_scenario.MODES)}, or 'all' (the default)")
+    g.add_argument("--kill9-defaults-workers", type=int, default=3)
+    g.add_argument("--kill9-defaults-streams", type=int, default=100,
+                   help="streams per worker in kill9_defaults (default 100, the default "
+                        "STREAMLEASE_MAX_STREAMS)")
+    g.add_argument("--kill9-defaults-rate", type=float, default=0.5,
+                   help="messages/s per stream in kill9_defaults (default 0.5)")
+    g.add_argument("--kill9-defaults-kills", type=int, default=2)
+    g.add_argument("--scale-reads-streams", type=int, default=25,
+                   help="idle streams per worker in scale_reads (default 25)")
+    g.add_argument("--scale-reads-window", type=float, default=60.0,
+                   help="quiet window of each scale_reads fleet (default 60 s: one stream "
+                        "check-in interval)")
     g.add_argument("--scale-streams", type=int, default=2000)
     g.add_argument("--scale-workers", type=int, default=4)
     g.add_argument("--scale-rate", type=float, default=1e-6,

@@ -177,6 +177,9 @@ class Fleet:
         self.samples = 0
         self.stopped_at: float | None = None
         self.live: list[tuple[float, int]] = []  # (t, live workers)
+        # Per table read (when the timeline comes from the table): the streams leased to a
+        # running worker, for unowned spans (``loadtest.scenarios.unowned_spans``).
+        self.owned_history: list[tuple[float, frozenset[str]]] = []
         self._table_read_at = float("-inf")
         self._held: dict[str, tuple[str, int]] = {}  # stream -> (owner, fence) last seen held
         self._first_fence: dict[str, int] = {}
@@ -402,6 +405,9 @@ class Fleet:
             self._note_unserved(sid, r, t)
         if self.timeline_from_table:
             self.timeline.append((t, owned))
+            self.owned_history.append((t, frozenset(
+                sid for sid, r in records.items()
+                if r.lease_owner in self.workers and (r.lease_expires_at_ms or 0) > now_ms)))
 
     def _note_unserved(self, sid: str, r: StreamRecord, t: float) -> None:
         """A stream leased to a live, running worker whose checkpoint has not moved since
