@@ -1,8 +1,8 @@
 """The load and chaos benchmark: failover, loss, cost, throughput, skew, a slow store,
 balance, singleton jobs and scale, in one command.
 
-    make loadtest                                   # the default scenarios, ~21 minutes
-    make loadtest ARGS="--scenarios all"            # and the scale run: ~5 minutes more
+    make loadtest                                   # the default scenarios, ~28 minutes
+    make loadtest ARGS="--scenarios all"            # and the scale run: ~6 minutes more
     make loadtest ARGS="--scenarios scale"          # one scenario into the last results
     make loadtest ARGS="--profile large"
     python -m loadtest.chaos --help
@@ -15,6 +15,10 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 * ``chaos``: the profile's fleet through kill -9, SIGSTOP past the lease then SIGCONT
   (each of a random worker holding streams), upstream connection drops and a rolling
   SIGTERM deploy, twice; failover times, cost per stream-minute.
+* ``kill9_defaults``: 3 workers x 100 streams (0.5 msg/s) at the worker's default settings;
+  twice, kill -9 of a worker holding 100, a new worker started at once (the survivors are
+  full): time until each of its streams delivers again elsewhere, and until it is
+  connected again (``failover.kill9_defaults``), ~4 minutes.
 * ``index_lag``: the chaos schedule again with the embedded server's index reads a
   second behind the table (DynamoDB's indexes lag; here, a bad day): streams leased to a
   live worker that does not serve them (the longest such spell), the audit, kill -9
@@ -28,6 +32,10 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 * ``balance``: 40 streams (1 msg/s) on 2 workers, then 4: time until every worker
   holds its share +/-1, moves during and after; a rolling restart; the spread at its
   end.
+* ``balance_startup``: 40 streams, 2 workers, and 2 more as soon as the first stream is
+  held: time from their start until every worker holds its share +/-1 for good, the moves
+  until then, the longest a stream was leased to no running worker
+  (``balance.during_startup``), under a minute.
 * ``jobs``: a singleton job every 2 s on 3 workers through a SIGSTOP of the leader past
   its lease, a kill -9 of the leader and a rolling restart: slots run twice, stale
   writes accepted, time to a new leader, start delay (``loadtest.jobs_scenario``).
@@ -41,9 +49,12 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
   and where the feed cannot replay, the share of lost messages inside a recorded gap; and
   one worker's throughput with a profile against the built-in protocol
   (``loadtest.upstreams_scenario``).
+* ``scale_reads``: 2 workers, then 8, each with 25 idle streams at default timings:
+  control-plane items read per worker-minute over a quiet minute, and the ratio
+  (``scale.per_worker_read_growth``), ~2.5 minutes.
 * ``scale``: 2,000 idle streams on 4 workers at default timings: the store's requests
-  by kind per 1,000 held streams, time until all are held, kill -9 of one worker, and
-  the capacity model.
+  by kind per 1,000 held streams, index-key moves per held stream-minute, time until all
+  are held, kill -9 of one worker, and the capacity model.
 
 It writes ``loadtest/results/latest.{json,md,png}`` (plus timestamped copies) and exits
 non-zero if a correctness figure (lost, duplicated, out of order, stale writes

@@ -22,6 +22,8 @@ What the sampler records, every ``sample_s``:
   cannot be observed; a killed worker's sockets close with it, so only a new holder can
   connect).
 * **exits**: a worker that exits while not being stopped is recorded, never fatal.
+* **owned streams** (``owned_history``, when the timeline comes from the table): per read,
+  the streams leased to a running worker, from which spells of no owner are measured.
 
 Worker logs (JSON, INFO) go to ``.run/loadtest/<stamp>/<scenario>/``; ``log_events``
 counts their warnings and errors by event name, the evidence behind a figure.

@@ -715,10 +715,11 @@ def kill9_defaults_md(r: dict[str, Any]) -> list[str]:
     k = r["kill9_defaults"]
     lines = [
         "## kill -9 at the default settings", "",
-        f"{k.get('workers')} workers x {_v(k.get('streams'))} streams in all at "
+        f"{k.get('workers')} workers, {_v(k.get('streams'))} streams in all at "
         f"{_v(k.get('rate'))} msg/s, default settings (all held after "
-        f"{_s(k.get('all_held_s'))}); {_v(k.get('kills'))} kills of a worker holding "
-        f"{', '.join(str(x.get('streams')) for x in k.get('kills_detail', []))} streams, "
+        f"{_s(k.get('all_held_s'))}); {_v(k.get('kills'))} kills, each of the worker "
+        "holding the most (streams: "
+        f"{', '.join(str(x.get('streams')) for x in k.get('kills_detail', []))}); "
         f"{k.get('replacement', '')}. Timed until each stream delivers again under another "
         "holder (the default batch window included), and until the upstream sees it "
         "connected again:", "",
