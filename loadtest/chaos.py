@@ -1,8 +1,8 @@
 """The load and chaos benchmark: failover, loss, cost, throughput, skew, a slow store,
 balance, singleton jobs and scale, in one command.
 
-    make loadtest                                   # the default scenarios, ~21 minutes
-    make loadtest ARGS="--scenarios all"            # and the scale run: ~5 minutes more
+    make loadtest                                   # the default scenarios, ~28 minutes
+    make loadtest ARGS="--scenarios all"            # and the scale run: ~6 minutes more
     make loadtest ARGS="--scenarios scale"          # one scenario into the last results
     make loadtest ARGS="--profile large"
     python -m loadtest.chaos --help
@@ -15,6 +15,10 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 * ``chaos``: the profile's fleet through kill -9, SIGSTOP past the lease then SIGCONT
   (each of a random worker holding streams), upstream connection drops and a rolling
   SIGTERM deploy, twice; failover times, cost per stream-minute.
+* ``kill9_defaults``: 3 workers x 100 streams (0.5 msg/s) at the worker's default settings;
+  twice, kill -9 of a worker holding 100, a new worker started at once (the survivors are
+  full): time until each of its streams delivers again elsewhere, and until it is
+  connected again (``failover.kill9_defaults``), ~4 minutes.
 * ``index_lag``: the chaos schedule again with the embedded server's index reads a
   second behind the table (DynamoDB's indexes lag; here, a bad day): streams leased to a
   live worker that does not serve them (the longest such spell), the audit, kill -9
@@ -28,6 +32,10 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
 * ``balance``: 40 streams (1 msg/s) on 2 workers, then 4: time until every worker
   holds its share +/-1, moves during and after; a rolling restart; the spread at its
   end.
+* ``balance_startup``: 40 streams, 2 workers, and 2 more as soon as the first stream is
+  held: time from their start until every worker holds its share +/-1 for good, the moves
+  until then, the longest a stream was leased to no running worker
+  (``balance.during_startup``), under a minute.
 * ``jobs``: a singleton job every 2 s on 3 workers through a SIGSTOP of the leader past
   its lease, a kill -9 of the leader and a rolling restart: slots run twice, stale
   writes accepted, time to a new leader, start delay (``loadtest.jobs_scenario``).
@@ -41,9 +49,12 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
   and where the feed cannot replay, the share of lost messages inside a recorded gap; and
   one worker's throughput with a profile against the built-in protocol
   (``loadtest.upstreams_scenario``).
+* ``scale_reads``: 2 workers, then 8, each with 25 idle streams at default timings:
+  control-plane items read per worker-minute over a quiet minute, and the ratio
+  (``scale.per_worker_read_growth``), ~2.5 minutes.
 * ``scale``: 2,000 idle streams on 4 workers at default timings: the store's requests
-  by kind per 1,000 held streams, time until all are held, kill -9 of one worker, and
-  the capacity model.
+  by kind per 1,000 held streams, index-key moves per held stream-minute, time until all
+  are held, kill -9 of one worker, and the capacity model.
 
 It writes ``loadtest/results/latest.{json,md,png}`` (plus timestamped copies) and exits
 non-zero if a correctness figure (lost, duplicated, out of order, stale writes
@@ -90,16 +101,19 @@ PROFILES: dict[str, dict[str, Any]] = {
               "reconcile": 1.5, "skew": 0.5, "settle": 20.0, "gap": 15.0, "rounds": 3},
 }
 
-SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance", "jobs",
-             "sinks", "upstreams", "scale")
+SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "skew", "slow_store",
+             "balance", "balance_startup", "jobs", "sinks", "upstreams", "scale_reads", "scale")
 # The scale run (~5 minutes of 2,000 connections) is not in the default: see --scenarios.
-DEFAULT_SCENARIOS = ("chaos", "index_lag", "throughput", "skew", "slow_store", "balance",
-                     "jobs", "sinks", "upstreams")
+DEFAULT_SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "skew",
+                     "slow_store", "balance", "balance_startup", "jobs", "sinks", "upstreams",
+                     "scale_reads")
 INDEX_LAG_MS = 1000.0  # the index_lag scenario: every index read a second behind
 # Sections several scenarios write keys into, and how many levels down a scenario's own
 # keys are: ``failover.kill9`` (chaos) next to ``failover.sigterm_slow_store``;
-# ``sinks.python.lost`` (sinks) next to ``sinks.python.ratio_to_bare`` (throughput).
-SHARED_SECTIONS = {"failover": 1, "sinks": 2}
+# ``sinks.python.lost`` (sinks) next to ``sinks.python.ratio_to_bare`` (throughput);
+# ``scale.kill9`` (scale) next to ``scale.per_worker_read_growth`` (scale_reads);
+# ``balance.converge_s`` (balance) next to ``balance.during_startup`` (balance_startup).
+SHARED_SECTIONS = {"failover": 1, "sinks": 2, "scale": 1, "balance": 1}
 
 
 @dataclass
@@ -399,8 +413,11 @@ def runners() -> dict[str, Callable[[Context], Awaitable[dict[str, Any]]]]:
     return {"chaos": run_chaos, "index_lag": run_index_lag, "throughput": run_throughput,
             "skew": scenarios.run_skew,
             "slow_store": scenarios.run_slow_store, "balance": scenarios.run_balance,
+            "balance_startup": scenarios.run_balance_startup,
+            "kill9_defaults": scenarios.run_kill9_defaults,
             "jobs": jobs_scenario.run_jobs, "sinks": sinks_scenario.run_sinks,
-            "upstreams": upstreams_scenario.run_upstreams, "scale": scenarios.run_scale}
+            "upstreams": upstreams_scenario.run_upstreams,
+            "scale_reads": scenarios.run_scale_reads, "scale": scenarios.run_scale}
 
 
 def section_paths(part: dict[str, Any]) -> list[str]:
@@ -448,6 +465,7 @@ async def run_scenarios(ctx: Context, names: list[str],
         "logs": str(ctx.log_root),
     }
     table = runners()
+    parts: list[tuple[list[str], dict[str, Any]]] = []
     for name in names:
         print(f"== scenario {name}", flush=True)
         started = time.monotonic()
@@ -464,11 +482,12 @@ async def run_scenarios(ctx: Context, names: list[str],
             meta.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         meta["seconds"] = round(time.monotonic() - started, 1)
         meta["keys"] = section_paths(part)
-        for path in meta["keys"]:
-            put_path(result, path, get_path(part, path))
+        parts.append((meta["keys"], part))
         result["scenarios"][name] = meta
         print(f"== scenario {name}: {'ok' if meta['ok'] else meta['error']} "
               f"({meta['seconds']:.0f} s)", flush=True)
+    # The kept figures first, this run's over them: a scenario of an earlier run may have
+    # recorded a whole shared section (``scale``) that this run's scenarios write into.
     if previous:
         for name, meta in previous.get("scenarios", {}).items():
             if name in result["scenarios"] or not isinstance(meta, dict):
@@ -478,11 +497,16 @@ async def run_scenarios(ctx: Context, names: list[str],
                 if value is not None:
                     put_path(result, path, value)
             result["scenarios"][name] = {**meta, "from_previous_run": True}
+    for keys, part in parts:
+        for path in keys:
+            put_path(result, path, get_path(part, path))
     return result
 
 
 # A scenario section's own correctness figures, beyond the sink audit's.
 SECTION_CORRECTNESS = (*CORRECTNESS, "double_runs")
+# Sections one level down that carry an audit of their own.
+NESTED_SECTIONS = ("balance.during_startup",)
 
 
 # Per sink (``sinks.<name>``): messages lost, duplicated within one tenure, stale writes
@@ -498,6 +522,11 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
     for name, section in result.items():
         if isinstance(section, dict):
             bad.update({f"{name}.{k}": section[k] for k in SECTION_CORRECTNESS
+                        if section.get(k)})
+    for path in NESTED_SECTIONS:
+        section = get_path(result, path)
+        if isinstance(section, dict):
+            bad.update({f"{path}.{k}": section[k] for k in SECTION_CORRECTNESS
                         if section.get(k)})
     sinks = result.get("sinks")
     for name, found in (sinks.items() if isinstance(sinks, dict) else ()):
@@ -564,6 +593,18 @@ def build_parser() -> argparse.ArgumentParser:
                    default=list(upstreams_scenario.MODES),
                    help="resume modes of the upstreams scenario, comma-separated from "
                         f"{', '.join(upstreams_scenario.MODES)}, or 'all' (the default)")
+    g.add_argument("--kill9-defaults-workers", type=int, default=3)
+    g.add_argument("--kill9-defaults-streams", type=int, default=100,
+                   help="streams per worker in kill9_defaults (default 100, the default "
+                        "STREAMLEASE_MAX_STREAMS)")
+    g.add_argument("--kill9-defaults-rate", type=float, default=0.5,
+                   help="messages/s per stream in kill9_defaults (default 0.5)")
+    g.add_argument("--kill9-defaults-kills", type=int, default=2)
+    g.add_argument("--scale-reads-streams", type=int, default=25,
+                   help="idle streams per worker in scale_reads (default 25)")
+    g.add_argument("--scale-reads-window", type=float, default=60.0,
+                   help="quiet window of each scale_reads fleet (default 60 s: one stream "
+                        "check-in interval)")
     g.add_argument("--scale-streams", type=int, default=2000)
     g.add_argument("--scale-workers", type=int, default=4)
     g.add_argument("--scale-rate", type=float, default=1e-6,

@@ -22,6 +22,8 @@ What the sampler records, every ``sample_s``:
   cannot be observed; a killed worker's sockets close with it, so only a new holder can
   connect).
 * **exits**: a worker that exits while not being stopped is recorded, never fatal.
+* **owned streams** (``owned_history``, when the timeline comes from the table): per read,
+  the streams leased to a running worker, from which spells of no owner are measured.
 
 Worker logs (JSON, INFO) go to ``.run/loadtest/<stamp>/<scenario>/``; ``log_events``
 counts their warnings and errors by event name, the evidence behind a figure.
@@ -177,6 +179,9 @@ class Fleet:
         self.samples = 0
         self.stopped_at: float | None = None
         self.live: list[tuple[float, int]] = []  # (t, live workers)
+        # Per table read (when the timeline comes from the table): the streams leased to a
+        # running worker, for unowned spans (``loadtest.scenarios.unowned_spans``).
+        self.owned_history: list[tuple[float, frozenset[str]]] = []
         self._table_read_at = float("-inf")
         self._held: dict[str, tuple[str, int]] = {}  # stream -> (owner, fence) last seen held
         self._first_fence: dict[str, int] = {}
@@ -402,6 +407,9 @@ class Fleet:
             self._note_unserved(sid, r, t)
         if self.timeline_from_table:
             self.timeline.append((t, owned))
+            self.owned_history.append((t, frozenset(
+                sid for sid, r in records.items()
+                if r.lease_owner in self.workers and (r.lease_expires_at_ms or 0) > now_ms)))
 
     def _note_unserved(self, sid: str, r: StreamRecord, t: float) -> None:
         """A stream leased to a live, running worker whose checkpoint has not moved since

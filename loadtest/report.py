@@ -58,6 +58,11 @@ def _get(r: dict[str, Any], path: str) -> Any:
     return value
 
 
+# The worker's default member lease (STREAMLEASE_LEASE_SECONDS), for the scale run's kill -9
+# target; the report does not import the worker.
+DEFAULT_MEMBER_LEASE_S = 20.0
+
+
 def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
     """(figure, JSON key, result, target, met) for the figures that have a target."""
     s = r.get("settings", {})
@@ -72,6 +77,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
         return lambda v: None if v is None else v >= bound
 
     restart_target = _get(r, "balance.after_rolling_restart_target") or share + 1
+    member_lease = DEFAULT_MEMBER_LEASE_S
     leader_target = _get(r, "jobs.leader_failover_target_s") or \
         s.get("lease", 2.0) + s.get("reconcile", 0.5) + 0.5
     rows = [
@@ -122,6 +128,23 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          f"<= lease + reconcile + 0.5 = {leader_target:.1f} s", at_most(leader_target)),
         ("jobs", "job slot start delay after its scheduled time, p99, steady state",
          "jobs.start_delay_p99_s", "<= 1 s", at_most(1.0)),
+        ("scale_reads", "control-plane items read per worker-minute, 8 workers / 2 (same "
+         "streams per worker, defaults)", "scale.per_worker_read_growth", "<= 1.2",
+         at_most(1.2)),
+        ("scale", "index-key moves per held stream-minute in a quiet window (defaults)",
+         "scale.index_moves_per_stream_minute", "0", at_most(0)),
+        ("scale", "kill -9 of a worker holding 500 streams (scale run): p99 until each is "
+         "connected again", "scale.kill9_p99",
+         f"<= member lease + 5 s = {member_lease + 5:g} s", at_most(member_lease + 5)),
+        ("kill9_defaults", "kill -9 at default settings, 100 streams per worker: p99 until "
+         "each delivers again", "failover.kill9_defaults.p99", "<= 10 s", at_most(10.0)),
+        ("balance_startup", "2 -> 4 workers while the first two still take 40 streams: time "
+         "until every worker holds its share +/-1", "balance.during_startup.converge_s",
+         "<= 10 s", at_most(10.0)),
+        ("balance_startup", "moves during that convergence",
+         "balance.during_startup.moves", "<= 25", at_most(25)),
+        ("balance_startup", "longest a stream was unowned meanwhile",
+         "balance.during_startup.unowned_max_s", "<= 2 s", at_most(2.0)),
         ("sinks", "dynamodb sink: $ per stream-month at 1 msg/s (default batch window)",
          "sinks.dynamodb.cost_per_stream_month_1hz", "<= $1.50", at_most(1.5)),
         ("sinks", "dynamodb sink: added latency p99 at 1 msg/s (default batch window)",
@@ -236,6 +259,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines += chaos_md(r)
     if "msgs_per_s" in r:
         lines += throughput_md(r)
+    if isinstance(r.get("kill9_defaults"), dict):
+        lines += kill9_defaults_md(r)
     for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
                          ("slow_store", slow_store_md), ("balance", balance_md),
                          ("jobs", jobs_md), ("sinks", sinks_md), ("upstreams", upstreams_md),
@@ -627,6 +652,10 @@ def slow_store_md(r: dict[str, Any]) -> list[str]:
 
 def balance_md(r: dict[str, Any]) -> list[str]:
     k = r["balance"]
+    startup = balance_startup_md(k["during_startup"]) \
+        if isinstance(k.get("during_startup"), dict) else []
+    if "streams" not in k:  # only the start-up step ran
+        return ["## Balance", "", *startup]
     conv = k.get("converge_s")
     lines = [
         "## Balance",
@@ -655,6 +684,53 @@ def balance_md(r: dict[str, Any]) -> list[str]:
     ]
     lines += _failover_rows({"sigterm": k.get("sigterm")},
                             [("sigterm", "SIGTERM (rolling restart)")], {"sigterm": 1.0})
+    return lines + _correctness(k) + _churn(k) + startup
+
+
+def balance_startup_md(k: dict[str, Any]) -> list[str]:
+    """The ``balance_startup`` scenario: scale-out while the first workers still start."""
+    conv = k.get("converge_s")
+    worst = k.get("unowned_worst") or {}
+    lines = [
+        "### Scale-out during start-up", "",
+        f"{k.get('streams')} streams, lease {_v(k.get('lease_s'))} s; 2 workers started, 2 "
+        f"more as soon as the first stream was held ({_s(k.get('first_held_s'))}; held then: "
+        f"{_v(k.get('held_at_scale_out'))}); share {k.get('share')} each.", "",
+        ("Every worker inside its share +/-1 for good after **" + _s(conv) + "** from the "
+         f"new workers' start (first inside after {_s(k.get('first_in_band_s'))})"
+         if conv is not None else
+         f"**Not converged** (no {_v(k.get('quiet_s'))} s in the band within "
+         f"{_v(k.get('timeout_s'))} s): state reached {_v(k.get('state_reached'))}")
+        + f"; moves until then: **{_v(k.get('moves'))}** ({k.get('moves_are', 'new tenures')}"
+        f"), after: {_v(k.get('moves_after_converged'))}.", "",
+        f"Longest a stream was leased to no running worker after the new workers started: "
+        f"**{_s(k.get('unowned_max_s'))}**"
+        + (f" ({worst.get('stream')}, {worst.get('kind')}, {worst.get('from')} -> "
+           f"{worst.get('to')} s{', still open' if worst.get('open') else ''})" if worst else "")
+        + f"; by kind {_v(k.get('unowned_max_s_by_kind'))}; spells over 2 s: "
+        f"{_v(k.get('unowned_over_2_s'))} (table read every {_v(k.get('read_interval_s'))} s: "
+        "the resolution).", "",
+    ]
+    return lines + _correctness(k) + _churn(k) + [""]
+
+
+def kill9_defaults_md(r: dict[str, Any]) -> list[str]:
+    """The ``kill9_defaults`` scenario: kill -9 at the worker's default settings."""
+    k = r["kill9_defaults"]
+    lines = [
+        "## kill -9 at the default settings", "",
+        f"{k.get('workers')} workers, {_v(k.get('streams'))} streams in all at "
+        f"{_v(k.get('rate'))} msg/s, default settings (all held after "
+        f"{_s(k.get('all_held_s'))}); {_v(k.get('kills'))} kills, each of the worker "
+        "holding the most (streams: "
+        f"{', '.join(str(x.get('streams')) for x in k.get('kills_detail', []))}); "
+        f"{k.get('replacement', '')}. Timed until each stream delivers again under another "
+        "holder (the default batch window included), and until the upstream sees it "
+        "connected again:", "",
+    ]
+    lines += _failover_rows({"kill9": k.get("kill9"), "kill9_connected": k.get("kill9_connected")},
+                            [("kill9", "kill -9, delivers again"),
+                             ("kill9_connected", "kill -9, connected again")], {"kill9": 10.0})
     return lines + _correctness(k) + _churn(k)
 
 
@@ -757,10 +833,13 @@ def _outcome(fault: dict[str, Any]) -> str:
 
 def scale_md(r: dict[str, Any]) -> list[str]:
     k = r["scale"]
+    reads = scale_reads_md(k)
+    if "streams" not in k:  # only the reads step ran
+        return ["## Scale", "", *reads]
     per = k.get("requests_per_s_per_1000_streams", {})
     rates = k.get("rates", {})
     kill = k.get("kill9") or {}
-    growth = k.get("per_worker_read_growth") or {}
+    growth = k.get("per_worker_read_growth_modelled") or {}
     lines = [
         "## Scale",
         "",
@@ -783,9 +862,14 @@ def scale_md(r: dict[str, Any]) -> list[str]:
     ]
     if growth:
         per = growth.get("items_per_worker_minute", {})
-        lines += [f"Control-plane items read per worker-minute, 8 workers over 2 "
-                  f"(`per_worker_read_growth`, **modelled** from the code, not measured): "
+        lines += [f"Control-plane items read per worker-minute, 8 workers over 2, "
+                  f"**modelled** from the code (`per_worker_read_growth_modelled`): "
                   f"{_v(growth.get('value'))} ({_v(per.get('2'))} -> {_v(per.get('8'))}).", ""]
+    if "index_moves_per_stream_minute" in k:
+        lines += [f"Index-key moves per held stream-minute: "
+                  f"**{_v(k['index_moves_per_stream_minute'])}** ({k.get('index_moves_source')}"
+                  f"); lease writes per stream-minute in the window: "
+                  f"{_v(k.get('lease_writes_per_stream_minute'))}.", ""]
     if kill:
         lines += [
             f"kill -9 of {kill.get('victim')} holding {kill.get('streams')} streams (recovered = "
@@ -793,7 +877,29 @@ def scale_md(r: dict[str, Any]) -> list[str]:
             "",
             *_failover_rows({"kill9": kill}, [("kill9", "kill -9, scale")], {}),
         ]
-    return lines + _correctness(k) + _churn(k)
+    return lines + _correctness(k) + _churn(k) + reads
+
+
+def scale_reads_md(k: dict[str, Any]) -> list[str]:
+    """The ``scale_reads`` scenario: control-plane items read per worker-minute, 2 and 8
+    workers holding the same streams each."""
+    reads = k.get("reads")
+    if not isinstance(reads, dict):
+        return []
+    lines = [
+        "### Control-plane reads per worker", "",
+        f"{_v(reads.get('streams_per_worker'))} idle streams per worker, default settings, "
+        f"a {_v(reads.get('window_s'))} s quiet window per fleet; counted: "
+        f"{reads.get('counted', '-')}. Growth, 8 workers over 2: "
+        f"**{_v(k.get('per_worker_read_growth'))}**.", "",
+        "| workers | items read / worker-minute | by operation | read requests / "
+        "worker-minute |", "|---|---|---|---|",
+    ]
+    for workers, run in (reads.get("runs") or {}).items():
+        lines.append(f"| {workers} | {_v(run.get('items_per_worker_minute'))} | "
+                     f"{_v(run.get('items_per_worker_minute_by_operation'))} | "
+                     f"{_v(run.get('read_requests_per_worker_minute'))} |")
+    return [*lines, ""]
 
 
 # -- the chart ----------------------------------------------------------------------------

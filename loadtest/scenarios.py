@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loadtest.capacity import (
@@ -25,7 +27,7 @@ from loadtest.capacity import (
     model_text,
     per_worker_read_growth,
 )
-from loadtest.fleet import Fleet, WorkerProc, faketime_library
+from loadtest.fleet import Acquisition, Fault, Fleet, WorkerProc, faketime_library, pct
 from streamlease.config import DEFAULTS
 from streamlease.core.stream import stream_buffer_bytes
 
@@ -433,13 +435,16 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
 
         steady = await _steady_window(fleet, args.scale_window)
         section.update(steady)
+        section.update(index_moves(steady["lease_writes_in_window"],
+                                   steady["stream_minutes_in_window"],
+                                   steady["window_measured_s"], _renew_interval_s()))
 
         await fleet.read_table()
         victim = max(fleet.workers, key=lambda w: len(fleet.held_by(w)[0]), default=None)
         if victim is not None:
             fault = fleet.kill9(victim, recovery="connected")
-            took = await fleet.wait_until(lambda: len(fault.recovered) >= len(fault.streams),
-                                          180.0)
+            took = await fleet.wait_until(
+                lambda f=fault: len(f.recovered) >= len(f.streams), 180.0)  # type: ignore[misc]
             await fleet.read_table()
             wrong = sum(1 for sid in fault.recovered
                         if fleet.records.get(sid) is not None
@@ -448,12 +453,14 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
                                 "streams": len(fault.streams),
                                 "all_back_s": _round(took),
                                 "recovered_still_owned_by_victim": wrong}
+            # The flat key the issue's targets table reads (the section above keeps it too).
+            section["kill9_p99"] = section["kill9"]["p99"]
         section["held_at_end"] = fleet.counts()
         section["upstream_rss_mb"] = _rss_mb(fleet.servers[-1].popen.pid)
         await _finish(fleet, section, only_delivered=True)
         section["timeline"] = fleet.timeline_out(every=2)
     # Counted from the code (loadtest/capacity.py), not measured: the run has one fleet size.
-    section["per_worker_read_growth"] = per_worker_read_growth()
+    section["per_worker_read_growth_modelled"] = per_worker_read_growth()
     model = capacity_model(inputs_from_scale(section))
     return {"scale": section, "capacity_model": {**model, "text": model_text(model)},
             # At default settings a worker holds at most 100 streams, so its heartbeats
@@ -497,6 +504,7 @@ async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
     cpu = {name: round(after[name].get("process_cpu_seconds_total", 0.0)
                        - before[name].get("process_cpu_seconds_total", 0.0), 2)
            for name in names}
+    writes = {name: delta(metric) for name, metric in LEASE_WRITES.items()}
     rates = {
         "member_heartbeats_per_worker_s": delta("streamlease_member_heartbeats_total")
         / elapsed / max(1, len(names)),
@@ -514,6 +522,9 @@ async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
         "requests_per_s_per_1000_streams": per_1000,
         "requests_per_s_total": round(sum(per_op.values()) / elapsed, 2),
         "rates": {k: round(v, 5) for k, v in rates.items()},
+        "lease_writes_in_window": writes,
+        "dead_streams_taken_in_window": delta("streamlease_dead_streams_taken_total"),
+        "stream_minutes_in_window": round(stream_minutes, 2),
         "worker_cpu_s_in_window": cpu,
         "worker_rss_mb": {w.name: round(w.metrics.get("process_resident_memory_bytes", 0)
                                         / 2**20, 1) for w in fleet.workers.values()},
@@ -532,3 +543,373 @@ def _rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+# -- index-key moves (the scale run's quiet window) -----------------------------------------
+
+# Lease writes that change ``lease_expires_at_ms``, the orphan index's range key: each
+# moves the stream's index entry (a delete and a put). Take-overs of a dead member's
+# streams are inside ``lease_acquired`` (the reconciler counts every tenure it starts);
+# ``streamlease_dead_streams_taken_total`` is reported beside them, not added. A counter an
+# older build does not have reads as 0.
+LEASE_WRITES = {
+    "renewals": 'streamlease_renewals_total{outcome="renewed"}',
+    "acquisitions": "streamlease_lease_acquired_total",
+    "releases": "streamlease_lease_released_total",
+    "releases_on_behalf": "streamlease_releases_on_behalf_total",
+    "unserved_released": "streamlease_unserved_leases_released_total",
+}
+INDEX_WRITES_PER_MOVE = 2
+
+
+def _renew_interval_s() -> float | None:
+    value = DEFAULTS.get("STREAMLEASE_STREAM_RENEW_SECONDS")
+    return float(value) if value else None
+
+
+def index_moves(writes: dict[str, float], stream_minutes: float, window_s: float,
+                renew_s: float | None) -> dict[str, Any]:
+    """Index-key moves per held stream-minute (2 index writes per lease write that changes
+    the expiry) in a quiet window: measured, and as the stream renewal setting implies
+    when the window is shorter than one renewal interval (it then saw no renewal, so
+    renewals come from ``60 / renew_s``, the other writes as measured).
+    ``index_moves_per_stream_minute`` holds the implied figure in that case, else the
+    measured one; ``index_moves_source`` says which."""
+    if not stream_minutes:
+        return {"index_moves_per_stream_minute": None, "index_moves_source": "no held streams"}
+    per_min = {k: v / stream_minutes for k, v in writes.items()}
+    measured = INDEX_WRITES_PER_MOVE * sum(per_min.values())
+    out: dict[str, Any] = {
+        "index_moves_measured_per_stream_minute": round(measured, 5),
+        "lease_writes_per_stream_minute": {k: round(v, 5) for k, v in per_min.items()},
+    }
+    if renew_s is None or window_s >= 1.1 * renew_s:
+        out["index_moves_per_stream_minute"] = round(measured, 5)
+        out["index_moves_source"] = f"measured over {window_s:.0f} s"
+        return out
+    others = sum(v for k, v in per_min.items() if k != "renewals")
+    implied = INDEX_WRITES_PER_MOVE * (60.0 / renew_s + others)
+    out["index_moves_per_stream_minute"] = round(implied, 5)
+    out["index_moves_source"] = (
+        f"setting: renewals at 60 / STREAMLEASE_STREAM_RENEW_SECONDS ({renew_s:g} s), the "
+        f"other lease writes as measured; the {window_s:.0f} s window is shorter than one "
+        f"renewal interval (measured: {measured:.3f})")
+    return out
+
+
+# -- control-plane reads per worker as the fleet grows ----------------------------------------
+
+READ_GROWTH_WORKERS = (2, 8)
+ITEMS_READ = "streamlease_dynamodb_items_read_total"
+
+
+async def run_scale_reads(ctx: Context) -> dict[str, Any]:
+    """Control-plane items read per worker-minute with 2 workers and with 8, each holding
+    the same number of idle streams, at the default timings (nothing raised), each fleet on
+    fresh tables, over a quiet window once it is even and has not moved for 10 s. The
+    workers count the items their reads returned (``streamlease_dynamodb_items_read_total``;
+    the sink only writes, so every read is the control plane's: the streams table and its
+    indexes, the fleet table). ``per_worker_read_growth`` is the 8-worker figure over the
+    2-worker one: 1.0 when a worker's reads do not grow with the fleet."""
+    args = ctx.args
+    per, window = args.scale_reads_streams, args.scale_reads_window
+    runs: dict[str, Any] = {}
+    for workers in READ_GROWTH_WORKERS:
+        print(f"scale_reads: {workers} workers x {per} idle streams, {window:.0f} s window",
+              flush=True)
+        runs[str(workers)] = await _reads_per_worker(ctx, workers, per, window)
+    low, high = (runs[str(w)].get("items_per_worker_minute") for w in READ_GROWTH_WORKERS)
+    growth = round(high / low, 3) if low and high is not None else None
+    return {"scale": {
+        "per_worker_read_growth": growth,
+        "items_read_per_worker_minute_2_workers": low,
+        "items_read_per_worker_minute_8_workers": high,
+        "reads": {"streams_per_worker": per, "window_s": window, "rate": 1e-6,
+                  "counted": "items returned to every worker read (Query/Scan ScannedCount, "
+                             "GetItem found): streams table, its indexes and the fleet table; "
+                             "the sink issues no reads",
+                  "runs": runs},
+    }}
+
+
+async def _reads_per_worker(ctx: Context, workers: int, per: int,
+                            window: float) -> dict[str, Any]:
+    n = workers * per
+    out: dict[str, Any] = {"workers": workers, "streams": n}
+    async with ctx.fleet(f"scale_reads_{workers}", streams=n, rate=1e-6, worker_env={},
+                         sample_s=1.0) as fleet:
+        out["all_held_s"] = _round(await _start_and_hold(fleet, workers, timeout=180.0))
+        share = math.ceil(n / workers)
+
+        def even_and_quiet() -> bool:
+            counts = fleet.counts()
+            return _all_held(fleet) and len(counts) == workers and \
+                all(abs(c - share) <= 1 for c in counts.values()) and \
+                fleet.moves(fleet.now() - 10.0) == 0
+        out["settled_s"] = _round(await fleet.wait_until(even_and_quiet, 180.0))
+        fleet.scrape_all()
+        before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+        start = fleet.now()
+        await asyncio.sleep(window)
+        fleet.scrape_all()
+        end = fleet.now()
+        after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+        names = [name for name in before if name in after]
+        out.update(window_measured_s=round(end - start, 1), workers_measured=len(names),
+                   moves_in_window=fleet.moves(start, end), held_at_end=fleet.counts())
+        out.update(read_rates(before, after, names, end - start))
+        await _finish(fleet, out, only_delivered=True)
+    return out
+
+
+def read_rates(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+               names: list[str], elapsed_s: float) -> dict[str, Any]:
+    """Items read and read requests per worker-minute between two scrapes of ``names``,
+    by operation, and in total."""
+    if not names or elapsed_s <= 0:
+        return {"items_per_worker_minute": None}
+    worker_minutes = len(names) * elapsed_s / 60
+
+    def by_op(metric: str) -> dict[str, float]:
+        prefix = f'{metric}{{operation="'
+        found: dict[str, float] = {}
+        for name in names:
+            for key, value in after[name].items():
+                if key.startswith(prefix):
+                    op = key[len(prefix):].split('"', 1)[0]
+                    found[op] = found.get(op, 0.0) + value - before[name].get(key, 0.0)
+        return found
+
+    items = by_op(ITEMS_READ)
+    if not any(key.startswith(ITEMS_READ) for name in names for key in after[name]):
+        return {"items_per_worker_minute": None,
+                "items_not_counted": f"the workers expose no {ITEMS_READ}"}
+    requests = {op: v for op, v in by_op("streamlease_dynamodb_requests_total").items()
+                if op in ("query", "scan", "get_item", "batch_get_item")}
+    return {
+        "items_per_worker_minute": round(sum(items.values()) / worker_minutes, 2),
+        "items_per_worker_minute_by_operation": {op: round(v / worker_minutes, 2)
+                                                 for op, v in sorted(items.items()) if v},
+        "read_requests_per_worker_minute": round(sum(requests.values()) / worker_minutes, 2),
+        "read_requests_per_worker_minute_by_operation": {
+            op: round(v / worker_minutes, 2) for op, v in sorted(requests.items()) if v},
+    }
+
+
+# -- kill -9 at the default settings ----------------------------------------------------------
+
+
+async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
+    """kill -9 of a worker holding 100 streams at the default settings (no
+    STREAMLEASE_*_SECONDS, STREAMLEASE_MAX_STREAMS 100): 3 workers x 100 streams at a low
+    message rate; each kill's victim is replaced at once by a new worker (the survivors are
+    full at 100), as a container scheduler would. Each stream is timed from the signal
+    until it delivers again under another holder (its checkpoint passes the one read just
+    before the kill: this includes the default batch window), and, beside it, until the
+    upstream sees it connected again."""
+    args = ctx.args
+    workers, per = args.kill9_defaults_workers, args.kill9_defaults_streams
+    n = workers * per
+    section: dict[str, Any] = {"workers": workers, "streams": n, "rate": args.kill9_defaults_rate,
+                               "kills": args.kill9_defaults_kills, "settings": "defaults",
+                               "recovery": "delivered again under another holder",
+                               "replacement": "a new worker started right after each kill"}
+    async with ctx.fleet("kill9_defaults", streams=n, rate=args.kill9_defaults_rate,
+                         worker_env={}, sample_s=0.5, table_s=1.0,
+                         watch_upstream=True) as fleet:
+        section["all_held_s"] = _round(await _start_and_hold(fleet, workers, timeout=240.0))
+
+        def full() -> bool:
+            counts = fleet.counts()
+            return _all_held(fleet) and len(counts) == workers and \
+                max(counts.values(), default=0) >= per
+        kills: list[dict[str, Any]] = []
+        for _ in range(args.kill9_defaults_kills):
+            await fleet.wait_until(full, 120.0)
+            await asyncio.sleep(5.0)
+            await fleet.read_table()
+            victim = max(fleet.workers, key=lambda w: len(fleet.held_by(w)[0]), default=None)
+            if victim is None:
+                break
+            fault = fleet.kill9(victim)
+            # The same streams, timed until the upstream sees them connected again.
+            fleet.faults.append(Fault("kill9_connected", fault.at, victim, fault.streams,
+                                      fault.before, "connected"))
+            fleet.start_worker()
+            took = await fleet.wait_until(_all_recovered(fault), 180.0)
+            times = sorted(fault.recovered.values())
+            kills.append({"victim": victim, "streams": len(fault.streams),
+                          "all_back_s": _round(took), "p50": pct(times, 50),
+                          "p99": pct(times, 99)})
+        section["kills_detail"] = kills
+        section["kill9"] = fleet.failover("kill9")
+        section["kill9_connected"] = fleet.failover("kill9_connected")
+        section["takeover_delay_p99_s_bucket"] = _json_float(
+            _histogram_quantile(fleet, "streamlease_takeover_delay_seconds", 0.99))
+        await _finish(fleet, section)
+        section["timeline"] = fleet.timeline_out(every=4)
+    connected = section["kill9_connected"]
+    return {"failover": {"kill9_defaults": {
+                **section["kill9"], "recovery": "delivered",
+                "connected_p50": connected["p50"], "connected_p99": connected["p99"]}},
+            "kill9_defaults": section}
+
+
+def _all_recovered(fault: Fault) -> Callable[[], bool]:
+    return lambda: len(fault.recovered) >= len(fault.streams)
+
+
+# -- scale-out during start-up ----------------------------------------------------------------
+
+STARTUP_QUIET_S = 20.0  # converged: in the band, with no move, for this long
+
+
+async def run_balance_startup(ctx: Context) -> dict[str, Any]:
+    """40 streams, 2 workers started, and 2 more as soon as the first stream is held (the
+    first two are still taking the rest): how long from the 2 new workers' start until
+    every worker holds its share (10) +/-1 and stays there, the moves until then (new
+    tenures after each stream's first, from the table), and the longest any stream was
+    leased to no running worker after the new workers started (table reads every
+    ``sample_s``: that is the resolution; a stream not yet taken counts as unowned too).
+    The balance scenario's timings (the profile's: a 2 s lease at the small profile)."""
+    p = ctx.profile
+    args = ctx.args
+    streams, workers = 40, 4
+    share = math.ceil(streams / workers)
+    rate = args.balance_rate if args.balance_rate is not None else p["rate"]
+    section: dict[str, Any] = {"streams": streams, "workers_before": 2,
+                               "workers_after": workers, "share": share, "lease_s": p["lease"],
+                               "rate": rate, "timeout_s": args.balance_timeout,
+                               "quiet_s": STARTUP_QUIET_S,
+                               "moves_are": "new tenures after each stream's first (table reads)"}
+    async with ctx.fleet("balance_startup", streams=streams, rate=rate,
+                         worker_env=_timing_env(ctx)) as fleet:
+        fleet.start_worker()
+        fleet.start_worker()
+        section["first_held_s"] = _round(await fleet.wait_until(
+            lambda: fleet.held_total() >= 1, 60.0))
+        scale_at = fleet.now()
+        section["held_at_scale_out"] = fleet.counts()
+        fleet.events_log.append((scale_at, "scale-out 2 -> 4 during start-up"))
+        fleet.start_worker()
+        fleet.start_worker()
+        first = await fleet.wait_until(
+            lambda: in_band(fleet.counts(), workers, share, streams), args.balance_timeout)
+        deadline = scale_at + args.balance_timeout + STARTUP_QUIET_S
+        while first is not None and fleet.now() < deadline:
+            since = converged_at(fleet.timeline, scale_at, workers, share, streams)
+            moved = [a.at for a in fleet.acquisitions if a.previous is not None]
+            if since is not None and \
+                    fleet.now() - max([since, *moved]) >= STARTUP_QUIET_S:
+                break
+            await asyncio.sleep(0.5)
+        end = fleet.now()
+        section.update(startup_balance(fleet.timeline, fleet.owned_history, fleet.ids,
+                                       fleet.acquisitions, scale_at, end, workers, share,
+                                       streams))
+        section["fence_bumps"] = fleet.fence_bumps()
+        section["state_reached"] = fleet.counts()
+        await _finish(fleet, section)
+        section["timeline"] = fleet.timeline_out()
+        section["events"] = [(round(t, 2), label) for t, label in fleet.events_log]
+    return {"balance": {"during_startup": section}}
+
+
+def in_band(counts: dict[str, int], workers: int, share: int, streams: int) -> bool:
+    """Every one of ``workers`` holds ``share`` +/-1 and every stream is held."""
+    return len(counts) == workers and sum(counts.values()) >= streams and \
+        all(share - 1 <= c <= share + 1 for c in counts.values())
+
+
+def converged_at(timeline: list[tuple[float, dict[str, int]]], since: float, workers: int,
+                 share: int, streams: int) -> float | None:
+    """The first sample at or after ``since`` from which every later sample is in the band;
+    None if the last one is not."""
+    found: float | None = None
+    for t, counts in timeline:
+        if t < since:
+            continue
+        if in_band(counts, workers, share, streams):
+            found = t if found is None else found
+        else:
+            found = None
+    return found
+
+
+@dataclass(frozen=True)
+class Span:
+    stream: str
+    start: float
+    end: float
+    kind: str  # "first_owner": not owned before; "handover": owned, then not
+    open: bool  # still unowned at the last read
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def unowned_spans(history: list[tuple[float, frozenset[str]]], ids: list[str], since: float,
+                  until: float) -> list[Span]:
+    """Each spell in [since, until] a stream was leased to no running worker, from table
+    reads ``(t, streams owned)``: from the first read that saw it unowned (or ``since``)
+    to the first that saw it owned again (or the last read, ``open``). Resolution: the
+    read interval (a spell seen by one read lasts one interval)."""
+    spans: list[Span] = []
+    ever: set[str] = set()
+    began: dict[str, tuple[float, str]] = {}
+    last = since
+    for t, owned in history:
+        if t > until:
+            break
+        last = t
+        for sid in ids:
+            if sid in owned:
+                spell = began.pop(sid, None)
+                if spell is not None and t > since:
+                    spans.append(Span(sid, max(spell[0], since), t, spell[1], False))
+                ever.add(sid)
+            elif sid not in began:
+                began[sid] = (t, "handover" if sid in ever else "first_owner")
+    spans += [Span(sid, max(start, since), last, kind, True)
+              for sid, (start, kind) in began.items() if last > since]
+    return sorted(spans, key=lambda s: (-s.seconds, s.stream))
+
+
+def startup_balance(timeline: list[tuple[float, dict[str, int]]],
+                    history: list[tuple[float, frozenset[str]]], ids: list[str],
+                    acquisitions: list[Acquisition], scale_at: float, end: float,
+                    workers: int, share: int, streams: int,
+                    over_s: float = 2.0) -> dict[str, Any]:
+    """The during-start-up figures from what the sampler saw: converge_s (from
+    ``scale_at`` until the band holds for good; None if it did not by ``end``), moves
+    until then (new tenures after each stream's first) and after, and unowned spells."""
+    conv = converged_at(timeline, scale_at, workers, share, streams)
+    until = conv if conv is not None else end
+
+    def moves(lo: float, hi: float) -> int:
+        return sum(1 for a in acquisitions if a.previous is not None and lo <= a.at < hi)
+    spans = unowned_spans(history, ids, scale_at, end)
+    worst = spans[0] if spans else None
+    by_kind: dict[str, float] = {}
+    for span in spans:
+        by_kind[span.kind] = round(max(by_kind.get(span.kind, 0.0), span.seconds), 2)
+    reads = [t for t, _ in history if scale_at <= t <= end]
+    first = next((t for t, counts in timeline
+                  if t >= scale_at and in_band(counts, workers, share, streams)), None)
+    return {
+        "first_in_band_s": None if first is None else round(first - scale_at, 2),
+        "converge_s": None if conv is None else round(conv - scale_at, 2),
+        "converged": conv is not None,
+        "moves": moves(scale_at, until + 1e-6),
+        "moves_after_converged": moves(until + 1e-6, end + 1e-6) if conv is not None else None,
+        "moves_before_scale_out": moves(0.0, scale_at),
+        "unowned_max_s": round(worst.seconds, 2) if worst else 0.0,
+        "unowned_worst": None if worst is None else {
+            "stream": worst.stream, "from": round(worst.start, 2), "to": round(worst.end, 2),
+            "kind": worst.kind, "open": worst.open},
+        "unowned_max_s_by_kind": by_kind,
+        f"unowned_over_{over_s:g}_s": sum(1 for s in spans if s.seconds > over_s),
+        "read_interval_s": round((reads[-1] - reads[0]) / (len(reads) - 1), 3)
+        if len(reads) > 1 else None,
+    }

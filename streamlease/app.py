@@ -141,7 +141,7 @@ async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -
         # own pool, so heartbeats, renewals and releases never queue behind sink batches.
         sink_connections=min(1000, config.max_streams + 10),
         control_connections=min(200, config.acquire_per_cycle + 40),
-        observe=metrics.dynamodb_request,
+        observe=metrics.dynamodb_request, count_read=metrics.dynamodb_items_read,
         call_timeout_s=settings.supervisor.call_timeout_s, events_ttl_s=config.events_ttl_s,
     ) as stores:
         # Fail fast, with a clear line, if the tables are missing or access is denied; a

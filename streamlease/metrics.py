@@ -34,6 +34,8 @@ GAP_REASONS = ("takeover", "reconnect")
 DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
                        "delete_item", "put_item", "describe_table", "create_table",
                        "update_table")
+# Operations that read items (``streamlease_dynamodb_items_read_total``).
+DYNAMODB_READ_OPERATIONS = ("query", "scan", "get_item", "batch_get_item")
 DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "timeout", "cancelled",
                      "error")
 
@@ -110,6 +112,9 @@ class Metrics:
                                      ["operation", "outcome"], registry=r)
         self._ddb_seconds = Histogram(p + "dynamodb_request_seconds", "DynamoDB call duration",
                                       ["operation"], buckets=FAST_BUCKETS, registry=r)
+        self._ddb_items_read = Counter(p + "dynamodb_items_read",
+                                       "Items DynamoDB returned to this worker's reads",
+                                       ["operation"], registry=r)
         self._renewals = Counter(p + "renewals", "Lease renewals, by outcome", ["outcome"],
                                  registry=r)
         self._hold = Histogram(p + "lease_hold_seconds",
@@ -261,6 +266,8 @@ class Metrics:
             self._ddb_seconds.labels(op)
             for outcome in DYNAMODB_OUTCOMES:
                 self._ddb_requests.labels(op, outcome)
+        for op in DYNAMODB_READ_OPERATIONS:
+            self._ddb_items_read.labels(op)
         # Hot path: cache the children touched per message.
         self._delivered_inc = self._delivered.inc
 
@@ -443,6 +450,9 @@ class Metrics:
     def dynamodb_request(self, operation: str, outcome: str, seconds: float) -> None:
         self._ddb_requests.labels(operation, outcome).inc()
         self._ddb_seconds.labels(operation).observe(seconds)
+
+    def dynamodb_items_read(self, operation: str, items: int) -> None:
+        self._ddb_items_read.labels(operation).inc(items)
 
     def exposition(self) -> tuple[bytes, str]:
         """The /metrics body and its content type."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from loadtest import chaos
+from loadtest import chaos, scenarios
 from loadtest.capacity import (
     CapacityInputs,
     capacity_model,
@@ -130,7 +130,7 @@ def scenario_sections() -> dict[str, Any]:
                   "held_streams_in_window": 2000.0, "requests_per_s_total": 40.0,
                   "requests_per_s_per_1000_streams": {"get_item": 16.7, "query": 1.6},
                   "rates": {"member_heartbeats_per_worker_s": 0.2},
-                  "per_worker_read_growth": per_worker_read_growth(),
+                  "per_worker_read_growth_modelled": per_worker_read_growth(),
                   "kill9": {**FAILOVER, "p99": 24.0, "victim": "w2", "streams": 500},
                   "timeline": [(0.0, {}), (30.0, {"w1": 500, "w2": 500})], **AUDIT, **churn},
         "capacity_model": m,
@@ -176,8 +176,8 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
     assert "streams that delivered nothing while observed: **2** (s001, s002)" in md
     assert "| `streams_per_table_at_defaults` | 28,000 | >= 1,000,000 | **no** |" in md
     assert "(acquired but not served): w2 1" in md
-    assert "8 workers over 2 (`per_worker_read_growth`, **modelled** from the code" in md
-    assert doc["scale"]["per_worker_read_growth"]["modelled"] is True
+    assert "**modelled** from the code (`per_worker_read_growth_modelled`)" in md
+    assert doc["scale"]["per_worker_read_growth_modelled"]["modelled"] is True
     png = Path(paths["png"]).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -801,3 +801,205 @@ def test_upstream_selection() -> None:
     assert parse_modes("none_count,query") == ["query", "none_count"]
     with pytest.raises(Exception, match="unknown upstream mode"):
         parse_modes("query,nope")
+
+
+# -- issue 20's figures: read growth, index moves, kill -9 at defaults, start-up balance ------
+
+
+def test_converged_is_the_first_sample_from_which_the_band_holds_for_good() -> None:
+    timeline = [
+        (0.0, {"w1": 5, "w2": 0}),
+        (1.0, {"w1": 20, "w2": 20, "w3": 0, "w4": 0}),  # scale-out at 1.0
+        (2.0, {"w1": 11, "w2": 9, "w3": 10, "w4": 10}),  # in the band ...
+        (3.0, {"w1": 12, "w2": 8, "w3": 10, "w4": 10}),  # ... out again
+        (4.0, {"w1": 11, "w2": 9, "w3": 10, "w4": 10}),
+        (5.0, {"w1": 10, "w2": 10, "w3": 10, "w4": 10}),
+    ]
+    assert scenarios.in_band({"w1": 11, "w2": 9, "w3": 10, "w4": 10}, 4, 10, 40)
+    assert not scenarios.in_band({"w1": 11, "w2": 9, "w3": 10}, 4, 10, 40)  # a worker short
+    assert not scenarios.in_band({"w1": 11, "w2": 9, "w3": 9, "w4": 10}, 4, 10, 40)  # unheld
+    assert scenarios.converged_at(timeline, 1.0, 4, 10, 40) == 4.0
+    assert scenarios.converged_at(timeline[:4], 1.0, 4, 10, 40) is None  # ends outside
+
+
+def test_unowned_spells_from_table_reads() -> None:
+    ids = ["a", "b", "c"]
+    history = [
+        (0.0, frozenset({"a"})),
+        (1.0, frozenset({"a", "b"})),  # scale-out at 1.0; c not taken yet
+        (1.5, frozenset({"b", "c"})),  # a handed over: unowned from 1.5
+        (2.0, frozenset({"b", "c"})),
+        (4.5, frozenset({"a", "c"})),  # a taken at 4.5; b now unowned
+        (5.0, frozenset({"a", "c"})),
+    ]
+    spans = scenarios.unowned_spans(history, ids, since=1.0, until=5.0)
+    assert [(s.stream, s.start, s.end, s.kind, s.open) for s in spans] == [
+        ("a", 1.5, 4.5, "handover", False),
+        ("b", 4.5, 5.0, "handover", True),
+        ("c", 1.0, 1.5, "first_owner", False),  # clipped to the scale-out
+    ]
+    assert scenarios.unowned_spans(history, ids, since=5.0, until=5.0) == []
+
+
+def test_startup_balance_figures() -> None:
+    from loadtest.fleet import Acquisition
+
+    ids = [f"s{i}" for i in range(4)]
+    timeline = [(0.0, {"w1": 2, "w2": 0}), (1.0, {"w1": 4, "w2": 0, "w3": 0}),
+                (2.0, {"w1": 3, "w2": 0, "w3": 0}), (3.0, {"w1": 2, "w2": 1, "w3": 1}),
+                (4.0, {"w1": 2, "w2": 1, "w3": 1})]
+    history = [(0.0, frozenset(ids[:2])), (1.0, frozenset(ids)),
+               (2.0, frozenset(ids[:3])), (3.0, frozenset(ids)), (4.0, frozenset(ids))]
+    acquisitions = [Acquisition(0.0, "s0", "w1", 1, None), Acquisition(0.0, "s1", "w1", 1, None),
+                    Acquisition(1.0, "s2", "w1", 1, None), Acquisition(1.0, "s3", "w1", 1, None),
+                    Acquisition(3.0, "s3", "w2", 2, "w1"), Acquisition(3.0, "s2", "w3", 2, "w1"),
+                    Acquisition(4.0, "s1", "w3", 2, "w1")]  # a swap after converging
+    found = scenarios.startup_balance(timeline, history, ids, acquisitions, scale_at=1.0,
+                                      end=4.0, workers=3, share=2, streams=4)
+    assert found["converge_s"] == 2.0 and found["converged"] is True
+    assert found["first_in_band_s"] == 2.0
+    assert found["moves"] == 2 and found["moves_after_converged"] == 1
+    assert found["moves_before_scale_out"] == 0
+    assert found["unowned_max_s"] == 1.0
+    assert found["unowned_worst"] == {"stream": "s3", "from": 2.0, "to": 3.0,
+                                      "kind": "handover", "open": False}
+    assert found["unowned_over_2_s"] == 0 and found["read_interval_s"] == 1.0
+    never = scenarios.startup_balance(timeline[:3], history[:3], ids, acquisitions[:4], 1.0,
+                                      2.0, 3, 2, 4)
+    assert never["converge_s"] is None and never["moves_after_converged"] is None
+
+
+def test_index_moves_measured_or_implied_by_the_renew_setting() -> None:
+    writes = {"renewals": 0.0, "acquisitions": 20.0, "releases": 0.0,
+              "releases_on_behalf": 0.0, "unserved_released": 0.0}
+    # 2,000 streams for 60 s: 2,000 stream-minutes; 20 acquisitions = 0.01 per stream-minute.
+    short = scenarios.index_moves(writes, 2000.0, 60.0, 600.0)
+    assert short["index_moves_measured_per_stream_minute"] == pytest.approx(0.02)
+    assert short["index_moves_per_stream_minute"] == pytest.approx(2 * (0.1 + 0.01))
+    assert short["index_moves_source"].startswith("setting")
+    long = scenarios.index_moves({**writes, "renewals": 200.0}, 2000.0, 700.0, 600.0)
+    assert long["index_moves_per_stream_minute"] == pytest.approx(2 * 0.11)
+    assert long["index_moves_source"] == "measured over 700 s"
+    # No renewal setting (renewals gone from the design): what was measured.
+    assert scenarios.index_moves(writes, 2000.0, 60.0, None)[
+        "index_moves_per_stream_minute"] == pytest.approx(0.02)
+    assert scenarios.index_moves(writes, 0.0, 60.0, 600.0)[
+        "index_moves_per_stream_minute"] is None
+
+
+def test_items_read_per_worker_minute_from_two_scrapes() -> None:
+    key = 'streamlease_dynamodb_items_read_total{operation="%s"}'
+    req = 'streamlease_dynamodb_requests_total{operation="%s",outcome="ok"}'
+    before = {"w1": {key % "query": 10.0, key % "get_item": 0.0, req % "query": 5.0},
+              "w2": {key % "query": 0.0}}
+    after = {"w1": {key % "query": 70.0, key % "get_item": 30.0, req % "query": 35.0,
+                    req % "update_item": 99.0},
+             "w2": {key % "query": 100.0}}
+    found = scenarios.read_rates(before, after, ["w1", "w2"], 60.0)
+    assert found["items_per_worker_minute"] == 95.0  # (60 + 30 + 100) over 2 worker-minutes
+    assert found["items_per_worker_minute_by_operation"] == {"get_item": 15.0, "query": 80.0}
+    assert found["read_requests_per_worker_minute"] == 15.0  # writes left out
+    old_build = scenarios.read_rates({"w1": {}}, {"w1": {req % "query": 3.0}}, ["w1"], 60.0)
+    assert old_build["items_per_worker_minute"] is None and "items_not_counted" in old_build
+
+
+def issue20_sections() -> dict[str, Any]:
+    sections = scenario_sections()
+    sections["scenarios"].update({name: {"ok": True, "seconds": 60.0, "keys": []} for name in
+                                  ("scale_reads", "kill9_defaults", "balance_startup")})
+    sections["scale"].update({
+        "per_worker_read_growth": 2.4, "items_read_per_worker_minute_2_workers": 100.0,
+        "items_read_per_worker_minute_8_workers": 240.0,
+        "reads": {"streams_per_worker": 25, "window_s": 60.0, "counted": "every read",
+                  "runs": {"2": {"items_per_worker_minute": 100.0,
+                                 "items_per_worker_minute_by_operation": {"query": 100.0},
+                                 "read_requests_per_worker_minute": 30.0},
+                           "8": {"items_per_worker_minute": 240.0}}},
+        "index_moves_per_stream_minute": 0.2, "index_moves_source": "setting: ...",
+        "lease_writes_per_stream_minute": {"renewals": 0.0}, "kill9_p99": 37.0})
+    sections["balance"]["during_startup"] = {
+        "streams": 40, "share": 10, "lease_s": 2.0, "first_held_s": 1.2,
+        "held_at_scale_out": {"w1": 3, "w2": 0}, "converge_s": 15.0, "first_in_band_s": 12.0,
+        "moves": 27, "moves_after_converged": 0, "unowned_max_s": 5.5,
+        "unowned_worst": {"stream": "s007", "from": 3.0, "to": 8.5, "kind": "handover",
+                          "open": False},
+        "unowned_max_s_by_kind": {"handover": 5.5}, "unowned_over_2_s": 2,
+        "read_interval_s": 0.4, **AUDIT}
+    sections["kill9_defaults"] = {
+        "workers": 3, "streams": 300, "rate": 0.5, "kills": 2, "all_held_s": 50.0,
+        "replacement": "a new worker started right after each kill",
+        "kills_detail": [{"streams": 100}, {"streams": 100}],
+        "kill9": {**FAILOVER, "p99": 24.0}, "kill9_connected": {**FAILOVER, "p99": 21.0},
+        **AUDIT}
+    return sections
+
+
+def test_issue_20_figures_render_with_their_targets(tmp_path: Path) -> None:
+    result = {**sample_result(), **issue20_sections()}
+    result["failover"]["kill9_defaults"] = {**FAILOVER, "p99": 24.0, "recovery": "delivered"}
+    rows = {key: (value, target, met) for _, key, value, target, met in targets(result)}
+    assert rows["scale.per_worker_read_growth"] == (2.4, "<= 1.2", False)
+    assert rows["scale.index_moves_per_stream_minute"] == (0.2, "0", False)
+    assert rows["scale.kill9_p99"] == (37.0, "<= member lease + 5 s = 25 s", False)
+    assert rows["failover.kill9_defaults.p99"] == (24.0, "<= 10 s", False)
+    assert rows["balance.during_startup.converge_s"] == (15.0, "<= 10 s", False)
+    assert rows["balance.during_startup.moves"] == (27, "<= 25", False)
+    assert rows["balance.during_startup.unowned_max_s"] == (5.5, "<= 2 s", False)
+    assert rows["balance.converge_s"][0] is None  # the existing keys stay
+    md = Path(write_reports(result, tmp_path)["md"]).read_text()
+    for text in ("### Control-plane reads per worker", "| 2 | 100 | query 100 | 30 |",
+                 "### Scale-out during start-up", "moves until then: **27**",
+                 "## kill -9 at the default settings", "| kill -9, connected again |",
+                 "Index-key moves per held stream-minute: **0.2**",
+                 "| `balance.during_startup.unowned_max_s` | 5.5 | <= 2 s | **no** |"):
+        assert text in md, text
+
+
+def test_one_step_alone_renders_without_the_rest_of_its_section() -> None:
+    sections = issue20_sections()
+    result = {"profile": "small", "settings": sample_result()["settings"],
+              "scenarios": {"scale_reads": {"ok": True, "keys": []},
+                            "balance_startup": {"ok": True, "keys": []}},
+              "scale": {k: sections["scale"][k] for k in ("per_worker_read_growth", "reads")},
+              "balance": {"during_startup": sections["balance"]["during_startup"]}}
+    md = markdown(result)
+    assert "### Control-plane reads per worker" in md and "### Scale-out during" in md
+    assert [row[1] for row in targets(result)] == [
+        "scale.per_worker_read_growth", "balance.during_startup.converge_s",
+        "balance.during_startup.moves", "balance.during_startup.unowned_max_s"]
+
+
+async def test_steps_of_a_shared_section_keep_each_others_figures(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    async def reads(ctx: chaos.Context) -> dict[str, Any]:
+        return {"scale": {"per_worker_read_growth": 1.1, "reads": {"runs": {}}}}
+
+    async def scale(ctx: chaos.Context) -> dict[str, Any]:
+        return {"scale": {"streams": 2000, "kill9_p99": 20.0}, "capacity_model": {"x": 1}}
+
+    monkeypatch.setattr(chaos, "runners", lambda: {"scale_reads": reads, "scale": scale})
+    args = chaos.build_parser().parse_args(["--scenarios", "scale_reads"])
+    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    # An earlier run recorded the whole section (before it was shared).
+    previous = {"scenarios": {"scale": {"ok": True, "keys": ["scale", "capacity_model"]}},
+                "scale": {"streams": 2000, "kill9": {"p99": 37.0}}, "capacity_model": {"x": 0}}
+    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    assert result["scale"] == {"streams": 2000, "kill9": {"p99": 37.0},
+                               "per_worker_read_growth": 1.1, "reads": {"runs": {}}}
+    assert result["scenarios"]["scale_reads"]["keys"] == ["scale.per_worker_read_growth",
+                                                          "scale.reads"]
+    # And the other way round: the scale run over a result that holds the reads step's keys.
+    args = chaos.build_parser().parse_args(["--scenarios", "scale"])
+    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    again = await chaos.run_scenarios(ctx, args.scenarios, result)
+    assert again["scale"] == {"streams": 2000, "kill9_p99": 20.0,
+                              "per_worker_read_growth": 1.1, "reads": {"runs": {}}}
+    assert again["capacity_model"] == {"x": 1}
+
+
+def test_the_start_up_step_audits_like_a_section() -> None:
+    result = {"balance": {"lost": 0, "during_startup": {"lost": 2, "duplicated": 0}},
+              "kill9_defaults": {"stale_accepted": 1}}
+    assert chaos.correctness_failures(result) == {"balance.during_startup.lost": 2,
+                                                  "kill9_defaults.stale_accepted": 1}
+    assert {"kill9_defaults", "balance_startup", "scale_reads"} <= set(chaos.runners())

@@ -6,6 +6,7 @@ import math
 
 from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS
 from streamlease.metrics import (
+    DYNAMODB_READ_OPERATIONS,
     JOB_OUTCOMES,
     MEMBER_HEARTBEAT_OUTCOMES,
     MEMBER_STATUSES,
@@ -144,3 +145,15 @@ def test_leader_and_job_metrics() -> None:
     assert s["streamlease_is_leader{}"] == 1
     m.leader(False)
     assert samples(m)["streamlease_is_leader{}"] == 0
+
+
+def test_items_read_are_counted_per_operation_from_zero() -> None:
+    m = Metrics()
+    s = samples(m)
+    for op in DYNAMODB_READ_OPERATIONS:
+        assert s[f"streamlease_dynamodb_items_read_total{{operation={op}}}"] == 0
+    m.dynamodb_items_read("query", 7)
+    m.dynamodb_items_read("get_item", 1)
+    s = samples(m)
+    assert s["streamlease_dynamodb_items_read_total{operation=query}"] == 7
+    assert s["streamlease_dynamodb_items_read_total{operation=get_item}"] == 1

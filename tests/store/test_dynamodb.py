@@ -13,7 +13,7 @@ import pytest
 
 from streamlease.errors import StoreUnavailable
 from streamlease.store.dynamodb import DynamoAdmin
-from streamlease.store.dynamodb.client import DynamoClient, client_config
+from streamlease.store.dynamodb.client import DynamoClient, client_config, items_read
 from streamlease.store.protocols import Stores
 
 
@@ -137,6 +137,36 @@ async def test_timed_out_and_cancelled_calls_are_metered_as_such(silent: SilentS
         with pytest.raises(asyncio.CancelledError):
             await task
     assert seen == [("get_item", "timeout"), ("get_item", "cancelled")]
+
+
+async def test_reads_are_metered_by_the_items_they_return(
+        dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
+    from streamlease.store import dynamodb
+
+    counted: list[tuple[str, int]] = []
+    async with dynamodb.connect(*table_names,
+                                count_read=lambda op, n: counted.append((op, n))) as stores:
+        await stores.admin.create_tables()
+        for sid in ("a", "b", "c"):
+            await stores.admin.put_started(sid, f"ws://127.0.0.1:1/{sid}")
+        counted.clear()
+        assert len(await stores.leases.scan()) == 3
+        assert await stores.leases.check("a") is not None
+        assert await stores.leases.check("nope") is None  # no item: nothing read
+        await stores.leases.release_for("a", "w", 1, 1)  # a write: nothing read
+    assert counted == [("scan", 3), ("get_item", 1)]
+
+
+def test_items_read_from_answers_of_any_shape() -> None:
+    assert items_read("query", {"Count": 2, "ScannedCount": 5, "Items": [{}, {}]}) == 5
+    assert items_read("scan", {"Count": 2, "Items": [{}, {}]}) == 2
+    assert items_read("query", {"Items": [{}]}) == 1
+    assert items_read("get_item", {"Item": {"Pk": {"S": "a"}}}) == 1
+    assert items_read("get_item", {}) == 0
+    assert items_read("batch_get_item", {"Responses": {"t": [{}, {}], "u": [{}]}}) == 3
+    assert items_read("update_item", {"Attributes": {}}) == 0
+    for odd in (None, [], {"Count": "x", "Items": "y"}, {"Responses": []}):
+        assert items_read("query", odd) == 0 and items_read("batch_get_item", odd) == 0
 
 
 async def test_table_create_turns_on_ttl_on_the_events_table(dynamo: Stores) -> None:

@@ -15,7 +15,7 @@ import aioboto3
 
 from streamlease.errors import ConfigError
 from streamlease.store.dynamodb.admin import DynamoAdmin
-from streamlease.store.dynamodb.client import DynamoClient, Observer, client_config
+from streamlease.store.dynamodb.client import DynamoClient, Observer, ReadCounter, client_config
 from streamlease.store.dynamodb.fleet import DynamoFleetStore
 from streamlease.store.dynamodb.jobs import DynamoJobStore
 from streamlease.store.dynamodb.leader import DynamoLeaderBackend
@@ -39,8 +39,11 @@ def region(session: aioboto3.Session) -> str:
 @contextlib.asynccontextmanager
 async def connect(table: str, events_table: str, fleet_table: str, *, sink_connections: int = 50,
                   control_connections: int = 20, observe: Observer | None = None,
-                  call_timeout_s: float = 10.0, events_ttl_s: int = 0) -> AsyncIterator[Stores]:
-    """Open the clients this process uses. Raises ConfigError without a region."""
+                  call_timeout_s: float = 10.0, events_ttl_s: int = 0,
+                  count_read: ReadCounter | None = None) -> AsyncIterator[Stores]:
+    """Open the clients this process uses. Raises ConfigError without a region.
+    ``count_read`` hears the items every read returns (the sink only writes, so these
+    are the control plane's: the streams table and its indexes, the fleet table)."""
     session = aioboto3.Session()
     name = region(session)
     async with contextlib.AsyncExitStack() as stack:
@@ -48,8 +51,8 @@ async def connect(table: str, events_table: str, fleet_table: str, *, sink_conne
             "dynamodb", region_name=name, config=client_config(control_connections)))
         data_raw = await stack.enter_async_context(session.client(
             "dynamodb", region_name=name, config=client_config(sink_connections)))
-        control = DynamoClient(control_raw, observe, call_timeout_s)
-        data = DynamoClient(data_raw, observe, call_timeout_s)
+        control = DynamoClient(control_raw, observe, call_timeout_s, count_read)
+        data = DynamoClient(data_raw, observe, call_timeout_s, count_read)
         yield Stores(
             leases=DynamoLeaseStore(control, table),
             sink=DynamoSink(data, table, events_table, events_ttl_s),

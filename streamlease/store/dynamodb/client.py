@@ -32,6 +32,7 @@ from streamlease.errors import (
 )
 
 Observer = Callable[[str, str, float], None]  # (operation, outcome, seconds)
+ReadCounter = Callable[[str, int], None]  # (operation, items read)
 
 THROTTLE_CODES = frozenset({
     "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
@@ -78,13 +79,15 @@ def client_config(max_connections: int) -> BotoConfig:
 
 
 class DynamoClient:
-    """One aioboto3 client (its own connection pool) plus the observer that meters it."""
+    """One aioboto3 client (its own connection pool) plus the observers that meter it:
+    ``observe`` hears every call, ``count_read`` the items each answered read returned."""
 
     def __init__(self, client: Any, observe: Observer | None = None,
-                 call_timeout_s: float = 10.0) -> None:
+                 call_timeout_s: float = 10.0, count_read: ReadCounter | None = None) -> None:
         self.raw = client
         self.observe = observe
         self.call_timeout_s = call_timeout_s
+        self.count_read = count_read
 
     async def call(self, operation: str, timeout: float | None = None, **kwargs: Any) -> Any:
         """One DynamoDB call under a timeout; errors translated; outcome metered.
@@ -97,7 +100,12 @@ class DynamoClient:
         outcome = "ok"
         try:
             async with asyncio.timeout(timeout or self.call_timeout_s):
-                return await getattr(self.raw, operation)(**kwargs)
+                resp = await getattr(self.raw, operation)(**kwargs)
+            if self.count_read is not None:
+                items = items_read(operation, resp)
+                if items:
+                    self.count_read(operation, items)
+            return resp
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code == "ConditionalCheckFailedException":
@@ -146,6 +154,28 @@ class DynamoTable:
 
     async def _call(self, operation: str, timeout: float | None = None, **kwargs: Any) -> Any:
         return await self._client.call(operation, timeout, **kwargs)
+
+
+def items_read(operation: str, resp: Any) -> int:
+    """Items a read's answer carries: a Query's or Scan's ``ScannedCount`` (what was read,
+    before any filter; else ``Count``), 1 for a GetItem that found its item, every item of
+    a BatchGetItem; 0 for writes and for an answer of an unexpected shape."""
+    if not isinstance(resp, dict):
+        return 0
+    if operation in ("query", "scan"):
+        for key in ("ScannedCount", "Count"):
+            if isinstance(resp.get(key), int):
+                return max(0, int(resp[key]))
+        items = resp.get("Items")
+        return len(items) if isinstance(items, list) else 0
+    if operation == "get_item":
+        return 1 if isinstance(resp.get("Item"), dict) else 0
+    if operation == "batch_get_item":
+        found = resp.get("Responses")
+        if not isinstance(found, dict):
+            return 0
+        return sum(len(v) for v in found.values() if isinstance(v, list))
+    return 0
 
 
 def translate(exc: ClientError) -> StoreError:
