@@ -46,6 +46,7 @@ from streamlease.core.membership import (
     MemberTimings,
     Observer,
     fence_cause,
+    heartbeat_label,
     heartbeat_strained,
     releasable_for,
 )
@@ -255,7 +256,7 @@ class Membership:
             self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
             self.handoffs, self.clock.wall_ms(), timeout=self.liveness.call_timeout(sent))
         now = self.clock.monotonic()
-        self.metrics.member_heartbeat(now - sent, result.outcome.value)
+        self.metrics.member_heartbeat(now - sent, heartbeat_label(result.outcome))
         self.hooks.beat(result.outcome, now - sent)
         if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
             self._strained_until = now + 2 * self.timings.heartbeat_s
