@@ -36,11 +36,13 @@ from types import TracebackType
 from typing import Any
 
 from streamlease.clock import SYSTEM_CLOCK, Clock
-from streamlease.core.backoff import RENEW_JITTER, jittered
+from streamlease.core.backoff import jittered
 from streamlease.core.fenced import HashSet, PutItem, Transaction
+from streamlease.core.keepalive import Keeper, KeepState
 from streamlease.core.leadership import LeaderObserver, LeaderRecord
-from streamlease.core.membership import HeartbeatOutcome, Liveness, MemberState, MemberTimings
+from streamlease.core.membership import MemberTimings
 from streamlease.errors import StoreError, WriteRefused
+from streamlease.keeper import Answered, keep
 from streamlease.logs import event
 from streamlease.store.protocols import LeaderBackend
 
@@ -93,7 +95,7 @@ class LeaderLease:
         # What ended the renewal task, if it failed (a bug, an answer it could not read)
         # rather than stopping by the rules: leadership was given up because of it.
         self.keeper_error: Exception | None = None
-        self._liveness: Liveness | None = None
+        self._keepalive: Keeper | None = None  # the lease's deadline while held
         self._keeper: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LeaderLease:
@@ -106,8 +108,8 @@ class LeaderLease:
 
     def may_write(self) -> bool:
         """Whether this holder may still act: held, and within its local deadline."""
-        return self._liveness is not None and not self.lost.is_set() and \
-            self._liveness.may_write(self.clock.monotonic())
+        return self._keepalive is not None and not self.lost.is_set() and \
+            self._keepalive.may_write(self.clock.monotonic())
 
     async def acquire(self, stop: asyncio.Event | None = None) -> bool:
         """Wait until this owner holds the lease (True), or ``stop`` is set (False)."""
@@ -141,7 +143,7 @@ class LeaderLease:
             return False
         self.fence = fence
         self.lost.clear()
-        self._liveness = Liveness.registered(attempt, self.timings)
+        self._keepalive = Keeper.sent(attempt, self.timings)  # a term ends at its deadline
         self._keeper = asyncio.create_task(self._keep(), name=f"leader {self.name}")
         event(logging.INFO, "leader.acquired", "leadership acquired", lease=self.name,
               fence=fence, previous_owner=record.owner if record else None)
@@ -162,23 +164,16 @@ class LeaderLease:
 
     async def _renew(self) -> None:
         """Renew every heartbeat; set ``lost`` on refusal or at the local deadline."""
-        assert self._liveness is not None
-        liveness = self._liveness
-        delay = jittered(self.timings.heartbeat_s, RENEW_JITTER, self.rng)
-        while True:
-            await self.clock.sleep(min(delay, max(0.0, liveness.deadline - self.clock.monotonic())))
-            if liveness.check_deadline(self.clock.monotonic()):
-                self._lose("no renewal proven before the deadline")
-                return
-            sent = self.clock.monotonic()
-            outcome = await self.backend.renew(self.name, self.owner, self.fence,
-                                               self.timings.lease_s, self.clock.wall_ms(),
-                                               timeout=liveness.call_timeout(sent))
-            delay = liveness.on_heartbeat(outcome, sent, self.clock.monotonic(), self.rng)
-            if liveness.state is not MemberState.ACTIVE:
-                self._lose("renewal refused" if outcome is HeartbeatOutcome.FENCED
-                           else "no renewal proven before the deadline")
-                return
+        assert self._keepalive is not None
+
+        async def renew(timeout: float) -> Answered:
+            return Answered(await self.backend.renew(
+                self.name, self.owner, self.fence, self.timings.lease_s, self.clock.wall_ms(),
+                timeout=timeout))
+
+        ended = await keep(self._keepalive, renew, self.clock, self.rng)
+        self._lose("renewal refused" if ended is KeepState.REFUSED
+                   else "no renewal proven before the deadline")
 
     def _lose(self, why: str) -> None:
         if not self.lost.is_set():
@@ -206,7 +201,7 @@ class LeaderLease:
                 event(logging.ERROR, "leader.keeper_crashed",
                       "the leader lease's renewal task failed", lease=self.name,
                       fence=self.fence, error=repr(exc)[:300], exc_info=True)
-        if self._liveness is not None and (not self.lost.is_set()
+        if self._keepalive is not None and (not self.lost.is_set()
                                            or self.keeper_error is not None):
             self.lost.set()
             try:
@@ -218,7 +213,7 @@ class LeaderLease:
                 event(logging.WARNING, "leader.resign_failed",
                       "could not resign; the lease will expire", lease=self.name,
                       error=str(exc) or repr(exc), exc_info=not isinstance(exc, StoreError))
-        self._liveness = None
+        self._keepalive = None
 
     async def fenced_write(self, write: Any, timeout: float | None = None) -> None:
         """Apply ``write`` (``PutItem``/``Transaction`` on DynamoDB, ``HashSet`` on

@@ -3,14 +3,14 @@
 Two loops (the rules are in ``streamlease.core.membership``):
 
 * **heartbeat** — every ``HEARTBEAT_SECONDS`` the row's counter moves on, conditioned on
-  this incarnation's epoch. No heartbeat proven for ``LEASE - safety margin`` (monotonic,
-  from when it was sent): every stream stops writing (self-fence) until one is proven
-  again. The epoch moved on: every stream stops at once, and the row says why. A peer
-  declared us dead: the worker registers afresh under a new epoch. Another live process
-  registered under this worker id (a duplicate id): the worker logs
-  ``member.duplicate_id``, leaves the id to that process, stops both loops and sets
-  ``superseded`` (the worker then exits 2) — re-registering would fence the other process,
-  which would re-register in turn, forever.
+  this incarnation's epoch (the keep-alive loop, ``streamlease.keeper``). No heartbeat
+  proven for ``LEASE - safety margin`` (monotonic, from when it was sent): every stream
+  stops writing (self-fence) until one is proven again. The epoch moved on: every stream
+  stops at once, and the row says why. A peer declared us dead: the worker registers afresh
+  under a new epoch. Another live process registered under this worker id (a duplicate id):
+  the worker logs ``member.duplicate_id``, leaves the id to that process, stops both loops
+  and sets ``superseded`` (the worker then exits 2) — re-registering would fence the other
+  process, which would re-register in turn, forever.
 * **observe** — every ``observe_s`` one consistent Query reads every member row. A peer
   whose counter has not moved for ``LEASE`` on this worker's monotonic clock is dead: the
   preferred live member (the first by id, or anyone after a grace period) fences it and
@@ -35,24 +35,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamlease.clock import Clock
-from streamlease.core.backoff import RENEW_JITTER, Backoff, jittered
+from streamlease.core.backoff import Backoff, jittered
+from streamlease.core.keepalive import KeepOutcome, KeepState
 from streamlease.core.membership import (
     FenceCause,
     HeartbeatOutcome,
     Liveness,
     MemberRecord,
-    MemberState,
     MemberStatus,
     MemberTimings,
     Observer,
     fence_cause,
+    heartbeat_label,
     heartbeat_strained,
     releasable_for,
 )
 from streamlease.errors import StoreError
+from streamlease.keeper import Step, keep
 from streamlease.logs import event
 from streamlease.metrics import Metrics
-from streamlease.store.protocols import FleetStore, LeaseStore
+from streamlease.store.protocols import FleetStore, HeartbeatResult, LeaseStore
 
 RELEASE_CONCURRENCY = 16  # on-behalf releases in flight at once
 # The owner index is eventually consistent (well under a second on DynamoDB): a dead
@@ -233,15 +235,17 @@ class Membership:
     # -- heartbeat ------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        delay = jittered(self.timings.heartbeat_s, RENEW_JITTER, self.rng)
+        """Keep this incarnation's row (``keep``) until the membership stops; when its
+        epoch moves on, find out why and register afresh (or give the id up)."""
+        delay: float | None = None  # the first heartbeat: an interval, jittered
         while not self._stop.is_set():
-            await self._wait(delay)
-            if self._stop.is_set():
-                return
-            if self.liveness.check_deadline(self.clock.monotonic()):
-                self._on_self_fenced()
             try:
-                delay = await self._beat()
+                ended = await keep(self.liveness.keeper, self._heartbeat, self.clock, self.rng,
+                                   first_in=delay, wait=self._wait, stop=self._stop,
+                                   on_step=self._on_step)
+                if ended is KeepState.REFUSED:
+                    await self._on_fenced()
+                    delay = 0.0  # the new incarnation says so at once
             except Exception:
                 # The heartbeat loop must outlive any surprise; the deadline still rules.
                 self.metrics.task_crashed("membership")
@@ -249,35 +253,36 @@ class Membership:
                       exc_info=True)
                 delay = self.timings.heartbeat_s / 4
 
-    async def _beat(self) -> float:
+    async def _heartbeat(self, timeout: float) -> HeartbeatResult:
+        """One heartbeat: the row's counter moves on if the epoch is still ours."""
         sent = self._last_beat = self.clock.monotonic()
         result = await self.fleet.heartbeat(
             self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
-            self.handoffs, self.clock.wall_ms(), timeout=self.liveness.call_timeout(sent))
+            self.handoffs, self.clock.wall_ms(), timeout=timeout)
         now = self.clock.monotonic()
-        self.metrics.member_heartbeat(now - sent, result.outcome.value)
+        self.metrics.member_heartbeat(now - sent, heartbeat_label(result.outcome))
         self.hooks.beat(result.outcome, now - sent)
         if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
             self._strained_until = now + 2 * self.timings.heartbeat_s
-        before = self.liveness.state
-        delay = self.liveness.on_heartbeat(result.outcome, sent, now, self.rng)
-        if result.outcome is HeartbeatOutcome.RENEWED:
-            self.hooks.proven(sent)
-        after = self.liveness.state
-        if result.outcome in (HeartbeatOutcome.UNKNOWN, HeartbeatOutcome.THROTTLED):
-            event(logging.WARNING, "member.heartbeat_failed", "member heartbeat failed; retrying",
-                  outcome=result.outcome.value, error=result.error, retry_in_s=round(delay, 3),
-                  deadline_in_s=round(self.liveness.deadline - now, 3))
-        if after is MemberState.FENCED:
-            await self._on_fenced()
-            return 0.0
-        if before is not MemberState.SELF_FENCED and after is MemberState.SELF_FENCED:
+        return result
+
+    def _on_step(self, step: Step[HeartbeatResult]) -> None:
+        """A heartbeat or the deadline, as the liveness took it."""
+        if step.answer is not None:
+            outcome = step.answer.outcome
+            if outcome is KeepOutcome.RENEWED:
+                self.hooks.proven(step.sent_at)
+            elif outcome in (KeepOutcome.UNKNOWN, KeepOutcome.THROTTLED):
+                event(logging.WARNING, "member.heartbeat_failed",
+                      "member heartbeat failed; retrying", outcome=outcome.value,
+                      error=step.answer.error, retry_in_s=round(step.delay, 3),
+                      deadline_in_s=round(self.liveness.deadline - step.now, 3))
+        if step.self_fenced:
             self._on_self_fenced()
-        elif before is MemberState.SELF_FENCED and after is MemberState.ACTIVE:
+        elif step.recovered:
             event(logging.WARNING, "member.recovered",
                   "heartbeats proven again under the same epoch; taking streams again",
                   epoch=self.epoch)
-        return delay
 
     def _on_self_fenced(self) -> None:
         event(logging.ERROR, "member.self_fenced",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from streamlease.clock import Clock
-from streamlease.core.backoff import Backoff, next_renewal
+from streamlease.core.backoff import Backoff
 from streamlease.core.lease import (
     HolderState,
     Holding,
@@ -36,6 +36,7 @@ from streamlease.core.lease import (
     RenewOutcome,
     StopReason,
     always,
+    renew_label,
 )
 from streamlease.core.model import StreamRecord, Tenure, error_text
 from streamlease.core.plan import bad_item_reason, item_problem
@@ -124,7 +125,7 @@ class Supervisor:
         self.settings = settings
         self.rng = rng or random.Random()
         self.holding = Holding(tenure, record.ws_url or "", acquire_sent_at, settings.timings,
-                               member_alive)
+                               member_alive, self.rng)
         self.sink = sink
         wire = settings.upstreams.wire(tenure.stream_id, record.attributes)
         self.pump: PumpLike = (pump_factory or Pump)(
@@ -295,12 +296,11 @@ class Supervisor:
         """Renew every renewal interval while holding or draining (retry sooner after a
         failure), read the item every check interval in between, and self-fence at the
         local deadline. Wakes the main task whenever the state changes."""
-        timings = self.settings.timings
-        check_s = self.settings.check_s or timings.heartbeat_s
+        check_s = self.settings.check_s or self.settings.timings.heartbeat_s
         now = self.clock.monotonic()
         # Streams acquired together would otherwise renew and check in together forever;
-        # every later renewal is spread afresh too (``_renew_once``).
-        next_renew = next_renewal(now, timings.heartbeat_s, self.rng)
+        # every later renewal is spread afresh too (the holding's keeper).
+        next_renew = now + self.holding.keeper.first_in(self.rng)
         next_check = now + self.rng.uniform(0.5, 1.0) * check_s
         while not self.holding.terminal:
             wait = min(next_renew, next_check, self.holding.deadline) - self.clock.monotonic()
@@ -361,14 +361,13 @@ class Supervisor:
             self._failure = problem
 
     async def _renew_once(self) -> float:
-        timings = self.settings.timings
+        """One renewal; the monotonic time the next one is due."""
         sent = self.clock.monotonic()
-        # The call may not outlive the deadline: past it, its answer changes nothing.
-        timeout = max(0.05, min(self.settings.call_timeout_s, timings.heartbeat_s,
-                                self.holding.deadline - sent))
-        result = await self.leases.renew(self.tenure, self.clock.wall_ms(), timings, timeout)
+        timeout = self.holding.call_timeout(sent, self.settings.call_timeout_s)
+        result = await self.leases.renew(self.tenure, self.clock.wall_ms(),
+                                         self.settings.timings, timeout)
         now = self.clock.monotonic()
-        self.metrics.heartbeat(now - sent, result.outcome.value)
+        self.metrics.heartbeat(now - sent, renew_label(result.outcome))
         if self._lease_health is not None:
             self._lease_health.record(result.outcome, now - sent)
         problem = None
@@ -386,9 +385,8 @@ class Supervisor:
                   error=result.error, retry_in_s=decision.retry_in,
                   deadline_in_s=round(self.holding.deadline - now, 3))
         await self._apply(decision, problem, was_holding)
-        if decision.retry_in is not None:
-            return now + decision.retry_in
-        return next_renewal(sent, timings.heartbeat_s, self.rng)
+        # Once the holding stopped renewing, the loop ends before this is due.
+        return now + (decision.next_in or 0.0)
 
     async def _stop_pump(self, task: asyncio.Task[None]) -> None:
         if task.done():

@@ -136,6 +136,27 @@ async def test_a_fenced_member_stops_everything_and_registers_afresh_still_drain
     await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_refused_heartbeat_is_counted_as_fenced() -> None:
+    """The member heartbeat counter still names a refusal "fenced" (one outcome enum for
+    every lease, each counter in its own words)."""
+    memory = MemoryStore()
+    calls = Calls()
+    m = member(FaultyStore(memory), "a", calls)
+    await m.register()
+    task = asyncio.create_task(m.run())
+    await asyncio.sleep(1)
+    row = (await memory.members())[0]
+    assert await memory.fence(row, "peer", 0) is not None
+    await asyncio.sleep(T.heartbeat_s * 3)
+    assert calls.fenced == 1
+    count = m.metrics.registry.get_sample_value
+    assert count("streamlease_member_heartbeats_total", {"outcome": "fenced"}) == 1
+    assert (count("streamlease_member_heartbeats_total", {"outcome": "renewed"}) or 0) >= 2
+    assert count("streamlease_member_heartbeats_total", {"outcome": "refused"}) is None
+    m.stop()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_heartbeats_failing_past_the_deadline_self_fence_and_recover() -> None:
     memory = MemoryStore()
     store = FaultyStore(memory)

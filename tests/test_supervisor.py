@@ -137,6 +137,20 @@ async def test_a_lost_renew_aborts_the_pump_without_flushing(
     assert rig.store.count("release") == 0  # nothing to release: it is not ours
 
 
+async def test_a_refused_renewal_is_counted_as_lost() -> None:
+    """Every lease's renewal answers in one outcome enum; the stream's counter still names
+    a refusal "lost", as the alerts and dashboards read it."""
+    rig = Rig(PumpScript(every=1000.0), check_s=1000.0)  # only a renewal can learn it
+    sup = await rig.holder()
+    task = await run_for(sup, 3)
+    await rig.memory.force_release("a")
+    await asyncio.wait_for(task, 10)
+    assert sup.holding.reason is StopReason.CONDITION_FAILED
+    assert rig.metric("streamlease_renewals_total", outcome="lost") == 1
+    assert rig.metric("streamlease_renewals_total", outcome="renewed") >= 1
+    assert rig.metric("streamlease_renewals_total", outcome="refused") == 0
+
+
 async def test_drain_stops_reading_flushes_then_releases_in_that_order() -> None:
     rig = Rig()
     sup = await rig.holder()

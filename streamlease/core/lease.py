@@ -25,10 +25,18 @@ service), and anything about writes that bypass the fenced sink.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from streamlease.core.keepalive import (
+    Keeper,
+    KeepOutcome,
+    KeepState,
+    deadline_after,
+    outcome_label,
+)
 from streamlease.core.model import EventMark, StreamRecord, Tenure
 
 
@@ -158,21 +166,19 @@ def resume_point(tenure: Tenure, newest: EventMark | None) -> tuple[int, int] | 
 
 # --- the holder's local deadline ------------------------------------------------------
 
+# Monotonic time after which the holder must not write for this tenure, measured from when
+# the renew (or acquire) was *sent*, not when its answer came back: the server may have
+# applied it at any instant in between. The keep-alive machine owns the arithmetic.
+local_deadline = deadline_after
 
-def local_deadline(renew_sent_at: float, timings: LeaseTimings) -> float:
-    """Monotonic time after which the holder must not write for this tenure.
-
-    Measured from when the renew (or acquire) was *sent*, not when its answer came
-    back: the server may have applied it at any instant in between.
-    """
-    return renew_sent_at + timings.lease_s - timings.safety_margin_s
+# One outcome for every lease's renewal (``core.keepalive``); a stream's refused renewal
+# is counted as "lost" (``renew_label``).
+RenewOutcome = KeepOutcome
 
 
-class RenewOutcome(StrEnum):
-    RENEWED = "renewed"
-    LOST = "lost"  # the condition failed: someone else holds it, or the fence moved
-    UNKNOWN = "unknown"  # timeout, 5xx, connection error: it may or may not have applied
-    THROTTLED = "throttled"
+def renew_label(outcome: KeepOutcome) -> str:
+    """A stream renewal's outcome as the ``streamlease_renewals_total`` label."""
+    return outcome_label(outcome, "lost")
 
 
 class HolderState(StrEnum):
@@ -213,6 +219,7 @@ class RenewDecision:
     reason: StopReason | None = None
     reconnect: bool = False  # the URL changed: the pump must reconnect
     retry_in: float | None = None  # renew again sooner than the regular heartbeat
+    next_in: float | None = None  # seconds until the next renewal (None: renewing is over)
 
 
 def always(now: float) -> bool:
@@ -224,21 +231,28 @@ class Holding:
 
     It is fed renew and check-in outcomes and the current monotonic time; it never does
     I/O. The supervisor applies what it decides and asks ``may_write`` before every sink
-    write. ``member_alive`` is the worker's own membership rule (a pure function of the
-    monotonic time): a tenure writes only while its worker may.
+    write. The lease's deadline and renewal schedule are a ``Keeper``'s (a tenure does not
+    recover from a self-fence); ``member_alive`` is the worker's own membership rule (a
+    pure function of the monotonic time): a tenure writes only while its worker may.
     """
 
     def __init__(self, tenure: Tenure, ws_url: str, acquire_sent_at: float,
                  timings: LeaseTimings,
-                 member_alive: Callable[[float], bool] = always) -> None:
+                 member_alive: Callable[[float], bool] = always,
+                 rng: random.Random | None = None) -> None:
         self.tenure = tenure
         self.ws_url = ws_url
         self.timings = timings
         self.member_alive = member_alive
+        self.rng = rng or random.Random()
+        self.keeper = Keeper.sent(acquire_sent_at, timings)
         self.state = HolderState.HOLDING
-        self.deadline = local_deadline(acquire_sent_at, timings)
         self.reason: StopReason | None = None
-        self._failed_renewals = 0
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time after which nothing may be written under this tenure."""
+        return self.keeper.deadline
 
     @property
     def terminal(self) -> bool:
@@ -247,14 +261,15 @@ class Holding:
     def may_write(self, now: float) -> bool:
         """True while this tenure may still send a sink write (draining included)."""
         return self.state in (HolderState.HOLDING, HolderState.DRAINING) and \
-            now < self.deadline and self.member_alive(now)
+            self.keeper.may_write(now) and self.member_alive(now)
 
     def check_deadline(self, now: float) -> bool:
         """Self-fence if the tenure's deadline has passed, or its worker may no longer
         write (its membership lapsed). Returns True if it just did."""
         if self.terminal:
             return False
-        if now >= self.deadline:
+        self.keeper.check_deadline(now)
+        if self.keeper.state is KeepState.SELF_FENCED:
             self._stop(HolderState.SELF_FENCED, StopReason.DEADLINE)
             return True
         if not self.member_alive(now):
@@ -262,7 +277,12 @@ class Holding:
             return True
         return False
 
-    def on_renew(self, outcome: RenewOutcome, sent_at: float, now: float,
+    def call_timeout(self, now: float, limit_s: float) -> float:
+        """How long a renewal sent at ``now`` may take (at most ``limit_s``): never past
+        the deadline, after which its answer changes nothing."""
+        return self.keeper.call_timeout(now, limit_s)
+
+    def on_renew(self, outcome: KeepOutcome, sent_at: float, now: float,
                  record: StreamRecord | None, url_problem: str | None = None) -> RenewDecision:
         """Apply one renew result.
 
@@ -271,29 +291,20 @@ class Holding:
         """
         if self.terminal:
             return self._decision()
-        if outcome is RenewOutcome.LOST:
+        next_in = self.keeper.on_outcome(outcome, sent_at, now, self.rng)
+        if self.keeper.state is KeepState.REFUSED:
             self._stop(HolderState.LOST, StopReason.CONDITION_FAILED)
             return self._decision()
-        if outcome is RenewOutcome.RENEWED:
-            self._failed_renewals = 0
-            # The deadline only moves forward: a renew sent before an earlier one that
-            # already extended it must not pull it back.
-            self.deadline = max(self.deadline, local_deadline(sent_at, self.timings))
-            if self.check_deadline(now):
-                return self._decision()
-            reconnect = record is not None and self._apply_item(record, url_problem)
-            return RenewDecision(self.state, self.deadline, self.reason, reconnect=reconnect)
-        # UNKNOWN or THROTTLED: the lease may still be ours; retry sooner, and let the
-        # deadline decide. Retries back off but always leave one attempt before it.
-        self._failed_renewals += 1
         if self.check_deadline(now):
             return self._decision()
-        base = self.timings.heartbeat_s / 4
-        if outcome is RenewOutcome.THROTTLED:
-            base = self.timings.heartbeat_s / 2
-        retry_in = min(base * (2 ** (self._failed_renewals - 1)), self.timings.heartbeat_s)
-        retry_in = max(0.0, min(retry_in, self.deadline - now))
-        return RenewDecision(self.state, self.deadline, self.reason, retry_in=retry_in)
+        if outcome is KeepOutcome.RENEWED:
+            reconnect = record is not None and self._apply_item(record, url_problem)
+            return RenewDecision(self.state, self.deadline, self.reason, reconnect=reconnect,
+                                 next_in=next_in)
+        # UNKNOWN or THROTTLED: the lease may still be ours; the keeper retries sooner,
+        # and its deadline decides.
+        return RenewDecision(self.state, self.deadline, self.reason, retry_in=next_in,
+                             next_in=next_in)
 
     def on_check(self, record: StreamRecord | None,
                  url_problem: str | None = None) -> RenewDecision:

@@ -35,7 +35,7 @@ import random
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from streamlease.core.backoff import next_renewal
+from streamlease.core.keepalive import Keeper, KeepOutcome, KeepState, deadline_after, outcome_label
 
 
 class MemberStatus(StrEnum):
@@ -89,12 +89,6 @@ class MemberTimings:
         return max(0.01, min(self.heartbeat_s / 2, self.lease_s / 8))
 
 
-def self_fence_deadline(sent_at: float, timings: MemberTimings) -> float:
-    """Monotonic time after which a member that proved a heartbeat sent at ``sent_at``
-    (and none since) must not write."""
-    return sent_at + timings.lease_s - timings.safety_margin_s
-
-
 @dataclass
 class _Seen:
     key: tuple[int, int]
@@ -135,11 +129,15 @@ class Observer:
         return None if seen is None else max(0.0, now - seen.since)
 
 
-class HeartbeatOutcome(StrEnum):
-    RENEWED = "renewed"
-    FENCED = "fenced"  # the epoch moved on: a peer declared us dead, or a duplicate id
-    UNKNOWN = "unknown"  # timeout, 5xx: it may or may not have applied
-    THROTTLED = "throttled"
+# One outcome for every lease's renewal (``core.keepalive``); a member's refused heartbeat
+# (its epoch moved on: a peer declared it dead, or a duplicate id) is counted as "fenced"
+# (``heartbeat_label``).
+HeartbeatOutcome = KeepOutcome
+
+
+def heartbeat_label(outcome: KeepOutcome) -> str:
+    """A member heartbeat's outcome as the ``streamlease_member_heartbeats_total`` label."""
+    return outcome_label(outcome, "fenced")
 
 
 def heartbeat_strained(outcome: HeartbeatOutcome, seconds: float, slow_s: float) -> bool:
@@ -155,59 +153,47 @@ class MemberState(StrEnum):
     FENCED = "fenced"  # the epoch moved on: everything stops; register again
 
 
-@dataclass
-class Liveness:
-    """The member's own side: its deadline, fed heartbeat outcomes (pure)."""
+_MEMBER_STATES = {KeepState.KEEPING: MemberState.ACTIVE,
+                  KeepState.SELF_FENCED: MemberState.SELF_FENCED,
+                  KeepState.REFUSED: MemberState.FENCED}
 
-    timings: MemberTimings
-    deadline: float
-    state: MemberState = MemberState.ACTIVE
-    failures: int = 0
+
+class Liveness:
+    """The member's own side: a ``Keeper`` of its row under one epoch, which recovers from
+    a self-fence when a heartbeat is proven again (pure)."""
+
+    def __init__(self, timings: MemberTimings, deadline: float) -> None:
+        self.timings = timings
+        self.keeper = Keeper(timings, deadline, recovers=True)
 
     @classmethod
     def registered(cls, sent_at: float, timings: MemberTimings) -> Liveness:
-        return cls(timings, self_fence_deadline(sent_at, timings))
+        return cls(timings, deadline_after(sent_at, timings))
+
+    @property
+    def deadline(self) -> float:
+        return self.keeper.deadline
+
+    @property
+    def state(self) -> MemberState:
+        return _MEMBER_STATES[self.keeper.state]
 
     def may_write(self, now: float) -> bool:
-        return self.state is MemberState.ACTIVE and now < self.deadline
+        return self.keeper.may_write(now)
 
     def check_deadline(self, now: float) -> bool:
         """Self-fence if the deadline passed; True if it just did."""
-        if self.state is MemberState.ACTIVE and now >= self.deadline:
-            self.state = MemberState.SELF_FENCED
-            return True
-        return False
+        return self.keeper.check_deadline(now)
 
-    def on_heartbeat(self, outcome: HeartbeatOutcome, sent_at: float, now: float,
+    def on_heartbeat(self, outcome: KeepOutcome, sent_at: float, now: float,
                      rng: random.Random) -> float:
-        """Apply one heartbeat; the delay until the next one: a heartbeat interval after
-        this one was sent, spread +/-10 % afresh each time (``next_renewal``), or a retry
-        that backs off after a failure."""
-        t = self.timings
-        if outcome is HeartbeatOutcome.FENCED:
-            self.state = MemberState.FENCED
-            return 0.0
-        if outcome is HeartbeatOutcome.RENEWED:
-            self.failures = 0
-            self.deadline = max(self.deadline, self_fence_deadline(sent_at, t))
-            if self.state is MemberState.SELF_FENCED:
-                # Proven alive again under the same epoch: nobody fenced us meanwhile.
-                self.state = MemberState.ACTIVE
-            return max(0.0, next_renewal(sent_at, t.heartbeat_s, rng) - now)
-        self.failures += 1
-        self.check_deadline(now)
-        base = t.heartbeat_s / (2 if outcome is HeartbeatOutcome.THROTTLED else 4)
-        retry = min(base * 2.0 ** min(self.failures - 1, 30), t.heartbeat_s)
-        if self.state is MemberState.ACTIVE:
-            retry = min(retry, max(0.0, self.deadline - now))
-        return retry
+        """Apply one heartbeat; the delay until the next one (``Keeper.on_outcome``)."""
+        return self.keeper.on_outcome(outcome, sent_at, now, rng)
 
     def call_timeout(self, now: float) -> float:
         """A heartbeat may not outlive the deadline: past it, its answer changes nothing
         (while self-fenced, a heartbeat gets one interval)."""
-        if self.state is MemberState.ACTIVE:
-            return max(0.01, min(self.timings.heartbeat_s, self.deadline - now))
-        return self.timings.heartbeat_s
+        return self.keeper.call_timeout(now)
 
 
 class FenceCause(StrEnum):
