@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from streamlease.clock import Clock
-from streamlease.core.deal import deal, deal_weights
+from streamlease.core.deal import deal, deal_weights, preference
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.errors import StoreError
@@ -80,12 +80,14 @@ class Takeover:
 
     async def _guarded_take(self, dead: MemberRecord) -> None:
         try:
-            await self._take_dead_part(dead)
-            # The owner index lags: a stream the dead member took just before it died may
-            # be listed only a moment later.
+            taken, weight = await self._take_dead_part(dead)
+            # A second look: the owner index lags, so a stream the dead member took just
+            # before it died may be listed only now; and survivors whose rows differed may
+            # have dealt a stream to nobody. Those are taken too, up to this worker's
+            # weight in the deal, before the fencer would release them.
             await self._pause(self.settings.second_pass_s)
             if not self.stopping.is_set():
-                await self._take_dead_part(dead)
+                await self._take_dead_part(dead, leftovers=max(0, weight - taken))
         except StoreError as exc:
             event(logging.WARNING, "takeover.failed", "taking a dead member's streams over "
                   "failed; its fencer releases what is left", member=dead.worker_id,
@@ -96,28 +98,35 @@ class Takeover:
                   "crashed; its fencer releases what is left", member=dead.worker_id,
                   exc_info=True)
 
-    def _deal_for(self, dead: MemberRecord, stream_ids: list[str]) -> list[str]:
+    def _deal_for(self, dead: MemberRecord, stream_ids: list[str]) -> tuple[list[str], int]:
         """This worker's part of the deal of ``stream_ids``, as every survivor computes it
-        from the member rows (its own row's count replaced by its live one, as all do
-        with their own: the rows lag by a heartbeat at most)."""
+        from the member rows (which lag by a heartbeat at most), and its weight in it."""
         view = self.membership.view
         survivors = [m for m in view.active() if m.worker_id != dead.worker_id]
         counts = {m.worker_id: m.streams for m in survivors}
         capacities = {m.worker_id: m.capacity for m in survivors}
         weights = deal_weights(counts, capacities, len(stream_ids))
         dealt = deal(stream_ids, weights)
-        return [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
+        mine = [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
+        return mine, weights.get(self.settings.owner, 0)
 
-    async def _take_dead_part(self, dead: MemberRecord) -> int:
+    async def _take_dead_part(self, dead: MemberRecord, leftovers: int = 0) -> tuple[int, int]:
+        """Take this worker's part (and up to ``leftovers`` streams dealt elsewhere, in an
+        order of this worker's own, so survivors looking at once want different ones):
+        (taken, this worker's weight in the deal)."""
         owned = await self.leases.owned_by(dead.worker_id,
                                            timeout=2 * self.settings.call_s)
-        stream_ids = sorted({o.stream_id for o in owned})
-        mine = [sid for sid in self._deal_for(dead, stream_ids)
-                if sid not in self.holdings.supervisors and sid not in self.holdings.acquiring]
+        stream_ids = sorted({o.stream_id for o in owned} - set(self.holdings.supervisors)
+                            - self.holdings.acquiring)
+        mine, weight = self._deal_for(dead, stream_ids)
+        if leftovers:
+            others = sorted(set(stream_ids) - set(mine),
+                            key=lambda sid: preference(sid, self.settings.owner))
+            mine += others[:leftovers]
         room = self.settings.max_streams - len(self.holdings.supervisors)
         mine = mine[:max(0, room)]
         if not mine or not self.membership.accepting:
-            return 0
+            return 0, weight
         survivors = max(1, len([m for m in self.membership.view.active()
                                 if m.worker_id != dead.worker_id]))
         spacing = survivors * 2 / TAKEOVER_INDEX_WRITES_S  # this worker's part of the budget
@@ -140,7 +149,7 @@ class Takeover:
             event(logging.INFO, "takeover.done", "took a dead member's streams straight over",
                   member=dead.worker_id, epoch=dead.epoch, dealt=len(mine), taken=count)
         self.metrics.set_leases_held(len(self.holdings.supervisors))
-        return count
+        return count, weight
 
     async def _take_one(self, stream_id: str, dead: MemberRecord) -> bool:
         if self.stopping.is_set() or not self.membership.accepting or \

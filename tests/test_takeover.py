@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from streamlease.core.deal import deal, deal_weights
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberStatus, MemberTimings
 from streamlease.core.urls import parse_allowed_urls
@@ -165,4 +166,10 @@ async def test_a_part_nobody_takes_is_released_after_the_deal_window_and_acquire
     # Taken straight over: fence 2; released on its behalf (fence 2) then acquired: 3.
     fences = Counter(fence for _, fence in held.values())
     assert fences == {2: taken, 3: DEAD_STREAMS - taken}
+    # Every survivor dealt "idle" its part; a second look took some of it anyway (up to
+    # each taker's weight), so the fencer released less than that part.
+    weights = deal_weights(dict.fromkeys(("a", "b", "idle"), 0),
+                           dict.fromkeys(("a", "b", "idle"), 100), DEAD_STREAMS)
+    idle_part = sum(1 for owner in deal(ids, weights).values() if owner == "idle")
+    assert taken > DEAD_STREAMS - idle_part and released < idle_part, (taken, idle_part)
     await stop([*active, idle])

@@ -29,6 +29,13 @@ def _unit(stream_id: str, member: str) -> float:
     return (int.from_bytes(digest, "big") + 1) / (2**64 + 2)
 
 
+def preference(stream_id: str, member: str) -> float:
+    """How much ``member`` wants ``stream_id`` among streams dealt to nobody it knows of:
+    an order of each member's own, so members looking at the same leftovers at once mostly
+    reach for different ones."""
+    return _unit(stream_id, member)
+
+
 def deal(stream_ids: Iterable[str], weights: dict[str, int]) -> dict[str, str]:
     """Each stream's taker: the member with the highest ``weight / -ln(u)`` for it.
 
