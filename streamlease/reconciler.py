@@ -168,6 +168,10 @@ class Reconciler:
         streams over, and what it releases should not wait for a regular cycle."""
         self._fast_until = self.clock.monotonic() + 2 * self.settings.stopped_check_s
         self._poke.set()
+        # A member found dead: take this worker's part now, not after a cycle in progress.
+        if not self._stop.is_set() and self.membership.accepting and \
+                self.lease_health.admits():
+            self.takeover.deal_dead()
 
     def _next_pause(self) -> float:
         """The regular jittered interval, or a short poll while a peer drains or has just
