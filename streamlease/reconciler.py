@@ -52,20 +52,6 @@ __all__ = ["MemberGate", "Reconciler", "ReconcilerSettings"]
 
 
 @dataclass(frozen=True)
-class _Waited:
-    """Orphans by how long this worker has seen them wait (each set includes the next)."""
-
-    lingering: frozenset[str]  # half a reconcile interval: a dealt taker would have had it
-    starving: frozenset[str]  # two intervals: taken by anyone with room in its band
-    abandoned: frozenset[str]  # three: taken by anyone
-
-    def tier(self, record: StreamRecord) -> int:
-        sid = record.stream_id
-        return 0 if sid in self.abandoned else 1 if sid in self.starving else \
-            2 if sid in self.lingering else 3
-
-
-@dataclass(frozen=True)
 class ReconcilerSettings:
     owner: str
     reconcile_s: float
@@ -296,7 +282,7 @@ class Reconciler:
 
     # -- a dead member's streams ---------------------------------------------------------
 
-    def _waited(self, orphans: list[StreamRecord], now: float) -> _Waited:
+    def _waited(self, orphans: list[StreamRecord], now: float) -> balance.Waited:
         """Note when this worker first saw each orphan; the orphans by how long they
         have waited since, in reconcile intervals."""
         current = {o.stream_id for o in orphans}
@@ -304,15 +290,9 @@ class Reconciler:
             del self._orphan_since[gone]
         for stream_id in current:
             self._orphan_since.setdefault(stream_id, now)
-        reconcile_s = self.settings.reconcile_s
+        return balance.waited(self._orphan_since, now, self.settings.reconcile_s)
 
-        def at_least(limit: float) -> frozenset[str]:
-            return frozenset(sid for sid, since in self._orphan_since.items()
-                             if now - since >= limit)
-        return _Waited(lingering=at_least(reconcile_s / 2), starving=at_least(2 * reconcile_s),
-                       abandoned=at_least(3 * reconcile_s))
-
-    def _balance(self, servable: int, waited: _Waited, now: float) -> int:
+    def _balance(self, servable: int, waited: balance.Waited, now: float) -> int:
         """Shed what the balance plan says; how many orphans to take now.
 
         Orphans are dealt to whoever the member rows show furthest below its share, but
@@ -351,12 +331,7 @@ class Reconciler:
         self._share = plan.share
         if plan.shed:
             self._shed(plan.shed, now)
-        gap = max(0, plan.share - keeping)
-        room = max(0, plan.share + balance.TOLERANCE - keeping)
-        want = max(plan.take, min(gap, len(waited.lingering)), min(room, len(waited.starving)))
-        # What waited three intervals only when nothing else would be taken: a member with
-        # a gap of its own fills that, not a heap past its share during a slow start-up.
-        return want or len(waited.abandoned)
+        return balance.intake(plan, keeping, waited)
 
     def _shed(self, count: int, now: float) -> None:
         """Hand ``count`` streams over through the graceful path (stop reading, flush,

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from streamlease.core.membership import MemberRecord, MemberStatus, fair_shares
+from streamlease.core.model import StreamRecord
 
 TOLERANCE = 1
 
@@ -124,3 +126,48 @@ def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str
                             key=lambda m: (-(counts.get(m, 0) - shares[m]), m))
             shed = 1 if me in donors[:need] else 0
     return Balance(share=share, take=take, shed=shed, total=total, someone_below=someone_below)
+
+
+# -- intake: how many orphans to take now -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Waited:
+    """Orphans by how long this worker has seen them wait (each set includes the next)."""
+
+    lingering: frozenset[str]  # half a reconcile interval: a dealt taker would have had it
+    starving: frozenset[str]  # two intervals: taken by anyone with room in its band
+    abandoned: frozenset[str]  # three: taken by anyone
+
+    def tier(self, record: StreamRecord) -> int:
+        """The longest waiting first (0), those not waiting yet last (3)."""
+        sid = record.stream_id
+        return 0 if sid in self.abandoned else 1 if sid in self.starving else \
+            2 if sid in self.lingering else 3
+
+
+def waited(first_seen: Mapping[str, float], now: float, reconcile_s: float) -> Waited:
+    """The orphans (stream -> when this worker first saw it waiting) by how long they
+    have waited, in reconcile intervals."""
+    def at_least(limit: float) -> frozenset[str]:
+        return frozenset(sid for sid, since in first_seen.items() if now - since >= limit)
+    return Waited(lingering=at_least(reconcile_s / 2), starving=at_least(2 * reconcile_s),
+                  abandoned=at_least(3 * reconcile_s))
+
+
+def intake(plan: Balance, keeping: int, waiting: Waited) -> int:
+    """How many orphans a member holding ``keeping`` streams (not counting those it is
+    handing over) takes now, given its plan.
+
+    What the plan deals it; an orphan still waiting half a reconcile interval after it
+    was first seen (its dealt taker, polling every fifth of one, would have had it by
+    then) by a member still below its share by its own live count, never past its share;
+    those that waited two intervals by a member with room inside its band (share +
+    TOLERANCE); and only when nothing else would be taken, what waited three (shares
+    computed from rows that undercount, or short members that cannot take): a member with
+    a gap of its own fills that, not a heap past its share during a slow start-up.
+    """
+    gap = max(0, plan.share - keeping)
+    room = max(0, plan.share + TOLERANCE - keeping)
+    want = max(plan.take, min(gap, len(waiting.lingering)), min(room, len(waiting.starving)))
+    return want or len(waiting.abandoned)

@@ -8,8 +8,10 @@ import random
 
 import pytest
 
+from streamlease.core import balance
 from streamlease.core.balance import TOLERANCE, plan
 from streamlease.core.membership import fair_shares
+from streamlease.core.model import StreamRecord
 
 
 @pytest.mark.parametrize(("name", "total", "caps", "expected"), [
@@ -148,3 +150,40 @@ def test_too_few_orphans_are_still_dealt_to_the_furthest_below() -> None:
     takes = {me: plan(me, counts, set(counts), dict.fromkeys(counts, CAP), 2).take
              for me in counts}
     assert takes == {"a": 0, "b": 0, "c": 2}
+
+
+# -- intake ------------------------------------------------------------------------------
+
+
+def test_orphans_are_tiered_by_how_long_they_waited() -> None:
+    first_seen = {"new": 10.0, "half": 9.4, "two": 8.0, "three": 7.0}
+    w = balance.waited(first_seen, now=10.0, reconcile_s=1.0)
+    assert w.lingering == {"half", "two", "three"}
+    assert w.starving == {"two", "three"} and w.abandoned == {"three"}
+    tiers = {sid: w.tier(StreamRecord(sid, "STARTED", "wss://x/")) for sid in first_seen}
+    assert tiers == {"three": 0, "two": 1, "half": 2, "new": 3}
+
+
+def plan_of(share: int, take: int = 0) -> balance.Balance:
+    return balance.Balance(share=share, take=take, shed=0, total=0, someone_below=False)
+
+
+def tiers(lingering: int = 0, starving: int = 0, abandoned: int = 0) -> balance.Waited:
+    def ids(n: int) -> frozenset[str]:
+        return frozenset(f"s{i}" for i in range(n))
+    return balance.Waited(ids(max(lingering, starving, abandoned)),
+                          ids(max(starving, abandoned)), ids(abandoned))
+
+
+@pytest.mark.parametrize(("share", "take", "keeping", "waiting", "expected"), [
+    (10, 3, 5, tiers(), 3),  # what the plan deals it
+    (10, 0, 5, tiers(lingering=8), 5),  # lingering: up to its own gap, never past its share
+    (10, 0, 10, tiers(lingering=8), 0),  # at its share: lingering ones are not its to take
+    (10, 0, 10, tiers(starving=8), 1),  # starving: room inside its band (share + 1)
+    (10, 0, 11, tiers(starving=8), 0),
+    (10, 0, 15, tiers(abandoned=4), 4),  # abandoned: anyone, when nothing else is taken
+    (10, 2, 8, tiers(abandoned=4), 3),  # its band first (abandoned ones are starving too)
+])
+def test_intake(share: int, take: int, keeping: int, waiting: balance.Waited,
+                expected: int) -> None:
+    assert balance.intake(plan_of(share, take), keeping, waiting) == expected
