@@ -103,6 +103,24 @@ class Holdings:
         self.unservable_until: dict[str, float] = {}  # stream -> monotonic: not before
         self.unreleased = 0  # shutdown drains whose release did not go through
 
+    def _can_serve(self) -> bool:
+        return not self.stopping.is_set() and \
+            len(self.supervisors) < self.settings.max_streams and self.membership.accepting
+
+    async def _hand_back(self, got: Acquired) -> None:
+        """Stopped, full, or no longer a member in good standing while the call was in
+        flight: nothing may serve it here, so hand it straight back (read back later if
+        the release's outcome is unknown)."""
+        try:
+            released = await self.leases.release(got.tenure)
+        except StoreError as exc:
+            released = False
+            event(logging.WARNING, "lease.release_failed",
+                  "release after a late acquire failed; checked again at the next cycle",
+                  stream=got.tenure.stream_id, fence=got.tenure.fence, error=str(exc))
+        if not released:
+            self.unsure.add(got.tenure.stream_id)
+
     def drain_all(self, reason: StopReason, release_by: float | None) -> None:
         for supervisor in list(self.supervisors.values()):
             supervisor.request_drain(reason, release_by)
@@ -112,19 +130,8 @@ class Holdings:
         """Serve a lease just taken (acquired as an orphan, or taken over from a dead
         member): start its output and its supervisor, or hand it straight back if this
         worker can no longer serve it."""
-        if self.stopping.is_set() or len(self.supervisors) >= self.settings.max_streams \
-                or not self.membership.accepting:
-            # Stopped, full, or no longer a member in good standing while the call was in
-            # flight: nothing may serve it here, so hand it straight back.
-            try:
-                released = await self.leases.release(got.tenure)
-            except StoreError as exc:
-                released = False
-                event(logging.WARNING, "lease.release_failed",
-                      "release after a late acquire failed; checked again at the next cycle",
-                      stream=got.tenure.stream_id, fence=got.tenure.fence, error=str(exc))
-            if not released:
-                self.unsure.add(got.tenure.stream_id)
+        if not self._can_serve():
+            await self._hand_back(got)
             return
         self.audited.pop(got.tenure.stream_id, None)
         problem = item_problem(got.record, self.settings.supervisor.allowed_urls,
@@ -142,6 +149,12 @@ class Holdings:
             if opened is None:
                 return
             got = opened
+            if not self._can_serve():
+                # The worker began to stop (or lapsed, or filled up) while the output
+                # started: a supervisor started now would never be asked to drain.
+                await self._close_output(got.tenure, "shutdown")
+                await self._hand_back(got)
+                return
         self.metrics.lease_acquired(delay)
         event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
               fence=got.tenure.fence, last_seq=got.tenure.last_seq,

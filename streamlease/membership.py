@@ -36,6 +36,7 @@ from typing import Any
 
 from streamlease.clock import Clock
 from streamlease.core.backoff import Backoff, jittered
+from streamlease.core.deal import deal_window_s
 from streamlease.core.keepalive import KeepOutcome, KeepState
 from streamlease.core.membership import (
     FenceCause,
@@ -441,19 +442,21 @@ class Membership:
             self.view = FleetView(tuple(fenced if m.worker_id == fenced.worker_id else m
                                         for m in self.view.members), self.view.observed_dead)
             self.hooks.fleet_changed()
-            await self._release_dead(fenced, after=self.deal_window_s)
+            # A draining fencer releases at once: it may be gone before the window ends.
+            after = 0.0 if self.status is MemberStatus.DRAINING else \
+                self.deal_window_s(seen.streams)
+            await self._release_dead(fenced, after=after)
         except StoreError as exc:
             event(logging.WARNING, "member.takeover_failed", "fencing a dead member failed",
                   member=seen.worker_id, error=str(exc))
         finally:
             self._working.discard(key)
 
-    @property
-    def deal_window_s(self) -> float:
-        """How long survivors have to take a fenced member's streams straight over before
-        its fencer releases what is left: two fleet reads (every survivor has seen the
-        DEAD row) and the take-over's second look at the lagging owner index."""
-        return 2 * self.timings.observe_s + min(SECOND_PASS_S, self.timings.lease_s)
+    def deal_window_s(self, streams: int = 0) -> float:
+        """How long survivors have to take a fenced member's ``streams`` straight over
+        before its fencer releases what is left (``core.deal.deal_window_s``)."""
+        return deal_window_s(self.timings.observe_s, min(SECOND_PASS_S, self.timings.lease_s),
+                             streams)
 
     async def _release_dead(self, fenced: MemberRecord, after: float = 0.0) -> None:
         """Release every stream of a fenced member still leased to it ``after`` seconds

@@ -157,7 +157,12 @@ class Reconciler:
         # A member found dead: take this worker's part now, not after a cycle in progress.
         if not self._stop.is_set() and self.membership.accepting and \
                 self.lease_health.admits():
-            self.takeover.deal_dead()
+            try:
+                self.takeover.deal_dead()
+            except Exception:  # the caller (membership) must go on to its own part
+                self.metrics.task_crashed("takeover")
+                event(logging.ERROR, "takeover.crashed", "starting a take-over failed; the "
+                      "next cycle tries again", exc_info=True)
 
     def _next_pause(self) -> float:
         """The regular jittered interval, or a short poll while a peer drains or has just

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from streamlease.clock import Clock
-from streamlease.core.deal import deal, deal_weights, preference
+from streamlease.core.deal import TAKEOVERS_PER_S, deal, deal_weights, preference
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.errors import StoreError
@@ -28,9 +28,6 @@ from streamlease.logs import event
 from streamlease.metrics import Metrics
 from streamlease.store.protocols import LeaseStore
 
-# Take-overs of a dead member's streams: each moves the orphan index's STARTED key (a
-# delete and a put), which takes about 1,000 writes/s; the survivors share half of it.
-TAKEOVER_INDEX_WRITES_S = 500.0
 TAKEOVER_CONCURRENCY = 16  # take-over writes in flight per worker
 DEALT_LIMIT = 1_000  # dead incarnations remembered as dealt
 
@@ -66,6 +63,8 @@ class Takeover:
     def deal_dead(self) -> None:
         """For each member row newly seen fenced (DEAD, its streams not yet released), take
         this worker's part of the deal (``streamlease.core.deal``) straight over."""
+        if self.stopping.is_set():
+            return
         view = self.membership.view
         for row in view.members:
             if row.status is not MemberStatus.DEAD or row.released:
@@ -73,10 +72,10 @@ class Takeover:
             key = (row.worker_id, row.epoch)
             if key in self.dealt or self.holdings.tg is None:
                 continue
+            self.holdings.tg.create_task(self._guarded_take(row), name=f"take over {row.worker_id}")
             self.dealt[key] = None
             if len(self.dealt) > DEALT_LIMIT:
                 self.dealt.popitem(last=False)
-            self.holdings.tg.create_task(self._guarded_take(row), name=f"take over {row.worker_id}")
 
     async def _guarded_take(self, dead: MemberRecord) -> None:
         try:
@@ -89,8 +88,10 @@ class Takeover:
             if not self.stopping.is_set():
                 await self._take_dead_part(dead, leftovers=max(0, weight - taken))
         except StoreError as exc:
+            # Dealt again at the next cycle while its row still says unreleased.
+            self.dealt.pop((dead.worker_id, dead.epoch), None)
             event(logging.WARNING, "takeover.failed", "taking a dead member's streams over "
-                  "failed; its fencer releases what is left", member=dead.worker_id,
+                  "failed; trying again at the next cycle", member=dead.worker_id,
                   error=str(exc))
         except Exception:
             self.metrics.task_crashed("takeover")
@@ -116,20 +117,23 @@ class Takeover:
         (taken, this worker's weight in the deal)."""
         owned = await self.leases.owned_by(dead.worker_id,
                                            timeout=2 * self.settings.call_s)
-        stream_ids = sorted({o.stream_id for o in owned} - set(self.holdings.supervisors)
-                            - self.holdings.acquiring)
-        mine, weight = self._deal_for(dead, stream_ids)
+        # Dealt over the listing as every survivor reads it, then what this worker already
+        # holds or is taking is left out.
+        listed = sorted({o.stream_id for o in owned})
+        mine, weight = self._deal_for(dead, listed)
         if leftovers:
-            others = sorted(set(stream_ids) - set(mine),
+            others = sorted(set(listed) - set(mine),
                             key=lambda sid: preference(sid, self.settings.owner))
             mine += others[:leftovers]
+        busy = set(self.holdings.supervisors) | self.holdings.acquiring
+        mine = [sid for sid in mine if sid not in busy]
         room = self.settings.max_streams - len(self.holdings.supervisors)
         mine = mine[:max(0, room)]
         if not mine or not self.membership.accepting:
             return 0, weight
         survivors = max(1, len([m for m in self.membership.view.active()
                                 if m.worker_id != dead.worker_id]))
-        spacing = survivors * 2 / TAKEOVER_INDEX_WRITES_S  # this worker's part of the budget
+        spacing = survivors / TAKEOVERS_PER_S  # this worker's part of the fleet's budget
         gate = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
         taken: list[bool] = []
 
@@ -153,7 +157,8 @@ class Takeover:
 
     async def _take_one(self, stream_id: str, dead: MemberRecord) -> bool:
         if self.stopping.is_set() or not self.membership.accepting or \
-                len(self.holdings.supervisors) >= self.settings.max_streams:
+                len(self.holdings.supervisors) >= self.settings.max_streams or \
+                stream_id in self.holdings.supervisors or stream_id in self.holdings.acquiring:
             return False
         self.holdings.acquiring.add(stream_id)
         try:

@@ -75,7 +75,7 @@ async def test_a_silent_member_is_fenced_once_and_its_streams_released() -> None
     tasks["c"].cancel()  # c stops heartbeating (a crash, a pause, a partition)
     silenced = asyncio.get_running_loop().time()
     # No reconciler here takes them over, so the fencer releases them after the deal window.
-    await asyncio.sleep(T.lease_s + 4 + members["a"].deal_window_s)
+    await asyncio.sleep(T.lease_s + 4 + members["a"].deal_window_s(5))
     rows = {m.worker_id: m for m in await memory.members()}
     assert rows["c"].status is MemberStatus.DEAD and rows["c"].released
     assert store.count("fence") == 1, "the preferred peer fences; the other need not try"

@@ -483,3 +483,4 @@ async def test_the_self_audit_leaves_a_newer_incarnations_lease_alone() -> None:
     assert await fleet.reconciler.audit() == 0
     record = await fleet.memory.get("x")
     assert record is not None and record.lease_expires_at_ms
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -173,3 +174,43 @@ async def test_a_part_nobody_takes_is_released_after_the_deal_window_and_acquire
     idle_part = sum(1 for owner in deal(ids, weights).values() if owner == "idle")
     assert taken > DEAD_STREAMS - idle_part and released < idle_part, (taken, idle_part)
     await stop([*active, idle])
+
+
+async def test_a_take_over_whose_output_is_still_starting_at_shutdown_is_handed_back() -> None:
+    """SIGTERM while a taken-over stream's output starts: no supervisor starts after the
+    drain (it would never be asked to drain, and the worker would not exit), and the
+    lease goes back."""
+    memory = MemoryStore()
+    store = FaultyStore(memory)
+    dead, ids = await dead_member_holding(memory, store)
+    a = worker(store, "a")
+    assert a.reconciler is not None
+    opening, proceed = asyncio.Event(), asyncio.Event()
+    real = a.reconciler.holdings.sink
+
+    class SlowOpen:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        async def open(self, tenure: Any, record: Any) -> int:
+            opening.set()
+            await proceed.wait()
+            return int(await real.open(tenure, record))
+
+    a.reconciler.holdings.sink = SlowOpen()  # type: ignore[assignment]
+    await start(a)
+    await asyncio.sleep(2 * T.heartbeat_s)
+    dead.membership.stop()
+    await asyncio.gather(*dead.tasks, return_exceptions=True)
+    await asyncio.wait_for(opening.wait(), 4 * T.lease_s)
+    a.reconciler.stop(release_by=asyncio.get_running_loop().time() + 5)
+    # Virtual time: every task ready now runs (the reconciler's loop ends and drains what
+    # it holds) before the clock moves on to let the output finish starting.
+    await asyncio.sleep(0.1)
+    proceed.set()
+    await asyncio.wait_for(a.tasks[1], 30)  # the reconciler ends: nothing left running
+    assert not a.reconciler.supervisors
+    held = await owners(memory, ids)
+    assert all(owner != "a" or fence is None for owner, fence in held.values()), held
+    a.membership.stop()
+    await asyncio.gather(*a.tasks, return_exceptions=True)

@@ -22,6 +22,18 @@ from collections.abc import Iterable
 
 from streamlease.core.membership import fair_shares
 
+# Each take-over moves the orphan index's STARTED key (a delete and a put); that key takes
+# about 1,000 writes/s, and the survivors together use half of it.
+TAKEOVERS_PER_S = 250.0
+
+
+def deal_window_s(read_interval_s: float, second_look_s: float, streams: int) -> float:
+    """How long survivors have to take a fenced member's ``streams`` straight over before
+    its fencer releases what is left: two member-row reads (every survivor has seen the
+    DEAD row), the take-overs at the fleet's pace, and the second look at the lagging
+    owner index."""
+    return 2 * read_interval_s + streams / TAKEOVERS_PER_S + second_look_s
+
 
 def _unit(stream_id: str, member: str) -> float:
     """A uniform number in (0, 1), the same on every machine for this pair."""

@@ -264,6 +264,10 @@ class MemoryStore:
         expiry = expiry_for(now_wall_ms, timings)
         if codec.LAST_SEQ in item and _n(item, codec.LAST_SEQ) is None:
             return None  # a wrongly typed checkpoint: the condition refuses it
+        if codec.LEASE_EPOCH in item and _n(item, codec.LEASE_EPOCH) is None:
+            return None  # a wrongly typed epoch compares false on DynamoDB too
+        if codec.FENCE in item and _n(item, codec.FENCE) is None:
+            raise StoreError("ValidationException: fence is not a number")
         if not can_take_over(_record(item), dead_owner, fenced_epoch):
             return _resent_acquire(item, owner, expiry)
         fence = _n(item, codec.FENCE)
