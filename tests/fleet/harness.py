@@ -93,10 +93,19 @@ class Worker:
     metrics_port: int
 
     def metrics(self) -> dict[str, float]:
-        """``name{label="v",...}`` -> value, from a real scrape of /metrics."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                    timeout=5) as resp:
-            text = resp.read().decode()
+        """``name{label="v",...}`` -> value, from a real scrape of /metrics. A worker that
+        has exited fails the scrape naming its exit code and its last log lines."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                        timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError as exc:
+            code = self.proc.popen.poll()
+            if code is None:
+                raise
+            tail = "\n".join(self.proc.err_lines[-15:])
+            raise AssertionError(f"worker {self.name} exited {code}; its last log lines:\n"
+                                 f"{tail}") from exc
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
