@@ -9,11 +9,11 @@ unserved until its stream lease runs out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from dataclasses import dataclass
 
+from streamlease.clock import sleep_unless
 from streamlease.core.backoff import jittered
 from streamlease.core.model import Tenure
 from streamlease.errors import StoreError
@@ -44,21 +44,17 @@ class SelfAudit:
         self.rng = rng
         self.stopping = stopping
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self.stopping.wait()
 
     async def run(self) -> None:
         """The self-audit, every ``audit_s`` (+/-20 %), the first one a heartbeat after
         start-up (a previous incarnation's leases whose release failed at registration)."""
-        await self._pause(self.settings.call_s)
+        await sleep_unless(self.settings.call_s, self.stopping)
         while not self.stopping.is_set():
             try:
                 await self.audit()
             except StoreError as exc:
                 event(logging.WARNING, "audit.failed", "self-audit failed", error=str(exc))
-            await self._pause(jittered(self.settings.audit_s, 0.2, self.rng))
+            await sleep_unless(jittered(self.settings.audit_s, 0.2, self.rng), self.stopping)
 
     async def audit(self) -> int:
         """Release every stream leased to this worker that it does not serve; returns how

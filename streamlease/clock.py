@@ -34,3 +34,14 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+async def sleep_unless(seconds: float, *events: asyncio.Event) -> None:
+    """Sleep ``seconds``, cut short as soon as any of ``events`` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=max(0.0, seconds),
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waits:
+            waiter.cancel()

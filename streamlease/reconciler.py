@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from streamlease.audit import AuditSettings, SelfAudit
-from streamlease.clock import Clock
+from streamlease.clock import Clock, sleep_unless
 from streamlease.core import balance
 from streamlease.core.backoff import jittered
 from streamlease.core.lease import HolderState, StopReason, takeover_threshold_ms
@@ -219,19 +219,10 @@ class Reconciler:
                       "restarting it", task=task, exc_info=True)
                 await self._pause(jittered(self.settings.stopped_check_s, 0.2, self.rng))
 
-    async def _pause(self, seconds: float, also: asyncio.Event | None = None,
-                     clear: bool = True) -> None:
-        """Sleep, cut short by a stop (or by ``also``, which is then cleared unless
-        ``clear`` is False)."""
-        waits = [asyncio.ensure_future(self._stop.wait())]
+    async def _pause(self, seconds: float, also: asyncio.Event | None = None) -> None:
+        """Sleep, cut short by a stop (or by ``also``, which is then cleared)."""
+        await sleep_unless(seconds, self._stop, *([also] if also is not None else []))
         if also is not None:
-            waits.append(asyncio.ensure_future(also.wait()))
-        try:
-            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waits:
-                waiter.cancel()
-        if also is not None and clear:
             also.clear()
 
     async def _cycle(self) -> None:

@@ -14,7 +14,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from streamlease.clock import Clock
+from streamlease.clock import Clock, sleep_unless
 from streamlease.core.backoff import jittered
 from streamlease.core.model import StreamRecord, error_text
 from streamlease.core.plan import (
@@ -91,7 +91,7 @@ class Sweep:
                 await self.sweep()
             except StoreError as exc:
                 event(logging.WARNING, "sweep.failed", "sweep failed", error=str(exc))
-            await _either(jittered(self.settings.sweep_s, 0.2, self.rng), stop, self.stopping)
+            await sleep_unless(jittered(self.settings.sweep_s, 0.2, self.rng), stop, self.stopping)
 
     async def sweep(self) -> None:
         """One paginated Scan of the streams table: adopt hand-written items, report
@@ -115,12 +115,3 @@ class Sweep:
                       "hand-written item given lease fields; it is now visible to the fleet",
                       stream=record.stream_id)
 
-
-async def _either(seconds: float, *events: asyncio.Event) -> None:
-    """Sleep, cut short by any of ``events``."""
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waits:
-            waiter.cancel()

@@ -13,12 +13,11 @@ and acquired as an orphan.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from streamlease.clock import Clock
+from streamlease.clock import Clock, sleep_unless
 from streamlease.core.deal import TAKEOVERS_PER_S, deal, deal_weights, preference
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberRecord, MemberStatus
@@ -55,10 +54,6 @@ class Takeover:
         # Dead incarnations (worker id, fenced epoch) whose streams this worker has dealt.
         self.dealt: OrderedDict[tuple[str, int], None] = OrderedDict()
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self.stopping.wait()
 
     def deal_dead(self) -> None:
         """For each member row newly seen fenced (DEAD, its streams not yet released), take
@@ -84,7 +79,7 @@ class Takeover:
             # before it died may be listed only now; and survivors whose rows differed may
             # have dealt a stream to nobody. Those are taken too, up to this worker's
             # weight in the deal, before the fencer would release them.
-            await self._pause(self.settings.second_pass_s)
+            await sleep_unless(self.settings.second_pass_s, self.stopping)
             if not self.stopping.is_set():
                 await self._take_dead_part(dead, leftovers=max(0, weight - taken))
         except StoreError as exc:
