@@ -53,6 +53,13 @@ pagination behave as on a current read. Only writes served through this server a
 remembered: an item put into the backend directly (``backend()``, for seeding tests) is
 visible to every read at once.
 
+**Memory that follows the tables.** moto keeps every model object it ever built in a
+class-level list (for its dashboard): every item version any write created, and every
+deleted table with its items. A long session (``make run``, a load test, the test suite)
+would grow without bound and pause for ever longer full collections, long enough on a
+loaded machine to stall every heartbeat. This server keeps none of them: memory holds the
+current tables and the versions the lag window still needs.
+
 Loopback only, no persistence: state lives as long as the process.
 """
 
@@ -66,6 +73,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -240,6 +248,24 @@ def install_typed_index_keys() -> None:
         DynamoDBBackend.update_item = _typed_update_item  # type: ignore[method-assign]
 
 
+class _Untracked(list[Any]):
+    """A list that keeps nothing: moto's per-class ``instances_tracked``."""
+
+    def append(self, _item: Any) -> None:
+        pass
+
+
+def install_untracked_models() -> None:
+    """Patch moto (in this process) so its DynamoDB models are not kept after use (see
+    the module doc). A moto reset puts plain lists back; each server start patches again."""
+    from moto.core.model_instances import model_data
+
+    with _PATCH_LOCK:
+        for model in model_data["dynamodb"].values():
+            if not isinstance(getattr(model, "instances_tracked", None), _Untracked):
+                model.instances_tracked = _Untracked()  # type: ignore[attr-defined]
+
+
 def install_fast_transactions() -> None:
     """Patch moto (in this process) to back up touched items instead of whole tables."""
     global _patched, _original_transact
@@ -280,8 +306,13 @@ class Consistency:
 
 @dataclass
 class _History:
-    table: Any  # the moto Table the log belongs to (a re-created table starts afresh)
+    # The moto Table the log belongs to (a re-created table starts afresh), held weakly:
+    # a deleted table's items are freed with it, not kept alive by its log.
+    table: weakref.ref[Any]
     log: VersionLog[Key, Any]
+
+    def of(self, table: Any) -> bool:
+        return self.table() is table
 
 
 class ReplicaLag:
@@ -316,7 +347,7 @@ class ReplicaLag:
         since, else a view (a Table sharing everything but its items) to query."""
         with self._lock:
             history = self._histories.get(_table_id(table))
-            if history is None or history.table is not table:
+            if history is None or not history.of(table):
                 return table
             history.log.prune(now)
             overrides = history.log.as_of(at)
@@ -376,9 +407,11 @@ class ReplicaLag:
     def _history(self, table: Any) -> _History:
         table_id = _table_id(table)
         history = self._histories.get(table_id)
-        if history is None or history.table is not table:  # new, or deleted and re-created
+        if history is None or not history.of(table):  # new, or deleted and re-created
+            for gone in [k for k, h in self._histories.items() if h.table() is None]:
+                del self._histories[gone]
             log: VersionLog[Key, Any] = VersionLog(self.consistency.window_s)
-            history = self._histories[table_id] = _History(table, log)
+            history = self._histories[table_id] = _History(weakref.ref(table), log)
         return history
 
 
@@ -538,6 +571,7 @@ class EmbeddedDynamoDB:
 
     def start(self) -> EmbeddedDynamoDB:
         install_typed_index_keys()
+        install_untracked_models()
         if self.fast_transactions:
             install_fast_transactions()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)

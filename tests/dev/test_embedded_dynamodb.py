@@ -499,3 +499,33 @@ async def test_the_instant_fixture_serves_a_current_index(instant_dynamo: Stores
     means no lag) and that its fixture points the stores at it."""
     await instant_dynamo.admin.put_started("a", "wss://x/")
     assert [r.stream_id for r in await instant_dynamo.leases.orphans(NOW, 10)] == ["a"]
+
+
+
+async def test_memory_holds_the_current_tables_only() -> None:
+    """moto keeps every model object it built; the server must not: neither the item
+    versions writes replaced nor a deleted table (a long session writes and deletes many)."""
+    import gc
+    import weakref
+
+    from moto.dynamodb.models import dynamodb_backends
+    from moto.dynamodb.models.dynamo_type import Item
+
+    from streamlease.store import schema
+
+    async with lagged(index_lag_s=1.0) as (client, table, clock):
+        for owner in ("w1", "w2", "w3"):
+            await client.put_item(TableName=table, Item=streams_item("a", lease_owner=owner))
+            clock.now += 2.0  # past the lag window: the old versions are not needed
+        await client.put_item(TableName=table, Item=streams_item("b"))
+        gc.collect()
+        live = [o for o in Item.instances_tracked]  # type: ignore[attr-defined]
+        assert live == [], f"{len(live)} item versions kept by moto"
+        backend = next(b for account in dynamodb_backends.values()
+                       for b in account.values() if table in b.tables)
+        ref = weakref.ref(backend.tables[table])
+        await client.delete_table(TableName=table)
+        gc.collect()
+        assert ref() is None, f"the deleted table is still referenced: {gc.get_referrers(ref())}"
+        await client.create_table(**schema.streams_table(table))
+        assert await orphan_rows(client, table) == []  # a re-created table starts empty

@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import threading
 import time
 import urllib.request
@@ -117,9 +118,7 @@ class Worker:
             code = self.proc.popen.poll()
             if code is None:
                 raise
-            tail = "\n".join(self.proc.err_lines[-15:])
-            raise AssertionError(f"worker {self.name} exited {code}; its last log lines:\n"
-                                 f"{tail}") from exc
+            raise AssertionError(f"worker {self.name} exited {code}; {self.tail()}") from exc
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -129,6 +128,20 @@ class Worker:
 
     def metric(self, key: str) -> float:
         return self.metrics().get(key, 0.0)
+
+    def tail(self, lines: int = 25) -> str:
+        return "its last log lines:\n" + "\n".join(self.proc.err_lines[-lines:])
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """SIGTERM, then the worker must exit 0 (every lease released) within ``timeout``;
+        a failure names the exit code and the worker's last log lines."""
+        self.proc.popen.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)  # and the last log lines read
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {self.name} still running {timeout} s after "
+                                 f"SIGTERM; {self.tail()}") from None
+        assert code == 0, f"worker {self.name} exited {code} on SIGTERM; {self.tail()}"
 
     def log_events(self, name: str) -> list[dict[str, object]]:
         found = []
@@ -347,8 +360,19 @@ class Fleet:
             worker.proc.stop(timeout=15)
         if self.upstream is not None:
             self.upstream.stop()
+        if self.store is not None:
+            await self._drop_tables()
         if self._store_cm is not None:
             await self._store_cm.__aexit__(None, None, None)  # type: ignore[attr-defined]
+
+    async def _drop_tables(self) -> None:
+        """The session's one DynamoDB server holds every fleet's tables: dropping them keeps
+        its heap small (a heap of millions of items pauses the server for a full
+        collection, long enough on a loaded machine to stall every member heartbeat)."""
+        assert self.store is not None
+        for table in (self.table, self.events_table, self.fleet_table):
+            with contextlib.suppress(Exception):
+                await self.store._call("delete_table", 10, TableName=table)
 
 
 class HoldingProxy:

@@ -74,8 +74,7 @@ async def test_with_index_reads_a_second_behind_every_stream_is_served(
     # A SIGTERM hand-over, then a kill -9: every stream served again.
     owners = await fleet.owners()
     leaving = sorted(fleet.workers)[0]
-    fleet.workers[leaving].proc.popen.send_signal(signal.SIGTERM)
-    assert fleet.workers[leaving].proc.popen.wait(30) == 0
+    fleet.workers[leaving].drain()
     rest = set(fleet.workers) - {leaving}
     await wait_until(lambda: fleet.all_owned(by=rest), 30, "the SIGTERMed worker's streams taken")
     assert await progressing(fleet, 3 * LAG_MS / 1000) == []

@@ -237,8 +237,7 @@ async def test_a_rolling_restart_neither_doubles_nor_skips_a_slot(
     await wait_until(started, 30, "the job running")
     for i, name in enumerate(sorted(fleet.workers)):
         worker = fleet.workers[name]
-        worker.proc.signal(signal.SIGTERM)
-        assert worker.proc.wait(timeout=20) == 0
+        worker.drain(timeout=20)
         fleet.start_worker(f"r{i}")
         await asyncio.sleep(SLOT_S * 1.5)  # let a couple of slots come due across it
     first = (await runs(fleet, "rolling"))[0]

@@ -72,8 +72,7 @@ async def test_file_sink_through_kill_9_delivers_everything_at_least_once(
     async def moved_on() -> bool:
         return all((r.last_seq or 0) > before[s] + 5 for s, r in (await fleet.records()).items())
     await wait_until(moved_on, 30, "every stream delivering again")
-    fleet.workers[survivor].proc.popen.send_signal(signal.SIGTERM)
-    assert fleet.workers[survivor].proc.popen.wait(30) == 0
+    fleet.workers[survivor].drain()
     records = await fleet.records()
     found = {sid: [(line["seq"], line["fence"]) for line in lines(out / f"{sid}.jsonl")]
              for sid in fleet.stream_ids}
@@ -111,9 +110,8 @@ async def test_a_python_processor_hears_start_process_and_stop_reasons(
         await fleet.store.set_state("s001", "STARTED")
         await wait_until(lambda: fleet.all_owned(ids=["s001"]), 15, "s001 held again")
     assert stops("s001")[-1] == "stopped", stops("s001")
-    for name, worker in fleet.workers.items():
-        worker.proc.popen.send_signal(signal.SIGTERM)
-        assert worker.proc.popen.wait(30) == 0, name
+    for worker in fleet.workers.values():
+        worker.drain()
     records = await fleet.records()
     for sid in fleet.stream_ids:
         calls = lines(rec / f"{sid}.jsonl")

@@ -78,9 +78,7 @@ async def test_kill_9_and_sigterm_on_each_shape_lose_and_repeat_only_as_promised
     termed, termed_streams = await most_loaded(fleet, survivors)
     assert termed_streams, f"{termed} holds nothing after the takeover"
     before_term = await delivered(fleet)
-    fleet.workers[termed].proc.signal(signal.SIGTERM)
-    assert fleet.workers[termed].proc.wait(timeout=20) == 0, (
-        f"{termed} after SIGTERM: {fleet.workers[termed].proc.err_lines[-20:]}")
+    fleet.workers[termed].drain(timeout=20)
     (last,) = running(fleet)
     await wait_until(lambda: fleet.all_owned(by={last}), 30,
                      f"{termed}'s streams {termed_streams} handed to {last}")
@@ -89,8 +87,7 @@ async def test_kill_9_and_sigterm_on_each_shape_lose_and_repeat_only_as_promised
 
     metrics = fleet.workers[last].metrics()
     # The last worker stops cleanly too; the audit then reads a sink nobody writes to.
-    fleet.workers[last].proc.signal(signal.SIGTERM)
-    assert fleet.workers[last].proc.wait(timeout=20) == 0
+    fleet.workers[last].drain(timeout=20)
 
     # Where each takeover's gap record must be: after the checkpoint the stream had when
     # its holder went, before what the next step waited for.
