@@ -123,6 +123,32 @@ class Runtime:
 
 
 async def serve(config: WorkerConfig, owner: str, clock: Clock = SYSTEM_CLOCK) -> int:
+    """Start the worker and serve until a signal; a signal while it is still starting
+    (tables checked, outputs opened, member row written) stops it at once, holding
+    nothing, with exit 0 — a deploy may stop a task at any moment."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    early: list[int] = []
+
+    def while_starting(signum: int) -> None:
+        early.append(signum)
+        task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, while_starting, sig)
+    try:
+        return await _start(config, owner, clock)
+    except asyncio.CancelledError:
+        if not early:
+            raise
+        task.uncancel()
+        event(logging.INFO, "worker.stopped", "a signal while starting: stopped, holding "
+              "nothing", signal=signal.Signals(early[0]).name)
+        return 0
+
+
+async def _start(config: WorkerConfig, owner: str, clock: Clock) -> int:
     metrics = Metrics()
     metrics.set_capacity(config.max_streams)
     # Live while the member heartbeat and every stream's check-in are recent.

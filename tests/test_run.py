@@ -125,3 +125,34 @@ async def test_the_shutdown_budget_bounds_a_stuck_drain(make_fleet: FleetFactory
 
 async def _has_event(proc: object, name: str) -> bool:
     return any(f'"event":"{name}"' in line for line in proc.err_lines)  # type: ignore[attr-defined]
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler installed for ``sig`` (Linux: /proc's SigCgt)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+async def test_a_signal_while_starting_stops_the_worker_cleanly(
+        make_fleet: FleetFactory) -> None:
+    """A deploy may stop a task while it is still starting: the worker must not die of the
+    signal's default action (exit -15) but stop, holding nothing, with exit 0."""
+    fleet = make_fleet(streams=1)
+    await fleet.start(workers=0)
+    proxy = HoldingProxy(int(fleet.dynamodb.rsplit(":", 1)[1]))
+    proxy.hold()  # DynamoDB never answers: the start-up table check waits
+    try:
+        worker = fleet.start_worker("w1", endpoint=proxy.endpoint)
+        proc = worker.proc
+
+        async def starting() -> bool:  # its first request held, its handler installed
+            return bool(proxy.held_bytes()) and catches(proc.popen.pid, signal.SIGTERM)
+        await wait_until(starting, 30, "w1 starting, with a handler for SIGTERM")
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0, proc.err_lines[-10:]
+        assert await _has_event(proc, "worker.stopped")
+    finally:
+        proxy.release()
+        proxy.close()
