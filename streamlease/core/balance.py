@@ -6,7 +6,10 @@ streams its member holds), so no coordinator is needed:
 * **Shares.** The servable STARTED streams (held by live members plus the orphans seen)
   are divided as evenly as capacities allow: ``ceil(total / active members)`` each, never
   above a member's ``STREAMLEASE_MAX_STREAMS`` (what a small member cannot hold goes to
-  the others). Members that drain or were observed dead have a share of 0.
+  the others). Members that drain or were observed dead have a share of 0. A fenced
+  member's streams count until they are released on its behalf: survivors taking them
+  over show them in their rows only a heartbeat later, and a total without them would
+  shrink every share for that heartbeat and make the survivors shed.
 * **A band, not a point.** A member is balanced while it holds within ``TOLERANCE`` (1) of
   its share. Counts in the rows lag by up to a heartbeat, so a tighter target would make
   members chase each other's stale numbers; with the band a balanced fleet makes no move
@@ -70,13 +73,16 @@ def allocate(deficits: dict[str, int], available: int) -> dict[str, int]:
 
 def counts_of(members: list[MemberRecord], me: str, my_held: int,
               observed_dead: frozenset[str] = frozenset()) -> tuple[dict[str, int], set[str]]:
-    """(held per live member, those taking streams): live rows, with this member's own live
+    """(held per member, those taking streams): live rows, with this member's own live
     count in place of its row's (the row lags). Draining and observed-dead members still
-    hold their streams until they are released, but take none."""
+    hold their streams until they are released, but take none; so does a fenced member
+    whose streams are not released yet: they are being taken over, and counting them
+    keeps every share whole meanwhile (without them, the survivors' shares would shrink
+    by the dead member's streams and the survivors would shed what they already held)."""
     counts: dict[str, int] = {}
     active: set[str] = set()
     for member in members:
-        if not member.live_status:
+        if not member.live_status and member.released:
             continue
         counts[member.worker_id] = member.streams
         if member.status is MemberStatus.ACTIVE and member.worker_id not in observed_dead:

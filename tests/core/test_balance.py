@@ -10,7 +10,7 @@ import pytest
 
 from streamlease.core import balance
 from streamlease.core.balance import TOLERANCE, plan
-from streamlease.core.membership import fair_shares
+from streamlease.core.membership import MemberRecord, MemberStatus, fair_shares
 from streamlease.core.model import StreamRecord
 
 
@@ -187,3 +187,30 @@ def tiers(lingering: int = 0, starving: int = 0, abandoned: int = 0) -> balance.
 def test_intake(share: int, take: int, keeping: int, waiting: balance.Waited,
                 expected: int) -> None:
     assert balance.intake(plan_of(share, take), keeping, waiting) == expected
+
+
+BIG = 1000  # room for a dead member's share
+
+
+def row(worker: str, streams: int, status: MemberStatus = MemberStatus.ACTIVE,
+        released: bool = False) -> MemberRecord:
+    return MemberRecord(worker_id=worker, epoch=2, heartbeat=9, status=status,
+                        streams=streams, capacity=BIG, released=released)
+
+
+def test_a_dead_members_streams_keep_the_shares_whole_until_released() -> None:
+    """While survivors take a fenced member's 500 streams over, their rows show only part
+    of what they took: counted without the dead member's streams, the total would shrink
+    and a survivor already past the smaller share would shed streams it held before."""
+    rows = [row("w1", 500, MemberStatus.DEAD), row("w2", 665), row("w3", 575), row("w4", 571)]
+    counts, active = balance.counts_of(rows, "w2", 665)
+    assert active == {"w2", "w3", "w4"}
+    decided = plan("w2", counts, active, dict.fromkeys(counts, BIG), 0)
+    assert decided.shed == 0, decided
+    assert decided.share >= 667
+    # Once its streams are released on its behalf, the row no longer counts: they are
+    # orphans now, counted as such.
+    released = [row("w1", 500, MemberStatus.DEAD, released=True), *rows[1:]]
+    counts, active = balance.counts_of(released, "w2", 665)
+    assert "w1" not in counts
+    assert plan("w2", counts, active, dict.fromkeys(counts, BIG), 189).share == 667
