@@ -53,6 +53,12 @@ pagination behave as on a current read. Only writes served through this server a
 remembered: an item put into the backend directly (``backend()``, for seeding tests) is
 visible to every read at once.
 
+**Reads answered cheaply.** moto writes every answer by walking the API's shape model,
+attribute by attribute, under the request lock: a Query returning 500 leases cost about
+as much as the search itself and delayed every other request. Query, Scan, GetItem and
+BatchGetItem answers are written as DynamoDB's JSON directly (the same document; anything
+unexpected still goes through moto's writer).
+
 **Memory that follows the tables.** moto keeps every model object it ever built in a
 class-level list (for its dashboard): every item version any write created, and every
 deleted table with its items. A long session (``make run``, a load test, the test suite)
@@ -66,7 +72,9 @@ Loopback only, no persistence: state lives as long as the process.
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
+import json
 import logging
 import random
 import signal
@@ -84,6 +92,7 @@ from streamlease.store.versions import IndexLag, VersionLog
 
 try:
     from moto.backends import get_backend
+    from moto.core.responses import ActionResult
     from moto.dynamodb.exceptions import MockValidationException
     from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.models.dynamo_type import DynamoType
@@ -264,6 +273,45 @@ def install_untracked_models() -> None:
         for model in model_data["dynamodb"].values():
             if not isinstance(getattr(model, "instances_tracked", None), _Untracked):
                 model.instances_tracked = _Untracked()  # type: ignore[attr-defined]
+
+
+_READ_ACTIONS = ("query", "scan", "get_item", "batch_get_item")
+_plain_reads = False
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _plain_json(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A read's answer written as DynamoDB's JSON directly: moto's own writer walks the
+    API's shape model for every attribute of every item, the most costly part of a
+    large Query or Scan (and it runs under the request lock, delaying every request)."""
+    def handler(self: Any) -> Any:
+        result = original(self)
+        if not isinstance(result, ActionResult):
+            return result
+        try:
+            return json.dumps(result.result, default=_json_default, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return result  # anything unexpected takes moto's own writer
+    handler.__name__ = original.__name__
+    handler.__doc__ = original.__doc__
+    return handler
+
+
+def install_plain_json_reads() -> None:
+    """Patch moto (in this process) to write read answers as plain JSON (see
+    ``_plain_json``): the same answer, without the cost of moto's generic writer."""
+    global _plain_reads
+    with _PATCH_LOCK:
+        if _plain_reads:
+            return
+        for action in _READ_ACTIONS:
+            setattr(DynamoHandler, action, _plain_json(getattr(DynamoHandler, action)))
+        _plain_reads = True
 
 
 def install_fast_transactions() -> None:
@@ -537,7 +585,7 @@ def install_replica_lag() -> None:
         DynamoDBBackend.get_table = _viewed_get_table  # type: ignore[method-assign]
         Table.put_item = _recorded_put  # type: ignore[method-assign]
         Table.delete_item = _recorded_delete  # type: ignore[method-assign,assignment]
-        for action in ("query", "scan", "get_item", "batch_get_item"):
+        for action in _READ_ACTIONS:
             setattr(DynamoHandler, action, _lagged(action, getattr(DynamoHandler, action)))
         _lag_installed = True
 
@@ -572,6 +620,7 @@ class EmbeddedDynamoDB:
     def start(self) -> EmbeddedDynamoDB:
         install_typed_index_keys()
         install_untracked_models()
+        install_plain_json_reads()
         if self.fast_transactions:
             install_fast_transactions()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
