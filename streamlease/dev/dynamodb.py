@@ -294,9 +294,10 @@ def _plain_json(original: Callable[..., Any]) -> Callable[..., Any]:
         if not isinstance(result, ActionResult):
             return result
         try:
-            return json.dumps(result.result, default=_json_default, separators=(",", ":"))
+            body = json.dumps(result.result, default=_json_default, separators=(",", ":"))
         except (TypeError, ValueError):
             return result  # anything unexpected takes moto's own writer
+        return body, {"Content-Type": "application/x-amz-json-1.0"}
     handler.__name__ = original.__name__
     handler.__doc__ = original.__doc__
     return handler

@@ -564,3 +564,32 @@ async def test_every_attribute_type_reads_back_as_written() -> None:
         clock.now += 1.0001
         (indexed,) = await owner_rows(client, table, "w1")
         assert indexed["Pk"] == item["Pk"] and indexed["lease_owner"] == {"S": "w1"}
+
+
+def test_read_answers_carry_dynamodbs_content_type() -> None:
+    """SDKs other than botocore check the answer's media type."""
+    import urllib.request
+
+    def call(endpoint: str, target: str, body: dict[str, Any]) -> tuple[str, bytes]:
+        request = urllib.request.Request(endpoint, data=json.dumps(body).encode(), headers={
+            "X-Amz-Target": f"DynamoDB_20120810.{target}",
+            "Content-Type": "application/x-amz-json-1.0",
+            "Authorization": "AWS4-HMAC-SHA256 Credential=local/20260101/us-east-1/dynamodb/"
+                             "aws4_request, SignedHeaders=host, Signature=0"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.headers["Content-Type"], answer.read()
+
+    with EmbeddedDynamoDB() as server:
+        url = server.endpoint_url
+        call(url, "CreateTable", {
+            "TableName": "t", "BillingMode": "PAY_PER_REQUEST",
+            "KeySchema": [{"AttributeName": "k", "KeyType": "HASH"}],
+            "AttributeDefinitions": [{"AttributeName": "k", "AttributeType": "S"}]})
+        call(url, "PutItem", {"TableName": "t", "Item": {"k": {"S": "a"}}})
+        for target, body in (("GetItem", {"TableName": "t", "Key": {"k": {"S": "a"}}}),
+                             ("Query", {"TableName": "t", "KeyConditionExpression": "k = :k",
+                                        "ExpressionAttributeValues": {":k": {"S": "a"}}}),
+                             ("Scan", {"TableName": "t"})):
+            media, answer = call(url, target, body)
+            assert media == "application/x-amz-json-1.0", (target, media)
+            assert b'"k":{"S":"a"}' in answer, answer
