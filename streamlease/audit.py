@@ -44,7 +44,6 @@ class SelfAudit:
         self.rng = rng
         self.stopping = stopping
 
-
     async def run(self) -> None:
         """The self-audit, every ``audit_s`` (+/-20 %), the first one a heartbeat after
         start-up (a previous incarnation's leases whose release failed at registration)."""

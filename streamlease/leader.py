@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
-from streamlease.clock import SYSTEM_CLOCK, Clock
+from streamlease.clock import SYSTEM_CLOCK, Clock, sleep_unless
 from streamlease.core.backoff import jittered
 from streamlease.core.fenced import HashSet, PutItem, Transaction
 from streamlease.core.keepalive import Keeper, KeepState
@@ -125,9 +125,7 @@ class LeaderLease:
             if stop is None:
                 await self.clock.sleep(delay)
             else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await stop.wait()
+                await sleep_unless(delay, stop)
         return False
 
     async def _try(self, observer: LeaderObserver) -> bool:

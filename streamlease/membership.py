@@ -26,7 +26,6 @@ many streams it holds; each stream's own lease is renewed only every
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import secrets
@@ -34,7 +33,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from streamlease.clock import Clock
+from streamlease.clock import Clock, sleep_unless
 from streamlease.core.backoff import Backoff, jittered
 from streamlease.core.deal import deal_window_s
 from streamlease.core.keepalive import KeepOutcome, KeepState
@@ -182,9 +181,7 @@ class Membership:
 
     async def _release_leftovers(self, delay: float = 0.0) -> None:
         if delay:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stop.wait()
+            await sleep_unless(delay, self._stop)
             if self._stop.is_set():
                 return
         released, _ = await self._release_all(self.me, self.epoch)
@@ -345,9 +342,7 @@ class Membership:
         """Until the next heartbeat is due, or one is asked for early (a notice: draining,
         a hand-off, a changed count) — but never sooner than a short gap after the last,
         so a burst of notices costs one write."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, seconds)):
-                await self._beat_now.wait()
+        await sleep_unless(seconds, self._beat_now)
         self._beat_now.clear()
         gap = self._last_beat + min(self.timings.observe_s, self.timings.heartbeat_s / 4) \
             - self.clock.monotonic()
@@ -373,9 +368,7 @@ class Membership:
             every = self.timings.observe_s
             if self.clock.monotonic() < self._strained_until:
                 every = max(every, self.timings.heartbeat_s)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(jittered(every, 0.1, self.rng)):
-                    await self._stop.wait()
+            await sleep_unless(jittered(every, 0.1, self.rng), self._stop)
 
     async def _observe(self) -> None:
         sent = self.clock.monotonic()
@@ -463,9 +456,7 @@ class Membership:
         from now (the survivors take their parts meanwhile); mark its row released only if
         none failed (else a later pass by any member finishes the job)."""
         if after:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(after):
-                    await self._stop.wait()
+            await sleep_unless(after, self._stop)
             if self._stop.is_set():
                 return
         released, failed = await self._release_all(fenced.worker_id, fenced.epoch)

@@ -54,7 +54,6 @@ class Takeover:
         # Dead incarnations (worker id, fenced epoch) whose streams this worker has dealt.
         self.dealt: OrderedDict[tuple[str, int], None] = OrderedDict()
 
-
     def deal_dead(self) -> None:
         """For each member row newly seen fenced (DEAD, its streams not yet released), take
         this worker's part of the deal (``streamlease.core.deal``) straight over."""

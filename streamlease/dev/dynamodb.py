@@ -74,6 +74,7 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import functools
 import json
 import logging
 import random
@@ -289,6 +290,7 @@ def _plain_json(original: Callable[..., Any]) -> Callable[..., Any]:
     """A read's answer written as DynamoDB's JSON directly: moto's own writer walks the
     API's shape model for every attribute of every item, the most costly part of a
     large Query or Scan (and it runs under the request lock, delaying every request)."""
+    @functools.wraps(original)
     def handler(self: Any) -> Any:
         result = original(self)
         if not isinstance(result, ActionResult):
@@ -298,8 +300,6 @@ def _plain_json(original: Callable[..., Any]) -> Callable[..., Any]:
         except (TypeError, ValueError):
             return result  # anything unexpected takes moto's own writer
         return body, {"Content-Type": "application/x-amz-json-1.0"}
-    handler.__name__ = original.__name__
-    handler.__doc__ = original.__doc__
     return handler
 
 
@@ -521,6 +521,7 @@ def _viewed_get_table(self: Any, table_name: str) -> Any:
 
 
 def _lagged(action: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def handler(self: Any) -> Any:
         request = _current()
         if request is None:
@@ -532,8 +533,6 @@ def _lagged(action: str, original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             request.views = None
 
-    handler.__name__ = original.__name__
-    handler.__doc__ = original.__doc__
     return handler
 
 
