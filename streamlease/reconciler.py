@@ -154,9 +154,9 @@ class Reconciler:
         streams over, and what it releases should not wait for a regular cycle."""
         self._fast_until = self.clock.monotonic() + 2 * self.settings.stopped_check_s
         self._poke.set()
-        # A member found dead: take this worker's part now, not after a cycle in progress.
-        if not self._stop.is_set() and self.membership.accepting and \
-                self.lease_health.admits():
+        # A member found dead: take this worker's part now, not after a cycle in progress
+        # (a stopping worker's take-over deals nothing).
+        if self._admits():
             try:
                 self.takeover.deal_dead()
             except Exception:  # the caller (membership) must go on to its own part

@@ -93,6 +93,7 @@ from streamlease.store.versions import IndexLag, VersionLog
 
 try:
     from moto.backends import get_backend
+    from moto.core.model_instances import model_data
     from moto.core.responses import ActionResult
     from moto.dynamodb.exceptions import MockValidationException
     from moto.dynamodb.models import DynamoDBBackend
@@ -268,8 +269,6 @@ class _Untracked(list[Any]):
 def install_untracked_models() -> None:
     """Patch moto (in this process) so its DynamoDB models are not kept after use (see
     the module doc). A moto reset puts plain lists back; each server start patches again."""
-    from moto.core.model_instances import model_data
-
     with _PATCH_LOCK:
         for model in model_data["dynamodb"].values():
             if not isinstance(getattr(model, "instances_tracked", None), _Untracked):

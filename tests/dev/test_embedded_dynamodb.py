@@ -519,7 +519,7 @@ async def test_memory_holds_the_current_tables_only() -> None:
             clock.now += 2.0  # past the lag window: the old versions are not needed
         await client.put_item(TableName=table, Item=streams_item("b"))
         gc.collect()
-        live = [o for o in Item.instances_tracked]  # type: ignore[attr-defined]
+        live = list(Item.instances_tracked)  # type: ignore[attr-defined]
         assert live == [], f"{len(live)} item versions kept by moto"
         backend = next(b for account in dynamodb_backends.values()
                        for b in account.values() if table in b.tables)
