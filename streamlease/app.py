@@ -222,13 +222,16 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
 
     membership = Membership(
         stores.fleet, stores.leases, clock, metrics,
-        MembershipSettings(owner, config.max_streams, member_timings(config)),
+        MembershipSettings(owner, config.max_streams, member_timings(config),
+                           fleet_view=config.fleet_view),
         Hooks(held=held,
               fenced=on_reconciler(lambda r: r.member_lost(True)),
               self_fenced=on_reconciler(lambda r: r.member_lost(False)),
               fleet_changed=on_reconciler(lambda r: r.poke()),
               proven=member_proven, beat=member_beat,
-              leading=lambda: bool(wired) and wired[0].leadership.leading))
+              leading=lambda: bool(wired) and wired[0].leadership.leading,
+              leader=lambda: wired[0].leadership.leader_seen() if wired else None,
+              orphans=lambda: wired[0].reconciler.orphans_seen() if wired else 0))
     recon = Reconciler(stores.leases, PacedSink(sink, gate, metrics, config.sink.kind), clock,
                        metrics, settings, membership, health=health)
     leadership = build_leadership(config, owner, backend, stores, clock, metrics, recon,

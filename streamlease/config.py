@@ -202,6 +202,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("STREAMLEASE_MIN_HOLD_SECONDS", "min_hold_s", "",
             "a stream is never handed over for balance sooner after it was acquired "
             "(default: 1.5 x the lease)", seconds(0, 86400)),
+    Setting("STREAMLEASE_FLEET_VIEW", "fleet_view", "leader",
+            "leader: members read only the fleet leader's row and plan from its bulletin "
+            "(reads flat in fleet size); all: every member reads every member row",
+            choice("leader", "all")),
     Setting("STREAMLEASE_LEADER_BACKEND", "leader_backend", "dynamodb",
             "where the fleet leader lease lives: dynamodb (the fleet table) or "
             "redis://host:port/db", parse_leader_backend, secret=True),
@@ -278,6 +282,7 @@ class WorkerConfig:
     stream_renew_s: float
     stream_check_s: float
     min_hold_s: float
+    fleet_view: str  # "leader" (plan from the leader's bulletin) or "all" (read every row)
     leader_backend: str | RedisTarget  # "dynamodb", or where the Redis server is
     job_grace_s: float
     max_seq_jump: int

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from streamlease.clock import Clock
+from streamlease.core.bulletin import Bulletin
 from streamlease.core.lease import HolderState, StopReason, resume_point
+from streamlease.core.membership import MemberRecord
 from streamlease.core.model import Tenure
 from streamlease.core.plan import item_problem
 from streamlease.errors import StoreError
@@ -51,6 +53,18 @@ class MemberGate(Protocol):
 
     @property
     def view(self) -> FleetView: ...
+
+    @property
+    def bulletin(self) -> Bulletin | None: ...
+
+    @property
+    def reading_all(self) -> bool: ...
+
+    def draining_seen(self) -> bool: ...
+
+    def deals(self) -> list[tuple[MemberRecord, dict[str, int] | None]]: ...
+
+    def survivors(self, dead: str) -> int: ...
 
     def may_write(self, now: float) -> bool: ...
 

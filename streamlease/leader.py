@@ -91,6 +91,8 @@ class LeaderLease:
         self.clock = clock
         self.rng = rng or random.Random()
         self.fence = 0
+        # Who held the lease at this candidate's last read (None: nobody, or expired).
+        self.seen_owner: str | None = None
         self.lost = asyncio.Event()
         # What ended the renewal task, if it failed (a bug, an answer it could not read)
         # rather than stopping by the rules: leadership was given up because of it.
@@ -132,6 +134,7 @@ class LeaderLease:
         sent = self.clock.monotonic()
         record = await self.backend.read(self.name, timeout=self.timings.heartbeat_s)
         received = self.clock.monotonic()
+        self.seen_owner = None if record is None or record.resigned else record.owner
         if not observer.may_take(record, sent, received):
             return False
         attempt = self.clock.monotonic()

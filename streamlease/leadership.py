@@ -56,11 +56,19 @@ class Leadership:
         self.eligible = eligible
         self.rng = rng or random.Random()
         self.lease: LeaderLease | None = None
+        self._candidate: LeaderLease | None = None  # the campaign in progress, if any
         self._stop = asyncio.Event()
 
     @property
     def leading(self) -> bool:
         return self.lease is not None and self.lease.may_write()
+
+    def leader_seen(self) -> str | None:
+        """The fleet leader as this worker last knew it: itself while it leads, else the
+        holder its campaign last read (None: nobody, or not known)."""
+        if self.leading:
+            return self.settings.owner
+        return self._candidate.seen_owner if self._candidate is not None else None
 
     def stop(self) -> None:
         """Step down (or stop trying): duties wind down, then the lease is resigned."""
@@ -76,6 +84,7 @@ class Leadership:
             lease = LeaderLease(self.backend, s.name, s.owner, ttl_s=s.ttl_s,
                                 heartbeat_s=s.heartbeat_s, safety_margin_s=s.safety_margin_s,
                                 clock=self.clock, rng=self.rng)
+            self._candidate = lease
             if not await lease.acquire(self._stop):
                 return
             self.lease = lease

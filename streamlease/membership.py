@@ -11,12 +11,22 @@ Two loops (the rules are in ``streamlease.core.membership``):
   the worker logs ``member.duplicate_id``, leaves the id to that process, stops both loops
   and sets ``superseded`` (the worker then exits 2) — re-registering would fence the other
   process, which would re-register in turn, forever.
-* **observe** — every ``observe_s`` one consistent Query reads every member row. A peer
-  whose counter has not moved for ``LEASE`` on this worker's monotonic clock is dead: the
-  preferred live member (the first by id, or anyone after a grace period) fences it and
-  releases its streams on its behalf — found through the owner index, not a Scan; each
-  confirmed by a consistent read, and one conditional write for each still leased to
-  it — so they become orphans and are acquired as usual.
+* **observe** — every ``observe_s``. The fleet leader reads every member row with one
+  consistent Query; a member whose counter has not moved for ``LEASE`` on the leader's
+  monotonic clock is dead: the leader fences it, and its streams are dealt across the
+  survivors (each takes its part straight over, ``streamlease.takeover``); what is left
+  after the deal window the fencer releases on its behalf — found through the owner
+  index, each confirmed by a consistent read — and it is acquired as an orphan. From the
+  rows the leader composes its bulletin (``streamlease.core.bulletin``: the share level,
+  the gaps, the deals, who drains) and writes it into its own row with its heartbeat.
+  Every other member reads only that row (one consistent GetItem): its bulletin, and the
+  leader's own liveness, which it watches the same way. So a member's reads do not grow
+  with the fleet. A member that knows no leader, or finds no bulletin in the leader's
+  row (a new leader, a leader just fenced), reads every row as the leader does until a
+  bulletin appears (``STREAMLEASE_FLEET_VIEW=all`` always does): deaths of other members
+  are then seen by the first live member by id at once and by the others a quarter lease
+  later. A new leader starts observing afresh, so while leadership changes hands, deaths
+  are seen up to one leader take-over later.
 
 Lease upkeep is therefore O(workers): a member write every heartbeat per worker, however
 many streams it holds; each stream's own lease is renewed only every
@@ -26,6 +36,7 @@ many streams it holds; each stream's own lease is renewed only every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import secrets
@@ -34,7 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamlease.clock import Clock, sleep_unless
+from streamlease.core import bulletin as bulletins
 from streamlease.core.backoff import Backoff, jittered
+from streamlease.core.bulletin import Bulletin
 from streamlease.core.deal import deal_window_s
 from streamlease.core.keepalive import KeepOutcome, KeepState
 from streamlease.core.membership import (
@@ -68,6 +81,8 @@ class MembershipSettings:
     me: str
     capacity: int
     timings: MemberTimings
+    # "leader": read the leader's bulletin when there is one; "all": read every row
+    fleet_view: str = "leader"
 
 
 @dataclass
@@ -82,6 +97,8 @@ class Hooks:
     # every heartbeat's outcome and latency (admission control, sink pacing)
     beat: Callable[[HeartbeatOutcome, float], None] = lambda outcome, seconds: None
     leading: Callable[[], bool] = lambda: True  # dead rows are deleted by the leader only
+    leader: Callable[[], str | None] = lambda: None  # the fleet leader, as last seen
+    orphans: Callable[[], int] = lambda: 0  # servable orphans, as this worker last saw them
 
 
 @dataclass(frozen=True)
@@ -104,13 +121,43 @@ class FleetView:
         return any(m.status is MemberStatus.DRAINING for m in self.live())
 
 
+class FleetKnowledge:
+    """What this worker knows of the fleet, for the reconciler and the take-over: the
+    leader's bulletin while it reads only the leader's row, else every row it read."""
+
+    view: FleetView
+    bulletin: Bulletin | None
+    reading_all: bool
+
+    def draining_seen(self) -> bool:
+        """Someone is handing streams over (the bulletin says so, or the rows do)."""
+        if self.bulletin is not None and not self.reading_all:
+            return self.bulletin.draining
+        return self.view.draining()
+
+    def deals(self) -> list[tuple[MemberRecord, dict[str, int] | None]]:
+        """Fenced members whose streams are being dealt: each DEAD row (or the bulletin's
+        deal) with the survivors' weights, None where the survivor computes them itself
+        from every row it read."""
+        if self.bulletin is not None:
+            return [(d.dead_row(), d.weights()) for d in self.bulletin.deals]
+        return [(row, None) for row in self.view.members
+                if row.status is MemberStatus.DEAD and not row.released]
+
+    def survivors(self, dead: str) -> int:
+        """Members taking streams besides ``dead``, as this worker knows them."""
+        if self.bulletin is not None and not self.reading_all:
+            return max(1, self.bulletin.active)
+        return max(1, len([m for m in self.view.active() if m.worker_id != dead]))
+
+
 @dataclass
 class _Takeover:
     seen: MemberRecord
     since: float  # monotonic: when this worker first found it dead
 
 
-class Membership:
+class Membership(FleetKnowledge):
     def __init__(self, fleet: FleetStore, leases: LeaseStore, clock: Clock, metrics: Metrics,
                  settings: MembershipSettings, hooks: Hooks,
                  rng: random.Random | None = None) -> None:
@@ -134,6 +181,13 @@ class Membership:
         # Nothing is proven before registration: may_write is false until then.
         self.liveness = Liveness(self.timings, deadline=float("-inf"))
         self.view = FleetView()
+        # The bulletin this worker plans from: the leader's (read from its row, or composed
+        # here while leading); None while it plans from every row it read.
+        self.bulletin: Bulletin | None = None
+        self.reading_all = True  # the last observation read every row
+        self._gen = 0  # the generation of the bulletins this worker composes
+        self._composed: Bulletin | None = None
+        self._totals: list[tuple[float, int]] = []  # (when, total counted) while leading
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
         self._last_beat = 0.0
@@ -254,9 +308,11 @@ class Membership:
     async def _heartbeat(self, timeout: float) -> HeartbeatResult:
         """One heartbeat: the row's counter moves on if the epoch is still ours."""
         sent = self._last_beat = self.clock.monotonic()
+        composed = self._composed if self.hooks.leading() else None
         result = await self.fleet.heartbeat(
             self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
-            self.handoffs, self.clock.wall_ms(), timeout=timeout)
+            self.handoffs, self.clock.wall_ms(), timeout=timeout,
+            bulletin=bulletins.encode(composed) if composed is not None else None)
         now = self.clock.monotonic()
         self.metrics.member_heartbeat(now - sent, heartbeat_label(result.outcome))
         self.hooks.beat(result.outcome, now - sent)
@@ -371,13 +427,53 @@ class Membership:
             await sleep_unless(jittered(every, 0.1, self.rng), self._stop)
 
     async def _observe(self) -> None:
+        if self.settings.fleet_view == "leader" and not self.hooks.leading():
+            leader = self.hooks.leader()
+            if leader is not None and leader != self.me and await self._observe_leader(leader):
+                return
+        await self._observe_all()
+
+    async def _observe_leader(self, leader: str) -> bool:
+        """Read the leader's row only: its bulletin, and whether the leader lives. False
+        if it carries no readable bulletin (then every row is read instead)."""
+        sent = self.clock.monotonic()
+        row = await self.fleet.member(leader, timeout=self.timings.heartbeat_s)
+        received = self.clock.monotonic()
+        news = bulletins.decode(row.bulletin) if row is not None and row.live_status \
+            else None
+        if row is None or news is None:
+            if row is not None and row.bulletin is not None and row.live_status:
+                self.metrics.bulletin_unreadable()
+                event(logging.WARNING, "member.bulletin_unreadable",
+                      "the leader's row carries a bulletin this worker cannot read; "
+                      "reading every member row instead", leader=leader)
+            return False
+        dead = self.observer.observe([row], sent, received)
+        before = self.bulletin
+        self.bulletin, self.reading_all = news, False
+        self.view = FleetView((row,), frozenset(m.worker_id for m in dead))
+        self.metrics.member_counts(dict(news.statuses))
+        if before is None or before.gen != news.gen:
+            self.hooks.fleet_changed()
+        self._pending.clear()
+        if dead:
+            self._spawn(self._take_over(row))  # the leader is watched like any member
+        return True
+
+    async def _observe_all(self) -> None:
         sent = self.clock.monotonic()
         members = await self.fleet.members(timeout=self.timings.heartbeat_s)
         received = self.clock.monotonic()
         dead = self.observer.observe(members, sent, received)
         before = self.view
         self.view = FleetView(tuple(members), frozenset(m.worker_id for m in dead))
+        self.reading_all = True
         self.metrics.members(self.view.members, self.view.observed_dead)
+        if self.hooks.leading():
+            self.compose(received)
+        else:
+            self.bulletin = self._composed = None
+            self._totals.clear()
         if _changed(before, self.view):
             self.hooks.fleet_changed()
         for member in dead:
@@ -390,9 +486,32 @@ class Membership:
                 self._spawn(self._take_over(takeover.seen))
         self._finish_abandoned(members, received)
 
+    def compose(self, now: float) -> None:
+        """The leader's bulletin from the rows it read (its own count live); a new
+        generation, and a heartbeat soon to publish it, when its shape changed."""
+        held = self.hooks.held()
+        orphans = self.hooks.orphans()
+        counted = sum(m.streams for m in self.view.members
+                      if m.worker_id != self.me and (m.live_status or not m.released)) \
+            + held + orphans
+        self._totals.append((now, counted))
+        self._totals = [(at, n) for at, n in self._totals
+                        if at >= now - 3 * self.timings.heartbeat_s]
+        news = bulletins.compose(self.view.members, self.view.observed_dead, self.me, held,
+                                 self.accepting, orphans, self._gen,
+                                 total_at_least=max(n for _, n in self._totals))
+        if self._composed is not None and self._composed.shape() == news.shape():
+            return
+        self._gen += 1
+        self._composed = self.bulletin = dataclasses.replace(news, gen=self._gen)
+        self._beat_now.set()
+
     def _my_turn(self, takeover: _Takeover, now: float) -> bool:
-        """The first live member by id fences at once; the others give it a quarter
-        lease, so one conditional write usually decides (any of them may still win)."""
+        """The leader, or else the first live member by id, fences at once; the others
+        give it a quarter lease, so one conditional write usually decides (any of them
+        may still win)."""
+        if self.hooks.leading():
+            return True
         live = sorted(m.worker_id for m in self.view.live())
         first = live[0] if live else self.me
         return first == self.me or now - takeover.since >= self.timings.lease_s / 4
@@ -434,6 +553,13 @@ class Membership:
             # reconciler's take-over): show it to this worker's own at once.
             self.view = FleetView(tuple(fenced if m.worker_id == fenced.worker_id else m
                                         for m in self.view.members), self.view.observed_dead)
+            if self.hooks.leading() and self.reading_all:
+                self.compose(self.clock.monotonic())  # the deal, in the next heartbeat
+            elif not self.reading_all:
+                # The leader itself was fenced: its bulletin is gone with it. Deal from
+                # every row until a new leader publishes one.
+                self.bulletin = None
+                await self._observe_all()
             self.hooks.fleet_changed()
             # A draining fencer releases at once: it may be gone before the window ends.
             after = 0.0 if self.status is MemberStatus.DRAINING else \

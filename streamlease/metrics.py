@@ -148,8 +148,13 @@ class Metrics:
                                 "the sink and resumed after the sink", registry=r)
         self._members = Gauge(
             p + "members",
-            "Fleet members as this worker last read them, by status (UNRESPONSIVE: observed "
-            "dead, not yet fenced)", ["status"], registry=r)
+            "Fleet members as this worker last read them (or as the leader's bulletin counts "
+            "them), by status (UNRESPONSIVE: observed dead, not yet fenced)", ["status"],
+            registry=r)
+        self._bulletin_unreadable = Counter(
+            p + "bulletin_unreadable",
+            "Reads of the leader's row whose bulletin could not be read (every member row "
+            "was read instead)", registry=r)
         self._declared_dead = Counter(p + "members_declared_dead",
                                       "Members this worker fenced after observing them dead",
                                       registry=r)
@@ -374,6 +379,14 @@ class Metrics:
             counts[status] += 1
         for status, value in counts.items():
             self._members.labels(status).set(value)
+
+    def member_counts(self, counts: dict[str, int]) -> None:
+        """The members by status as the leader's bulletin counts them."""
+        for status in MEMBER_STATUSES:
+            self._members.labels(status).set(counts.get(status, 0))
+
+    def bulletin_unreadable(self) -> None:
+        self._bulletin_unreadable.inc()
 
     def member_declared_dead(self) -> None:
         self._declared_dead.inc()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from streamlease.audit import AuditSettings, SelfAudit
 from streamlease.clock import Clock, sleep_unless
-from streamlease.core import balance
+from streamlease.core import balance, bulletin
 from streamlease.core.backoff import jittered
 from streamlease.core.lease import HolderState, StopReason, takeover_threshold_ms
 from streamlease.core.model import StreamRecord
@@ -93,6 +93,7 @@ class Reconciler:
         self._fast_until = 0.0  # poll orphans often until then (a peer drains or hands off)
         self._share = 0  # this worker's fair share at the last cycle
         self._next_shed = 0.0
+        self._servable = 0  # servable orphans at the last cycle (the leader's bulletin)
         self._orphan_since: dict[str, float] = {}  # when this worker first saw each orphan
         self._totals: deque[tuple[float, int]] = deque()  # (when, streams counted) lately
         self._release_by: float | None = None
@@ -149,6 +150,10 @@ class Reconciler:
     def stopping(self) -> asyncio.Event:
         return self._stop
 
+    def orphans_seen(self) -> int:
+        """Servable orphans at the last cycle, as this worker counted them."""
+        return self._servable
+
     def poke(self) -> None:
         """Run a cycle now, and poll often for a while: a peer died, drained or handed
         streams over, and what it releases should not wait for a regular cycle."""
@@ -168,7 +173,7 @@ class Reconciler:
         """The regular jittered interval, or a short poll while a peer drains or has just
         handed streams over (so a released stream is taken within a fraction of a
         second, not at the next random cycle)."""
-        if self.membership.view.draining() or self.clock.monotonic() < self._fast_until:
+        if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
         return jittered(self.settings.reconcile_s, 0.2, self.rng)
 
@@ -302,6 +307,7 @@ class Reconciler:
         sheds again later; past the band, a member that would take nothing else takes
         what waited three (``abandoned``: shares computed from rows that undercount, or
         short members that cannot take)."""
+        self._servable = servable
         view = self.membership.view
         if not view.members:
             self._share = self.settings.max_streams  # no fleet view yet: take as before
@@ -309,6 +315,12 @@ class Reconciler:
         # Streams being handed over are no longer this worker's to count.
         keeping = sum(1 for s in self.supervisors.values()
                       if s.holding.reason is not StopReason.REBALANCE)
+        news = self.membership.bulletin
+        if news is not None and not self.membership.reading_all:
+            # The leader's bulletin: the share level, the gaps, the donors.
+            plan = bulletin.plan_from(news, self.settings.owner, self.settings.max_streams,
+                                      keeping, self.membership.accepting, servable)
+            return self._follow(plan, keeping, waited, now)
         counts, active = balance.counts_of(list(view.members), self.settings.owner, keeping,
                                            view.observed_dead)
         capacities = {m.worker_id: m.capacity for m in view.members}
@@ -323,6 +335,11 @@ class Reconciler:
             self._totals.popleft()
         plan = balance.plan(self.settings.owner, counts, active, capacities, servable,
                             total_at_least=max(t for _, t in self._totals))
+        return self._follow(plan, keeping, waited, now)
+
+    def _follow(self, plan: balance.Balance, keeping: int, waited: balance.Waited,
+                now: float) -> int:
+        """Shed what ``plan`` says; how many orphans to take now."""
         self.metrics.share(plan.share)
         self._share = plan.share
         if plan.shed:

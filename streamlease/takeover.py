@@ -1,6 +1,7 @@
 """Taking a dead member's streams straight over.
 
-When a member is fenced, every survivor reads its ``DEAD`` row (the fencer at once), lists
+When a member is fenced, every survivor learns it (from the leader's bulletin, with the
+survivors' weights in the deal; or from its ``DEAD`` row, when it reads every row), lists
 its streams through the owner index, deals them the same way every survivor does
 (``streamlease.core.deal``) and takes its own part: one conditional write per stream, from
 the dead incarnation to this worker (``LeaseStore.take_over``), paced so the survivors
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core.deal import TAKEOVERS_PER_S, deal, deal_weights, preference
 from streamlease.core.lease import LeaseTimings
-from streamlease.core.membership import MemberRecord, MemberStatus
+from streamlease.core.membership import MemberRecord
 from streamlease.errors import StoreError
 from streamlease.holdings import Holdings, MemberGate
 from streamlease.logs import event
@@ -59,28 +60,26 @@ class Takeover:
         this worker's part of the deal (``streamlease.core.deal``) straight over."""
         if self.stopping.is_set():
             return
-        view = self.membership.view
-        for row in view.members:
-            if row.status is not MemberStatus.DEAD or row.released:
-                continue
+        for row, weights in self.membership.deals():
             key = (row.worker_id, row.epoch)
             if key in self.dealt or self.holdings.tg is None:
                 continue
-            self.holdings.tg.create_task(self._guarded_take(row), name=f"take over {row.worker_id}")
+            self.holdings.tg.create_task(self._guarded_take(row, weights),
+                                         name=f"take over {row.worker_id}")
             self.dealt[key] = None
             if len(self.dealt) > DEALT_LIMIT:
                 self.dealt.popitem(last=False)
 
-    async def _guarded_take(self, dead: MemberRecord) -> None:
+    async def _guarded_take(self, dead: MemberRecord, weights: dict[str, int] | None) -> None:
         try:
-            taken, weight = await self._take_dead_part(dead)
+            taken, weight = await self._take_dead_part(dead, weights)
             # A second look: the owner index lags, so a stream the dead member took just
             # before it died may be listed only now; and survivors whose rows differed may
             # have dealt a stream to nobody. Those are taken too, up to this worker's
             # weight in the deal, before the fencer would release them.
             await sleep_unless(self.settings.second_pass_s, self.stopping)
             if not self.stopping.is_set():
-                await self._take_dead_part(dead, leftovers=max(0, weight - taken))
+                await self._take_dead_part(dead, weights, leftovers=max(0, weight - taken))
         except StoreError as exc:
             # Dealt again at the next cycle while its row still says unreleased.
             self.dealt.pop((dead.worker_id, dead.epoch), None)
@@ -93,19 +92,23 @@ class Takeover:
                   "crashed; its fencer releases what is left", member=dead.worker_id,
                   exc_info=True)
 
-    def _deal_for(self, dead: MemberRecord, stream_ids: list[str]) -> tuple[list[str], int]:
-        """This worker's part of the deal of ``stream_ids``, as every survivor computes it
-        from the member rows (which lag by a heartbeat at most), and its weight in it."""
-        view = self.membership.view
-        survivors = [m for m in view.active() if m.worker_id != dead.worker_id]
-        counts = {m.worker_id: m.streams for m in survivors}
-        capacities = {m.worker_id: m.capacity for m in survivors}
-        weights = deal_weights(counts, capacities, len(stream_ids))
+    def _deal_for(self, dead: MemberRecord, stream_ids: list[str],
+                  weights: dict[str, int] | None) -> tuple[list[str], int]:
+        """This worker's part of the deal of ``stream_ids`` by the leader's ``weights``
+        (its bulletin), or else as every survivor computes them from the member rows
+        (which lag by a heartbeat at most); and its weight in it."""
+        if weights is None:
+            view = self.membership.view
+            survivors = [m for m in view.active() if m.worker_id != dead.worker_id]
+            counts = {m.worker_id: m.streams for m in survivors}
+            capacities = {m.worker_id: m.capacity for m in survivors}
+            weights = deal_weights(counts, capacities, len(stream_ids))
         dealt = deal(stream_ids, weights)
         mine = [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
         return mine, weights.get(self.settings.owner, 0)
 
-    async def _take_dead_part(self, dead: MemberRecord, leftovers: int = 0) -> tuple[int, int]:
+    async def _take_dead_part(self, dead: MemberRecord, weights: dict[str, int] | None,
+                              leftovers: int = 0) -> tuple[int, int]:
         """Take this worker's part (and up to ``leftovers`` streams dealt elsewhere, in an
         order of this worker's own, so survivors looking at once want different ones):
         (taken, this worker's weight in the deal)."""
@@ -114,7 +117,7 @@ class Takeover:
         # Dealt over the listing as every survivor reads it, then what this worker already
         # holds or is taking is left out.
         listed = sorted({o.stream_id for o in owned})
-        mine, weight = self._deal_for(dead, listed)
+        mine, weight = self._deal_for(dead, listed, weights)
         if leftovers:
             others = sorted(set(listed) - set(mine),
                             key=lambda sid: preference(sid, self.settings.owner))
@@ -125,9 +128,8 @@ class Takeover:
         mine = mine[:max(0, room)]
         if not mine or not self.membership.accepting:
             return 0, weight
-        survivors = max(1, len([m for m in self.membership.view.active()
-                                if m.worker_id != dead.worker_id]))
-        spacing = survivors / TAKEOVERS_PER_S  # this worker's part of the fleet's budget
+        # This worker's part of the fleet's budget.
+        spacing = self.membership.survivors(dead.worker_id) / TAKEOVERS_PER_S
         gate = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
         taken: list[bool] = []
 

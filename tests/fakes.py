@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamlease.clock import Clock
+from streamlease.core.bulletin import Bulletin
 from streamlease.core.frames import Frame
 from streamlease.core.lease import Holding, RenewOutcome
 from streamlease.core.membership import HeartbeatOutcome
 from streamlease.core.model import Tenure
 from streamlease.errors import SelfFenced, StoreError, StoreThrottled, StoreUnavailable
-from streamlease.membership import FleetView
+from streamlease.membership import FleetKnowledge, FleetView
 from streamlease.metrics import Metrics
 from streamlease.store.memory import MemoryStore
 from streamlease.store.protocols import HeartbeatResult, RenewResult, Stores
@@ -193,15 +194,17 @@ class ScriptedPump:
         self.note(f"reconnect:{reason}")
 
 
-class StaticMember:
+class StaticMember(FleetKnowledge):
     """A membership that is always registered and alive, alone in its fleet unless a
-    test gives it a view (for reconciler unit tests)."""
+    test gives it a view or a bulletin (for reconciler unit tests)."""
 
     epoch = 1
     accepting = True
 
     def __init__(self) -> None:
         self.view = FleetView()
+        self.bulletin: Bulletin | None = None
+        self.reading_all = True
         self.notices = 0
 
     def may_write(self, now: float) -> bool:

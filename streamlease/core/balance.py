@@ -91,6 +91,41 @@ def counts_of(members: list[MemberRecord], me: str, my_held: int,
     return counts, active
 
 
+def shares_of(counts: dict[str, int], active: set[str], capacities: dict[str, int],
+              servable_orphans: int, total_at_least: int = 0) -> tuple[int, dict[str, int]]:
+    """(servable STARTED streams as counted, each member's fair share of them)."""
+    # A draining (or observed-dead) member's row still counts the streams it is releasing
+    # while they already show as orphans: count them once.
+    leaving = sum(n for m, n in counts.items() if m not in active)
+    holding = sum(n for m, n in counts.items() if m in active)
+    total = max(holding + max(leaving, servable_orphans), total_at_least)
+    return total, fair_shares(total, {m: capacities.get(m, 0) if m in active else 0
+                                      for m in counts})
+
+
+def donors(counts: dict[str, int], active: set[str], shares: dict[str, int],
+           servable_orphans: int) -> list[str]:
+    """The members at or above their share that give one stream each now: only when some
+    member sits below its band, nobody above the band is left to give and the orphans
+    already waiting cannot fill the gaps; the largest holders first, ties by id, as many
+    as the gaps need."""
+    need = sum(max(0, shares[m] - TOLERANCE - counts.get(m, 0)) for m in active) \
+        - servable_orphans
+    over = any(counts.get(m, 0) > shares[m] + TOLERANCE for m in active)
+    if need <= 0 or over:
+        return []
+    at_share = sorted((m for m in active if counts.get(m, 0) >= shares[m]),
+                      key=lambda m: (-(counts.get(m, 0) - shares[m]), m))
+    return at_share[:need]
+
+
+def shed_of(held: int, share: int, donor: bool) -> int:
+    """How many streams a member taking streams hands over now."""
+    if held > share + TOLERANCE:
+        return max(1, math.ceil((held - share) / 2))
+    return 1 if donor and held >= share else 0
+
+
 def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str, int],
          servable_orphans: int, total_at_least: int = 0) -> Balance:
     """This member's share and moves, from every member's count (``counts[me]`` is live).
@@ -100,13 +135,7 @@ def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str
     in nobody's count, which would shrink every share and make members over-shed, so the
     caller may pass ``total_at_least`` (the largest total it counted lately).
     """
-    # A draining (or observed-dead) member's row still counts the streams it is releasing
-    # while they already show as orphans: count them once.
-    leaving = sum(n for m, n in counts.items() if m not in active)
-    holding = sum(n for m, n in counts.items() if m in active)
-    total = max(holding + max(leaving, servable_orphans), total_at_least)
-    shares = fair_shares(total, {m: capacities.get(m, 0) if m in active else 0
-                                 for m in counts})
+    total, shares = shares_of(counts, active, capacities, servable_orphans, total_at_least)
     share = shares.get(me, 0)
     held = counts.get(me, 0)
     deficits = {m: max(0, shares.get(m, 0) - counts.get(m, 0)) for m in active}
@@ -117,20 +146,9 @@ def plan(me: str, counts: dict[str, int], active: set[str], capacities: dict[str
         take = deficits.get(me, 0)
     else:
         take = allocate(deficits, servable_orphans).get(me, 0)
-    shed = 0
-    if me not in active:
-        shed = 0  # draining members hand everything over through their own drain
-    elif held > share + TOLERANCE:
-        shed = max(1, math.ceil((held - share) / 2))
-    elif held >= share:
-        # Orphans already waiting fill the gaps first: give only for what they cannot.
-        need = sum(max(0, shares[m] - TOLERANCE - counts.get(m, 0)) for m in active) \
-            - servable_orphans
-        over = any(counts.get(m, 0) > shares[m] + TOLERANCE for m in active)
-        if need > 0 and not over:
-            donors = sorted((m for m in active if counts.get(m, 0) >= shares[m]),
-                            key=lambda m: (-(counts.get(m, 0) - shares[m]), m))
-            shed = 1 if me in donors[:need] else 0
+    # Draining members hand everything over through their own drain.
+    shed = 0 if me not in active else \
+        shed_of(held, share, me in donors(counts, active, shares, servable_orphans))
     return Balance(share=share, take=take, shed=shed, total=total, someone_below=someone_below)
 
 

@@ -60,6 +60,7 @@ class MemberRecord:
     handoffs: int = 0  # bumped each time it hands streams over (drain, rebalancing)
     incarnation: str | None = None  # a nonce per process, written by each registration
     fenced_by: str | None = None  # DEAD rows: the peer that fenced it
+    bulletin: str | None = None  # the leader's row: its bulletin (``core.bulletin``)
 
     @property
     def key(self) -> tuple[int, int]:

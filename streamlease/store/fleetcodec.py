@@ -45,6 +45,7 @@ HANDOFFS = "handoffs"  # N: bumped whenever the member hands streams over
 FENCED_BY = "fenced_by"
 FENCED_AT = "fenced_at_ms"
 INCARNATION = "incarnation"  # S: a nonce per process, written by each registration
+BULLETIN = "bulletin"  # S: the leader's bulletin (JSON, ``core.bulletin``), leader's row only
 # The epoch high-water item shares the MEMBER partition (one Query and the same IAM scope
 # as the rows) under a sort key no worker id can take: worker ids are printable, and this
 # starts with a control character. It has no status, so it never decodes as a member.
@@ -104,6 +105,7 @@ def decode_member(item: Mapping[str, Any]) -> MemberRecord | None:
         handoffs=_int(item, HANDOFFS),
         incarnation=_str(item, INCARNATION),
         fenced_by=_str(item, FENCED_BY),
+        bulletin=_str(item, BULLETIN),
     )
 
 
@@ -111,6 +113,7 @@ _NAMES = {
     "#epoch": EPOCH, "#hb": HEARTBEAT, "#status": STATUS, "#streams": STREAMS,
     "#cap": CAPACITY, "#hbat": HEARTBEAT_AT, "#started": STARTED_AT, "#released": RELEASED,
     "#handoffs": HANDOFFS, "#by": FENCED_BY, "#at": FENCED_AT, "#inc": INCARNATION,
+    "#bulletin": BULLETIN,
 }
 
 
@@ -164,16 +167,25 @@ def high_water_expr(deleted_epoch: int) -> Expr:
 
 
 def heartbeat_expr(epoch: int, status: MemberStatus, streams: int, capacity: int,
-                   handoffs: int, now_ms: int) -> Expr:
-    """Counter + 1, only under this member's epoch: a fenced member's heartbeat fails."""
+                   handoffs: int, now_ms: int, bulletin: str | None = None) -> Expr:
+    """Counter + 1, only under this member's epoch: a fenced member's heartbeat fails.
+    The leader's heartbeat also writes its bulletin; any other member's removes one it
+    wrote while it led."""
+    values = {":epoch": n(epoch), ":one": n(1), ":status": s(status.value),
+              ":streams": n(streams), ":cap": n(capacity), ":handoffs": n(handoffs),
+              ":now": n(now_ms)}
+    update = ("SET #hb = #hb + :one, #status = :status, #streams = :streams, #cap = :cap, "
+              "#handoffs = :handoffs, #hbat = :now")
+    if bulletin is None:
+        update += " REMOVE #bulletin"
+    else:
+        update += ", #bulletin = :bulletin"
+        values[":bulletin"] = s(bulletin)
     return Expr(
-        condition="#epoch = :epoch",
-        update=("SET #hb = #hb + :one, #status = :status, #streams = :streams, #cap = :cap, "
-                "#handoffs = :handoffs, #hbat = :now"),
-        names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#handoffs", "#hbat"),
-        values={":epoch": n(epoch), ":one": n(1), ":status": s(status.value),
-                ":streams": n(streams), ":cap": n(capacity), ":handoffs": n(handoffs),
-                ":now": n(now_ms)},
+        condition="#epoch = :epoch", update=update,
+        names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#handoffs", "#hbat",
+                     "#bulletin"),
+        values=values,
     )
 
 

@@ -358,16 +358,22 @@ class MemoryStore:
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,
-                        timeout: float | None = None) -> HeartbeatResult:
+                        timeout: float | None = None,
+                        bulletin: str | None = None) -> HeartbeatResult:
         self._called("heartbeat")
         old = self.members_by_id.get(worker_id)
         if old is None or old.epoch != epoch:
             return HeartbeatResult(HeartbeatOutcome.FENCED)
         new = dataclasses.replace(old, heartbeat=old.heartbeat + 1, status=status,
                                   streams=streams, capacity=capacity, handoffs=handoffs,
-                                  heartbeat_at_ms=now_wall_ms)
+                                  heartbeat_at_ms=now_wall_ms, bulletin=bulletin)
         self.members_by_id[worker_id] = new
         return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat)
+
+    async def member(self, worker_id: str,
+                     timeout: float | None = None) -> MemberRecord | None:
+        self._called("member")
+        return self.members_by_id.get(worker_id)
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         self._called("members")

@@ -161,8 +161,14 @@ class FleetStore(Protocol):
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,
-                        timeout: float | None = None) -> HeartbeatResult:
-        """Counter + 1 under this epoch; FENCED if the epoch moved on."""
+                        timeout: float | None = None,
+                        bulletin: str | None = None) -> HeartbeatResult:
+        """Counter + 1 under this epoch; FENCED if the epoch moved on. The row carries
+        ``bulletin`` afterwards (None: no bulletin)."""
+
+    async def member(self, worker_id: str,
+                     timeout: float | None = None) -> MemberRecord | None:
+        """One member row, read consistently (None if it does not exist)."""
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         """Every member row, in one consistent Query."""

@@ -53,9 +53,10 @@ class DynamoFleetStore(DynamoTable):
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,
-                        timeout: float | None = None) -> HeartbeatResult:
+                        timeout: float | None = None,
+                        bulletin: str | None = None) -> HeartbeatResult:
         expr = fleetcodec.heartbeat_expr(epoch, status, streams, capacity, handoffs,
-                                         now_wall_ms)
+                                         now_wall_ms, bulletin)
         try:
             resp = await self._call("update_item", timeout, TableName=self.table,
                                     Key=fleetcodec.member_key(worker_id),
@@ -69,6 +70,13 @@ class DynamoFleetStore(DynamoTable):
         counter = resp.get("Attributes", {}).get(fleetcodec.HEARTBEAT, {}).get("N")
         return HeartbeatResult(HeartbeatOutcome.RENEWED,
                                int(counter) if counter is not None else None)
+
+    async def member(self, worker_id: str,
+                     timeout: float | None = None) -> MemberRecord | None:
+        resp = await self._call("get_item", timeout, TableName=self.table,
+                                Key=fleetcodec.member_key(worker_id), ConsistentRead=True)
+        item = resp.get("Item")
+        return fleetcodec.decode_member(item) if item else None
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         found: list[MemberRecord] = []

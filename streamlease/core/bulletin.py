@@ -1,0 +1,177 @@
+"""The leader's bulletin: what every member needs from the whole fleet, in one small item.
+
+Only the fleet leader reads every member row. From them it composes a ``Bulletin`` and
+writes it into its own member row with its heartbeat; every other member reads that one
+row each read interval (``streamlease.membership``), so a member's control-plane reads do
+not grow with the fleet. The bulletin carries:
+
+* ``level`` — the fair-share water level: a member's share is ``min(capacity, level)``
+  (``streamlease.core.membership.fair_shares``), so no member needs the others' counts;
+* ``deficit``, ``below`` and ``donors`` — the balance planner's view of the gaps: how many
+  streams members below their share still need, how many such members there are, and
+  which members at their share give one stream now (``streamlease.core.balance``);
+* ``deals`` — for each fenced member whose streams are not released yet, its fenced
+  epoch and the survivors' weights: each survivor takes its part straight over
+  (``streamlease.core.deal``), as every member computes the same deal from them;
+* ``draining`` and ``gen`` — someone is handing streams over (poll the orphans fast), and
+  a counter that moves whenever the fleet's shape does (someone joined, left, died, was
+  released, started draining or handed streams over): a reconcile is worth it now;
+* ``statuses`` — the members by status, for every worker's gauges.
+
+Everything here is pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from streamlease.core.balance import Balance, counts_of, donors, shares_of, shed_of
+from streamlease.core.deal import deal_weights
+from streamlease.core.membership import MemberRecord, MemberStatus
+
+MAX_DONORS = 256  # donors named at once; the rest give at a later bulletin
+
+
+@dataclass(frozen=True)
+class Deal:
+    """A fenced member's streams, dealt across the survivors by weight."""
+
+    member: str
+    epoch: int  # the fenced (DEAD) row's epoch
+    streams: int  # as its last live row reported them
+    heirs: tuple[tuple[str, int], ...]  # (survivor, weight), weights > 0, sorted by id
+
+    def weights(self) -> dict[str, int]:
+        return dict(self.heirs)
+
+    def dead_row(self) -> MemberRecord:
+        return MemberRecord(self.member, self.epoch, 0, MemberStatus.DEAD, self.streams)
+
+
+@dataclass(frozen=True)
+class Bulletin:
+    gen: int
+    level: int
+    total: int
+    deficit: int
+    below: int
+    active: int
+    draining: bool
+    donors: tuple[str, ...] = ()
+    deals: tuple[Deal, ...] = ()
+    statuses: tuple[tuple[str, int], ...] = ()
+
+    def share_of(self, capacity: int) -> int:
+        return max(0, min(capacity, self.level))
+
+    def shape(self) -> tuple[object, ...]:
+        """Everything but the generation: a bulletin whose shape is unchanged is not news."""
+        return (self.level, self.total, self.deficit, self.below, self.active, self.draining,
+                self.donors, self.deals, self.statuses)
+
+
+def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], leader: str,
+            leader_held: int, leader_active: bool, servable_orphans: int, gen: int,
+            total_at_least: int = 0) -> Bulletin:
+    """The bulletin from every member row as the leader read them (its own count live)."""
+    rows = list(members)
+    counts, active = counts_of(rows, leader, leader_held, observed_dead)
+    if leader_active:
+        active.add(leader)
+    else:
+        active.discard(leader)
+    capacities = {m.worker_id: m.capacity for m in rows}
+    total, shares = shares_of(counts, active, capacities, servable_orphans, total_at_least)
+    level = max((shares[m] for m in active), default=0)
+    gaps = [max(0, shares[m] - counts.get(m, 0)) for m in active]
+    statuses: dict[str, int] = {}
+    for row in rows:
+        if row.worker_id in observed_dead and row.live_status:
+            statuses["UNRESPONSIVE"] = statuses.get("UNRESPONSIVE", 0) + 1
+        else:
+            statuses[row.status.value] = statuses.get(row.status.value, 0) + 1
+    survivors = {m: counts.get(m, 0) for m in active}
+    deals = tuple(
+        Deal(row.worker_id, row.epoch, row.streams,
+             tuple(sorted((m, w) for m, w in deal_weights(
+                 {m: n for m, n in survivors.items() if m != row.worker_id},
+                 {m: capacities.get(m, 0) for m in survivors if m != row.worker_id},
+                 row.streams).items() if w > 0)))
+        for row in sorted(rows, key=lambda r: r.worker_id)
+        if row.status is MemberStatus.DEAD and not row.released)
+    return Bulletin(
+        gen=gen, level=level, total=total, deficit=sum(gaps),
+        below=sum(1 for g in gaps if g > 0), active=len(active),
+        draining=any(m.status is MemberStatus.DRAINING and m.worker_id not in observed_dead
+                     for m in rows),
+        donors=tuple(donors(counts, active, shares, servable_orphans)[:MAX_DONORS]),
+        deals=deals, statuses=tuple(sorted(statuses.items())))
+
+
+def plan_from(bulletin: Bulletin, me: str, capacity: int, keeping: int, active: bool,
+              servable_orphans: int) -> Balance:
+    """A member's balance plan from the leader's bulletin and its own live count.
+
+    The bulletin's gaps are the leader's counts, up to a heartbeat and a read old; this
+    member's own gap is live. Orphans are taken up to its gap when they cover every gap,
+    else its part of them in proportion to its gap (the waiting tiers of ``intake`` take
+    what is left)."""
+    share = bulletin.share_of(capacity) if active else 0
+    gap = max(0, share - keeping)
+    deficit = max(bulletin.deficit, gap)
+    if servable_orphans >= deficit:
+        take = gap
+    else:
+        take = min(gap, math.ceil(servable_orphans * gap / deficit))
+    shed = shed_of(keeping, share, me in bulletin.donors) if active else 0
+    others_below = bulletin.below - (1 if gap > 0 else 0)
+    return Balance(share=share, take=take, shed=shed, total=bulletin.total,
+                   someone_below=others_below > 0)
+
+
+# -- the bulletin as stored: a compact JSON string in the leader's member row -------------
+
+
+def encode(bulletin: Bulletin) -> str:
+    return json.dumps({
+        "g": bulletin.gen, "l": bulletin.level, "t": bulletin.total, "d": bulletin.deficit,
+        "b": bulletin.below, "a": bulletin.active, "dr": int(bulletin.draining),
+        "do": list(bulletin.donors),
+        "de": [[d.member, d.epoch, d.streams, [[m, w] for m, w in d.heirs]]
+               for d in bulletin.deals],
+        "s": [[k, v] for k, v in bulletin.statuses],
+    }, separators=(",", ":"))
+
+
+def decode(text: str | None) -> Bulletin | None:
+    """The bulletin, or None if absent or unreadable (the reader then reads every row)."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        return Bulletin(
+            gen=_int(raw["g"]), level=_int(raw["l"]), total=_int(raw["t"]),
+            deficit=_int(raw["d"]), below=_int(raw["b"]), active=_int(raw["a"]),
+            draining=bool(_int(raw["dr"])),
+            donors=tuple(_str(m) for m in raw["do"]),
+            deals=tuple(Deal(_str(m), _int(e), _int(n),
+                             tuple((_str(h), _int(w)) for h, w in heirs))
+                        for m, e, n, heirs in raw["de"]),
+            statuses=tuple((_str(k), _int(v)) for k, v in raw["s"]))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}")
+    return value
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {value!r}")
+    return value
