@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from streamlease.config import DEFAULTS
+from streamlease.core import bulletin
 from streamlease.core.membership import MemberTimings
 from streamlease.store import codec, fleetcodec
 
@@ -96,6 +97,15 @@ def member_row() -> dict[str, Any]:
             f.RELEASED: _n(0), f.HANDOFFS: _n(12), f.INCARNATION: _s("0123456789abcdef")}
 
 
+def leader_member_row() -> dict[str, Any]:
+    """The leader's member row: a live row with its bulletin at steady state (no deal, no
+    donor: a fenced member's deal adds about 25 bytes per survivor while it lasts)."""
+    news = bulletin.Bulletin(gen=4_321, level=100, total=100_000, deficit=0, below=0,
+                             active=1_000, draining=False,
+                             statuses=(("ACTIVE", 1_000),))
+    return {**member_row(), fleetcodec.BULLETIN: _s(bulletin.encode(news))}
+
+
 def high_water_item() -> dict[str, Any]:
     return {**fleetcodec.high_water_key(), fleetcodec.EPOCH: _n(NOW_MS)}
 
@@ -132,6 +142,7 @@ class Sizes:
     """Bytes per item, from the representative items above."""
 
     member_row: int
+    leader_row: int
     high_water: int
     leader: int
     stream: int
@@ -140,7 +151,9 @@ class Sizes:
 
     @classmethod
     def from_codecs(cls) -> Sizes:
-        return cls(member_row=item_bytes(member_row()), high_water=item_bytes(high_water_item()),
+        return cls(member_row=item_bytes(member_row()),
+                   leader_row=item_bytes(leader_member_row()),
+                   high_water=item_bytes(high_water_item()),
                    leader=item_bytes(leader_item()), stream=item_bytes(stream_item()),
                    orphan_entry=item_bytes(orphan_index_entry()),
                    owner_entry=item_bytes(owner_index_entry()))
@@ -326,14 +339,23 @@ KINDS: tuple[Kind, ...] = (
          "update_item", FLEET, "MEMBER", "one", "W / heartbeat",
          per_s=lambda f: f.workers / f.settings.heartbeat_s,
          write_units=lambda f: write_units(f.sizes.member_row)),
-    # Membership._observe_loop -> _observe -> DynamoFleetStore.members: a consistent Query
-    # of every row under Pk = MEMBER, every observe_s (jittered 10 %), by every worker.
-    Kind("member read (observe)", "membership.py _observe_loop; store/dynamodb/fleet.py members",
-         "query", FLEET, "MEMBER", "one", "W / observe_s; reads all W rows",
-         per_s=lambda f: f.workers / f.settings.observe_s,
+    # Membership._observe_loop -> _observe -> _observe_all -> DynamoFleetStore.members: the
+    # leader's consistent Query of every row under Pk = MEMBER, every observe_s (jittered
+    # 10 %); it composes the bulletin from them.
+    Kind("member read, leader (observe)",
+         "membership.py _observe_all; store/dynamodb/fleet.py members",
+         "query", FLEET, "MEMBER", "one", "1 / observe_s (leader); reads all W rows",
+         per_s=lambda f: 1 / f.settings.observe_s,
          requests=lambda f: _member_query(f)[0],
          items=lambda f: f.workers + 1.0,
          read_units=lambda f: _member_query(f)[1]),
+    # Membership._observe -> _observe_leader -> DynamoFleetStore.member: every other worker
+    # reads the leader's row (its bulletin) with a consistent GetItem every observe_s.
+    Kind("member read, others (leader's row)",
+         "membership.py _observe_leader; store/dynamodb/fleet.py member",
+         "get_item", FLEET, "MEMBER", "one", "(W - 1) / observe_s; one row",
+         per_s=lambda f: (f.workers - 1) / f.settings.observe_s,
+         items=_one, read_units=lambda f: read_units(f.sizes.leader_row, True)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: every ACTIVE
     # worker that does not lead reads the lease (consistent GetItem) every observe_s.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
@@ -530,7 +552,7 @@ def scale_figures(streams: int, settings: Settings) -> dict[str, Any]:
     nearest = max(used, key=lambda u: u[1])
     reads = sum(x.read_units_s for x in found)
     writes = sum(x.write_units_s for x in found)
-    member = sum(x.read_units_s for x in found if x.kind.name == "member read (observe)")
+    member = sum(x.read_units_s for x in found if x.kind.name.startswith("member read"))
     month = (reads * PRICE_READ + writes * PRICE_WRITE) * SECONDS_PER_MONTH
     return {
         "streams": streams, "workers": shape.workers,

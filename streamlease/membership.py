@@ -36,7 +36,6 @@ many streams it holds; each stream's own lease is renewed only every
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 import secrets
@@ -469,12 +468,15 @@ class Membership(FleetKnowledge):
         self.view = FleetView(tuple(members), frozenset(m.worker_id for m in dead))
         self.reading_all = True
         self.metrics.members(self.view.members, self.view.observed_dead)
+        changed = _changed(before, self.view)
         if self.hooks.leading():
+            if changed:
+                self._gen += 1
             self.compose(received)
         else:
             self.bulletin = self._composed = None
             self._totals.clear()
-        if _changed(before, self.view):
+        if changed:
             self.hooks.fleet_changed()
         for member in dead:
             self._pending.setdefault(member.worker_id, _Takeover(member, received))
@@ -487,8 +489,10 @@ class Membership(FleetKnowledge):
         self._finish_abandoned(members, received)
 
     def compose(self, now: float) -> None:
-        """The leader's bulletin from the rows it read (its own count live); a new
-        generation, and a heartbeat soon to publish it, when its shape changed."""
+        """The leader's bulletin from the rows it read (its own count live), published
+        with a heartbeat soon when it changed. Its generation moves only when the fleet
+        did (someone joined, left, died, was released, drains or handed streams over):
+        that is what pokes the other members' reconcilers, not a changed count."""
         held = self.hooks.held()
         orphans = self.hooks.orphans()
         counted = sum(m.streams for m in self.view.members
@@ -500,10 +504,9 @@ class Membership(FleetKnowledge):
         news = bulletins.compose(self.view.members, self.view.observed_dead, self.me, held,
                                  self.accepting, orphans, self._gen,
                                  total_at_least=max(n for _, n in self._totals))
-        if self._composed is not None and self._composed.shape() == news.shape():
+        if news == self._composed:
             return
-        self._gen += 1
-        self._composed = self.bulletin = dataclasses.replace(news, gen=self._gen)
+        self._composed = self.bulletin = news
         self._beat_now.set()
 
     def _my_turn(self, takeover: _Takeover, now: float) -> bool:
@@ -554,6 +557,7 @@ class Membership(FleetKnowledge):
             self.view = FleetView(tuple(fenced if m.worker_id == fenced.worker_id else m
                                         for m in self.view.members), self.view.observed_dead)
             if self.hooks.leading() and self.reading_all:
+                self._gen += 1
                 self.compose(self.clock.monotonic())  # the deal, in the next heartbeat
             elif not self.reading_all:
                 # The leader itself was fenced: its bulletin is gone with it. Deal from

@@ -4,9 +4,11 @@ silenced, fenced, revived; failures injected into releases."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -399,3 +401,90 @@ async def test_a_failing_takeover_task_is_logged_counted_and_the_member_goes_on(
     assert store.count("heartbeat") > beats and not task.done()
     one.stop()
     await asyncio.wait_for(task, 5)
+
+
+# -- the leader's bulletin ----------------------------------------------------------------
+
+
+def fleet_member(memory: MemoryStore, name: str, leader: list[str],
+                 held: int = 0) -> tuple[Membership, FaultyStore]:
+    """A member on its own call-counting view of one table; ``leader[0]`` leads."""
+    store = FaultyStore(memory)
+    hooks = Hooks(held=lambda: held, fenced=lambda: None, self_fenced=lambda: None,
+                  fleet_changed=lambda: None, leading=lambda: bool(leader) and leader[0] == name,
+                  leader=lambda: leader[0] if leader else None)
+    return Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
+                      MembershipSettings(name, 10, T), hooks), store
+
+
+async def until(condition: Callable[[], bool], limit: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + limit
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.05)
+
+
+async def test_members_other_than_the_leader_read_only_the_leaders_row() -> None:
+    memory = MemoryStore()
+    leader = ["a"]
+    pairs = {n: fleet_member(memory, n, leader, held=held)
+             for n, held in (("a", 9), ("b", 3), ("c", 0))}
+    for m, _ in pairs.values():
+        await m.register()
+    tasks = [asyncio.create_task(m.run()) for m, _ in pairs.values()]
+    await until(lambda: all(m.bulletin is not None and not m.reading_all
+                            for n, (m, _) in pairs.items() if n != "a"))
+    for _, store in pairs.values():
+        store.calls.clear()
+    await asyncio.sleep(10 * T.heartbeat_s)
+    a, b = pairs["a"], pairs["b"]
+    assert a[1].count("members") >= 10 and a[1].count("member") == 0
+    for m, store in (b, pairs["c"]):
+        assert store.count("members") == 0 and store.count("member") >= 10
+        assert m.bulletin == a[0].bulletin
+    news = b[0].bulletin
+    assert news is not None and (news.level, news.total, news.active) == (4, 12, 3)
+    assert b[0].metrics.registry.get_sample_value(
+        "streamlease_members", {"status": "ACTIVE"}) == 3
+    for m, _ in pairs.values():
+        m.stop()
+    await asyncio.gather(*tasks)
+
+
+async def test_the_leaders_death_is_seen_by_the_others_who_read_every_row_again() -> None:
+    memory = MemoryStore()
+    leader = ["a"]
+    pairs = {n: fleet_member(memory, n, leader) for n in "abc"}
+    for m, _ in pairs.values():
+        await m.register()
+    tasks = {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
+    b = pairs["b"][0]
+    await until(lambda: b.bulletin is not None and not b.reading_all)
+    tasks["a"].cancel()  # the leader stops heartbeating; its lease still names it
+    await until(lambda: memory.members_by_id["a"].status is MemberStatus.DEAD,
+                limit=T.lease_s + 10)
+    await until(lambda: b.reading_all and any(m.worker_id == "c" for m in b.view.members))
+    assert memory.members_by_id["a"].fenced_by in ("b", "c")
+    for n in "bc":
+        pairs[n][0].stop()
+        await tasks[n]
+
+
+async def test_an_unreadable_bulletin_is_counted_and_every_row_is_read_instead(
+        caplog: pytest.LogCaptureFixture) -> None:
+    memory = MemoryStore()
+    leader = ["a"]
+    a, _ = fleet_member(memory, "a", leader)
+    b, store = fleet_member(memory, "b", leader)
+    await a.register()
+    await b.register()
+    memory.members_by_id["a"] = dataclasses.replace(memory.members_by_id["a"],
+                                                    bulletin='{"g": "torn')
+    caplog.set_level(logging.WARNING)
+    await b._observe()
+    assert b.reading_all and b.bulletin is None
+    assert {m.worker_id for m in b.view.members} == {"a", "b"}
+    assert store.count("member") == 1 and store.count("members") == 1
+    assert b.metrics.registry.get_sample_value("streamlease_bulletin_unreadable_total") == 1
+    assert any(getattr(r, "sl_event", "") == "member.bulletin_unreadable"
+               for r in caplog.records)

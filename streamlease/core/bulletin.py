@@ -14,8 +14,9 @@ not grow with the fleet. The bulletin carries:
   epoch and the survivors' weights: each survivor takes its part straight over
   (``streamlease.core.deal``), as every member computes the same deal from them;
 * ``draining`` and ``gen`` — someone is handing streams over (poll the orphans fast), and
-  a counter that moves whenever the fleet's shape does (someone joined, left, died, was
-  released, started draining or handed streams over): a reconcile is worth it now;
+  a counter that moves whenever the fleet's membership does (someone joined, left, died,
+  was released, started draining or handed streams over; not when a count changes): a
+  reconcile is worth it now;
 * ``statuses`` — the members by status, for every worker's gauges.
 
 Everything here is pure: no I/O, no clock.
@@ -66,11 +67,6 @@ class Bulletin:
 
     def share_of(self, capacity: int) -> int:
         return max(0, min(capacity, self.level))
-
-    def shape(self) -> tuple[object, ...]:
-        """Everything but the generation: a bulletin whose shape is unchanged is not news."""
-        return (self.level, self.total, self.deficit, self.below, self.active, self.draining,
-                self.donors, self.deals, self.statuses)
 
 
 def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], leader: str,
