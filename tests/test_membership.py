@@ -488,3 +488,31 @@ async def test_an_unreadable_bulletin_is_counted_and_every_row_is_read_instead(
     assert b.metrics.registry.get_sample_value("streamlease_bulletin_unreadable_total") == 1
     assert any(getattr(r, "sl_event", "") == "member.bulletin_unreadable"
                for r in caplog.records)
+
+
+async def test_the_bulletins_generation_moves_with_membership_not_with_counts() -> None:
+    memory = MemoryStore()
+    leader = ["a"]
+    held = [5]
+    store = FaultyStore(memory)
+    a = Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
+                   MembershipSettings("a", 10, T),
+                   Hooks(held=lambda: held[0], fenced=lambda: None, self_fenced=lambda: None,
+                         fleet_changed=lambda: None, leading=lambda: True))
+    b, _ = fleet_member(memory, "b", leader)
+    await a.register()
+    await b.register()
+    tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
+    await until(lambda: b.bulletin is not None and b.bulletin.total == 5)
+    assert a.bulletin is not None
+    gen = a.bulletin.gen
+    held[0] = 7  # a count changes: republished, same generation
+    await until(lambda: b.bulletin is not None and b.bulletin.total == 7)
+    assert b.bulletin is not None and b.bulletin.gen == gen
+    c, _ = fleet_member(memory, "c", leader)
+    await c.register()  # a member joins: a new generation
+    await until(lambda: b.bulletin is not None and b.bulletin.active == 3)
+    assert b.bulletin is not None and b.bulletin.gen > gen
+    for m in (a, b):
+        m.stop()
+    await asyncio.gather(*tasks)

@@ -10,6 +10,7 @@ import pytest
 
 from streamlease.app import build_settings
 from streamlease.config import WorkerConfig
+from streamlease.core.bulletin import Bulletin
 from streamlease.core.lease import LeaseTimings, StopReason
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.core.model import MAX_LAST_ERROR_CHARS
@@ -484,3 +485,32 @@ async def test_the_self_audit_leaves_a_newer_incarnations_lease_alone() -> None:
     record = await fleet.memory.get("x")
     assert record is not None and record.lease_expires_at_ms
 
+
+
+async def test_a_member_reading_the_leaders_row_plans_from_its_bulletin(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The bulletin's level is the share: w1 holds 4 where the level says 2, past its band
+    (share + 1), so it sheds; then, inside its band and named a donor, it gives one more."""
+    fleet = Fleet(min_hold_s=0.0)
+    await fleet.streams("a", "b", "c", "d")
+    fleet.start()
+    async with asyncio.timeout(10):
+        while len(fleet.held()) < 4:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=2,
+                          capacity=100)
+    fleet.member.view = FleetView((leader,))
+    fleet.member.bulletin = Bulletin(gen=1, level=2, total=8, deficit=2, below=1, active=3,
+                                     draining=False)
+    fleet.member.reading_all = False
+    async with asyncio.timeout(30):
+        while len(fleet.held()) > 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert fleet.metrics.registry.get_sample_value("streamlease_member_share") == 2
+    fleet.member.bulletin = Bulletin(gen=1, level=2, total=8, deficit=0, below=0, active=3,
+                                     draining=False, donors=("w1",))
+    async with asyncio.timeout(30):
+        while len(fleet.held()) > 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert len(events(caplog, "balance.shed")) >= 2
+    await fleet.stop()
