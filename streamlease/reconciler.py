@@ -94,6 +94,8 @@ class Reconciler:
         self._share = 0  # this worker's fair share at the last cycle
         self._next_shed = 0.0
         self._servable = 0  # servable orphans at the last cycle (the leader's bulletin)
+        # The bulletin the last shed followed, and when: shed again on a newer one.
+        self._shed_after: tuple[bulletin.Bulletin | None, float] = (None, 0.0)
         self._orphan_since: dict[str, float] = {}  # when this worker first saw each orphan
         self._totals: deque[tuple[float, int]] = deque()  # (when, streams counted) lately
         self._release_by: float | None = None
@@ -320,7 +322,7 @@ class Reconciler:
             # The leader's bulletin: the share level, the gaps, the donors.
             plan = bulletin.plan_from(news, self.settings.owner, self.settings.max_streams,
                                       keeping, self.membership.accepting, servable)
-            return self._follow(plan, keeping, waited, now)
+            return self._follow(plan, keeping, waited, now, news)
         counts, active = balance.counts_of(list(view.members), self.settings.owner, keeping,
                                            view.observed_dead)
         capacities = {m.worker_id: m.capacity for m in view.members}
@@ -338,21 +340,28 @@ class Reconciler:
         return self._follow(plan, keeping, waited, now)
 
     def _follow(self, plan: balance.Balance, keeping: int, waited: balance.Waited,
-                now: float) -> int:
-        """Shed what ``plan`` says; how many orphans to take now."""
+                now: float, news: bulletin.Bulletin | None = None) -> int:
+        """Shed what ``plan`` (made from the leader's bulletin ``news``, if given) says;
+        how many orphans to take now."""
         self.metrics.share(plan.share)
         self._share = plan.share
         if plan.shed:
-            self._shed(plan.shed, now)
+            self._shed(plan.shed, now, news)
         return balance.intake(plan, keeping, waited)
 
-    def _shed(self, count: int, now: float) -> None:
+    def _shed(self, count: int, now: float, news: bulletin.Bulletin | None = None) -> None:
         """Hand ``count`` streams over through the graceful path (stop reading, flush,
         checkpoint, release), the longest held first, never one held less than the
-        minimum hold time; then pause shedding until the takers' counts can be seen."""
+        minimum hold time; then pause shedding until the takers' counts can be seen: a
+        heartbeat when planning from the rows; from the leader's bulletin, until a
+        bulletin that differs from the one the last shed followed (the leader has seen
+        the counts move), or four heartbeats if none comes."""
         if now < self._next_shed or any(s.holding.reason is StopReason.REBALANCE
                                         for s in self.supervisors.values()):
             return  # the last hand-over is still in flight, or its takers not yet seen
+        if news is not None and news == self._shed_after[0] and \
+                now < self._shed_after[1] + 4 * self.settings.stopped_check_s:
+            return  # the bulletin does not show the last hand-over yet
         movable = [s for s in self.supervisors.values()
                    if s.holding.state is HolderState.HOLDING
                    and now - s.acquired_at >= self.settings.min_hold_s]
@@ -366,6 +375,7 @@ class Reconciler:
                   streams=[s.stream for s in chosen], held=len(self.supervisors))
             # The takers' new counts reach the member rows within a heartbeat.
             self._next_shed = now + 1.5 * self.settings.stopped_check_s
+            self._shed_after = (news, now)
 
     def _admits(self) -> bool:
         """Admission control: no new streams while this worker's renewals are failing,
