@@ -186,6 +186,7 @@ class Membership(FleetKnowledge):
         self.reading_all = True  # the last observation read every row
         self._gen = 0  # the generation of the bulletins this worker composes
         self._composed: Bulletin | None = None
+        self._publish_now = False  # a heartbeat is due at once: it carries a new bulletin
         self._totals: list[tuple[float, int]] = []  # (when, total counted) while leading
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
@@ -399,6 +400,11 @@ class Membership(FleetKnowledge):
         so a burst of notices costs one write."""
         await sleep_unless(seconds, self._beat_now)
         self._beat_now.clear()
+        if self._publish_now:
+            # The leader's new bulletin: composed at most once a read interval, and every
+            # other member waits for it. Now.
+            self._publish_now = False
+            return
         gap = self._last_beat + min(self.timings.observe_s, self.timings.heartbeat_s / 4) \
             - self.clock.monotonic()
         if gap > 0 and not self._stop.is_set():
@@ -507,6 +513,7 @@ class Membership(FleetKnowledge):
         if news == self._composed:
             return
         self._composed = self.bulletin = news
+        self._publish_now = True
         self._beat_now.set()
 
     def _my_turn(self, takeover: _Takeover, now: float) -> bool:
