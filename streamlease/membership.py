@@ -458,6 +458,7 @@ class Membership(FleetKnowledge):
         self.bulletin, self.reading_all = news, False
         self.view = FleetView((row,), frozenset(m.worker_id for m in dead))
         self.metrics.member_counts(dict(news.statuses))
+        self.metrics.member_rows_read(1)
         if before is None or before.gen != news.gen:
             self.hooks.fleet_changed()
         self._pending.clear()
@@ -474,6 +475,7 @@ class Membership(FleetKnowledge):
         self.view = FleetView(tuple(members), frozenset(m.worker_id for m in dead))
         self.reading_all = True
         self.metrics.members(self.view.members, self.view.observed_dead)
+        self.metrics.member_rows_read(len(members))
         changed = _changed(before, self.view)
         if self.hooks.leading():
             if changed:

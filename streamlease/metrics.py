@@ -151,6 +151,11 @@ class Metrics:
             "Fleet members as this worker last read them (or as the leader's bulletin counts "
             "them), by status (UNRESPONSIVE: observed dead, not yet fenced)", ["status"],
             registry=r)
+        self._member_rows_read = Gauge(
+            p + "member_rows_read",
+            "Member rows this worker's last fleet read returned: 1 while it reads only the "
+            "leader's row (its bulletin), every row while it leads or has no bulletin",
+            registry=r)
         self._bulletin_unreadable = Counter(
             p + "bulletin_unreadable",
             "Reads of the leader's row whose bulletin could not be read (every member row "
@@ -384,6 +389,9 @@ class Metrics:
         """The members by status as the leader's bulletin counts them."""
         for status in MEMBER_STATUSES:
             self._members.labels(status).set(counts.get(status, 0))
+
+    def member_rows_read(self, rows: int) -> None:
+        self._member_rows_read.set(rows)
 
     def bulletin_unreadable(self) -> None:
         self._bulletin_unreadable.inc()

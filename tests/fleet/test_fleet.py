@@ -101,6 +101,47 @@ async def test_every_stream_has_exactly_one_owner_and_kill_9_fails_over(
     await fleet.audit()
 
 
+async def test_only_the_leader_reads_every_row_and_its_death_is_seen_by_the_others(
+        make_fleet: FleetFactory) -> None:
+    """The others read only the leader's row (its bulletin). Killed, the leader is seen
+    dead by them as any member would be by it: fenced once, its streams served again, and
+    a new leader's bulletin read by the rest."""
+    fleet = await make_fleet(streams=12).start(workers=4)
+    await wait_until(fleet.all_owned, 30, "all 12 streams owned")
+
+    def leaders() -> list[str]:
+        return [n for n, w in fleet.workers.items()
+                if w.proc.popen.poll() is None and w.metric("streamlease_is_leader") == 1]
+
+    async def one_leader(among: set[str]) -> bool:
+        found = leaders()
+        return len(found) == 1 and found[0] in among
+
+    async def reading_the_bulletin(names: set[str]) -> bool:
+        return all(fleet.workers[n].metric("streamlease_member_rows_read") == 1 for n in names)
+
+    await wait_until(lambda: one_leader(set(fleet.workers)), 15, "one leader")
+    [leader] = leaders()
+    others = set(fleet.workers) - {leader}
+    await wait_until(lambda: reading_the_bulletin(others), 15,
+                     "every other worker reading the leader's row only")
+    assert fleet.workers[leader].metric("streamlease_member_rows_read") == 4
+    before = {s: r.last_seq or 0 for s, r in (await fleet.records()).items()}
+    fleet.workers[leader].proc.signal(signal.SIGSTOP)
+    victim_streams = [s for s, o in (await fleet.owners()).items() if o == leader]
+    fleet.workers[leader].proc.kill()
+    await wait_until(lambda: fleet.all_owned(by=others), 30, "the leader's streams taken over")
+    await wait_until(lambda: delivering(fleet, victim_streams, before), 30,
+                     "the leader's streams delivering again")
+    await wait_until(lambda: one_leader(others), 15, "a new leader")
+    [new_leader] = leaders()
+    await wait_until(lambda: reading_the_bulletin(others - {new_leader}), 15,
+                     "the rest reading the new leader's row only")
+    assert sum(fleet.workers[n].metric("streamlease_members_declared_dead_total")
+               for n in others) == 1
+    await fleet.audit()
+
+
 async def test_sigterm_hands_over_well_before_the_lease_would_expire(
         make_fleet: FleetFactory) -> None:
     # A long lease makes "well before expiry" visible: the hand-over must not wait for it.
