@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -96,7 +97,7 @@ class Takeover:
                   weights: dict[str, int] | None) -> tuple[list[str], int]:
         """This worker's part of the deal of ``stream_ids`` by the leader's ``weights``
         (its bulletin), or else as every survivor computes them from the member rows
-        (which lag by a heartbeat at most); and its weight in it."""
+        (which lag by a heartbeat at most); and how many of them its weight is worth."""
         if weights is None:
             view = self.membership.view
             survivors = [m for m in view.active() if m.worker_id != dead.worker_id]
@@ -105,7 +106,11 @@ class Takeover:
             weights = deal_weights(counts, capacities, len(stream_ids))
         dealt = deal(stream_ids, weights)
         mine = [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
-        return mine, weights.get(self.settings.owner, 0)
+        # This worker's expected part of what is listed: the weights are relative (the
+        # leader weighed them by the dead member's last reported count, which lags).
+        total = sum(w for w in weights.values() if w > 0)
+        weight = max(0, weights.get(self.settings.owner, 0))
+        return mine, math.ceil(len(stream_ids) * weight / total) if total else 0
 
     async def _take_dead_part(self, dead: MemberRecord, weights: dict[str, int] | None,
                               leftovers: int = 0) -> tuple[int, int]:

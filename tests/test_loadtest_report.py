@@ -4,6 +4,7 @@ scenarios' bookkeeping (moves, merging, failures) holds without running a fleet.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,12 @@ def sample_result() -> dict[str, Any]:
         "faults": [{"kind": "kill9", "at": 5.0, "worker": "w1", "streams": 2, "recovered": 2}],
         "timeline": [(0.0, {}), (1.0, {"w1": 2, "w2": 2}), (6.0, {"w2": 4})],
     }
+
+
+# The STARTED key takes 1,000 write units a second; half of it goes at N streams when each
+# stream's renewal (every 600 s) and a deploy a day's acquisition and release each move
+# its index entry (a delete and a put, 1 unit each): N x (2 / 600 + 2 x 2 / 86,400) = 500.
+STARTED_AT_HALF = math.floor(500 / (2 / 600 + 4 / 86_400))
 
 
 def model() -> dict[str, Any]:
@@ -164,7 +171,7 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
             assert part in value, key
             value = value[part]
     assert doc["balance"]["converge_s"] is None  # never converged: null, not a crash
-    assert doc["streams_per_table_at_defaults"] == 28_000
+    assert doc["streams_per_table_at_defaults"] == STARTED_AT_HALF
     md = Path(paths["md"]).read_text()
     for heading in ("## Targets", "## Clock skew", "## Slow store", "## Balance", "## Scale",
                     "## Capacity model"):
@@ -174,7 +181,8 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
     assert "| `slow_store.moves` | 29 | 0 | **no** |" in md
     assert "| `slow_store.stalled_streams` | 2 | 0 | **no** |" in md
     assert "streams that delivered nothing while observed: **2** (s001, s002)" in md
-    assert "| `streams_per_table_at_defaults` | 28,000 | >= 1,000,000 | **no** |" in md
+    assert f"| `streams_per_table_at_defaults` | {STARTED_AT_HALF:,} | >= 1,000,000 | **no** |" \
+        in md
     assert "(acquired but not served): w2 1" in md
     assert "**modelled** from the code (`per_worker_read_growth_modelled`)" in md
     assert doc["scale"]["per_worker_read_growth_modelled"]["modelled"] is True
@@ -212,13 +220,14 @@ def test_percentiles_and_cost_arithmetic() -> None:
 
 def test_capacity_model_arithmetic() -> None:
     m = model()
-    # Every request kind, every key at or under half its limit: the member reads first.
-    assert m["streams_per_table"] == 28_000
-    assert m["first_key_over_budget"] == "fleet table / MEMBER / reads"
+    # Every request kind, every key at or under half its limit: the orphan index's STARTED
+    # key's writes first (only the leader reads every member row).
+    assert m["streams_per_table"] == STARTED_AT_HALF
+    assert m["first_key_over_budget"] == "streams: desired_state index / STARTED / writes"
     # 12 member heartbeats a minute over 500 streams + 0.1 renewals; over 100 at defaults.
     assert m["upkeep_writes_per_stream_minute"] == pytest.approx(0.124)
     assert m["upkeep_writes_per_stream_minute_full_workers"] == pytest.approx(0.22)
-    assert "**Streams per table at defaults: 28,000**" in m["text"]
+    assert f"**Streams per table at defaults: {STARTED_AT_HALF:,}**" in m["text"]
     assert "measured_vs_model" not in m  # no shape or requests measured: nothing to compare
     assert renewal_rate(0.0, 60, 600)[0] == pytest.approx(0.1)  # window too short
     assert renewal_rate(0.098, 700, 600) == (0.098, "measured over 700 s")
