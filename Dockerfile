@@ -39,7 +39,7 @@ RUN python -m pip wheel --no-deps --no-index --find-links /wheels --wheel-dir /d
  && python -m venv --without-pip /opt/venv \
  && wheel=$(echo /dist/streamlease-*.whl) \
  && python -m pip --python /opt/venv/bin/python install --no-index --find-links /wheels \
-        "${wheel}[redis]" \
+        "${wheel}[redis,tracing]" \
  && /opt/venv/bin/streamlease --help >/dev/null
 
 
