@@ -26,10 +26,11 @@ release span (``OnBehalfReleases``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -37,6 +38,7 @@ from opentelemetry.trace import Link, Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from streamlease import __version__
+from streamlease.core.membership import MemberRecord
 from streamlease.core.model import StreamRecord
 from streamlease.logs import event
 from streamlease.store import codec
@@ -54,9 +56,11 @@ HOW_TAKEOVER = "takeover"  # a dead member's stream, taken straight over
 HOW_HAND_WRITTEN = "hand-written"  # never held: written by an operator
 
 AttributeValue = str | bool | int | float
+S = TypeVar("S")
+P = ParamSpec("P")
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_TRACER = trace.get_tracer("streamlease", __version__)
+_tracer: tuple[trace.TracerProvider, trace.Tracer] | None = None  # the provider's tracer
 _installed: Any = None  # the SDK tracer provider setup_tracing installed, if any
 
 
@@ -126,8 +130,13 @@ def enabled() -> bool:
 
 
 def tracer() -> trace.Tracer:
-    """The worker's tracer (the API's proxy: it follows whatever provider is installed)."""
-    return _TRACER
+    """The worker's tracer, from the tracer provider installed now (the API's proxy, whose
+    tracer is a no-op, until one is)."""
+    global _tracer
+    provider = trace.get_tracer_provider()
+    if _tracer is None or _tracer[0] is not provider:
+        _tracer = (provider, provider.get_tracer("streamlease", __version__))
+    return _tracer[1]
 
 
 @contextlib.contextmanager
@@ -146,9 +155,21 @@ def span(name: str, *, root: bool = False, links: Sequence[Link] = (),
         current = trace.get_current_span().get_span_context()
         if current.is_valid:
             links = [*links, Link(current, {PREFIX + "link": "parent"})]
-    with _TRACER.start_as_current_span(PREFIX + name, context=parent, links=links,
+    with tracer().start_as_current_span(PREFIX + name, context=parent, links=links,
                                        attributes=_attributes(attributes)) as current_span:
         yield current_span
+
+
+def takeover_span(method: Callable[Concatenate[S, MemberRecord, P], Coroutine[Any, Any, None]]
+                  ) -> Callable[Concatenate[S, MemberRecord, P], Coroutine[Any, Any, None]]:
+    """Run a take-over of a dead member's streams (a method whose first argument is the dead
+    member's row) in a ``streamlease.takeover`` span: a root, since the dead member wrote
+    nothing to link to; the acquisitions it makes are its children."""
+    @functools.wraps(method)
+    async def traced(self: S, dead: MemberRecord, /, *args: P.args, **kwargs: P.kwargs) -> None:
+        with span("takeover", root=True, member=dead.worker_id, epoch=dead.epoch):
+            await method(self, dead, *args, **kwargs)
+    return traced
 
 
 def set_attributes(target: Span | None = None, **attributes: AttributeValue | None) -> None:
@@ -199,7 +220,7 @@ def note_acquired(got: Acquired, how: str, on_invalid: Callable[[], None]) -> No
     current = trace.get_current_span()
     if not current.is_recording():
         return
-    current.set_attributes(_attributes({"fence": got.tenure.fence,
+    current.set_attributes(_attributes({"acquired": True, "fence": got.tenure.fence,
                                         "last_seq": got.tenure.last_seq}))
     if how != HOW_RELEASED and how != HOW_HAND_WRITTEN:
         return  # an expired lease's trace_parent is an older release's; a take-over has
