@@ -222,9 +222,9 @@ def note_acquired(got: Acquired, how: str, on_invalid: Callable[[], None]) -> No
         return
     current.set_attributes(_attributes({"acquired": True, "fence": got.tenure.fence,
                                         "last_seq": got.tenure.last_seq}))
-    if how != HOW_RELEASED and how != HOW_HAND_WRITTEN:
-        return  # an expired lease's trace_parent is an older release's; a take-over has
-        # its parent already
+    # An expired lease's trace_parent is an older release's; a take-over has its parent.
+    if how not in (HOW_RELEASED, HOW_HAND_WRITTEN):
+        return
     text = codec.trace_parent(got.record)
     if text is None:
         return
