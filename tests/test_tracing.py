@@ -18,8 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from streamlease import tracing
 from streamlease.core.jobs import RunOutcome
+from streamlease.leader import LeaderLease
 from streamlease.store import codec
 from streamlease.store.memory import MemoryStore
+from streamlease.store.protocols import Stores
 from streamlease.tracing import OnBehalfReleases, link_from, traceparent_of
 from tests.fakes import FaultyStore
 from tests.spans import attrs, named, no_tracing, reset_tracing, spans, traceparent
@@ -331,3 +333,40 @@ async def test_a_job_run_has_a_span_whose_context_the_job_gets(
                                "outcome": "succeeded", "exit_code": 0}
         assert span.parent is None
         assert run.output.strip() == traceparent(span)
+
+
+# -- both stores: the item carries the context from the release to the next acquisition ------
+
+async def test_the_next_acquisition_links_to_the_release_on_either_store(
+        spans: InMemorySpanExporter, stores: Stores) -> None:
+    now = 1_700_000_000_000
+    await stores.admin.put_started("a", "wss://feeds.example.com/a")
+    got = await stores.leases.acquire("a", "w1", now, STREAM_LEASE)
+    assert got is not None
+    with tracing.span("release", root=True, stream="a") as release_span:
+        assert await stores.leases.release(
+            got.tenure, trace_parent=traceparent_of(release_span)) is True
+    (release,) = named(spans, "release")
+    invalid: list[int] = []
+    candidate = await stores.admin.get("a")  # as the orphan index shows it: released
+    assert candidate is not None and tracing.how_freed(candidate) == "released"
+    with tracing.span("acquire", stream="a"):
+        again = await stores.leases.acquire("a", "w2", now + 1, STREAM_LEASE)
+        assert again is not None
+        tracing.note_acquired(again, tracing.how_freed(candidate), lambda: invalid.append(1))
+    (acquire,) = named(spans, "acquire")
+    assert attrs(acquire) == {"stream": "a", "acquired": True, "fence": 2}
+    assert [(link.context.trace_id, link.context.span_id) for link in acquire.links] == \
+        [(release.context.trace_id, release.context.span_id)]
+    assert invalid == []
+
+
+async def test_a_won_leader_election_has_a_span(spans: InMemorySpanExporter) -> None:
+    memory = MemoryStore()
+    lease = LeaderLease(memory.stores().leader, "fleet", "w1", ttl_s=3.0, heartbeat_s=0.5,
+                        safety_margin_s=0.3)
+    assert await lease.acquire()
+    await lease.release()
+    (election,) = named(spans, "leader_election")
+    assert attrs(election) == {"lease": "fleet", "won": True, "fence": lease.fence}
+    assert election.parent is None
