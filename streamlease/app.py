@@ -46,6 +46,7 @@ from streamlease.sinks import open_output
 from streamlease.store import dynamodb
 from streamlease.store.protocols import AdminStore, Sink, Stores
 from streamlease.supervisor import SupervisorSettings
+from streamlease.tracing import OnBehalfReleases, setup_tracing, shutdown_tracing
 from streamlease.upstream import Upstreams, load_python_upstream
 
 
@@ -221,7 +222,9 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
         return call
 
     membership = Membership(
-        stores.fleet, stores.leases, clock, metrics,
+        # A fencer's releases on a dead member's behalf leave their span's context on the
+        # item, so the stream's next holder links to it (streamlease.tracing).
+        stores.fleet, OnBehalfReleases(stores.leases), clock, metrics,
         MembershipSettings(owner, config.max_streams, member_timings(config),
                            fleet_view=config.fleet_view),
         Hooks(held=held,
@@ -492,6 +495,7 @@ def run_worker() -> int:
     if factory is None:
         event(logging.INFO, "worker.default_loop",
               "uvloop is not installed; running on asyncio's default event loop")
+    setup_tracing(owner)  # the OTEL_* variables; without an endpoint, spans are no-ops
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(serve(config, owner))
@@ -501,6 +505,8 @@ def run_worker() -> int:
     except StoreError as exc:
         print(f"streamlease: DynamoDB: {exc}", file=sys.stderr)
         return 1
+    finally:
+        shutdown_tracing()  # what is still queued goes out before the process exits
 
 
 START_ATTEMPTS = 5  # start-up table checks on a slow or throttling store: 1+2+4+8 s apart

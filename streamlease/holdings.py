@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from streamlease import tracing
 from streamlease.clock import Clock
 from streamlease.core.bulletin import Bulletin
 from streamlease.core.lease import HolderState, StopReason, resume_point
@@ -144,6 +145,7 @@ class Holdings:
         """Serve a lease just taken (acquired as an orphan, or taken over from a dead
         member): start its output and its supervisor, or hand it straight back if this
         worker can no longer serve it."""
+        tracing.note_acquired(got, how, self.metrics.trace_context_invalid)
         if not self._can_serve():
             await self._hand_back(got)
             return
@@ -232,7 +234,9 @@ class Holdings:
     async def resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
         """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
         a backup), move this tenure to where the sink already is before pumping."""
-        newest = await self.sink.newest_event(got.tenure.stream_id)
+        with tracing.span("resume_read", stream=got.tenure.stream_id, fence=got.tenure.fence):
+            newest = await self.sink.newest_event(got.tenure.stream_id)
+            tracing.set_attributes(sink_last_seq=newest.last_seq if newest else None)
         point = resume_point(got.tenure, newest)
         if point is None:
             return got

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from streamlease import tracing
 from streamlease.clock import Clock
 from streamlease.core.jobs import (
     Job,
@@ -203,7 +204,11 @@ class JobRunner:
         event(logging.INFO, "job.started", "job started", job=job.name, slot=run.slot,
               fence=run.fence, late_s=round((run.started_at_ms - slot) / 1000, 3))
         started = self.clock.monotonic()
-        outcome, code, output = await self._execute(job, run, lease, stop)
+        # A trace of its own; the job's process gets its context (TRACEPARENT).
+        with tracing.span("job_run", root=True, job=job.name, slot=run.slot,
+                          fence=run.fence) as span:
+            outcome, code, output = await self._execute(job, run, lease, stop)
+            tracing.set_attributes(span, outcome=outcome.value, exit_code=code)
         finished = replace(run, finished_at_ms=self.clock.wall_ms(), outcome=outcome,
                            exit_code=code, output=output)
         seconds = self.clock.monotonic() - started
@@ -225,8 +230,9 @@ class JobRunner:
 
     async def _execute(self, job: Job, run: JobRun, lease: LeaderLease,
                        stop: asyncio.Event) -> tuple[RunOutcome, int | None, str]:
-        env = {**self.settings.env, "STREAMLEASE_JOB": job.name, "STREAMLEASE_SLOT": run.slot,
-               "STREAMLEASE_FENCE": str(run.fence)}
+        env = tracing.job_environment({
+            **self.settings.env, "STREAMLEASE_JOB": job.name, "STREAMLEASE_SLOT": run.slot,
+            "STREAMLEASE_FENCE": str(run.fence)})
         try:
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", job.command, env=env, stdin=asyncio.subprocess.DEVNULL,

@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
+from streamlease import tracing
 from streamlease.clock import SYSTEM_CLOCK, Clock, sleep_unless
 from streamlease.core.backoff import jittered
 from streamlease.core.fenced import HashSet, PutItem, Transaction
@@ -138,8 +139,14 @@ class LeaderLease:
         if not observer.may_take(record, sent, received):
             return False
         attempt = self.clock.monotonic()
-        fence = await self.backend.acquire(self.name, self.owner, self.timings.lease_s, record,
-                                           self.clock.wall_ms(), timeout=self.timings.heartbeat_s)
+        # Only a lease this worker may take is campaigned for: a span per election, not per
+        # observation.
+        with tracing.span("leader_election", root=True, lease=self.name,
+                          previous_owner=record.owner if record else None) as span:
+            fence = await self.backend.acquire(self.name, self.owner, self.timings.lease_s,
+                                               record, self.clock.wall_ms(),
+                                               timeout=self.timings.heartbeat_s)
+            tracing.set_attributes(span, won=fence is not None, fence=fence)
         if fence is None:
             return False
         self.fence = fence

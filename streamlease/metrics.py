@@ -146,6 +146,10 @@ class Metrics:
         self._rewound = Counter(p + "checkpoint_rewound",
                                 "Acquisitions that found the item's checkpoint or fence behind "
                                 "the sink and resumed after the sink", registry=r)
+        self._trace_invalid = Counter(
+            p + "trace_context_invalid",
+            "Acquisitions whose stream item carried a trace_parent that is not a W3C "
+            "traceparent (not linked)", registry=r)
         self._members = Gauge(
             p + "members",
             "Fleet members as this worker last read them (or as the leader's bulletin counts "
@@ -464,6 +468,9 @@ class Metrics:
 
     def checkpoint_rewound(self) -> None:
         self._rewound.inc()
+
+    def trace_context_invalid(self) -> None:
+        self._trace_invalid.inc()
 
     def draining(self, on: bool) -> None:
         self._draining.set(1 if on else 0)

@@ -36,6 +36,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.frames import CloseCode
 
+from streamlease import tracing
 from streamlease.clock import Clock
 from streamlease.core.frames import Frame, Malformed
 from streamlease.core.lease import Holding
@@ -145,6 +146,7 @@ class Pump:
         self._closed_ms: int | None = None  # wall time the last connection ended
         self._gap: PendingGap | None = None  # a record due before the next message
         self._setup_problem: str | None = None
+        self._flushed = False  # the tenure's first batch was written (it alone gets a span)
 
     @property
     def stream(self) -> str:
@@ -209,14 +211,20 @@ class Pump:
 
     async def _open(self, prepared: Prepared) -> ClientConnection:
         """Dial the upstream: the one place that opens a connection (the allow-list is
-        checked again on the final URL and on every redirect; no proxy; TLS verified)."""
-        return await dial(
-            prepared.url, self.settings.allowed_urls, compression=None,
-            max_size=self.settings.max_frame_bytes, open_timeout=self.settings.open_timeout_s,
-            close_timeout=2, max_queue=self.settings.receive_queue, ping_interval=20,
-            ping_timeout=20, additional_headers=prepared.headers or None,
-            subprotocols=prepared.subprotocols or None,
-        )
+        checked again on the final URL and on every redirect; no proxy; TLS verified).
+        The tenure's first connection is dialled in its acquisition's trace; a reconnect
+        starts a trace of its own, linked to it."""
+        reconnect = self._connections_made > 0
+        with tracing.span("dial", root=reconnect, stream=self.stream, fence=self.tenure.fence,
+                          upstream=self.wire.name, reconnect=reconnect):
+            return await dial(
+                prepared.url, self.settings.allowed_urls, compression=None,
+                max_size=self.settings.max_frame_bytes,
+                open_timeout=self.settings.open_timeout_s, close_timeout=2,
+                max_queue=self.settings.receive_queue, ping_interval=20, ping_timeout=20,
+                additional_headers=prepared.headers or None,
+                subprotocols=prepared.subprotocols or None,
+            )
 
     async def _prepare(self, from_seq: int) -> Prepared | str:
         """What to dial (secrets resolved), or the reason it cannot be worked out."""
@@ -525,6 +533,13 @@ class Pump:
         """One batch, retried on throttling and unknown outcomes (backoff capped at the
         member heartbeat) until the deadline, or until a stop gives it up. True if written.
         """
+        if not self._flushed:
+            # The tenure's first flush, in its acquisition's trace; no later batch is traced.
+            self._flushed = True
+            with tracing.span("first_flush", stream=self.stream, fence=self.tenure.fence,
+                              messages=len(batch), first_seq=batch[0].seq,
+                              last_seq=batch[-1].seq):
+                return await self._write(batch)
         machine = self.machine
         started = self.clock.monotonic()
         while True:

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from streamlease import tracing
 from streamlease.audit import AuditSettings, SelfAudit
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core import balance, bulletin
@@ -193,7 +194,8 @@ class Reconciler:
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
-                    await self._cycle()
+                    with tracing.span("reconcile", held=len(self.supervisors)):
+                        await self._cycle()
                 except StoreError as exc:
                     event(logging.WARNING, "reconcile.failed", "reconcile cycle failed",
                           error=str(exc))
@@ -252,6 +254,7 @@ class Reconciler:
                 held.seen(candidate)  # released or taken from under us (a force release)
         if orphans:
             self.metrics.orphans_found(len(orphans))
+            tracing.set_attributes(orphans=len(orphans))
         if self.holdings.unservable_until:
             mono = self.clock.monotonic()
             for stream_id, until in list(self.holdings.unservable_until.items()):
@@ -410,7 +413,9 @@ class Reconciler:
         stream_id = candidate.stream_id
         self.holdings.acquiring.add(stream_id)
         try:
-            await self._try_acquire(candidate)
+            with tracing.span("acquire", stream=stream_id, how=tracing.how_freed(candidate),
+                              previous_owner=candidate.lease_owner, acquired=False):
+                await self._try_acquire(candidate)
         except BaseException:
             self.holdings.unsure.add(stream_id)  # cancelled mid-call: it may have applied
             raise
@@ -446,5 +451,6 @@ class Reconciler:
         seen = self._orphan_since.get(candidate.stream_id)
         delay = (now_ms - expired) / 1000 if expired else \
             None if seen is None else max(0.0, sent - seen)
-        await self.holdings.start(got, sent, delay, candidate.lease_owner)
+        await self.holdings.start(got, sent, delay, candidate.lease_owner,
+                                  how=tracing.how_freed(candidate))
 

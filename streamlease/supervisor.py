@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from streamlease import tracing
 from streamlease.clock import Clock
 from streamlease.core.backoff import Backoff
 from streamlease.core.lease import (
@@ -456,8 +457,16 @@ class Supervisor:
             remaining = by - self.clock.monotonic()
             timeout = max(0.05, min(self.settings.call_timeout_s, remaining))
             try:
-                released = await shielded(self.leases.release(self.tenure, timeout), timeout,
-                                          f"release {self.stream}")
+                # A trace of its own (linked to the acquisition's); its context goes on the
+                # item in the same write, for the next holder's acquisition to link to.
+                with tracing.span("release", root=True, stream=self.stream,
+                                  fence=self.tenure.fence, reason=reason.value,
+                                  attempt=attempt) as span:
+                    released = await shielded(
+                        self.leases.release(self.tenure, timeout,
+                                            trace_parent=tracing.traceparent_of(span)),
+                        timeout, f"release {self.stream}")
+                    tracing.set_attributes(span, released=released)
                 break
             except (TimeoutError, StoreError) as exc:
                 delay = retry.next_delay()

@@ -19,6 +19,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from streamlease import tracing
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core.deal import TAKEOVERS_PER_S, deal, deal_weights, preference
 from streamlease.core.lease import LeaseTimings
@@ -71,6 +72,7 @@ class Takeover:
             if len(self.dealt) > DEALT_LIMIT:
                 self.dealt.popitem(last=False)
 
+    @tracing.takeover_span  # a root span: the dead member wrote nothing to link to
     async def _guarded_take(self, dead: MemberRecord, weights: dict[str, int] | None) -> None:
         try:
             taken, weight = await self._take_dead_part(dead, weights)
@@ -140,7 +142,9 @@ class Takeover:
 
         async def one(stream_id: str) -> None:
             async with gate:
-                taken.append(await self._take_one(stream_id, dead))
+                with tracing.span("acquire", stream=stream_id, how=tracing.HOW_TAKEOVER,
+                                  previous_owner=dead.worker_id, acquired=False):
+                    taken.append(await self._take_one(stream_id, dead))
 
         async with asyncio.TaskGroup() as tg:
             for stream_id in mine:

@@ -38,6 +38,10 @@ LAST_ERROR = "last_error"
 LAST_ERROR_AT = "last_error_at_ms"
 LEASE_EPOCH = "lease_epoch"  # the holder's member epoch when it acquired the lease
 PROFILE = PROFILE_ATTRIBUTE  # the stream's upstream profile (docs/profiles.md)
+# The W3C traceparent of the span that last released the lease (a holder's release or a
+# release on a fenced member's behalf), written in the same write, only while tracing is on:
+# the next holder's acquisition span links to it (streamlease.tracing).
+TRACE_PARENT = "trace_parent"
 INDEX_NAME = "desired_state-lease_expires_at_ms-index"
 OWNER_INDEX_NAME = "lease_owner-fence-index"
 # What the orphan index holds besides its keys and Pk: enough to plan without reading the
@@ -126,6 +130,14 @@ def decode_record(item: Mapping[str, Any]) -> StreamRecord | None:
     )
 
 
+def trace_parent(record: StreamRecord) -> str | None:
+    """The item's ``trace_parent`` as stored: None if it has none; a value that is not a
+    string as its Python text (which no traceparent parser accepts: it is reported, not
+    linked)."""
+    value = record.attributes.get(TRACE_PARENT)
+    return value if value is None or isinstance(value, str) else repr(value)
+
+
 _DESERIALIZER = TypeDeserializer()
 
 
@@ -195,6 +207,7 @@ NAMES = {
     "#pk": PK, "#ds": DESIRED_STATE, "#url": WS_URL, "#owner": LEASE_OWNER,
     "#exp": LEASE_EXPIRES, "#fence": FENCE, "#last": LAST_SEQ,
     "#err": LAST_ERROR, "#errat": LAST_ERROR_AT, "#epoch": LEASE_EPOCH,
+    "#tp": TRACE_PARENT,
 }
 
 
@@ -237,14 +250,25 @@ def renew_expr(owner: str, fence: int, new_expiry_ms: int) -> Expr:
     )
 
 
-def release_expr(owner: str, fence: int) -> Expr:
-    """Expiry 0 (free now); owner and fence stay, so the history is kept (docs/contract.md)."""
-    return Expr(
+def release_expr(owner: str, fence: int, trace_parent: str | None = None) -> Expr:
+    """Expiry 0 (free now); owner and fence stay, so the history is kept (docs/contract.md).
+    With ``trace_parent`` (tracing on), the releasing span's context goes in the same write."""
+    return _with_trace_parent(Expr(
         condition="#owner = :me AND #fence = :fence",
         update="SET #exp = :zero",
         names=_names("#owner", "#fence", "#exp"),
         values={":me": s(owner), ":fence": n(fence), ":zero": n(0)},
-    )
+    ), trace_parent)
+
+
+def _with_trace_parent(expr: Expr, trace_parent: str | None) -> Expr:
+    """A release's update that also stores ``trace_parent`` (nothing more without one: a
+    worker that does not trace names no other attribute than before)."""
+    if trace_parent is None:
+        return expr
+    return Expr(condition=expr.condition, update=f"{expr.update}, #tp = :tp",
+                names={**expr.names, **_names("#tp")},
+                values={**expr.values, ":tp": s(trace_parent)})
 
 
 def force_release_expr(expect_owner: str | None, expect_fence: int | None) -> Expr:
@@ -261,24 +285,28 @@ def force_release_expr(expect_owner: str | None, expect_fence: int | None) -> Ex
         values[":fence"] = n(expect_fence)
     return Expr(
         condition=" AND ".join(parts),
-        update="SET #exp = :zero, #fence = if_not_exists(#fence, :zero) + :one",
-        names=names,
+        # A trace context left by an earlier release is not this release's: the next
+        # holder must not link to it.
+        update="SET #exp = :zero, #fence = if_not_exists(#fence, :zero) + :one REMOVE #tp",
+        names={**names, **_names("#tp")},
         values=values,
     )
 
 
-def release_for_expr(owner: str, fence: int, fenced_epoch: int) -> Expr:
+def release_for_expr(owner: str, fence: int, fenced_epoch: int,
+                     trace_parent: str | None = None) -> Expr:
     """A peer releases a dead member's stream on its behalf: expiry 0 and fence + 1 in one
     write, conditioned on the owner and fence it saw, on the lease being held, and on the
-    lease having been taken by an incarnation older than the fenced epoch."""
-    return Expr(
+    lease having been taken by an incarnation older than the fenced epoch. With
+    ``trace_parent``, the releasing span's context goes in the same write."""
+    return _with_trace_parent(Expr(
         condition=("#owner = :owner AND #fence = :fence AND #exp <> :zero AND "
                    "(attribute_not_exists(#epoch) OR #epoch < :epoch)"),
         update="SET #exp = :zero, #fence = #fence + :one",
         names=_names("#owner", "#fence", "#exp", "#epoch"),
         values={":owner": s(owner), ":fence": n(fence), ":zero": n(0), ":one": n(1),
                 ":epoch": n(fenced_epoch)},
-    )
+    ), trace_parent)
 
 
 def take_over_expr(dead_owner: str, fenced_epoch: int, owner: str, epoch: int,

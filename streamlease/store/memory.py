@@ -177,13 +177,14 @@ class MemoryStore:
         self._set(item, {codec.LEASE_EXPIRES: codec.n(expiry)})
         return RenewResult(RenewOutcome.RENEWED, _record(item), expiry)
 
-    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
+    async def release(self, tenure: Tenure, timeout: float | None = None,
+                      trace_parent: str | None = None) -> bool:
         self._called("release")
         item = self.items.get(stream_key(tenure.stream_id))
         if not _holds(item, tenure):
             return False
         assert item is not None
-        self._set(item, {codec.LEASE_EXPIRES: codec.n(0)})
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), **_trace_parent(trace_parent)})
         return True
 
     async def advance(self, tenure: Tenure, fence: int, last_seq: int,
@@ -242,7 +243,8 @@ class MemoryStore:
                 if r.lease_owner == owner and r.fence is not None]
 
     async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
-                          timeout: float | None = None) -> bool:
+                          timeout: float | None = None,
+                          trace_parent: str | None = None) -> bool:
         self._called("release_for")
         item = self.items.get(stream_key(stream_id))
         if item is None or _s(item, codec.LEASE_OWNER) != owner or \
@@ -251,7 +253,8 @@ class MemoryStore:
         epoch = _n(item, codec.LEASE_EPOCH)
         if codec.LEASE_EPOCH in item and (epoch is None or epoch >= fenced_epoch):
             return False
-        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1)})
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1),
+                         **_trace_parent(trace_parent)})
         return True
 
     async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
@@ -457,6 +460,7 @@ class MemoryStore:
             return ForceReleased(False, _record(item))
         fence = _n(item, codec.FENCE) or 0
         self._set(item, {codec.LEASE_EXPIRES: codec.n(0), codec.FENCE: codec.n(fence + 1)})
+        item.pop(codec.TRACE_PARENT, None)  # an earlier release's context is not this one's
         return ForceReleased(True, _record(item))
 
     async def put_item(self, item: dict[str, Any]) -> None:
@@ -678,6 +682,11 @@ def _n(item: Item | None, name: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def _trace_parent(trace_parent: str | None) -> Item:
+    """A release's ``trace_parent``, as the codec's expressions write it (only if given)."""
+    return {} if trace_parent is None else {codec.TRACE_PARENT: codec.s(trace_parent)}
 
 
 def _holds(item: Item | None, tenure: Tenure) -> bool:

@@ -76,8 +76,10 @@ class LeaseStore(Protocol):
                     timeout: float | None = None) -> RenewResult:
         """Extend a lease this tenure still holds; the item as it now is."""
 
-    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
-        """Expiry 0, owner and fence kept. False if the lease had moved on."""
+    async def release(self, tenure: Tenure, timeout: float | None = None,
+                      trace_parent: str | None = None) -> bool:
+        """Expiry 0, owner and fence kept (and ``trace_parent`` stored with it, if given).
+        False if the lease had moved on."""
 
     async def advance(self, tenure: Tenure, fence: int, last_seq: int,
                       timeout: float | None = None) -> Tenure | None:
@@ -106,10 +108,12 @@ class LeaseStore(Protocol):
         """Streams whose ``lease_owner`` is this worker (the owner index), held or not."""
 
     async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
-                          timeout: float | None = None) -> bool:
-        """Release a fenced member's stream on its behalf: expiry 0 and fence + 1, if the
-        owner and fence are as seen, the lease is held, and it was taken under an epoch
-        older than ``fenced_epoch``. False if any of that no longer holds."""
+                          timeout: float | None = None,
+                          trace_parent: str | None = None) -> bool:
+        """Release a fenced member's stream on its behalf: expiry 0 and fence + 1 (and
+        ``trace_parent`` stored with it, if given), if the owner and fence are as seen, the
+        lease is held, and it was taken under an epoch older than ``fenced_epoch``. False
+        if any of that no longer holds."""
 
     async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
                         now_wall_ms: int, timings: LeaseTimings, timeout: float | None = None,

@@ -124,6 +124,44 @@ async def test_release_frees_now_and_keeps_owner_and_fence(stores: Stores) -> No
     assert again.fence == 2
 
 
+TRACE_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+OTHER_TRACE_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_a_release_stores_the_trace_parent_it_is_given_in_the_same_write(
+        stores: Stores) -> None:
+    """Tracing on: a release (by the holder, on a dead member's behalf) leaves its span's
+    context on the item; tracing off writes none; a force release removes an earlier one."""
+    await stores.admin.put_started("a", URL)
+    tenure = await acquired(stores, "a")
+    assert await stores.leases.release(tenure) is True
+    record = await stores.admin.get("a")
+    assert record is not None and codec.trace_parent(record) is None
+    assert codec.TRACE_PARENT not in record.attributes
+    tenure = await acquired(stores, "a", "w2", NOW + 1)
+    assert await stores.leases.release(tenure, trace_parent=TRACE_PARENT) is True
+    record = await stores.admin.get("a")
+    assert record is not None and record.lease_expires_at_ms == 0
+    assert codec.trace_parent(record) == TRACE_PARENT
+    # A refused release writes nothing.
+    assert await stores.leases.release(tenure, trace_parent=OTHER_TRACE_PARENT) is True
+    stale = dataclasses.replace(tenure, fence=tenure.fence - 1)
+    assert await stores.leases.release(stale, trace_parent="00-bad") is False
+    assert codec.trace_parent(await stores.admin.get("a")) == OTHER_TRACE_PARENT  # type: ignore[arg-type]
+    done = await stores.admin.force_release("a")
+    assert done.changed and done.record is not None
+    assert codec.trace_parent(done.record) is None
+    record = await stores.admin.get("a")
+    assert record is not None and codec.TRACE_PARENT not in record.attributes
+    # On a fenced member's behalf: expiry 0, fence + 1 and the context, in one write.
+    tenure = await acquired(stores, "a", "dead", NOW + 2)
+    assert await stores.leases.release_for("a", "dead", tenure.fence, 1,
+                                           trace_parent=TRACE_PARENT) is True
+    record = await stores.admin.get("a")
+    assert record is not None and record.fence == tenure.fence + 1
+    assert codec.trace_parent(record) == TRACE_PARENT
+
+
 async def test_force_release_fences_out_the_holder(stores: Stores) -> None:
     admin = stores.admin
     await admin.put_started("a", URL)

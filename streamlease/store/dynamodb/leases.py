@@ -65,8 +65,9 @@ class DynamoLeaseStore(DynamoTable):
             return RenewResult(RenewOutcome.UNKNOWN, error=str(exc))
         return RenewResult(RenewOutcome.RENEWED, codec.decode_record(resp["Attributes"]), expiry)
 
-    async def release(self, tenure: Tenure, timeout: float | None = None) -> bool:
-        expr = codec.release_expr(tenure.owner, tenure.fence)
+    async def release(self, tenure: Tenure, timeout: float | None = None,
+                      trace_parent: str | None = None) -> bool:
+        expr = codec.release_expr(tenure.owner, tenure.fence, trace_parent)
         try:
             await self._call("update_item", timeout, TableName=self.table,
                              Key=codec.key(tenure.stream_id), **expr.update_kwargs())
@@ -155,8 +156,9 @@ class DynamoLeaseStore(DynamoTable):
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     async def release_for(self, stream_id: str, owner: str, fence: int, fenced_epoch: int,
-                          timeout: float | None = None) -> bool:
-        expr = codec.release_for_expr(owner, fence, fenced_epoch)
+                          timeout: float | None = None,
+                          trace_parent: str | None = None) -> bool:
+        expr = codec.release_for_expr(owner, fence, fenced_epoch, trace_parent)
         try:
             await self._call("update_item", timeout, TableName=self.table,
                              Key=codec.key(stream_id), **expr.update_kwargs())

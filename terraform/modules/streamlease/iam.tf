@@ -59,7 +59,8 @@ locals {
   # update expression: acquire (Pk, desired_state, lease_owner, lease_expires_at_ms,
   # fence, lease_epoch), renew and release (lease_owner, fence, lease_expires_at_ms),
   # release on a dead member's behalf (lease_owner, fence, lease_expires_at_ms,
-  # lease_epoch), advance (lease_owner, fence, last_seq), adopt (Pk, lease_expires_at_ms),
+  # lease_epoch), both releases with tracing on (trace_parent: the releasing span's
+  # context, for the next holder's acquisition span to link to), advance (lease_owner, fence, last_seq), adopt (Pk, lease_expires_at_ms),
   # record_error (Pk, last_error, last_error_at_ms) and the checkpoint Update inside the
   # sink's transaction (lease_owner, fence, last_seq).
   # The IAM documentation requires every key attribute of the table and of its indexes
@@ -77,6 +78,7 @@ locals {
     "lease_epoch",
     "lease_expires_at_ms",
     "lease_owner",
+    "trace_parent",
   ]
 
   # Fleet-table partitions (Pk) the worker writes: its member row, the leader lease and
