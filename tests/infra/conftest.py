@@ -3,8 +3,8 @@
 - ``module_report``: the module's committed tests (terraform/modules/streamlease/tests/)
   and the runs worker_cases.py generates from streamlease/config.py;
 - ``module_plans``: plans of the module (defaults, every input changed, the fleet's
-  options, a Redis leader backend, sinks, profiles), printed with ``-verbose`` so the
-  tests can read what terraform would create;
+  options, a Redis leader backend, sinks, profiles, tracing), printed with ``-verbose``
+  so the tests can read what terraform would create;
 - ``example_report``: the example root's tests with terraform.tfvars.example, verbose.
 
 They start together in the background once the copy is initialised (with `terraform
@@ -102,6 +102,22 @@ PLAN_RUNS: dict[str, dict[str, Any]] = {
             "EXCHANGE_KEY": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
                             "exchange/creds-Qw3Er4:api_key::",
         },
+    },
+    # Tracing (tracing.tf): the ADOT collector with its defaults, in a task big enough
+    # for it beside the worker's default buffer budget, ...
+    "tracing": {"tracing_enabled": True, "memory": 2048},
+    # ... and with every tracing input changed: a sampler without an argument, the
+    # collector's image from an ECR pull-through cache of public.ecr.aws, its own sizes.
+    "tracing_custom": {
+        "name": "acme-feeds",
+        "tracing_enabled": True,
+        "tracing_sampler": "always_on",
+        "tracing_collector_image": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/ecr-public/"
+                                   "aws-observability/aws-otel-collector:v0.49.0",
+        "tracing_collector_cpu": 256,
+        "tracing_collector_memory": 512,
+        "cpu": 1024,
+        "memory": 4096,
     },
 }
 

@@ -20,6 +20,7 @@ Where the checks live:
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -604,10 +605,19 @@ def test_role_policies_attach_their_own_documents(module: StaticModule) -> None:
 # --- the worker's environment and container -----------------------------------------------
 
 
+def containers(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The task definition's containers by name, in their order."""
+    found = json.loads(planned(plan)[TASK_DEFINITION]["container_definitions"])
+    by_name = {c["name"]: c for c in found}
+    assert len(by_name) == len(found), [c["name"] for c in found]
+    return by_name
+
+
 def container(plan: dict[str, Any]) -> dict[str, Any]:
-    (found,) = json.loads(planned(plan)[TASK_DEFINITION]["container_definitions"])
-    assert isinstance(found, dict)
-    return found
+    """The worker's container (the first: a sidecar comes after it)."""
+    found = containers(plan)
+    assert next(iter(found)) == "worker", list(found)
+    return found["worker"]
 
 
 def environment(plan: dict[str, Any]) -> dict[str, str]:
@@ -930,6 +940,203 @@ def test_execution_role_reads_exactly_the_profiles_env_secrets(
     assert not differences(granted, expected), "\n".join(differences(granted, expected))
 
 
+# --- tracing: the ADOT collector beside the worker (tracing.tf) -------------------------------
+
+TRACED = [n for n, v in PLAN_RUNS.items() if v.get("tracing_enabled")]
+UNTRACED = [n for n in PLAN_RUNS if n not in TRACED]
+COLLECTOR = "otel-collector"
+RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+# Where the ADOT image's /healthcheck binary asks (aws-otel-collector, cmd/healthcheck).
+IMAGE_HEALTHCHECK = "127.0.0.1:13133"
+
+
+def tracing_inputs(module: StaticModule, plan_name: str) -> dict[str, Any]:
+    """The module's name and tracing inputs in a plan run: its values over the defaults."""
+    names = [n for n in module.variables if n == "name" or n.startswith("tracing_")]
+    defaults = {n: literal(module.variables[n]["default"]) for n in names}
+    return {**defaults, **{k: v for k, v in PLAN_RUNS[plan_name].items() if k in names}}
+
+
+def collector_config(plan: dict[str, Any]) -> dict[str, Any]:
+    """The collector's configuration: AOT_CONFIG_CONTENT, its only variable, as YAML."""
+    import yaml
+
+    env = {e["name"]: e["value"] for e in containers(plan)[COLLECTOR]["environment"]}
+    assert list(env) == ["AOT_CONFIG_CONTENT"], list(env)
+    config = yaml.safe_load(env["AOT_CONFIG_CONTENT"])
+    assert isinstance(config, dict)
+    return config
+
+
+def test_the_plans_cover_tracing_both_ways() -> None:
+    assert "defaults" in UNTRACED and len(TRACED) >= 2
+
+
+@pytest.mark.parametrize("plan_name", UNTRACED)
+def test_tracing_off_adds_nothing(module_plans: dict[str, Any], plan_name: str) -> None:
+    """Off (the default): the worker alone, not waiting for anything, no OTEL_* variable
+    (so the worker exports nothing), no X-Ray action on either role."""
+    plan = module_plans[plan_name]
+    assert list(containers(plan)) == ["worker"]
+    worker = container(plan)
+    assert "dependsOn" not in worker and "startTimeout" not in worker
+    assert not [n for n in environment(plan) if n.startswith("OTEL_")]
+    for role in ("task", "execution"):
+        granted = {a for actions in policy(plan, role).values() for a in actions}
+        assert not [a for a in granted if a.startswith("xray:")], role
+
+
+@pytest.mark.parametrize("plan_name", TRACED)
+def test_tracing_runs_the_collector_beside_the_worker(
+        module_plans: dict[str, Any], module: StaticModule, plan_name: str) -> None:
+    plan = module_plans[plan_name]
+    inputs = tracing_inputs(module, plan_name)
+    found = containers(plan)
+    assert list(found) == ["worker", COLLECTOR]
+    worker, collector = found["worker"], found[COLLECTOR]
+    assert collector["image"] == inputs["tracing_collector_image"]
+    # A collector that fails costs traces, never the task: not essential, restarted in
+    # place.
+    assert worker["essential"] is True and collector["essential"] is False
+    assert collector["restartPolicy"] == {"enabled": True, "restartAttemptPeriod": 60}
+    # The worker starts once the collector is healthy; ECS stops them in the reverse
+    # order, so the worker's last spans (its releases on SIGTERM) reach a running one.
+    assert worker["dependsOn"] == [{"containerName": COLLECTOR, "condition": "HEALTHY"}]
+    assert worker["startTimeout"] > collector["healthCheck"]["startPeriod"]
+    assert collector["healthCheck"]["command"] == ["CMD", "/healthcheck"]
+    # Hardened like the worker; nothing reaches it from outside the task.
+    assert collector["readonlyRootFilesystem"] is True
+    assert collector["linuxParameters"]["capabilities"] == {"add": [], "drop": ["ALL"]}
+    assert not collector.get("portMappings") and not collector.get("secrets")
+    # Its share of the task: a CPU reservation of at most half, a hard memory limit.
+    task = planned(plan)[TASK_DEFINITION]
+    assert (collector["cpu"], collector["memory"]) == (inputs["tracing_collector_cpu"],
+                                                       inputs["tracing_collector_memory"])
+    assert collector["cpu"] <= int(task["cpu"]) / 2 and "memory" not in worker
+    assert int(DEFAULTS["STREAMLEASE_BUFFER_BUDGET_BYTES"]) <= \
+        (int(task["memory"]) - collector["memory"]) * 1048576 / 2
+    # Its logs: the worker's group and driver settings, streams of its own.
+    assert collector["logConfiguration"]["logDriver"] == worker["logConfiguration"]["logDriver"]
+    options = collector["logConfiguration"]["options"]
+    assert options["awslogs-stream-prefix"] == COLLECTOR
+    assert {**options, "awslogs-stream-prefix": "worker"} == worker["logConfiguration"]["options"]
+
+
+@pytest.mark.parametrize("plan_name", TRACED)
+def test_collector_receives_otlp_on_loopback_and_sends_to_xray(
+        module_plans: dict[str, Any], module: StaticModule, plan_name: str) -> None:
+    config = collector_config(module_plans[plan_name])
+    # OTLP/HTTP on loopback only: the task's containers share its network namespace.
+    assert config["receivers"] == {"otlp": {"protocols": {"http": {"endpoint": "127.0.0.1:4318"}}}}
+    assert config["exporters"] == {"awsxray": {"region": "eu-west-1"}}  # the provider's
+    assert config["extensions"] == {"health_check": {"endpoint": IMAGE_HEALTHCHECK}}
+    service = config["service"]
+    assert service["extensions"] == ["health_check"]
+    assert service["pipelines"] == {"traces": {
+        "receivers": ["otlp"],
+        "processors": ["memory_limiter", "resourcedetection", "batch"],
+        "exporters": ["awsxray"]}}
+    assert set(config["processors"]) == set(service["pipelines"]["traces"]["processors"])
+    # Spans are refused before the container's hard limit is reached.
+    limiter = config["processors"]["memory_limiter"]
+    assert 0 < limiter["spike_limit_mib"] < limiter["limit_mib"] \
+        < tracing_inputs(module, plan_name)["tracing_collector_memory"]
+
+
+@pytest.mark.parametrize("plan_name", TRACED)
+def test_tracing_points_the_worker_at_the_collector(
+        module_plans: dict[str, Any], module: StaticModule, plan_name: str) -> None:
+    plan = module_plans[plan_name]
+    inputs = tracing_inputs(module, plan_name)
+    receiver = collector_config(plan)["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    expected = {
+        "OTEL_SERVICE_NAME": inputs["name"],
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{receiver}",
+        "OTEL_TRACES_SAMPLER": inputs["tracing_sampler"],
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+    }
+    if inputs["tracing_sampler"] in RATIO_SAMPLERS:
+        expected["OTEL_TRACES_SAMPLER_ARG"] = str(inputs["tracing_sampler_arg"])
+    env = environment(plan)
+    assert {k: v for k, v in env.items() if k.startswith("OTEL_")} == expected
+    if plan_name == "tracing":  # every other input at its default: the worker's settings too
+        assert {k: v for k, v in env.items() if not k.startswith("OTEL_")} == \
+            environment(module_plans["defaults"])
+
+
+@pytest.mark.parametrize("plan_name", TRACED)
+def test_the_opentelemetry_sdk_reads_that_environment(
+        module_plans: dict[str, Any], module: StaticModule, plan_name: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the OpenTelemetry SDK and its OTLP/HTTP exporter (the worker's tracing extra)
+    make of the environment: the configured sampler, the collector's traces URL."""
+    sdk = pytest.importorskip("opentelemetry.sdk.trace",
+                              reason="opentelemetry-sdk is not installed")
+    exporters = pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                                    reason="opentelemetry-exporter-otlp-proto-http is not "
+                                           "installed")
+    from opentelemetry.sdk.trace import sampling
+
+    inputs = tracing_inputs(module, plan_name)
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    for name, value in environment(module_plans[plan_name]).items():
+        if name.startswith("OTEL_"):
+            monkeypatch.setenv(name, value)
+    # The SDK's own table of OTEL_TRACES_SAMPLER names (private: there is no public one).
+    known = sampling._KNOWN_SAMPLERS[inputs["tracing_sampler"]]
+    want = known(inputs["tracing_sampler_arg"]) if inputs["tracing_sampler"] in RATIO_SAMPLERS \
+        else known
+    assert sdk.TracerProvider().sampler.get_description() == want.get_description()
+    exporter = exporters.OTLPSpanExporter()
+    assert exporter._endpoint == "http://127.0.0.1:4318/v1/traces"  # where it will POST
+
+
+def test_tracing_samplers_are_the_sdk_s(module: StaticModule) -> None:
+    """tracing_sampler takes exactly the OpenTelemetry SDK's built-in samplers: a name
+    the SDK did not know would fall back, with a warning, to sampling every trace."""
+    pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk is not installed")
+    from opentelemetry.sdk.trace import sampling
+
+    (rule,) = iter_blocks(module.variables["tracing_sampler"], "validation")
+    allowed = set(re.findall(r'"([a-z_]+)"', str(rule["condition"])))
+    assert allowed == set(sampling._KNOWN_SAMPLERS)
+    assert set(RATIO_SAMPLERS) <= allowed
+
+
+@pytest.mark.parametrize("plan_name", TRACED)
+def test_tracing_lets_the_task_role_write_to_xray(module_plans: dict[str, Any],
+                                                  plan_name: str) -> None:
+    """The five X-Ray calls of AWS's AWSXRayDaemonWriteAccess, on "*" (none of them has a
+    resource-level permission) in the task's region; everything else the task role
+    holds is what it holds without tracing."""
+    plan = module_plans[plan_name]
+    expected = policy(module_plans["defaults"], "task")
+    in_region: Condition = ("StringEquals", "aws:RequestedRegion", ("eu-west-1",))
+    expected["*"] = dict.fromkeys([
+        "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules",
+        "xray:GetSamplingTargets", "xray:GetSamplingStatisticSummaries"],
+        frozenset({in_region}))
+    granted = policy(plan, "task")
+    assert not differences(granted, expected), "\n".join(differences(granted, expected))
+
+
+def test_tracing_pulls_the_collector_from_ecr_only_when_it_is_there(
+        module_plans: dict[str, Any]) -> None:
+    """public.ecr.aws needs no grant; a collector image in ECR (a pull-through cache) gets
+    the pull of its repository, beside the worker's."""
+    assert policy(module_plans["tracing"], "execution") == \
+        policy(module_plans["defaults"], "execution")
+    expected = policy(module_plans["defaults"], "execution")
+    expected["arn:aws:ecr:eu-west-1:123456789012:repository/ecr-public/aws-observability/"
+             "aws-otel-collector"] = {"ecr:BatchGetImage": NONE,
+                                      "ecr:GetDownloadUrlForLayer": NONE}
+    assert policy(module_plans["tracing_custom"], "execution") == expected
+
+
 # --- the example ----------------------------------------------------------------------------
 
 
@@ -951,6 +1158,21 @@ def test_example_keeps_a_regular_fargate_base(example_report: Report) -> None:
         {"capacity_provider": "FARGATE_SPOT", "weight": 4, "base": 0}]
 
 
+def test_example_adds_the_collector_with_tracing(example_report: Report) -> None:
+    def task(run: str) -> dict[str, Any]:
+        result = example_report.run("tests/example.tftest.hcl", run)
+        assert result.status == "pass" and result.plan is not None, result.explain()
+        values: dict[str, Any] = planned(result.plan)[f"module.streamlease.{TASK_DEFINITION}"]
+        return values
+
+    def names(values: dict[str, Any]) -> list[str]:
+        return [c["name"] for c in json.loads(values["container_definitions"])]
+
+    traced, plain = task("with_tracing"), task("regular_fargate_only")
+    assert names(traced) == ["worker", COLLECTOR] and traced["memory"] == "2048"
+    assert names(plain) == ["worker"] and plain["memory"] == "1024"
+
+
 # --- statically -------------------------------------------------------------------------------
 
 
@@ -966,7 +1188,7 @@ def test_module_and_example_pin_terraform_and_provider(module: StaticModule,
 
 
 def test_every_variable_is_typed_described_and_validated(module: StaticModule) -> None:
-    no_validation_ok = {"tags", "deletion_protection"}  # a map of strings, a bool
+    no_validation_ok = {"tags", "deletion_protection", "tracing_enabled"}  # a map, bools
     for name, block in module.variables.items():
         assert "type" in block, name
         assert module.description(name), name

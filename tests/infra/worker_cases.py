@@ -181,9 +181,14 @@ def deployment_problems(values: dict[str, Any]) -> list[str]:
     if values["metrics_port"] < 1024:
         problems.append("metrics_port: the ECS health check needs /healthz on a port a "
                         "non-root container can bind")
-    if values["buffer_budget_bytes"] > values["memory"] * 1048576 / 2:
-        problems.append("buffer_budget_bytes: at most half the task memory; the other half "
-                        "holds the interpreter, connections, clients and requests in flight")
+    collector_cpu, collector_memory = tracing_share(values)
+    if values["buffer_budget_bytes"] > (values["memory"] - collector_memory) * 1048576 / 2:
+        problems.append("buffer_budget_bytes: at most half the worker's memory (the task's "
+                        "less the tracing collector's); the other half holds the "
+                        "interpreter, connections, clients and requests in flight")
+    if collector_cpu > values["cpu"] / 2:
+        problems.append("tracing_collector_cpu: at most half the task's cpu, the rest is "
+                        "the worker's")
     if str(values["leader_backend"]).lower() != "dynamodb" \
             and values.get("leader_backend_secret_arn") is not None:
         problems.append("leader_backend and leader_backend_secret_arn: one place for the "
@@ -198,6 +203,14 @@ def deployment_problems(values: dict[str, Any]) -> list[str]:
             problems.append(f"{output}_kind and {output}_resource_arns must describe the "
                             f"URL in {output}_secret_arn (and only with one)")
     return problems
+
+
+def tracing_share(values: dict[str, Any]) -> tuple[float, float]:
+    """CPU units and MiB of memory the ADOT collector takes out of the task (tracing.tf):
+    none with tracing off."""
+    if not values.get("tracing_enabled"):
+        return 0, 0
+    return values["tracing_collector_cpu"], values["tracing_collector_memory"]
 
 
 def secret_output_problem(values: dict[str, Any], output: str) -> bool:

@@ -20,6 +20,11 @@ module "streamlease" {
   allowed_urls = var.allowed_urls
   max_streams  = var.max_streams
 
+  # Traces to X-Ray through the ADOT collector sidecar: the collector's memory comes out
+  # of the task, so the task grows to keep the worker's default buffer budget.
+  tracing_enabled = var.tracing
+  memory          = var.tracing ? 2048 : 1024
+
   tags = {
     Environment = "example"
   }

@@ -63,3 +63,9 @@ variable "max_streams" {
   type        = number
   default     = 100
 }
+
+variable "tracing" {
+  description = "Send the workers' traces to X-Ray through an ADOT collector in each task (the module's tracing_enabled); the task grows from 1 to 2 GiB."
+  type        = bool
+  default     = false
+}

@@ -142,7 +142,9 @@ resource "aws_ecs_task_definition" "worker" {
     name = "tmp"
   }
 
-  container_definitions = jsonencode([{
+  # The worker first, then the ADOT collector when tracing is on (tracing.tf): with
+  # tracing off the list, and so the plan, is what it was before tracing existed.
+  container_definitions = jsonencode(concat([merge({
     name      = local.container_name
     image     = var.image
     essential = true
@@ -165,7 +167,7 @@ resource "aws_ecs_task_definition" "worker" {
       protocol      = "tcp"
     }]
 
-    environment = local.container_environment
+    environment = concat(local.container_environment, local.tracing_worker_environment)
     secrets     = local.container_secrets
 
     mountPoints = [{
@@ -197,7 +199,7 @@ resource "aws_ecs_task_definition" "worker" {
         "max-buffer-size"       = "25m"
       }
     }
-  }])
+  }, local.tracing_worker_keys...)], local.tracing_containers))
 
   tags = var.tags
 
@@ -247,8 +249,12 @@ resource "aws_ecs_task_definition" "worker" {
     }
     # Deployment rules.
     precondition {
-      condition     = var.buffer_budget_bytes <= var.memory * 1048576 / 2
-      error_message = "buffer_budget_bytes must be at most half the task memory (memory x 1048576 / 2): the other half holds the interpreter, each connection's own state, the DynamoDB clients and the requests in flight. Raise memory or lower buffer_budget_bytes."
+      condition     = var.buffer_budget_bytes <= (var.memory - local.tracing_memory) * 1048576 / 2
+      error_message = "buffer_budget_bytes must be at most half the worker's memory ((memory - tracing_collector_memory with tracing on) x 1048576 / 2): the other half holds the interpreter, each connection's own state, the DynamoDB clients and the requests in flight. Raise memory or lower buffer_budget_bytes."
+    }
+    precondition {
+      condition     = local.tracing_cpu <= var.cpu / 2
+      error_message = "tracing_collector_cpu must be at most half the task's cpu: the worker's renewals and reconcile must not queue behind span export. Raise cpu or lower tracing_collector_cpu."
     }
     precondition {
       condition     = local.leader_backend_default || var.leader_backend_secret_arn == null

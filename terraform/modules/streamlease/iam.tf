@@ -5,7 +5,8 @@
 # and the execution role the ECS agent uses to pull the image, read the leader backend's,
 # the sinks' and the profiles' environment secrets and ship logs. The operator policy
 # (for people running `streamlease table create`, `ctl` and `job`) is an output, attached
-# to nothing here.
+# to nothing here. With tracing on (tracing.tf) the task role also holds the X-Ray calls
+# of the collector that runs beside the worker with the same credentials.
 # tests/infra/test_terraform.py pins each action set, resource and condition exactly.
 
 data "aws_caller_identity" "current" {}
@@ -22,6 +23,15 @@ locals {
       "arn:%s:ecr:%s:%s:repository/%s", data.aws_partition.current.partition,
       local.image_ecr_parts[1], local.image_ecr_parts[0], local.image_ecr_parts[2],
     )
+  )
+
+  # The collector's image (tracing.tf), the same way, when tracing is on and it is in
+  # ECR (a pull-through cache of public.ecr.aws, for subnets without a NAT gateway);
+  # public.ecr.aws itself needs no permission.
+  tracing_image_ecr_parts = var.tracing_enabled ? try(regex("^([0-9]{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", var.tracing_collector_image), null) : null
+  tracing_ecr_repository_arn = local.tracing_image_ecr_parts == null ? null : format(
+    "arn:%s:ecr:%s:%s:repository/%s", data.aws_partition.current.partition,
+    local.tracing_image_ecr_parts[1], local.tracing_image_ecr_parts[0], local.tracing_image_ecr_parts[2],
   )
 }
 
@@ -294,6 +304,34 @@ data "aws_iam_policy_document" "task" {
     }
   }
 
+  # With tracing on: the ADOT collector's calls (tracing.tf), which share the task's
+  # credentials. PutTraceSegments: its awsxray exporter. PutTelemetryRecords and the
+  # three sampling reads: what X-Ray's daemon and its centralised sampling call (AWS's
+  # managed AWSXRayDaemonWriteAccess holds the same five), so moving the collector to
+  # X-Ray sampling rules needs no IAM change. None of them has a resource-level
+  # permission: "*" is the only resource IAM accepts; the region is pinned to the
+  # task's, where the collector sends.
+  dynamic "statement" {
+    for_each = var.tracing_enabled ? [data.aws_region.current.name] : []
+    content {
+      sid = "SendTracesToXRay"
+      actions = [
+        "xray:GetSamplingRules",
+        "xray:GetSamplingStatisticSummaries",
+        "xray:GetSamplingTargets",
+        "xray:PutTelemetryRecords",
+        "xray:PutTraceSegments",
+      ]
+      resources = ["*"]
+
+      condition {
+        test     = "StringEquals"
+        variable = "aws:RequestedRegion"
+        values   = [statement.value]
+      }
+    }
+  }
+
   # PutItem into the tables jobs write with `streamlease job write --table T` (run by
   # jobs, the worker's subprocesses, with this role), only inside a TransactWriteItems:
   # job write always sends the Put together with the fence check above, so a plain
@@ -364,6 +402,15 @@ data "aws_iam_policy_document" "execution" {
     for_each = local.ecr_repository_arn == null ? [] : [local.ecr_repository_arn]
     content {
       sid       = "PullWorkerImage"
+      actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+      resources = [statement.value]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = local.tracing_ecr_repository_arn == null ? [] : [local.tracing_ecr_repository_arn]
+    content {
+      sid       = "PullCollectorImage"
       actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
       resources = [statement.value]
     }
@@ -468,9 +515,9 @@ data "aws_iam_policy_document" "execution" {
   }
 
   # GetAuthorizationToken has no resource-level permissions: "*" is the only resource
-  # IAM accepts for it. The token alone reads nothing; the statement above scopes pulls.
+  # IAM accepts for it. The token alone reads nothing; the statements above scope pulls.
   dynamic "statement" {
-    for_each = local.ecr_repository_arn == null ? [] : [local.ecr_repository_arn]
+    for_each = local.ecr_repository_arn == null && local.tracing_ecr_repository_arn == null ? [] : ["*"]
     content {
       sid       = "EcrLogin"
       actions   = ["ecr:GetAuthorizationToken"]

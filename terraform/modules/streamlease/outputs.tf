@@ -24,7 +24,7 @@ output "container_name" {
 }
 
 output "task_role_arn" {
-  description = "Role the worker's AWS SDK (and its jobs) run as: DynamoDB calls, its sink's calls and its profiles' secrets only."
+  description = "Role the worker's AWS SDK (and its jobs) run as: DynamoDB calls, its sink's calls and its profiles' secrets only; with tracing_enabled also the ADOT collector's X-Ray calls."
   value       = aws_iam_role.task.arn
 }
 

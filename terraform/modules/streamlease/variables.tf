@@ -485,6 +485,72 @@ variable "extra_task_policy_json" {
   }
 }
 
+# --- tracing: the ADOT collector sidecar (tracing.tf) -------------------------------------
+
+variable "tracing_enabled" {
+  description = "Add the AWS Distro for OpenTelemetry collector to the task as a second container that receives the worker's spans over OTLP/HTTP on 127.0.0.1:4318 and sends them to X-Ray, give the worker the OTEL_* variables that point it there, and let the task role write to X-Ray. Off: no collector, no OTEL_* variable (the worker exports nothing) and no X-Ray grant. The collector's cpu and memory come out of the task's (README: Tracing)."
+  type        = bool
+  default     = false
+}
+
+variable "tracing_sampler" {
+  description = "OTEL_TRACES_SAMPLER of the worker, with tracing_enabled: always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio."
+  type        = string
+  default     = "parentbased_traceidratio"
+
+  validation {
+    condition     = contains(["always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"], var.tracing_sampler)
+    error_message = "tracing_sampler: always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio (the OpenTelemetry SDK's built-in samplers)."
+  }
+}
+
+variable "tracing_sampler_arg" {
+  description = "OTEL_TRACES_SAMPLER_ARG, with tracing_enabled and a traceidratio or parentbased_traceidratio sampler: the share of new traces recorded, from 0 to 1. Not passed for the other samplers."
+  type        = number
+  default     = 0.05
+
+  validation {
+    condition     = var.tracing_sampler_arg >= 0 && var.tracing_sampler_arg <= 1
+    error_message = "tracing_sampler_arg: a share from 0 to 1."
+  }
+}
+
+variable "tracing_collector_image" {
+  description = "The ADOT collector image, pinned: `repo:tag` (not `latest`) or `repo@sha256:digest`. An image in ECR (a pull-through cache of public.ecr.aws, say) gets its pull permission on the execution role; public.ecr.aws needs none."
+  type        = string
+  default     = "public.ecr.aws/aws-observability/aws-otel-collector:v0.49.0"
+
+  validation {
+    condition = (
+      can(regex("^[^\\s]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[a-f0-9]{64})$", var.tracing_collector_image))
+      && !endswith(var.tracing_collector_image, ":latest")
+    )
+    error_message = "tracing_collector_image: give an explicit tag other than `latest`, or a sha256 digest."
+  }
+}
+
+variable "tracing_collector_cpu" {
+  description = "CPU units reserved for the collector container, out of the task's cpu (at most half of it); the worker container has the rest."
+  type        = number
+  default     = 64
+
+  validation {
+    condition     = floor(var.tracing_collector_cpu) == var.tracing_collector_cpu && var.tracing_collector_cpu >= 0 && var.tracing_collector_cpu <= 8192
+    error_message = "tracing_collector_cpu: whole CPU units from 0 to 8192."
+  }
+}
+
+variable "tracing_collector_memory" {
+  description = "Memory of the collector container in MiB, a hard limit taken out of the task's memory: buffer_budget_bytes must then fit in half of what is left (memory - tracing_collector_memory). The collector refuses spans beyond 80 % of it (memory_limiter) rather than be killed."
+  type        = number
+  default     = 128
+
+  validation {
+    condition     = floor(var.tracing_collector_memory) == var.tracing_collector_memory && var.tracing_collector_memory >= 128 && var.tracing_collector_memory <= 8192
+    error_message = "tracing_collector_memory: whole MiB from 128 to 8192."
+  }
+}
+
 # --- worker settings (STREAMLEASE_*; defaults and rules of streamlease/config.py) --------------
 # STREAMLEASE_WORKER_ID is deliberately not an input: left unset, each task uses its ECS
 # task id, so no two tasks can share an identity (two holders under one id would renew

@@ -1,6 +1,6 @@
 # The example root against the mock provider: it plans with the values of
 # terraform.tfvars.example (tests/infra passes that file with -var-file), with and
-# without Fargate Spot, and its own inputs are validated both ways.
+# without Fargate Spot, with tracing, and its own inputs are validated both ways.
 
 mock_provider "aws" {
   mock_data "aws_region" {
@@ -34,6 +34,14 @@ run "spot_beside_a_regular_base" {
   variables {
     region             = "us-gov-west-1"
     fargate_spot_share = 4
+  }
+}
+
+run "with_tracing" {
+  command = plan
+
+  variables {
+    tracing = true
   }
 }
 
