@@ -260,13 +260,17 @@ async def _store(tables: Tables) -> AsyncIterator[AdminStore]:
 
 
 async def _table_create(tables: Tables) -> int:
+    from streamlease.store.dynamodb import DynamoAdmin
     async with _store(tables) as store:
         created = await store.create_tables()
+        notes = await store.stream_advice() if isinstance(store, DynamoAdmin) else []
     for name in tables:
         print(f"{'created' if name in created else 'exists '} {name}")
     for name in created:
         if "/index/" in name:
             print(f"added   {name}")
+    for note in notes:
+        print(f"note    {note}")
     return EXIT_OK
 
 

@@ -23,6 +23,7 @@ from prometheus_client import (
 )
 
 from streamlease import __version__
+from streamlease.core.changes import ACTIONS as CHANGE_FEED_ACTIONS
 from streamlease.core.jobs import RunOutcome
 from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
 from streamlease.core.membership import MemberRecord
@@ -53,6 +54,8 @@ TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbea
 INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
 SINK_KINDS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "stdout", "python")
 UNREPLICATED_OPERATIONS = ("acquire", "renew", "write")  # redis_leader.WAITED_OPERATIONS
+CHANGE_FEED_ERROR_KINDS = ("trimmed", "expired_iterator", "throttled", "no_stream",
+                           "other")  # store.dynamodb.changefeed.FAULT_KINDS
 
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -221,6 +224,14 @@ class Metrics:
         self._jobs_unreadable = Gauge(p + "jobs_unreadable",
                                       "Job items the leader cannot run as stored (never run)",
                                       registry=r)
+        self._feed_lag = Gauge(p + "change_feed_lag_seconds",
+                               "How far behind the newest change-feed record read is",
+                               registry=r)
+        self._feed_records = Counter(p + "change_feed_records",
+                                     "Change-feed records, by the action each called for",
+                                     ["action"], registry=r)
+        self._feed_errors = Counter(p + "change_feed_errors", "Change-feed faults, by kind",
+                                    ["kind"], registry=r)
         self._unserved = Counter(p + "unserved_leases_released",
                                  "Leases naming this worker that it did not serve, released by "
                                  "its self-audit", registry=r)
@@ -272,6 +283,10 @@ class Metrics:
             self._job_runs.labels(name)
         for name in UNREPLICATED_OPERATIONS:
             self._unreplicated.labels(name)
+        for name in CHANGE_FEED_ACTIONS:
+            self._feed_records.labels(name)
+        for name in CHANGE_FEED_ERROR_KINDS:
+            self._feed_errors.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
             self._member_hbs.labels(name)
         for name in MEMBER_STATUSES:
@@ -432,6 +447,15 @@ class Metrics:
 
     def unreadable_jobs(self, count: int) -> None:
         self._jobs_unreadable.set(count)
+
+    def change_feed_lag(self, seconds: float) -> None:
+        self._feed_lag.set(seconds)
+
+    def change_feed_records(self, action: str, count: int = 1) -> None:
+        self._feed_records.labels(action).inc(count)
+
+    def change_feed_error(self, kind: str) -> None:
+        self._feed_errors.labels(kind).inc()
 
     def clear_fleet_view(self) -> None:
         """Only the leader publishes the fleet view; others expose none (not stale)."""

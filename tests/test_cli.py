@@ -49,6 +49,24 @@ def test_table_create_twice_says_exists(tables: dict[str, str]) -> None:
     assert again.returncode == 0 and again.stdout.count("exists") == 3
 
 
+def test_table_create_says_how_to_enable_a_missing_stream(dynamodb_endpoint: str) -> None:
+    """A streams table made before the change feed: `table create` succeeds and says how
+    to turn the stream on (it does not change a table it did not create)."""
+    import boto3
+
+    from streamlease.store import schema
+
+    suffix = uuid.uuid4().hex[:8]
+    env = {"STREAMLEASE_TABLE": f"cli-s-{suffix}", "STREAMLEASE_EVENTS_TABLE": f"cli-e-{suffix}",
+           "STREAMLEASE_FLEET_TABLE": f"cli-f-{suffix}"}
+    boto3.client("dynamodb", endpoint_url=dynamodb_endpoint, region_name="us-east-1").create_table(
+        **schema.streams_table(env["STREAMLEASE_TABLE"]))
+    result = cli("table", "create", env=env)
+    assert result.returncode == 0, result.stderr
+    (note,) = [line for line in result.stdout.splitlines() if line.startswith("note")]
+    assert "no DynamoDB stream" in note and "StreamViewType=NEW_AND_OLD_IMAGES" in note
+
+
 def test_start_list_show_stop_release(tables: dict[str, str]) -> None:
     started = cli("ctl", "start", "a", "b", "--url", "wss://feeds.example.com/{id}?token=s3cret",
                   env=tables)

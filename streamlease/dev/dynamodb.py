@@ -66,6 +66,26 @@ would grow without bound and pause for ever longer full collections, long enough
 loaded machine to stall every heartbeat. This server keeps none of them: memory holds the
 current tables and the versions the lag window still needs.
 
+**DynamoDB Streams on the same endpoint.** A table created (or updated) with a
+``StreamSpecification`` has a stream, served on this port: requests whose
+``X-Amz-Target`` is ``DynamoDBStreams_20120810.*`` (ListStreams, DescribeStream,
+GetShardIterator, GetRecords) go to moto's ``dynamodbstreams`` service, the rest to
+DynamoDB. moto's stream is made to keep DynamoDB's promises where the fleet relies on them:
+
+* one record per item a successful request changed: none for a request that failed (a
+  cancelled transaction, a refused write), none for a write that left the item as it was,
+  and one INSERT for an ``UpdateItem`` that creates its item (moto writes two);
+* records are trimmed (oldest first) past ``stream_retention_s`` (24 h, as DynamoDB) or
+  past ``stream_records_max`` per table, so a long session's memory stays bounded; an
+  iterator or sequence number below the trim horizon gets ``TrimmedDataAccessException``;
+* a shard iterator lives 15 minutes: an older (or unknown) one gets
+  ``ExpiredIteratorException``, and expired iterators are forgotten;
+* a missing table, a table without a stream, a stream ARN of an earlier incarnation of
+  the table or an unknown shard get ``ResourceNotFoundException`` (moto answers HTTP 500).
+
+moto keeps one shard per table, never split or closed: shard lineage (parent and child
+shards) cannot be exercised here.
+
 Loopback only, no persistence: state lives as long as the process.
 """
 
@@ -93,13 +113,15 @@ from streamlease.store.versions import IndexLag, VersionLog
 
 try:
     from moto.backends import get_backend
+    from moto.core.exceptions import JsonRESTError
     from moto.core.model_instances import model_data
     from moto.core.responses import ActionResult
     from moto.dynamodb.exceptions import MockValidationException
     from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.models.dynamo_type import DynamoType
-    from moto.dynamodb.models.table import Table
+    from moto.dynamodb.models.table import StreamShard, Table
     from moto.dynamodb.responses import DynamoHandler
+    from moto.dynamodbstreams.models import DynamoDBStreamsBackend, ShardIterator
     from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
     from werkzeug.serving import BaseWSGIServer, make_server
 except ImportError as exc:  # pragma: no cover - exercised by the CLI without the extra
@@ -270,7 +292,8 @@ def install_untracked_models() -> None:
     """Patch moto (in this process) so its DynamoDB models are not kept after use (see
     the module doc). A moto reset puts plain lists back; each server start patches again."""
     with _PATCH_LOCK:
-        for model in model_data["dynamodb"].values():
+        models = [*model_data["dynamodb"].values(), *model_data["dynamodbstreams"].values()]
+        for model in models:
             if not isinstance(getattr(model, "instances_tracked", None), _Untracked):
                 model.instances_tracked = _Untracked()  # type: ignore[attr-defined]
 
@@ -589,6 +612,257 @@ def install_replica_lag() -> None:
         _lag_installed = True
 
 
+# -- DynamoDB Streams ---------------------------------------------------------------------
+
+STREAMS_TARGET_PREFIX = "DynamoDBStreams_"
+ITERATOR_TTL_S = 15 * 60.0  # DynamoDB's shard iterators expire after 15 minutes
+DEFAULT_STREAM_RETENTION_S = 24 * 3600.0
+DEFAULT_STREAM_RECORDS_MAX = 100_000
+_ERROR_PREFIX = "com.amazonaws.dynamodb.v20120810#"
+
+
+class _StreamsError(JsonRESTError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(_ERROR_PREFIX + code, message)
+
+
+@dataclass(frozen=True)
+class StreamRetention:
+    """How long stream records and shard iterators live (see the module doc)."""
+
+    retention_s: float = DEFAULT_STREAM_RETENTION_S
+    records_max: int = DEFAULT_STREAM_RECORDS_MAX
+    iterator_ttl_s: float = ITERATOR_TTL_S
+    clock: Callable[[], float] = time.monotonic
+
+
+@dataclass
+class _StreamsRequest:
+    retention: StreamRetention
+    now: float
+    # (shard, item key) -> [shard, old item, new item], in the order items were first touched
+    pending: dict[tuple[int, Any, Any], list[Any]] = field(default_factory=dict)
+
+
+_streams_local = threading.local()  # .request: the _StreamsRequest being served, if any
+_original_shard_add: Callable[..., Any] | None = None
+_streams_installed = False
+
+
+def _streams_request() -> _StreamsRequest | None:
+    request: _StreamsRequest | None = getattr(_streams_local, "request", None)
+    return request
+
+
+def _pending_add(self: Any, old: Any, new: Any) -> None:
+    """moto's per-write hook, deferred to the end of the request (see ``StreamRecordsApp``)."""
+    assert _original_shard_add is not None
+    request = _streams_request()
+    if request is None:
+        _original_shard_add(self, old, new)
+        _stamp(self, None)
+        return
+    item = old if old is not None else new
+    key = (id(self), item.hash_key, item.range_key)
+    seen = request.pending.get(key)
+    if seen is None:
+        request.pending[key] = [self, old, new]
+    else:
+        seen[2] = new  # the first old image, the last new image
+
+
+def _stamp(shard: Any, now: float | None) -> None:
+    """Keep the serving time of each record (parallel to ``shard.items``) for retention."""
+    stamps: list[float] = shard.__dict__.setdefault("streamlease_stamps", [])
+    missing = len(shard.items) - len(stamps)
+    if missing > 0:
+        stamps.extend([time.monotonic() if now is None else now] * missing)
+
+
+def _trim(shard: Any, retention: StreamRetention, now: float) -> None:
+    """Drop the records past retention (oldest first); the trim horizon moves up."""
+    _stamp(shard, now)
+    stamps: list[float] = shard.__dict__["streamlease_stamps"]
+    drop = max(0, len(shard.items) - retention.records_max)
+    while drop < len(stamps) and stamps[drop] < now - retention.retention_s:
+        drop += 1
+    if drop:
+        del shard.items[:drop]
+        del stamps[:drop]
+        shard.starting_sequence_number += drop
+
+
+def _flush(request: _StreamsRequest) -> None:
+    """Write the request's records: one per changed item, none for an unchanged one."""
+    assert _original_shard_add is not None
+    for shard, old, new in request.pending.values():
+        if old is None and new is None:
+            continue
+        if old is not None and new is not None and old.attrs == new.attrs:
+            continue  # DynamoDB writes no record for a write that changed nothing
+        if shard.table.stream_shard is not shard:
+            continue  # the stream was turned off (or the table re-created) meanwhile
+        _original_shard_add(shard, old, new)
+        _trim(shard, request.retention, request.now)
+
+
+class StreamRecordsApp:
+    """WSGI middleware, innermost (under the request lock): collects the stream records a
+    request's writes produce and writes them when, and only if, the request succeeded."""
+
+    def __init__(self, app: WSGIApp, retention: StreamRetention) -> None:
+        self.app = app
+        self.retention = retention
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        request = _StreamsRequest(self.retention, self.retention.clock())
+        status: list[int] = []
+
+        def recording_start(code: str, headers: Any, *args: Any) -> Any:
+            status.append(int(code.split()[0]))
+            return start_response(code, headers, *args)
+
+        _streams_local.request = request
+        try:
+            body = list(self.app(environ, recording_start))
+            if status and status[-1] < 400:
+                _flush(request)
+            return body
+        finally:
+            _streams_local.request = None
+
+
+class StreamsRoutingApp:
+    """Serves DynamoDB and DynamoDB Streams on one endpoint, routed by ``X-Amz-Target``."""
+
+    def __init__(self, dynamodb: WSGIApp, streams: WSGIApp) -> None:
+        self.dynamodb = dynamodb
+        self.streams = streams
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        target = str(environ.get("HTTP_X_AMZ_TARGET", ""))
+        app = self.streams if target.startswith(STREAMS_TARGET_PREFIX) else self.dynamodb
+        return app(environ, start_response)
+
+
+def _retention_now() -> tuple[StreamRetention, float]:
+    request = _streams_request()
+    if request is None:
+        retention = StreamRetention()
+        return retention, retention.clock()
+    return request.retention, request.now
+
+
+def _stream_table(backend: Any, arn: str) -> Any:
+    """The table whose current stream ``arn`` names, else ResourceNotFoundException."""
+    parts = str(arn).split(":", 5)
+    path = parts[5].split("/") if len(parts) == 6 else []
+    if len(path) < 4 or path[0] != "table" or path[2] != "stream":
+        raise _StreamsError("ResourceNotFoundException", f"Requested resource not found: "
+                            f"Stream: {arn} not found")
+    table = backend.dynamodb.tables.get(path[1])
+    if (table is None or table.stream_shard is None
+            or table.latest_stream_label != "/".join(path[3:])):
+        raise _StreamsError("ResourceNotFoundException", f"Requested resource not found: "
+                            f"Stream: {arn} not found")
+    return table
+
+
+def _describe_stream(self: Any, arn: str) -> dict[str, Any]:
+    table = _stream_table(self, arn)
+    _trim(table.stream_shard, *_retention_now())
+    return {
+        "StreamArn": arn,
+        "StreamLabel": table.latest_stream_label,
+        "StreamStatus": "ENABLED",
+        "StreamViewType": table.stream_specification["StreamViewType"],
+        "CreationRequestDateTime": table.stream_shard.created_on,
+        "TableName": table.name,
+        "KeySchema": table.schema,
+        "Shards": [table.stream_shard.to_json()],
+    }
+
+
+def _get_shard_iterator(self: Any, arn: str, shard_id: str, shard_iterator_type: str,
+                        sequence_number: int | None = None) -> Any:
+    table = _stream_table(self, arn)
+    shard = table.stream_shard
+    if shard.id != shard_id:
+        raise _StreamsError("ResourceNotFoundException",
+                            f"Requested resource not found: Shard: {shard_id} not found")
+    retention, now = _retention_now()
+    _trim(shard, retention, now)
+    if shard_iterator_type in ("AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER"):
+        if sequence_number is None:
+            raise _StreamsError("ValidationException", "SequenceNumber is required")
+        first = int(sequence_number) + (shard_iterator_type == "AFTER_SEQUENCE_NUMBER")
+        if first < shard.starting_sequence_number:
+            raise _StreamsError("TrimmedDataAccessException", f"sequence number "
+                                f"{sequence_number} is past the shard's trim horizon")
+        if first > shard.starting_sequence_number + len(shard.items):
+            raise _StreamsError("ValidationException", f"sequence number {sequence_number} "
+                                "is beyond the shard's last record")
+    elif shard_iterator_type not in ("TRIM_HORIZON", "LATEST"):
+        raise _StreamsError("ValidationException",
+                            f"bad ShardIteratorType {shard_iterator_type!r}")
+    iterator = ShardIterator(self, shard, shard_iterator_type, sequence_number)
+    iterator.streamlease_created = now  # type: ignore[attr-defined]
+    self.shard_iterators[iterator.arn] = iterator
+    _forget_expired_iterators(self, retention, now)
+    return iterator
+
+
+def _forget_expired_iterators(backend: Any, retention: StreamRetention, now: float) -> None:
+    # Insertion order is creation order: the expired ones are at the front.
+    iterators = backend.shard_iterators
+    while iterators:
+        oldest = next(iter(iterators))
+        created = getattr(iterators[oldest], "streamlease_created", now)
+        if created >= now - retention.iterator_ttl_s:
+            break
+        del iterators[oldest]
+
+
+def _get_records(self: Any, iterator_arn: str, limit: int) -> dict[str, Any]:
+    retention, now = _retention_now()
+    _forget_expired_iterators(self, retention, now)
+    iterator = self.shard_iterators.get(iterator_arn)
+    if iterator is None:
+        raise _StreamsError("ExpiredIteratorException", "Iterator expired or unknown")
+    shard = iterator.stream_shard
+    if shard.table.stream_shard is not shard:
+        raise _StreamsError("ResourceNotFoundException",
+                            "Requested resource not found: the shard's stream is gone")
+    _trim(shard, retention, now)
+    if iterator.sequence_number < shard.starting_sequence_number:
+        raise _StreamsError("TrimmedDataAccessException",
+                            "the iterator points past the shard's trim horizon")
+    if not 1 <= int(limit) <= 1000:
+        raise _StreamsError("ValidationException", "Limit must be 1-1000")
+    result: dict[str, Any] = iterator.get(int(limit))
+    successor = self.shard_iterators.get(result["NextShardIterator"])
+    if successor is not None:
+        successor.streamlease_created = now
+    return result
+
+
+def install_streams() -> None:
+    """Patch moto (in this process) so its DynamoDB Streams keep DynamoDB's promises (see
+    the module doc). Writes served without a ``StreamRecordsApp`` (direct backend calls)
+    produce their records at once, as plain moto does."""
+    global _streams_installed, _original_shard_add
+    with _PATCH_LOCK:
+        if _streams_installed:
+            return
+        _original_shard_add = StreamShard.add
+        StreamShard.add = _pending_add  # type: ignore[method-assign]
+        DynamoDBStreamsBackend.describe_stream = _describe_stream  # type: ignore[method-assign]
+        DynamoDBStreamsBackend.get_shard_iterator = (  # type: ignore[method-assign]
+            _get_shard_iterator)  # type: ignore[assignment]
+        DynamoDBStreamsBackend.get_records = _get_records  # type: ignore[method-assign]
+        _streams_installed = True
+
+
 class EmbeddedDynamoDB:
     """A DynamoDB-compatible HTTP server on loopback, in a background thread."""
 
@@ -596,11 +870,17 @@ class EmbeddedDynamoDB:
                  fast_transactions: bool = True, latency_s: float = 0.0,
                  latency_mode: str = "serial", index_lag_s: float = 0.0,
                  index_lag_jitter_s: float = 0.0, stale_reads_s: float = 0.0,
+                 stream_retention_s: float = DEFAULT_STREAM_RETENTION_S,
+                 stream_records_max: int = DEFAULT_STREAM_RECORDS_MAX,
                  clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         """``index_lag_s``/``index_lag_jitter_s``/``stale_reads_s``: see the module doc
-        (all 0: every read is current). ``clock`` (monotonic seconds) and ``rng`` decide
-        which past a lagged read sees; tests inject them to step time by hand."""
+        (all 0: every read is current). ``stream_retention_s``/``stream_records_max``: how
+        long, and how many, DynamoDB Streams records a table's stream keeps. ``clock``
+        (monotonic seconds) and ``rng`` decide which past a lagged read sees, and when
+        stream records and shard iterators expire; tests inject them to step time by hand."""
+        if stream_retention_s <= 0 or stream_records_max < 1:
+            raise ValueError("stream_retention_s and stream_records_max must be positive")
         if latency_mode not in LATENCY_MODES:
             raise ValueError(f"latency_mode must be one of {LATENCY_MODES}, got {latency_mode!r}")
         if not 0.0 <= latency_s <= MAX_LATENCY_MS / 1000:
@@ -613,6 +893,8 @@ class EmbeddedDynamoDB:
         self.latency_mode = latency_mode
         self.consistency = Consistency(IndexLag(index_lag_s, index_lag_jitter_s), stale_reads_s)
         self.replica_lag = ReplicaLag(self.consistency, clock, rng or random.Random())
+        self.stream_retention = StreamRetention(stream_retention_s, stream_records_max,
+                                                clock=clock)
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -622,8 +904,11 @@ class EmbeddedDynamoDB:
         install_plain_json_reads()
         if self.fast_transactions:
             install_fast_transactions()
+        install_streams()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        app: WSGIApp = create_backend_app("dynamodb")
+        app: WSGIApp = StreamsRoutingApp(create_backend_app("dynamodb"),
+                                         create_backend_app("dynamodbstreams"))
+        app = StreamRecordsApp(app, self.stream_retention)
         if self.consistency.enabled:
             install_replica_lag()
             app = ConsistencyApp(app, self.replica_lag)

@@ -18,6 +18,11 @@ from typing import Any
 
 from streamlease.store import codec, fleetcodec
 
+# The streams table's DynamoDB stream, which the fleet leader's change feed tails: both
+# images, so a record says what changed (an owner, a fence, a URL) without a read.
+STREAM_VIEW_TYPE = "NEW_AND_OLD_IMAGES"
+STREAM_SPECIFICATION: dict[str, Any] = {"StreamEnabled": True, "StreamViewType": STREAM_VIEW_TYPE}
+
 
 def streams_table(name: str) -> dict[str, Any]:
     return {

@@ -47,6 +47,45 @@ async def test_table_create_is_idempotent_and_matches_the_contract(dynamo: Store
                                   {"AttributeName": "Sk", "KeyType": "RANGE"}]
 
 
+async def test_table_create_enables_the_change_feed_stream(dynamo: Stores) -> None:
+    """The streams table carries a DynamoDB stream with both images (the change feed reads
+    it); the events and fleet tables have none (nobody reads one)."""
+    admin = dynamo.admin
+    assert isinstance(admin, DynamoAdmin)
+    async with aioboto3.Session().client("dynamodb") as client:
+        desc = (await client.describe_table(TableName=admin.table))["Table"]
+        others = [(await client.describe_table(TableName=name))["Table"]
+                  for name in (admin.events_table, admin.fleet_table)]
+    assert desc["StreamSpecification"] == {"StreamEnabled": True,
+                                           "StreamViewType": "NEW_AND_OLD_IMAGES"}
+    assert desc["LatestStreamArn"].startswith(desc["TableArn"] + "/stream/")
+    assert all("LatestStreamArn" not in other for other in others)
+    assert await admin.stream_advice() == []
+
+
+@pytest.mark.parametrize("spec", [None, {"StreamEnabled": True, "StreamViewType": "KEYS_ONLY"}])
+async def test_a_streams_table_without_the_stream_gets_advice_not_a_failure(
+        dynamodb_endpoint: str, table_names: tuple[str, str, str],
+        spec: dict[str, object] | None) -> None:
+    from streamlease.store import dynamodb, schema
+
+    old = schema.streams_table(table_names[0])
+    if spec is not None:
+        old["StreamSpecification"] = spec
+    async with aioboto3.Session().client("dynamodb") as client:
+        await client.create_table(**old)
+    async with dynamodb.connect(*table_names) as stores:
+        assert isinstance(stores.admin, DynamoAdmin)
+        await stores.admin.create_tables()  # no failure: the stream is advice
+        assert await stores.admin.check_tables() == []  # a worker starts on it
+        (advice,) = await stores.admin.stream_advice()
+    assert table_names[0] in advice
+    assert (f"aws dynamodb update-table --table-name {table_names[0]} --stream-specification "
+            "StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES") in advice
+    assert ("no DynamoDB stream" in advice) == (spec is None)
+    assert ("view type KEYS_ONLY" in advice) == (spec is not None)
+
+
 async def test_table_create_adds_the_indexes_an_older_table_lacks(
         dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
     from streamlease.errors import TableMissing

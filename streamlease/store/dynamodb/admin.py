@@ -26,8 +26,32 @@ class DynamoAdmin(DynamoTable):
     # -- tables -----------------------------------------------------------------------
 
     def definitions(self) -> list[dict[str, Any]]:
-        return [schema.streams_table(self.table), schema.events_table(self.events_table),
+        """What ``create_tables`` creates: the streams table with its DynamoDB stream."""
+        streams = {**schema.streams_table(self.table),
+                   "StreamSpecification": dict(schema.STREAM_SPECIFICATION)}
+        return [streams, schema.events_table(self.events_table),
                 schema.fleet_table(self.fleet_table)]
+
+    async def stream_advice(self) -> list[str]:
+        """What ``table create`` tells the operator about the streams table's DynamoDB
+        stream: nothing when it carries both images; else what is missing and how to turn
+        it on. A table made before the change feed keeps working without one (the fleet
+        falls back to its backstop scan), so this never fails: it is advice."""
+        desc = (await self._call("describe_table", TableName=self.table))["Table"]
+        spec = desc.get("StreamSpecification") or {}
+        enable = (f"aws dynamodb update-table --table-name {self.table} --stream-specification "
+                  f"StreamEnabled=true,StreamViewType={schema.STREAM_VIEW_TYPE}")
+        if not spec.get("StreamEnabled"):
+            return [f"table {self.table} has no DynamoDB stream: the change feed is off and "
+                    f"changes are found by the slower backstop scan; enable it with `{enable}` "
+                    "(or apply the terraform)"]
+        view = spec.get("StreamViewType")
+        if view != schema.STREAM_VIEW_TYPE:
+            return [f"table {self.table} has a DynamoDB stream of view type {view}, the change "
+                    f"feed needs {schema.STREAM_VIEW_TYPE}: disable the stream "
+                    "(StreamEnabled=false), then enable it with "
+                    f"`{enable}` (or apply the terraform)"]
+        return []
 
     async def create_tables(self, wait_s: float = 300.0) -> list[str]:
         """Create every table if missing, add indexes a table made by an earlier version
