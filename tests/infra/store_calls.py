@@ -46,13 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamlease.store import codec, fleetcodec, schema
+from streamlease.store import codec, feedcheckpoints, fleetcodec, schema
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "streamlease"
 STORE = WORKER / "store"
 CONNECT = STORE / "dynamodb" / "__init__.py"
-CODECS = {"codec": codec, "fleetcodec": fleetcodec}
+CODECS = {"codec": codec, "fleetcodec": fleetcodec, "fc": feedcheckpoints}
 
 STREAMS, EVENTS, FLEET = "streams", "events", "fleet"
 ALL_TABLES = (STREAMS, EVENTS, FLEET)
@@ -71,6 +71,9 @@ RUNTIME_TABLES: dict[tuple[str, str], tuple[str, ...]] = {
     ("DynamoAdmin", "**definition"): ALL_TABLES,
     # a fenced write puts into the table its PutItem names.
     ("DynamoLeaderBackend", "write.table"): (CALLER,),
+    # the change feed: the streams table's stream, and its checkpoints in the fleet table.
+    ("ChangeFeedReader", "self.table"): (STREAMS,),
+    ("DynamoFeedCheckpoints", "self.table"): (FLEET,),
 }
 # PutItem(...) built outside the store, by its table expression: which tables it names.
 SOURCE_PUT_TABLES = {"args.table": JOB_WRITE}
@@ -83,6 +86,8 @@ TRANSACTION_KINDS = {
     "Get": "get_item",
 }
 TRANSACTION_OPERATIONS = {"transact_write_items", "transact_get_items"}
+# DynamoDB Streams: requests to a table's stream (IAM resource ``table/NAME/stream/*``).
+STREAM_OPERATIONS = {"list_streams", "describe_stream", "get_shard_iterator", "get_records"}
 WRITE_ACTIONS = frozenset({"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
                            "dynamodb:ConditionCheckItem"})
 
@@ -316,6 +321,11 @@ class _Reader:
         splats = [v for k, v in fields.items() if k.startswith("**")]
         if table_expr is None and len(splats) == 1 and isinstance(splats[0], ast.Name):
             table_expr = ast.Name(id="**" + splats[0].id)  # **definition: a whole request
+        if operation in STREAM_OPERATIONS:
+            # DynamoDB Streams requests name a stream ARN or shard iterator, not a table:
+            # the stream is its reader's table's (``RUNTIME_TABLES``).
+            return [Request(action, table, None, in_transaction, self.where(node))
+                    for table in self.resolve_table(node, ast.parse("self.table").body[0].value)]  # type: ignore[attr-defined]
         tables = self.resolve_table(node, table_expr)
         if operation == "update_table":
             # UpdateTable only adds a missing index: only a table with indexes lacks one.

@@ -77,6 +77,7 @@ locals {
     STREAMLEASE_STREAM_RENEW_SECONDS  = tostring(var.stream_renew_seconds)
     STREAMLEASE_STREAM_CHECK_SECONDS  = tostring(var.stream_check_seconds)
     STREAMLEASE_MIN_HOLD_SECONDS      = var.min_hold_seconds == null ? null : tostring(var.min_hold_seconds)
+    STREAMLEASE_FLEET_VIEW            = var.fleet_view
     STREAMLEASE_LEADER_BACKEND        = local.leader_backend_env
     STREAMLEASE_JOB_GRACE_SECONDS     = tostring(var.job_grace_seconds)
     STREAMLEASE_MAX_SEQ_JUMP          = tostring(var.max_seq_jump)

@@ -834,6 +834,17 @@ variable "min_hold_seconds" {
   }
 }
 
+variable "fleet_view" {
+  description = "STREAMLEASE_FLEET_VIEW: leader (only the fleet leader reads every member row; the others read the leader's row and plan from its bulletin, so a worker's reads stay flat as the fleet grows) or all (every worker reads every member row)."
+  type        = string
+  default     = "leader"
+
+  validation {
+    condition     = contains(["leader", "all"], lower(var.fleet_view))
+    error_message = "fleet_view: leader or all."
+  }
+}
+
 variable "leader_backend" {
   description = "STREAMLEASE_LEADER_BACKEND: where the fleet leader lease lives: dynamodb (the fleet table) or redis://host:port/db (rediss:// for TLS), without credentials (a URL with user info belongs in leader_backend_secret_arn). Sensitive: plans show it as (sensitive value)."
   type        = string

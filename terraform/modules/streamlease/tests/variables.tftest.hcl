@@ -65,6 +65,7 @@ run "accepts_upper_and_other_edges" {
     metrics_address       = "::"
     allowed_urls          = ["ws://127.0.0.1", "wss://"]
     log_format            = "TEXT"
+    fleet_view            = "ALL"
     log_level             = "debug"
     acquire_per_cycle     = 10000
     batch_max_messages    = 1000
@@ -229,6 +230,7 @@ run "refuses_values_below_range" {
     metrics_port                      = -1
     allowed_urls                      = ["http://x"]
     log_format                        = "xml"
+    fleet_view                        = "some"
     log_level                         = "TRACE"
     acquire_per_cycle                 = 0
     batch_max_messages                = 0
@@ -265,7 +267,8 @@ run "refuses_values_below_range" {
     var.log_retention_days, var.log_kms_key_arn, var.dynamodb_kms_key_arn, var.table_name,
     var.events_table_name, var.lease_seconds, var.heartbeat_seconds, var.skew_margin_seconds,
     var.safety_margin_seconds, var.sweep_seconds, var.reconcile_seconds, var.shutdown_seconds,
-    var.max_streams, var.metrics_port, var.allowed_urls, var.log_format, var.log_level,
+    var.max_streams, var.metrics_port, var.allowed_urls, var.log_format, var.fleet_view,
+    var.log_level,
     var.acquire_per_cycle, var.batch_max_messages, var.batch_max_seconds, var.max_frame_bytes,
     var.events_ttl_seconds,
   ]
