@@ -427,6 +427,11 @@ class Membership(FleetKnowledge):
             # once a heartbeat instead of twice: deaths are seen a little later, never
             # sooner, and the heartbeat keeps its place in the store's queue.
             every = self.timings.observe_s
+            if self.settings.fleet_view == "leader" and self.hooks.leading():
+                # The leader is the fleet's only watcher, and every other member hears of
+                # a death one read of its row later: it reads twice as often (one Query
+                # for the whole fleet), so deaths are seen no later than before.
+                every /= 2
             if self.clock.monotonic() < self._strained_until:
                 every = max(every, self.timings.heartbeat_s)
             await sleep_unless(jittered(every, 0.1, self.rng), self._stop)
@@ -444,22 +449,27 @@ class Membership(FleetKnowledge):
         sent = self.clock.monotonic()
         row = await self.fleet.member(leader, timeout=self.timings.heartbeat_s)
         received = self.clock.monotonic()
-        news = bulletins.decode(row.bulletin) if row is not None and row.live_status \
-            else None
+        # A draining leader is handing its streams and its leadership over: its bulletin
+        # does not count what it releases, so the members read every row meanwhile.
+        news = bulletins.decode(row.bulletin) \
+            if row is not None and row.status is MemberStatus.ACTIVE else None
         if row is None or news is None:
-            if row is not None and row.bulletin is not None and row.live_status:
+            if row is not None and row.bulletin is not None and \
+                    row.status is MemberStatus.ACTIVE:
                 self.metrics.bulletin_unreadable()
                 event(logging.WARNING, "member.bulletin_unreadable",
                       "the leader's row carries a bulletin this worker cannot read; "
                       "reading every member row instead", leader=leader)
             return False
         dead = self.observer.observe([row], sent, received)
-        before = self.bulletin
+        before = None if self.reading_all else self.bulletin
+        before_row = None if self.reading_all or not self.view.members else self.view.members[0]
         self.bulletin, self.reading_all = news, False
         self.view = FleetView((row,), frozenset(m.worker_id for m in dead))
         self.metrics.member_counts(dict(news.statuses))
         self.metrics.member_rows_read(1)
-        if before is None or before.gen != news.gen:
+        if before is None or before.gen != news.gen or before_row is None or \
+                (before_row.worker_id, before_row.handoffs) != (row.worker_id, row.handoffs):
             self.hooks.fleet_changed()
         self._pending.clear()
         if dead:

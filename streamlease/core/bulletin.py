@@ -34,6 +34,12 @@ from streamlease.core.deal import deal_weights
 from streamlease.core.membership import MemberRecord, MemberStatus
 
 MAX_DONORS = 256  # donors named at once; the rest give at a later bulletin
+# The bulletin rides in the leader's row (an item is at most 400 KB, and every byte of it
+# is written with each heartbeat and read by every member): a deal names the survivors
+# with the most room, and a bulletin the first deals by member id. A fenced member left
+# out is released by its fencer after the deal window and its streams acquired as orphans.
+MAX_HEIRS = 64
+MAX_DEALS = 16
 
 
 @dataclass(frozen=True)
@@ -90,14 +96,11 @@ def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], lead
         else:
             statuses[row.status.value] = statuses.get(row.status.value, 0) + 1
     survivors = {m: counts.get(m, 0) for m in active}
-    deals = tuple(
-        Deal(row.worker_id, row.epoch, row.streams,
-             tuple(sorted((m, w) for m, w in deal_weights(
-                 {m: n for m, n in survivors.items() if m != row.worker_id},
-                 {m: capacities.get(m, 0) for m in survivors if m != row.worker_id},
-                 row.streams).items() if w > 0)))
-        for row in sorted(rows, key=lambda r: r.worker_id)
-        if row.status is MemberStatus.DEAD and not row.released)
+    fenced = [row for row in sorted(rows, key=lambda r: r.worker_id)
+              if row.status is MemberStatus.DEAD and not row.released]
+    deals = tuple(Deal(row.worker_id, row.epoch, row.streams,
+                       _heirs(survivors, capacities, row))
+                  for row in fenced[:MAX_DEALS])
     return Bulletin(
         gen=gen, level=level, total=total, deficit=sum(gaps),
         below=sum(1 for g in gaps if g > 0), active=len(active),
@@ -105,6 +108,18 @@ def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], lead
                      for m in rows),
         donors=tuple(donors(counts, active, shares, servable_orphans)[:MAX_DONORS]),
         deals=deals, statuses=tuple(sorted(statuses.items())))
+
+
+def _heirs(survivors: dict[str, int], capacities: dict[str, int],
+           dead: MemberRecord) -> tuple[tuple[str, int], ...]:
+    """The survivors' weights in the deal of ``dead``'s streams: the MAX_HEIRS with the
+    most, sorted by id."""
+    weights = deal_weights({m: n for m, n in survivors.items() if m != dead.worker_id},
+                           {m: capacities.get(m, 0) for m in survivors if m != dead.worker_id},
+                           dead.streams)
+    best = sorted(((m, w) for m, w in weights.items() if w > 0),
+                  key=lambda mw: (-mw[1], mw[0]))[:MAX_HEIRS]
+    return tuple(sorted(best))
 
 
 def plan_from(bulletin: Bulletin, me: str, capacity: int, keeping: int, active: bool,

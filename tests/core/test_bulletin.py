@@ -103,3 +103,20 @@ def test_a_bulletin_reads_back_as_written() -> None:
 ])
 def test_an_unreadable_bulletin_is_none(text: str | None) -> None:
     assert bulletins.decode(text) is None
+
+
+def test_a_bulletin_stays_small_however_many_members_die_at_once() -> None:
+    """A zone's outage in a fleet of 1,000: 300 fenced members at once. The bulletin names
+    the first deals and the survivors with the most room in each, and stays a small
+    fraction of the 400 KB an item may hold."""
+    rows = [row(f"w{i:04d}", 100, capacity=150) for i in range(700)]
+    rows += [row(f"x{i:04d}", 100, status=MemberStatus.DEAD, epoch=9) for i in range(300)]
+    rows[5] = row("w0005", 10, capacity=150)  # the most room
+    news = compose(rows, frozenset(), "w0000", 100, True, 0, gen=1)
+    assert len(news.deals) == bulletins.MAX_DEALS
+    assert [d.member for d in news.deals] == [f"x{i:04d}" for i in range(bulletins.MAX_DEALS)]
+    for deal in news.deals:
+        assert len(deal.heirs) == bulletins.MAX_HEIRS
+        assert "w0005" in deal.weights()
+        assert deal.weights()["w0005"] == max(deal.weights().values())
+    assert len(bulletins.encode(news).encode()) < 40_000
