@@ -24,6 +24,13 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
   live worker that does not serve them (the longest such spell), the audit, kill -9
   failover.
 * ``throughput``: one worker's throughput, CPU and memory, in phases of their own.
+* ``tracing``: one worker's throughput into a no-op Python processor with tracing off and
+  on (default sampling, spans exported to a receiver on loopback), alternating
+  (``tracing.throughput_ratio``; ``loadtest.tracing_scenario``), about a minute. With
+  ``--tracing on`` (the default) the chaos run's workers export their spans too: the share
+  of SIGTERM hand-offs whose trace links release to first delivery
+  (``tracing.handoffs_linked``), and the slowest hand-off and kill -9 take-over drawn as
+  span timelines (``latest-trace.png``).
 * ``skew``: one worker under ``faketime -f -2s`` (its wall clock 2 s behind), small
   profile timings, 60 s: does the fleet settle, and does anyone take over a live member?
 * ``slow_store``: 4 workers, 40 streams, the embedded server slowed to 20 ms a request
@@ -56,13 +63,13 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
   by kind per 1,000 held streams, index-key moves per held stream-minute, time until all
   are held, kill -9 of one worker, and the capacity model.
 
-It writes ``loadtest/results/latest.{json,md,png}`` (plus timestamped copies) and exits
-non-zero if a correctness figure (lost, duplicated, out of order, stale writes
-accepted, fleet-caused gaps, job slots run twice; per sink: lost, duplicated for the
-exactly-once ones, duplicated within one tenure; per upstream mode: lost where the feed
-replays, lost outside a recorded gap where it cannot, duplicated) of any scenario is not
-zero, or a scenario could not run. It asserts no times: it reports them. Worker logs stay
-in ``.run/loadtest/``.
+It writes ``loadtest/results/latest.{json,md,png}`` and ``latest-trace.png`` (plus
+timestamped copies) and exits non-zero if a correctness figure (lost, duplicated, out of
+order, stale writes accepted, fleet-caused gaps, job slots run twice; per sink: lost,
+duplicated for the exactly-once ones, duplicated within one tenure; per upstream mode: lost
+where the feed replays, lost outside a recorded gap where it cannot, duplicated) of any
+scenario is not zero, or a scenario could not run. It asserts no times: it reports them.
+Worker logs stay in ``.run/loadtest/``.
 """
 
 from __future__ import annotations
@@ -81,9 +88,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import sinks_scenario, upstreams_scenario
+from loadtest import sinks_scenario, tracing_scenario, upstreams_scenario
 from loadtest.common import Server, choose_names
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
+from loadtest.otlp import Receiver
 from loadtest.report import write_reports
 from loadtest.throughput import measure_throughput
 from streamlease.config import DEFAULTS
@@ -101,10 +109,11 @@ PROFILES: dict[str, dict[str, Any]] = {
               "reconcile": 1.5, "skew": 0.5, "settle": 20.0, "gap": 15.0, "rounds": 3},
 }
 
-SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "skew", "slow_store",
-             "balance", "balance_startup", "jobs", "sinks", "upstreams", "scale_reads", "scale")
+SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "tracing", "skew",
+             "slow_store", "balance", "balance_startup", "jobs", "sinks", "upstreams",
+             "scale_reads", "scale")
 # The scale run (~5 minutes of 2,000 connections) is not in the default: see --scenarios.
-DEFAULT_SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "skew",
+DEFAULT_SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "tracing", "skew",
                      "slow_store", "balance", "balance_startup", "jobs", "sinks", "upstreams",
                      "scale_reads")
 INDEX_LAG_MS = 1000.0  # the index_lag scenario: every index read a second behind
@@ -112,8 +121,9 @@ INDEX_LAG_MS = 1000.0  # the index_lag scenario: every index read a second behin
 # keys are: ``failover.kill9`` (chaos) next to ``failover.sigterm_slow_store``;
 # ``sinks.python.lost`` (sinks) next to ``sinks.python.ratio_to_bare`` (throughput);
 # ``scale.kill9`` (scale) next to ``scale.per_worker_read_growth`` (scale_reads);
-# ``balance.converge_s`` (balance) next to ``balance.during_startup`` (balance_startup).
-SHARED_SECTIONS = {"failover": 1, "sinks": 2, "scale": 1, "balance": 1}
+# ``balance.converge_s`` (balance) next to ``balance.during_startup`` (balance_startup);
+# ``tracing.handoffs_linked`` (chaos) next to ``tracing.throughput_ratio`` (tracing).
+SHARED_SECTIONS = {"failover": 1, "sinks": 2, "scale": 1, "balance": 1, "tracing": 1}
 
 
 @dataclass
@@ -145,25 +155,55 @@ def timing_env(p: dict[str, Any]) -> dict[str, str]:
 
 async def run_chaos(ctx: Context) -> dict[str, Any]:
     p = ctx.profile
-    async with ctx.fleet("chaos", streams=p["streams"], rate=p["rate"],
-                         worker_env=timing_env(p)) as fleet:
-        for _ in range(p["workers"]):
-            fleet.start_worker()
-        print(f"chaos: {p['streams']} streams x {p['rate']} msg/s, {p['workers']} workers, "
-              f"lease {p['lease']} s", flush=True)
-        await asyncio.sleep(p["settle"])
-        steady_from = fleet.now()
-        delivered0 = sum(r.last_seq or 0 for r in fleet.records.values())
-        await chaos_schedule(fleet, p)
-        elapsed = fleet.now() - steady_from
-        delivered = sum(r.last_seq or 0 for r in fleet.records.values()) - delivered0
-        after_restarts = fleet.counts()
-        fleet.scrape_all()
-        workers_alive = len(fleet.workers)
-        await fleet.stop_all()
-        audit = await fleet.audit()
-        return summarise_chaos(fleet, p, audit, elapsed, delivered, workers_alive,
-                               after_restarts)
+    # Tracing on: every worker exports its spans here (a batch every 200 ms).
+    receiver = Receiver() if getattr(ctx.args, "tracing", "off") == "on" else None
+    env = {**timing_env(p), **(receiver.env() if receiver is not None else {})}
+    try:
+        async with ctx.fleet("chaos", streams=p["streams"], rate=p["rate"],
+                             worker_env=env) as fleet:
+            for _ in range(p["workers"]):
+                fleet.start_worker()
+            print(f"chaos: {p['streams']} streams x {p['rate']} msg/s, {p['workers']} "
+                  f"workers, lease {p['lease']} s"
+                  + (f", spans to {receiver.endpoint}" if receiver is not None else ""),
+                  flush=True)
+            await asyncio.sleep(p["settle"])
+            steady_from = fleet.now()
+            delivered0 = sum(r.last_seq or 0 for r in fleet.records.values())
+            await chaos_schedule(fleet, p)
+            elapsed = fleet.now() - steady_from
+            delivered = sum(r.last_seq or 0 for r in fleet.records.values()) - delivered0
+            after_restarts = fleet.counts()
+            fleet.scrape_all()
+            workers_alive = len(fleet.workers)
+            await fleet.stop_all()  # every worker flushes its spans as it exits
+            audit = await fleet.audit()
+            result = summarise_chaos(fleet, p, audit, elapsed, delivered, workers_alive,
+                                     after_restarts)
+            if receiver is not None:
+                result["tracing"] = chaos_tracing(fleet, receiver)
+            return result
+    finally:
+        if receiver is not None:
+            receiver.close()
+
+
+def chaos_tracing(fleet: Fleet, receiver: Receiver) -> dict[str, Any]:
+    """The chaos run's ``tracing`` figures (``loadtest.tracing_scenario``): its SIGTERM
+    hand-offs (the streams each SIGTERM'd worker logged releasing on shutdown) and kill -9
+    take-overs, as the received spans show them."""
+    logs = {w.name: w.log for w in fleet.everyone()}
+    now = fleet.now()
+    sigterms = [(f.worker, tracing_scenario.released_on_shutdown(logs[f.worker]))
+                for f in fleet.faults if f.kind == "sigterm" and f.worker in logs]
+    kills = [(f.worker, tracing_scenario.wall_ns(f.at, now))
+             for f in fleet.faults if f.kind == "kill9" and f.worker is not None]
+    figures = tracing_scenario.chaos_figures(receiver.spans(), sigterms, kills,
+                                             receiver.rejected)
+    print(f"chaos: {figures['handoffs_linked_count']} of {figures['handoffs']} SIGTERM "
+          f"hand-offs linked release to first flush; {figures['takeovers']} take-overs "
+          f"traced; {figures['spans_received']} spans received", flush=True)
+    return figures
 
 
 async def run_index_lag(ctx: Context) -> dict[str, Any]:
@@ -404,6 +444,21 @@ async def run_throughput(ctx: Context) -> dict[str, Any]:
             ddb.stop()
 
 
+async def run_tracing(ctx: Context) -> dict[str, Any]:
+    """Throughput with tracing on / off (``loadtest.tracing_scenario``)."""
+    env = dict(os.environ)
+    ddb = None
+    if ctx.args.dynamodb == "embedded":
+        ddb = Server("dynamodb", "--port", "0")
+        env.update(local_aws_env(ddb.url))
+        os.environ.update(local_aws_env(ddb.url))
+    try:
+        return await tracing_scenario.measure_tracing_cost(env, ctx.args.quick)
+    finally:
+        if ddb is not None:
+            ddb.stop()
+
+
 # -- running scenarios -----------------------------------------------------------------------
 
 
@@ -411,6 +466,7 @@ def runners() -> dict[str, Callable[[Context], Awaitable[dict[str, Any]]]]:
     from loadtest import jobs_scenario, scenarios
 
     return {"chaos": run_chaos, "index_lag": run_index_lag, "throughput": run_throughput,
+            "tracing": run_tracing,
             "skew": scenarios.run_skew,
             "slow_store": scenarios.run_slow_store, "balance": scenarios.run_balance,
             "balance_startup": scenarios.run_balance_startup,
@@ -561,6 +617,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dynamodb", choices=["embedded", "env"], default="embedded",
                         help="embedded server, or the endpoint/credentials the AWS variables name")
     parser.add_argument("--seed", type=int, default=None, help="chaos schedule seed")
+    parser.add_argument("--tracing", choices=["on", "off"], default="on",
+                        help="on (the default): the chaos run's workers export spans to a "
+                             "receiver on loopback, for the tracing.* hand-off figures and "
+                             "latest-trace.png")
     parser.add_argument("--quick", action="store_true",
                         help="shorter throughput phases (for smoke runs)")
     parser.add_argument("--out", default=str(RESULTS), help="where to write the reports")

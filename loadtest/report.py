@@ -1,4 +1,6 @@
-"""Write the benchmark's report: JSON (for tools), Markdown (for people), a PNG timeline.
+"""Write the benchmark's report: JSON (for tools), Markdown (for people), a PNG timeline,
+and, when the run traced its hand-offs, a PNG of the slowest hand-off's and take-over's
+spans (``latest-trace.png``).
 
 Every section is optional: a run of some scenarios (``--scenarios``) renders what it has.
 """
@@ -27,7 +29,14 @@ def write_reports(result: dict[str, Any], out: Path) -> dict[str, str]:
     png = out / "latest.png"
     timeline_png(result, png)
     paths["png"] = str(png)
+    if trace_panels(result):
+        trace = out / TRACE_PNG
+        trace_png(result, trace)
+        paths["trace_png"] = str(trace)
     return paths
+
+
+TRACE_PNG = "latest-trace.png"
 
 
 def _s(value: float | None) -> str:
@@ -152,6 +161,12 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
     ]
     rows += sink_target_rows(r)
     rows += upstream_target_rows(r)
+    rows += [
+        ("chaos", "SIGTERM hand-offs in the chaos run whose trace links release to first "
+         "delivery", "tracing.handoffs_linked", "100 % (1.0)", at_least(1.0)),
+        ("tracing", "no-op Python processor, one worker: throughput with tracing on (default "
+         "sampling) / off", "tracing.throughput_ratio", ">= 0.95", at_least(0.95)),
+    ]
     ran = r.get("scenarios")
     out = []
     for scenario, label, key, target, check in rows:
@@ -264,7 +279,7 @@ def markdown(r: dict[str, Any]) -> str:
     for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
                          ("slow_store", slow_store_md), ("balance", balance_md),
                          ("jobs", jobs_md), ("sinks", sinks_md), ("upstreams", upstreams_md),
-                         ("scale", scale_md)):
+                         ("scale", scale_md), ("tracing", tracing_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
     if isinstance(_get(r, "sinks.dynamodb"), dict):
@@ -376,6 +391,67 @@ def chaos_md(r: dict[str, Any]) -> list[str]:
     if "rolling_restart_max_held" in r:
         lines += [f"Largest count one worker held after the last rolling restart: "
                   f"{r['rolling_restart_max_held']} of {s['streams']}.", ""]
+    return lines
+
+
+def tracing_md(r: dict[str, Any]) -> list[str]:
+    """The ``tracing`` section: linked hand-offs (chaos, ``--tracing on``), the slowest
+    hand-off's spans, and the throughput with tracing on / off (the ``tracing`` scenario)."""
+    k = r["tracing"]
+    lines = ["## Tracing", ""]
+    if "handoffs" in k:
+        lines += [
+            f"Chaos run, spans exported over OTLP/HTTP to a receiver on loopback: "
+            f"**{_v(k.get('handoffs_linked_count'))} of {_v(k.get('handoffs'))}** SIGTERM "
+            "hand-offs (streams a worker released on SIGTERM, from its log) link the old "
+            "holder's release span to an acquisition on the new holder and its first flush "
+            f"(`tracing.handoffs_linked` {_v(k.get('handoffs_linked'))}); release start to "
+            f"first flush end: {_v(k.get('handoff_ms'))} ms. kill -9 take-overs traced: "
+            f"{_v(k.get('takeovers'))} ({_v(k.get('takeover_streams'))} streams). Spans "
+            f"received: {_v(k.get('spans_received'))} ({_v(k.get('spans_by_name'))}).", ""]
+        for u in k.get("unlinked") or []:
+            lines.append(f"- not linked: {u.get('stream')} from {u.get('worker')}: "
+                         f"{u.get('why')}")
+        if k.get("unlinked"):
+            lines.append("")
+    for key, title in (("slowest_handoff", "Slowest SIGTERM hand-off"),
+                       ("slowest_takeover", "Slowest kill -9 take-over")):
+        t = k.get(key)
+        if isinstance(t, dict):
+            lines += [f"### {title}: {_trace_title(t)}", "", *_span_table(t), ""]
+    if any(isinstance(k.get(x), dict) for x in ("slowest_handoff", "slowest_takeover")):
+        lines += [f"Drawn in `{TRACE_PNG}`.", ""]
+    tp = k.get("throughput")
+    if isinstance(tp, dict):
+        lines += [
+            f"One worker, {_v(tp.get('streams'))} backlogged streams into the no-op Python "
+            f"processor, {_v(tp.get('seconds'))} s a run, in the order "
+            f"{', '.join(tp.get('order', []))}: tracing off {_v(_get(tp, 'msgs_per_s.off'))} "
+            f"msg/s, on ({tp.get('sampler', 'default sampling')}) "
+            f"{_v(_get(tp, 'msgs_per_s.on'))} msg/s: **{_v(k.get('throughput_ratio'))}** "
+            f"(per worker CPU second: {_v(tp.get('cpu_ratio'))}); spans exported per run "
+            f"with tracing on: {_v(tp.get('spans_per_run_on'))}.", ""]
+    return lines
+
+
+def _trace_title(t: dict[str, Any]) -> str:
+    if t.get("kind") == "sigterm":
+        return (f"stream {t.get('stream')}, {t.get('from')} -> {t.get('to')}, "
+                f"{_v(t.get('total_ms'))} ms from release to first flush")
+    return (f"{t.get('by')} took {_v(t.get('streams'))} streams of {t.get('member')}, "
+            f"{_v(t.get('total_ms'))} ms from the kill to the last first flush")
+
+
+def _span_table(t: dict[str, Any]) -> list[str]:
+    lines = ["| span | worker | stream | start (ms) | duration (ms) | attributes |",
+             "|---|---|---|---|---|---|"]
+    if t.get("killed_ms") is not None:
+        lines.append(f"| kill -9 of {t.get('member')} | - | - | {_v(t['killed_ms'])} | - | - |")
+    for s in t.get("spans", []):
+        lines.append(f"| {s.get('name')} | {s.get('worker')} | {s.get('stream') or '-'} | "
+                     f"{_v(s.get('start_ms'))} | "
+                     f"{_v(round(s.get('end_ms', 0) - s.get('start_ms', 0), 2))} | "
+                     f"{_v(s.get('detail') or {})} |")
     return lines
 
 
@@ -1001,3 +1077,71 @@ def _spread(ax: Any, b: dict[str, Any]) -> None:
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("streams held")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+
+
+# -- the trace picture --------------------------------------------------------------------
+
+
+def trace_panels(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The span timelines the run kept (slowest hand-off, slowest take-over)."""
+    section = r.get("tracing")
+    if not isinstance(section, dict):
+        return []
+    return [t for key in ("slowest_handoff", "slowest_takeover")
+            if isinstance(t := section.get(key), dict) and t.get("spans")]
+
+
+def trace_png(r: dict[str, Any], path: Path) -> None:
+    """Each kept timeline as a panel: one bar a span (colour: the worker), in start order;
+    arrows for links (release -> the acquisition linked to it); the kill as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = trace_panels(r)
+    heights = [max(2.0, 0.38 * len(t["spans"]) + 1.4) for t in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, sum(heights)), dpi=100,
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    for ax, t in zip(axes[:, 0], panels, strict=True):
+        _span_panel(ax, t, plt.get_cmap("tab10"))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _span_panel(ax: Any, t: dict[str, Any], palette: Any) -> None:
+    spans = t["spans"]
+    workers = sorted({str(s.get("worker")) for s in spans}, key=_order)
+    color = {w: palette(i % 10) for i, w in enumerate(workers)}
+    end = max([s["end_ms"] for s in spans] + [t.get("killed_ms") or 0.0])
+    start = min([s["start_ms"] for s in spans] + [t.get("killed_ms") or 0.0])
+    width = max(end - start, 1e-3)
+    for row, s in enumerate(spans):
+        length = s["end_ms"] - s["start_ms"]
+        ax.barh(row, max(length, width * 0.003), left=s["start_ms"], height=0.6,
+                color=color[str(s.get("worker"))], edgecolor="black", linewidth=0.4)
+        ax.text(s["end_ms"] + width * 0.005, row, f"{length:.1f} ms", va="center", fontsize=7)
+    for source, target in t.get("links", []):
+        a, b = spans[source], spans[target]
+        ax.annotate("", xy=(b["start_ms"], target), xytext=(a["end_ms"], source),
+                    arrowprops={"arrowstyle": "->", "color": "black", "linestyle": "--",
+                                "linewidth": 0.9})
+    if t.get("killed_ms") is not None:
+        ax.axvline(t["killed_ms"], color="red", linestyle="--", linewidth=1)
+        ax.text(t["killed_ms"], -0.9, f" kill -9 {t.get('member', '')}", color="red",
+                fontsize=8, va="center")
+    ax.set_yticks(range(len(spans)))
+    ax.set_yticklabels([f"{s.get('worker')}  {s['name']}"
+                        + (f" {s['stream']}" if s.get("stream") else "") for s in spans],
+                       fontsize=8)
+    ax.set_ylim(len(spans) - 0.4, -1.4)
+    ax.set_xlim(start - width * 0.02, end + width * 0.12)
+    ax.set_xlabel("ms")
+    kind = "SIGTERM hand-off" if t.get("kind") == "sigterm" else "kill -9 take-over"
+    ax.set_title(f"slowest {kind}: {_trace_title(t)}"
+                 + ("; dashed arrow: span link" if t.get("links") else ""), fontsize=10)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=color[w], label=w) for w in workers], loc="upper left",
+              bbox_to_anchor=(1.01, 1), fontsize=8)
