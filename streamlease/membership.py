@@ -507,10 +507,12 @@ class Membership(FleetKnowledge):
         self._finish_abandoned(members, received)
 
     def compose(self, now: float) -> None:
-        """The leader's bulletin from the rows it read (its own count live), published
-        with a heartbeat soon when it changed. Its generation moves only when the fleet
-        did (someone joined, left, died, was released, drains or handed streams over):
-        that is what pokes the other members' reconcilers, not a changed count."""
+        """The leader's bulletin from the rows it read (its own count live). Written at
+        once when membership moved, someone drains, or the donors or the deals changed;
+        changed counts alone ride the next regular heartbeat (the leader would otherwise
+        write every read interval while streams come and go). Its generation moves only
+        when the fleet did (someone joined, left, died, was released, drains or handed
+        streams over): that is what pokes the other members' reconcilers."""
         held = self.hooks.held()
         orphans = self.hooks.orphans()
         counted = sum(m.streams for m in self.view.members
@@ -522,9 +524,11 @@ class Membership(FleetKnowledge):
         news = bulletins.compose(self.view.members, self.view.observed_dead, self.me, held,
                                  self.accepting, orphans, self._gen,
                                  total_at_least=max(n for _, n in self._totals))
-        if news == self._composed:
-            return
-        self._composed = self.bulletin = news
+        before, self._composed = self._composed, news
+        self.bulletin = news
+        if before is not None and (news.gen, news.draining, news.donors, news.deals) == \
+                (before.gen, before.draining, before.donors, before.deals):
+            return  # counts only: the next heartbeat carries them
         self._publish_now = True
         self._beat_now.set()
 
