@@ -2,8 +2,9 @@
 
 Every ``reconcile_s`` (+/-20 % jitter) it queries the index for STARTED streams whose
 lease expired before ``now - skew_margin`` (released streams have expiry 0), and takes
-what the balance plan (``streamlease.core.balance``) gives this worker, shuffled and capped per
-cycle; the conditional acquire is the only arbiter. It hands streams over when this
+what the balance plan (``streamlease.core.balance``, or the leader's bulletin,
+``streamlease.core.bulletin``) gives this worker, shuffled and capped per cycle; the
+conditional acquire is the only arbiter. It hands streams over when this
 worker holds more than its share. A worker whose own renewals are failing or slow, or
 whose membership is not proven, acquires nothing until they recover (admission
 control), so an overloaded store is not fed more work. Every member heartbeat it also

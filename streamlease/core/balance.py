@@ -1,7 +1,9 @@
 """Balance: each member's fair share, and who takes or hands over streams to reach it.
 
-Every member computes the same plan from the same member rows (each row reports the
-streams its member holds), so no coordinator is needed:
+The plan is computed from the member rows (each row reports the streams its member
+holds): by the fleet leader, which publishes what every member needs of it in its bulletin
+(``streamlease.core.bulletin``), or by each member itself when it reads every row; both
+give a member the same share and the same moves:
 
 * **Shares.** The servable STARTED streams (held by live members plus the orphans seen)
   are divided as evenly as capacities allow: ``ceil(total / active members)`` each, never
