@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -83,7 +84,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -430,7 +431,10 @@ def _pct(values: list[float], p: float) -> float | None:
 # -- the throughput scenario -----------------------------------------------------------------
 
 
-async def run_throughput(ctx: Context) -> dict[str, Any]:
+@contextlib.contextmanager
+def _store_env(ctx: Context) -> Iterator[dict[str, str]]:
+    """The environment a scenario's workers get: this process's, pointed at a fresh
+    embedded DynamoDB when the run uses one (stopped afterwards)."""
     env = dict(os.environ)
     ddb = None
     if ctx.args.dynamodb == "embedded":
@@ -438,25 +442,21 @@ async def run_throughput(ctx: Context) -> dict[str, Any]:
         env.update(local_aws_env(ddb.url))
         os.environ.update(local_aws_env(ddb.url))
     try:
-        return await measure_throughput("", env, ctx.args.quick)
+        yield env
     finally:
         if ddb is not None:
             ddb.stop()
+
+
+async def run_throughput(ctx: Context) -> dict[str, Any]:
+    with _store_env(ctx) as env:
+        return await measure_throughput("", env, ctx.args.quick)
 
 
 async def run_tracing(ctx: Context) -> dict[str, Any]:
     """Throughput with tracing on / off (``loadtest.tracing_scenario``)."""
-    env = dict(os.environ)
-    ddb = None
-    if ctx.args.dynamodb == "embedded":
-        ddb = Server("dynamodb", "--port", "0")
-        env.update(local_aws_env(ddb.url))
-        os.environ.update(local_aws_env(ddb.url))
-    try:
+    with _store_env(ctx) as env:
         return await tracing_scenario.measure_tracing_cost(env, ctx.args.quick)
-    finally:
-        if ddb is not None:
-            ddb.stop()
 
 
 # -- running scenarios -----------------------------------------------------------------------
