@@ -22,6 +22,8 @@ import sys
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 
+import aioboto3
+
 from streamlease import __version__
 from streamlease import health as http
 from streamlease.clock import SYSTEM_CLOCK, Clock
@@ -30,6 +32,7 @@ from streamlease.core.membership import HeartbeatOutcome, MemberTimings
 from streamlease.core.stream import BATCH_MAX_BYTES, sink_retry_cap
 from streamlease.core.upstream import Catalog
 from streamlease.errors import ConfigError, StoreError, StoreThrottled, StoreUnavailable
+from streamlease.feed import ChangeFeed, FeedSettings
 from streamlease.health import HealthState
 from streamlease.jobs import JobRunner, JobSettings
 from streamlease.leader import LeaderBackend
@@ -44,6 +47,8 @@ from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.secrets import SecretResolver
 from streamlease.sinks import open_output
 from streamlease.store import dynamodb
+from streamlease.store.dynamodb.changefeed import ChangeFeedReader, open_streams_client
+from streamlease.store.dynamodb.client import DynamoClient
 from streamlease.store.protocols import AdminStore, Sink, Stores
 from streamlease.supervisor import SupervisorSettings
 from streamlease.tracing import OnBehalfReleases, setup_tracing, shutdown_tracing
@@ -177,11 +182,12 @@ async def _start(config: WorkerConfig, owner: str, clock: Clock) -> int:
             event(logging.WARNING, "table.index_costly", advice)
         async with worker_sink(config, stores, metrics) as sink, \
                 leader_backend(config, stores, metrics) as backend, \
-                worker_upstreams(config) as upstreams:
+                worker_upstreams(config) as upstreams, \
+                feed_client(config, metrics, settings.supervisor.call_timeout_s) as streams:
             settings = dataclasses.replace(settings, supervisor=dataclasses.replace(
                 settings.supervisor, upstreams=upstreams))
             runtime = build_runtime(config, owner, clock, metrics, health, stores, sink,
-                                    backend, settings)
+                                    backend, settings, streams)
             await runtime.membership.register()
             health.renewed(MEMBER_HEALTH_KEY, clock.monotonic())
             return await _serve(runtime)
@@ -189,7 +195,8 @@ async def _start(config: WorkerConfig, owner: str, clock: Clock) -> int:
 
 def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metrics,
                   health: HealthState, stores: Stores, sink: Sink, backend: LeaderBackend,
-                  settings: ReconcilerSettings) -> Runtime:
+                  settings: ReconcilerSettings,
+                  streams: DynamoClient | None = None) -> Runtime:
     """Wire the roles. Membership and the reconciler ask things of each other (the
     reconciler plans with the member view; membership stops every stream when the member
     lapses), so membership's hooks reach the reconciler through the runtime once built."""
@@ -234,11 +241,17 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
               proven=member_proven, beat=member_beat,
               leading=lambda: bool(wired) and wired[0].leadership.leading,
               leader=lambda: wired[0].leadership.leader_seen() if wired else None,
-              orphans=lambda: wired[0].reconciler.orphans_seen() if wired else 0))
+              orphans=lambda: wired[0].reconciler.orphans_seen() if wired else 0,
+              notice=lambda notice: wired[0].reconciler.notice(notice) if wired else None,
+              feed_resumed=on_reconciler(lambda r: r.feed_resumed())))
     recon = Reconciler(stores.leases, PacedSink(sink, gate, metrics, config.sink.kind), clock,
                        metrics, settings, membership, health=health)
+    recon.sweep.feed_live = membership.feed_live
+    feed = None
+    if streams is not None and stores.feed_checkpoints is not None:
+        feed = build_feed(config, streams, stores, clock, metrics, recon, membership)
     leadership = build_leadership(config, owner, backend, stores, clock, metrics, recon,
-                                  membership)
+                                  membership, feed)
     runtime = Runtime(config, owner, clock, metrics, health, stores, membership, recon,
                       leadership)
     wired.append(runtime)
@@ -297,9 +310,37 @@ async def leader_backend(config: WorkerConfig, stores: Stores,
         yield backend
 
 
+@contextlib.asynccontextmanager
+async def feed_client(config: WorkerConfig, metrics: Metrics,
+                      call_timeout_s: float) -> AsyncIterator[DynamoClient | None]:
+    """The DynamoDB Streams client the change feed reads with (None: the feed is off)."""
+    if config.change_feed != "on":
+        yield None
+        return
+    async with open_streams_client(dynamodb.region(aioboto3.Session()),
+                                   observe=metrics.dynamodb_request,
+                                   call_timeout_s=call_timeout_s) as client:
+        yield client
+
+
+def build_feed(config: WorkerConfig, streams: DynamoClient, stores: Stores, clock: Clock,
+               metrics: Metrics, reconciler: Reconciler, membership: Membership) -> ChangeFeed:
+    """The change feed, a leader duty: a reader under each leader term's fence."""
+    checkpoints = stores.feed_checkpoints
+    assert checkpoints is not None
+
+    def reader(fence: int) -> ChangeFeedReader:
+        return ChangeFeedReader(streams, config.table, checkpoints, fence, clock,
+                                metrics=metrics)
+
+    return ChangeFeed(reader, stores.leases, membership, reconciler.sweep.request, clock,
+                      metrics, FeedSettings(publish_timeout_s=config.timings.heartbeat_s),
+                      reconciler.stopping)
+
+
 def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, stores: Stores,
                      clock: Clock, metrics: Metrics, reconciler: Reconciler,
-                     membership: Membership) -> Leadership:
+                     membership: Membership, feed: ChangeFeed | None = None) -> Leadership:
     t = config.timings
     # On SIGTERM a running job gets half the shutdown budget to finish, then a quarter
     # between SIGTERM and SIGKILL (at most STREAMLEASE_JOB_GRACE_SECONDS).
@@ -310,7 +351,8 @@ def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, s
         env=dict(os.environ)))
     return Leadership(backend, clock, metrics,
                       LeadershipSettings(owner, t.lease_s, t.heartbeat_s, t.safety_margin_s),
-                      [reconciler.sweep_duty, runner.run], eligible=lambda: membership.accepting)
+                      [reconciler.sweep_duty, runner.run, *([feed.duty] if feed else [])],
+                      eligible=lambda: membership.accepting)
 
 
 async def _serve(runtime: Runtime) -> int:

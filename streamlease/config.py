@@ -206,6 +206,10 @@ SETTINGS: tuple[Setting, ...] = (
             "leader: members read only the fleet leader's row and plan from its bulletin "
             "(reads flat in fleet size); all: every member reads every member row",
             choice("leader", "all")),
+    Setting("STREAMLEASE_CHANGE_FEED", "change_feed", "on",
+            "on: the fleet leader tails the streams table's DynamoDB stream (where the table "
+            "has one) and tells holders of changes; off: the fleet polls for them",
+            choice("on", "off")),
     Setting("STREAMLEASE_LEADER_BACKEND", "leader_backend", "dynamodb",
             "where the fleet leader lease lives: dynamodb (the fleet table) or "
             "redis://host:port/db", parse_leader_backend, secret=True),
@@ -283,6 +287,7 @@ class WorkerConfig:
     stream_check_s: float
     min_hold_s: float
     fleet_view: str  # "leader" (plan from the leader's bulletin) or "all" (read every row)
+    change_feed: str  # "on" (the leader tails the streams table's stream) or "off"
     leader_backend: str | RedisTarget  # "dynamodb", or where the Redis server is
     job_grace_s: float
     max_seq_jump: int

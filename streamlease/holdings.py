@@ -63,6 +63,8 @@ class MemberGate(Protocol):
 
     def draining_seen(self) -> bool: ...
 
+    def feed_live(self) -> bool: ...
+
     def deals(self) -> list[tuple[MemberRecord, dict[str, int] | None]]: ...
 
     def survivors(self, dead: str) -> int: ...
@@ -178,7 +180,8 @@ class Holdings:
         supervisor = Supervisor(got.tenure, got.record, sent, self.leases, self.sink,
                                 self.clock, self.metrics, self.settings.supervisor, self.rng,
                                 self.on_delivered, self.health, self.lease_health,
-                                self.pump_factory, self.membership.may_write)
+                                self.pump_factory, self.membership.may_write,
+                                self.membership.feed_live)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.metrics.set_leases_held(len(self.supervisors))
         assert self.tg is not None

@@ -36,6 +36,7 @@ many streams it holds; each stream's own lease is renewed only every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import secrets
@@ -62,6 +63,7 @@ from streamlease.core.membership import (
     heartbeat_strained,
     releasable_for,
 )
+from streamlease.core.notices import Notice, NoticeBoard, NoticeKind, fresh
 from streamlease.errors import StoreError
 from streamlease.keeper import Step, keep
 from streamlease.logs import event
@@ -73,6 +75,9 @@ RELEASE_CONCURRENCY = 16  # on-behalf releases in flight at once
 # member's streams are looked up again this long after the first pass.
 SECOND_PASS_S = 2.0
 FORGET_AFTER_LEASES = 30  # a dead, released row observed this many leases is deleted
+# While the leader's change feed is live, members read its row at least this often: its
+# notices (a STOPPED flip, a new ws_url, a stream to take) reach them within a second.
+FEED_READ_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,10 @@ class Hooks:
     leading: Callable[[], bool] = lambda: True  # dead rows are deleted by the leader only
     leader: Callable[[], str | None] = lambda: None  # the fleet leader, as last seen
     orphans: Callable[[], int] = lambda: 0  # servable orphans, as this worker last saw them
+    # the leader's notice for this worker (streamlease.core.notices)
+    notice: Callable[[Notice], None] = lambda notice: None
+    # the leader's notices are trusted again after a gap: poll once for what they missed
+    feed_resumed: Callable[[], None] = lambda: None
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,11 @@ class FleetKnowledge:
             return [(d.dead_row(), d.weights()) for d in self.bulletin.deals]
         return [(row, None) for row in self.view.members
                 if row.status is MemberStatus.DEAD and not row.released]
+
+    def feed_live(self) -> bool:
+        """The leader's change feed tells this worker of every change to its streams
+        (``streamlease.feed``): the polls it replaces may rest."""
+        return False
 
     def survivors(self, dead: str) -> int:
         """Members taking streams besides ``dead``, as this worker knows them."""
@@ -188,6 +202,15 @@ class Membership(FleetKnowledge):
         self._composed: Bulletin | None = None
         self._publish_now = False  # a heartbeat is due at once: it carries a new bulletin
         self._totals: list[tuple[float, int]] = []  # (when, total counted) while leading
+        # The change feed's notices: the leader's board (posted by its feed duty), and on
+        # every member the numbers of the notices in the last bulletin read.
+        self.notices = NoticeBoard(secrets.randbits(40), self.notice_ttl_s)
+        self._feed_up = False  # this worker leads and its change feed runs
+        self._published = 0  # the newest notice a written bulletin carried
+        self._published_changed = asyncio.Event()
+        self._notices_seen: frozenset[int] = frozenset()
+        self._bulletin_at = float("-inf")  # monotonic: the last bulletin read from the leader
+        self._heard_feed = False  # that bulletin vouched for the leader's change feed
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
         self._last_beat = 0.0
@@ -203,6 +226,55 @@ class Membership(FleetKnowledge):
     @property
     def me(self) -> str:
         return self.settings.me
+
+    # -- the change feed's notices --------------------------------------------------------
+
+    @property
+    def read_s(self) -> float:
+        """How often a member reads the leader's row while the change feed is live."""
+        return min(self.timings.observe_s, FEED_READ_S)
+
+    @property
+    def notice_ttl_s(self) -> float:
+        """How long a notice stays in the bulletin: four regular reads of the fleet, and
+        never under five seconds, so a member that misses a read or two still sees it."""
+        return max(5.0, 4 * self.timings.observe_s)
+
+    def feed_live(self) -> bool:
+        now = self.clock.monotonic()
+        if self.hooks.leading():
+            return self._feed_up and not self.notices.overflowed(now)
+        return self._heard_feed and now - self._bulletin_at <= self.notice_ttl_s / 2
+
+    def feed_running(self, up: bool) -> None:
+        """The leader's change feed started (or stopped) vouching for its notices."""
+        if up != self._feed_up:
+            self._feed_up = up
+            self._recompose()
+
+    def post(self, member: str, stream: str, kind: NoticeKind) -> int:
+        """A notice for ``member`` (this leader's own are acted on at once); the
+        bulletin carrying it is written at once. Its number, for ``published``."""
+        notice = self.notices.post(member, stream, kind, self.clock.monotonic())
+        if member == self.me:
+            self.hooks.notice(notice)
+        self._recompose()
+        return notice.n
+
+    async def published(self, n: int, timeout: float) -> bool:
+        """Until a written bulletin has carried notice ``n``; False after ``timeout``."""
+        deadline = self.clock.monotonic() + timeout
+        while self._published < n:
+            left = deadline - self.clock.monotonic()
+            if left <= 0 or self._stop.is_set():
+                return False
+            self._published_changed.clear()
+            await sleep_unless(left, self._published_changed, self._stop)
+        return True
+
+    def _recompose(self) -> None:
+        if self.hooks.leading() and self.view.members:
+            self.compose(self.clock.monotonic())
 
     def may_write(self, now: float) -> bool:
         return self.liveness.may_write(now)
@@ -313,6 +385,10 @@ class Membership(FleetKnowledge):
             self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
             self.handoffs, self.clock.wall_ms(), timeout=timeout,
             bulletin=bulletins.encode(composed) if composed is not None else None)
+        if composed is not None and composed.notices and \
+                result.outcome is HeartbeatOutcome.RENEWED:
+            self._published = max(self._published, composed.notices[-1].n)
+            self._published_changed.set()
         now = self.clock.monotonic()
         self.metrics.member_heartbeat(now - sent, heartbeat_label(result.outcome))
         self.hooks.beat(result.outcome, now - sent)
@@ -432,6 +508,8 @@ class Membership(FleetKnowledge):
                 # a death one read of its row later: it reads twice as often (one Query
                 # for the whole fleet), so deaths are seen no later than before.
                 every /= 2
+            elif self.settings.fleet_view == "leader" and self.feed_live():
+                every = min(every, self.read_s)  # one row: the leader's notices, sooner
             if self.clock.monotonic() < self._strained_until:
                 every = max(every, self.timings.heartbeat_s)
             await sleep_unless(jittered(every, 0.1, self.rng), self._stop)
@@ -462,6 +540,7 @@ class Membership(FleetKnowledge):
                       "reading every member row instead", leader=leader)
             return False
         dead = self.observer.observe([row], sent, received)
+        self._hear(news, received)
         before = None if self.reading_all else self.bulletin
         before_row = None if self.reading_all or not self.view.members else self.view.members[0]
         self.bulletin, self.reading_all = news, False
@@ -475,6 +554,17 @@ class Membership(FleetKnowledge):
         if dead:
             self._spawn(self._take_over(row))  # the leader is watched like any member
         return True
+
+    def _hear(self, news: Bulletin, received: float) -> None:
+        """The leader's notices for this worker, each acted on once; and if its change
+        feed is vouched for again after a gap, the polls it replaces run once now."""
+        was_live = self.feed_live()
+        for notice in fresh(news.notices, self.me, self._notices_seen):
+            self.hooks.notice(notice)
+        self._notices_seen = frozenset(x.n for x in news.notices)
+        self._bulletin_at, self._heard_feed = received, news.feed
+        if news.feed and not was_live:
+            self.hooks.feed_resumed()
 
     async def _observe_all(self) -> None:
         sent = self.clock.monotonic()
@@ -494,6 +584,13 @@ class Membership(FleetKnowledge):
         else:
             self.bulletin = self._composed = None
             self._totals.clear()
+            # Reading every row, this member still hears the leader's notices.
+            leader = self.hooks.leader()
+            row = next((m for m in members if m.worker_id == leader), None)
+            news = bulletins.decode(row.bulletin) \
+                if row is not None and row.status is MemberStatus.ACTIVE else None
+            if news is not None:
+                self._hear(news, received)
         if changed:
             self.hooks.fleet_changed()
         for member in dead:
@@ -524,11 +621,15 @@ class Membership(FleetKnowledge):
         news = bulletins.compose(self.view.members, self.view.observed_dead, self.me, held,
                                  self.accepting, orphans, self._gen,
                                  total_at_least=max(n for _, n in self._totals))
+        news = dataclasses.replace(news, feed=self._feed_up and not self.notices.overflowed(now),
+                                   notices=self.notices.current(now))
         before, self._composed = self._composed, news
         self.bulletin = news
-        if before is not None and (news.gen, news.draining, news.donors, news.deals) == \
-                (before.gen, before.draining, before.donors, before.deals):
-            return  # counts only: the next heartbeat carries them
+        if before is not None and \
+                (news.gen, news.draining, news.donors, news.deals, news.feed) == \
+                (before.gen, before.draining, before.donors, before.deals, before.feed) and \
+                {x.n for x in news.notices} <= {x.n for x in before.notices}:
+            return  # counts only (or notices expired): the next heartbeat carries them
         self._publish_now = True
         self._beat_now.set()
 

@@ -37,6 +37,7 @@ from streamlease.core import balance, bulletin
 from streamlease.core.backoff import jittered
 from streamlease.core.lease import HolderState, StopReason, takeover_threshold_ms
 from streamlease.core.model import StreamRecord
+from streamlease.core.notices import Notice, NoticeKind
 from streamlease.core.plan import plan_cycle
 from streamlease.errors import StoreError
 from streamlease.health import HealthState
@@ -92,6 +93,7 @@ class Reconciler:
                                         window_s=2 * settings.stopped_check_s)
         self._stop = asyncio.Event()
         self._poke = asyncio.Event()
+        self._stopped_now = asyncio.Event()  # the STOPPED query is due at once
         self._fast_until = 0.0  # poll orphans often until then (a peer drains or hands off)
         self._share = 0  # this worker's fair share at the last cycle
         self._next_shed = 0.0
@@ -157,6 +159,21 @@ class Reconciler:
     def orphans_seen(self) -> int:
         """Servable orphans at the last cycle, as this worker counted them."""
         return self._servable
+
+    def notice(self, notice: Notice) -> None:
+        """The leader's change feed: a held stream's item changed (read it now), or a
+        free stream is this worker's to take (look for orphans now)."""
+        if notice.kind is NoticeKind.OFFER:
+            self.poke()
+            return
+        held = self.supervisors.get(notice.stream)
+        if held is not None:
+            held.notified()
+
+    def feed_resumed(self) -> None:
+        """The leader's notices are trusted again after a gap: the STOPPED query runs
+        once now for any flip they missed."""
+        self._stopped_now.set()
 
     def poke(self) -> None:
         """Run a cycle now, and poll often for a while: a peer died, drained or handed
@@ -396,8 +413,15 @@ class Reconciler:
     async def _stopped_loop(self) -> None:
         """Every member heartbeat: STOPPED streams whose lease is still live (the index
         returns only those), so a holder releases within a heartbeat of the flip, though
-        it renews its own lease only every few minutes."""
+        it renews its own lease only every few minutes. While the leader's change feed is
+        live its notices say so instead, and the query rests."""
         while not self._stop.is_set():
+            asked = self._stopped_now.is_set()
+            self._stopped_now.clear()
+            if self.membership.feed_live() and not asked:
+                await sleep_unless(jittered(self.settings.stopped_check_s, 0.1, self.rng),
+                                   self._stop, self._stopped_now)
+                continue
             try:
                 found = await self.leases.held_stopped(self.clock.wall_ms(), ORPHAN_QUERY_LIMIT,
                                                        timeout=self.settings.stopped_check_s)
@@ -408,7 +432,8 @@ class Reconciler:
             except StoreError as exc:
                 event(logging.WARNING, "reconcile.stopped_query_failed",
                       "cannot query for STOPPED streams", error=str(exc))
-            await self._pause(jittered(self.settings.stopped_check_s, 0.1, self.rng))
+            await sleep_unless(jittered(self.settings.stopped_check_s, 0.1, self.rng),
+                               self._stop, self._stopped_now)
 
     async def _acquire(self, candidate: StreamRecord) -> None:
         stream_id = candidate.stream_id

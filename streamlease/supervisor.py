@@ -118,7 +118,8 @@ class Supervisor:
                  health: HealthState | None = None,
                  lease_health: LeaseHealth | None = None,
                  pump_factory: PumpFactory | None = None,
-                 member_alive: Callable[[float], bool] = always) -> None:
+                 member_alive: Callable[[float], bool] = always,
+                 feed_live: Callable[[], bool] = lambda: False) -> None:
         self.tenure = tenure
         self.leases = leases
         self.clock = clock
@@ -134,6 +135,10 @@ class Supervisor:
             self._on_problem, wire=wire)
         self._tg: asyncio.TaskGroup | None = None  # the tenure's scope while it runs
         self._confirm = asyncio.Event()  # an index hint asks for a consistent read now
+        self._notified = False  # the read asked for is the change feed's notice, not a hint
+        # The leader's change feed tells this holder of every change to its item: the
+        # periodic read rests while it does.
+        self._feed_live = feed_live
         self._record = record
         self._wake = asyncio.Event()
         self._drain_reason: StopReason | None = None
@@ -189,6 +194,12 @@ class Supervisor:
         if record.lease_owner != self.tenure.owner or record.fence != self.tenure.fence \
                 or record.lease_expires_at_ms == 0 or record.stopped:
             self._confirm.set()
+
+    def notified(self) -> None:
+        """The leader's change feed says the item changed (STOPPED, a new ``ws_url``, a
+        force release): read it consistently now and act on that read."""
+        self._notified = True
+        self._confirm.set()
 
     def request_drain(self, reason: StopReason, release_by: float | None = None) -> None:
         """Flush and release (shutdown, STOPPED seen elsewhere, rebalancing); the release
@@ -315,16 +326,22 @@ class Supervisor:
                 return
             state = self.holding.state
             if self._confirm.is_set() and now < next_renew:
-                # An index hint: read the item now; only that read decides.
+                # An index hint or a notice: read the item now; only that read decides.
                 self._confirm.clear()
-                await self._check_once(hint=True)
+                hint, self._notified = not self._notified, False
+                await self._check_once(hint=hint)
                 next_check = self.clock.monotonic() + check_s
             elif now >= next_renew:
                 self._confirm.clear()  # the renewal reads the item too
                 next_renew = await self._renew_once()
                 next_check = max(next_check, self.clock.monotonic() + check_s)
             elif now >= next_check:
-                await self._check_once()
+                if self._feed_live():
+                    # Told of every change instead: no read; the loop is alive.
+                    if self._health is not None and state is HolderState.HOLDING:
+                        self._health.renewed(self.stream, now)
+                else:
+                    await self._check_once()
                 next_check = self.clock.monotonic() + check_s
             if self.holding.state is not state:
                 self._wake.set()

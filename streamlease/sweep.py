@@ -4,6 +4,9 @@ The sweep is a duty of the fleet leader (``Sweep.duty``), in a task of its own s
 Scan never delays a takeover: a paginated Scan of the streams table that gives items
 written by hand without lease fields ``lease_expires_at_ms = 0`` (so the orphan index sees
 them), reports every item that cannot be served, and publishes the fleet view metric.
+While the leader's change feed runs (``streamlease.feed``), which stamps hand-written
+items within a second, the sweep is its backstop: it runs ``BACKSTOP_FACTOR`` times less
+often, and once at once whenever the feed may have missed changes (``request``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import logging
 import random
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamlease.clock import Clock, sleep_unless
@@ -33,6 +37,7 @@ from streamlease.metrics import Metrics
 from streamlease.store.protocols import LeaseStore
 
 REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
+BACKSTOP_FACTOR = 10  # with the change feed live the sweep runs this many times less often
 
 
 class Unservable:
@@ -82,16 +87,26 @@ class Sweep:
         self.unservable = unservable
         self.rng = rng
         self.stopping = stopping
+        self.feed_live: Callable[[], bool] = lambda: False
+        self._requested = asyncio.Event()
+
+    def request(self) -> None:
+        """Sweep now: the change feed may have missed changes."""
+        self._requested.set()
 
     async def duty(self, lease: object, stop: asyncio.Event) -> None:
         """A leader duty: the sweep and the fleet view, once at once (a new leader picks
-        up hand-written items immediately), then every ``sweep_s`` (+/-20 %)."""
+        up hand-written items immediately), then every ``sweep_s`` (+/-20 %), or
+        ``BACKSTOP_FACTOR`` times that while the change feed is live."""
         while not stop.is_set() and not self.stopping.is_set():
+            self._requested.clear()
             try:
                 await self.sweep()
             except StoreError as exc:
                 event(logging.WARNING, "sweep.failed", "sweep failed", error=str(exc))
-            await sleep_unless(jittered(self.settings.sweep_s, 0.2, self.rng), stop, self.stopping)
+            every = self.settings.sweep_s * (BACKSTOP_FACTOR if self.feed_live() else 1)
+            await sleep_unless(jittered(every, 0.2, self.rng), stop, self.stopping,
+                               self._requested)
 
     async def sweep(self) -> None:
         """One paginated Scan of the streams table: adopt hand-written items, report

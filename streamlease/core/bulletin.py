@@ -17,7 +17,10 @@ not grow with the fleet. The bulletin carries:
   a counter that moves whenever the fleet's membership does (someone joined, left, died,
   was released, started draining or handed streams over; not when a count changes): a
   reconcile is worth it now;
-* ``statuses`` — the members by status, for every worker's gauges.
+* ``statuses`` — the members by status, for every worker's gauges;
+* ``feed`` and ``notices`` — the leader tails the change feed and vouches that its
+  notices are complete (members then stop polling for STOPPED flips and changed items),
+  and the notices themselves (``streamlease.core.notices``).
 
 Everything here is pure: no I/O, no clock.
 """
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from streamlease.core.balance import Balance, counts_of, donors, shares_of, shed_of
 from streamlease.core.deal import deal_weights
 from streamlease.core.membership import MemberRecord, MemberStatus
+from streamlease.core.notices import Notice, NoticeKind
 
 MAX_DONORS = 256  # donors named at once; the rest give at a later bulletin
 # The bulletin rides in the leader's row (an item is at most 400 KB, and every byte of it
@@ -70,6 +74,8 @@ class Bulletin:
     donors: tuple[str, ...] = ()
     deals: tuple[Deal, ...] = ()
     statuses: tuple[tuple[str, int], ...] = ()
+    feed: bool = False
+    notices: tuple[Notice, ...] = ()
 
     def share_of(self, capacity: int) -> int:
         return max(0, min(capacity, self.level))
@@ -154,6 +160,8 @@ def encode(bulletin: Bulletin) -> str:
         "de": [[d.member, d.epoch, d.streams, [[m, w] for m, w in d.heirs]]
                for d in bulletin.deals],
         "s": [[k, v] for k, v in bulletin.statuses],
+        "f": int(bulletin.feed),
+        "n": [[x.n, x.member, x.stream, x.kind.value] for x in bulletin.notices],
     }, separators=(",", ":"))
 
 
@@ -171,8 +179,12 @@ def decode(text: str | None) -> Bulletin | None:
             deals=tuple(Deal(_str(m), _int(e), _int(n),
                              tuple((_str(h), _int(w)) for h, w in heirs))
                         for m, e, n, heirs in raw["de"]),
-            statuses=tuple((_str(k), _int(v)) for k, v in raw["s"]))
-    except (ValueError, TypeError, KeyError):
+            statuses=tuple((_str(k), _int(v)) for k, v in raw["s"]),
+            # A bulletin from a leader without a change feed has neither.
+            feed=bool(_int(raw.get("f", 0))),
+            notices=tuple(Notice(_int(n), _str(m), _str(s), NoticeKind(_str(k)))
+                          for n, m, s, k in raw.get("n", [])))
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 

@@ -31,6 +31,7 @@ from streamlease.core.leadership import LeaderRecord
 from streamlease.core.lease import LeaseTimings, RenewOutcome
 from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from streamlease.core.model import EventMark, OwnedStream, StreamRecord, Tenure
+from streamlease.store.feedcheckpoints import FeedCheckpointStore
 
 
 @dataclass(frozen=True)
@@ -295,3 +296,5 @@ class Stores:
     fleet: FleetStore
     leader: LeaderBackend
     jobs: JobStore
+    # Where the change feed's reader checkpoints (None: this backend has no change feed).
+    feed_checkpoints: FeedCheckpointStore | None = None

@@ -16,6 +16,7 @@ import aioboto3
 from streamlease.errors import ConfigError
 from streamlease.store.dynamodb.admin import DynamoAdmin
 from streamlease.store.dynamodb.client import DynamoClient, Observer, ReadCounter, client_config
+from streamlease.store.dynamodb.feedcheckpoints import DynamoFeedCheckpoints
 from streamlease.store.dynamodb.fleet import DynamoFleetStore
 from streamlease.store.dynamodb.jobs import DynamoJobStore
 from streamlease.store.dynamodb.leader import DynamoLeaderBackend
@@ -60,6 +61,7 @@ async def connect(table: str, events_table: str, fleet_table: str, *, sink_conne
             fleet=DynamoFleetStore(control, fleet_table),
             leader=DynamoLeaderBackend(control, fleet_table),
             jobs=DynamoJobStore(control, fleet_table),
+            feed_checkpoints=DynamoFeedCheckpoints(control, fleet_table),
         )
 
 
