@@ -250,6 +250,7 @@ class Membership(FleetKnowledge):
         """The leader's change feed started (or stopped) vouching for its notices."""
         if up != self._feed_up:
             self._feed_up = up
+            self.metrics.change_feed_live(up)
             self._recompose()
 
     def post(self, member: str, stream: str, kind: NoticeKind) -> int:
@@ -257,6 +258,7 @@ class Membership(FleetKnowledge):
         bulletin carrying it is written at once. Its number, for ``published``."""
         notice = self.notices.post(member, stream, kind, self.clock.monotonic())
         if member == self.me:
+            self.metrics.notice(notice.kind.value)
             self.hooks.notice(notice)
         self._recompose()
         return notice.n
@@ -499,6 +501,7 @@ class Membership(FleetKnowledge):
                 self.metrics.task_crashed("membership")
                 event(logging.ERROR, "member.observe_crashed", "observing the fleet crashed",
                       exc_info=True)
+            self.metrics.change_feed_live(self.feed_live())
             # A strained store (this worker's own heartbeats slow or unanswered) is read
             # once a heartbeat instead of twice: deaths are seen a little later, never
             # sooner, and the heartbeat keeps its place in the store's queue.
@@ -560,6 +563,7 @@ class Membership(FleetKnowledge):
         feed is vouched for again after a gap, the polls it replaces run once now."""
         was_live = self.feed_live()
         for notice in fresh(news.notices, self.me, self._notices_seen):
+            self.metrics.notice(notice.kind.value)
             self.hooks.notice(notice)
         self._notices_seen = frozenset(x.n for x in news.notices)
         self._bulletin_at, self._heard_feed = received, news.feed

@@ -27,6 +27,7 @@ from streamlease.core.changes import ACTIONS as CHANGE_FEED_ACTIONS
 from streamlease.core.jobs import RunOutcome
 from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
 from streamlease.core.membership import MemberRecord
+from streamlease.core.notices import NOTICE_KINDS
 
 RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big",
                      "setup_failed", "expect_timeout", "opening_failed")
@@ -232,6 +233,11 @@ class Metrics:
                                      ["action"], registry=r)
         self._feed_errors = Counter(p + "change_feed_errors", "Change-feed faults, by kind",
                                     ["kind"], registry=r)
+        self._feed_live = Gauge(p + "change_feed_live", "1 while this worker trusts the "
+                                "leader's change feed (and rests the polls it replaces)",
+                                registry=r)
+        self._notices = Counter(p + "notices", "The leader's change-feed notices this worker "
+                                "acted on, by kind", ["kind"], registry=r)
         self._unserved = Counter(p + "unserved_leases_released",
                                  "Leases naming this worker that it did not serve, released by "
                                  "its self-audit", registry=r)
@@ -287,6 +293,8 @@ class Metrics:
             self._feed_records.labels(name)
         for name in CHANGE_FEED_ERROR_KINDS:
             self._feed_errors.labels(name)
+        for name in NOTICE_KINDS:
+            self._notices.labels(name)
         for name in MEMBER_HEARTBEAT_OUTCOMES:
             self._member_hbs.labels(name)
         for name in MEMBER_STATUSES:
@@ -456,6 +464,12 @@ class Metrics:
 
     def change_feed_error(self, kind: str) -> None:
         self._feed_errors.labels(kind).inc()
+
+    def change_feed_live(self, live: bool) -> None:
+        self._feed_live.set(1 if live else 0)
+
+    def notice(self, kind: str) -> None:
+        self._notices.labels(kind).inc()
 
     def clear_fleet_view(self) -> None:
         """Only the leader publishes the fleet view; others expose none (not stale)."""

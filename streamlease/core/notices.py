@@ -30,6 +30,9 @@ class NoticeKind(StrEnum):
     OFFER = "offer"  # the stream is free and started: look for orphans now
 
 
+NOTICE_KINDS = tuple(k.value for k in NoticeKind)  # metric label values
+
+
 @dataclass(frozen=True)
 class Notice:
     n: int  # unique within a leader's term; members act on each number once
