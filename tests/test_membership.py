@@ -516,3 +516,38 @@ async def test_the_bulletins_generation_moves_with_membership_not_with_counts() 
     for m in (a, b):
         m.stop()
     await asyncio.gather(*tasks)
+
+
+async def test_the_leaders_notices_reach_their_member_once_and_vouch_for_the_feed() -> None:
+    from streamlease.core.notices import Notice, NoticeKind
+    memory = MemoryStore()
+    leader = ["a"]
+    heard: dict[str, list[Notice]] = {"a": [], "b": [], "c": []}
+    resumed: list[str] = []
+    pairs = {n: fleet_member(memory, n, leader) for n in "abc"}
+    for n, (m, _) in pairs.items():
+        m.hooks.notice = heard[n].append
+        m.hooks.feed_resumed = lambda n=n: resumed.append(n)  # type: ignore[misc]
+        await m.register()
+    tasks = [asyncio.create_task(m.run()) for m, _ in pairs.values()]
+    a, b, c = (pairs[n][0] for n in "abc")
+    await until(lambda: b.bulletin is not None and not b.reading_all)
+    assert not b.feed_live() and not a.feed_live()  # no feed yet: every poll runs
+    a.feed_running(True)
+    await until(lambda: b.feed_live() and c.feed_live())
+    assert a.feed_live() and sorted(resumed) == ["b", "c"]
+    a.post("b", "s1", NoticeKind.CHECK)
+    last = a.post("a", "s2", NoticeKind.OFFER)  # the leader's own: at once
+    assert [x.stream for x in heard["a"]] == ["s2"]
+    assert await a.published(last, timeout=5.0)
+    await until(lambda: bool(heard["b"]))
+    await asyncio.sleep(3 * T.observe_s)  # read again and again: each notice is heard once
+    assert [(x.stream, x.kind) for x in heard["b"]] == [("s1", NoticeKind.CHECK)]
+    assert heard["c"] == []
+    assert b.metrics.registry.get_sample_value("streamlease_notices_total",
+                                               {"kind": "check"}) == 1
+    a.feed_running(False)  # the feed faulted: the others poll again
+    await until(lambda: not b.feed_live() and not c.feed_live())
+    for m, _ in pairs.values():
+        m.stop()
+    await asyncio.gather(*tasks)

@@ -46,14 +46,15 @@ class Rig:
             timings=timings, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
             **{"call_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
 
-    async def holder(self, sid: str = "a", rng: random.Random | None = None) -> Supervisor:
+    async def holder(self, sid: str = "a", rng: random.Random | None = None,
+                     feed_live: bool = False) -> Supervisor:
         await self.memory.put_started(sid, URL)
         sent = self.clock.monotonic()
         got = await self.memory.acquire(sid, "w1", self.clock.wall_ms(), T)
         assert got is not None
         return Supervisor(got.tenure, got.record, sent, self.store, self.store, self.clock,
                           self.metrics, self.settings, rng or random.Random(1),
-                          pump_factory=self.script.factory())
+                          pump_factory=self.script.factory(), feed_live=lambda: feed_live)
 
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels or None) or 0.0
@@ -321,6 +322,24 @@ async def test_a_confirmed_stop_drains_and_releases_without_waiting_for_a_renewa
     assert sup.holding.state is HolderState.RELEASED
     assert (await rig.record()).lease_expires_at_ms == 0
     assert rig.metric("streamlease_index_hints_total", outcome="confirmed") == 1
+
+
+async def test_while_the_change_feed_is_live_only_its_notice_makes_the_holder_read() -> None:
+    """Each stream's periodic read rests while the leader's feed tells of every change;
+    a notice makes the holder read at once, and that read decides (a STOPPED flip:
+    drain and release, without waiting for the renewal)."""
+    rig = Rig(check_s=0.5, timings=dataclasses.replace(T, heartbeat_s=50.0, lease_s=200.0))
+    sup = await rig.holder(feed_live=True)
+    task = await run_for(sup, 5)
+    assert rig.store.count("check") == 0  # ten check intervals: no read
+    await rig.memory.set_state("a", "STOPPED")
+    await asyncio.sleep(2)
+    assert sup.holding.state is HolderState.HOLDING  # nobody told it
+    sup.notified()
+    await asyncio.wait_for(task, 1.0)
+    assert rig.store.count("check") == 1
+    assert sup.holding.state is HolderState.RELEASED
+    assert rig.metric("streamlease_index_hints_total", outcome="confirmed") == 0
 
 
 async def test_a_crashed_heartbeat_releases_the_stream_instead_of_holding_it() -> None:
