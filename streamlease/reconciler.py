@@ -50,6 +50,9 @@ from streamlease.sweep import Sweep, SweepSettings, Unservable
 from streamlease.takeover import Takeover, TakeoverSettings
 
 ORPHAN_QUERY_LIMIT = 1000
+# A settled worker trusting the leader's change feed queries the orphan index this many
+# times less often (once a minute at the default five-second reconcile interval).
+FEED_QUIET_FACTOR = 12
 
 __all__ = ["MemberGate", "Reconciler", "ReconcilerSettings"]
 
@@ -196,6 +199,12 @@ class Reconciler:
         second, not at the next random cycle)."""
         if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
+        if self.membership.feed_live() and not self._orphan_since and \
+                len(self.supervisors) >= self._share:
+            # Settled, and the leader's change feed offers every freed or new stream (an
+            # offer pokes a cycle at once): the orphan query is a backstop for leases that
+            # lapse without a write (a wedged holder's stream lease).
+            return jittered(FEED_QUIET_FACTOR * self.settings.reconcile_s, 0.2, self.rng)
         return jittered(self.settings.reconcile_s, 0.2, self.rng)
 
     def member_lost(self, fenced: bool) -> None:
