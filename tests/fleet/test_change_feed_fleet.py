@@ -63,9 +63,16 @@ async def test_the_leader_s_feed_tells_the_fleet_what_changed(make_fleet: FleetF
     await fleet.store.put_started("s002", fleet.stream_url("s002") + "?v=2")
 
     async def reconnected() -> bool:
+        # Its holder (or, had it just been handed over, whoever took it) dials the new URL.
         return any(e["stream"] == "s002" and "v=" in str(e["url"])
-                   for e in fleet.workers[holder].log_events("pump.connected"))
-    await wait_until(reconnected, 30, "s002 reconnected to its new URL")
+                   for w in fleet.workers.values() for e in w.log_events("pump.connected"))
+    try:
+        await wait_until(reconnected, 30, "s002 reconnected to its new URL")
+    except AssertionError:
+        for name, w in fleet.workers.items():
+            print(name, "\n".join(line for line in w.proc.err_lines
+                                  if "s002" in line or "feed" in line or "notice" in line))
+        raise
 
     # STOPPED: released by its holder, told by a notice.
     await fleet.store.set_state("s001", "STOPPED")
