@@ -34,8 +34,8 @@ RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_bi
 BAD_ITEM_REASONS = ("bad_state", "bad_url", "bad_profile")
 GAP_REASONS = ("takeover", "reconnect")
 DYNAMODB_OPERATIONS = ("update_item", "transact_write_items", "query", "scan", "get_item",
-                       "delete_item", "put_item", "describe_table", "create_table",
-                       "update_table")
+                       "batch_get_item", "delete_item", "put_item", "describe_table",
+                       "create_table", "update_table")
 # Operations that read items (``streamlease_dynamodb_items_read_total``).
 DYNAMODB_READ_OPERATIONS = ("query", "scan", "get_item", "batch_get_item")
 DYNAMODB_OUTCOMES = ("ok", "condition_failed", "throttled", "unavailable", "timeout", "cancelled",

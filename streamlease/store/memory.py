@@ -10,8 +10,14 @@ Its indexes lag as DynamoDB's do (``index_lag_s`` + ``uniform(0, index_lag_jitte
 drawn for each read; 0 by default): ``orphans``, ``held_stopped`` and ``owned_by``, the
 calls the DynamoDB store answers from an index, see the table as it was that long ago on
 the store's clock, and only what the index projects (``schema``): a record from the
-orphan index has no ``last_seq``, one from the owner index only its keys. Every other
-read is current, as the DynamoDB store's consistent reads are.
+orphan index has no ``last_seq``, one from the owner index only its keys.
+
+Its eventually consistent reads are stale as DynamoDB's may be (``stale_reads_s``, 0 by
+default, as the embedded server's ``--stale-reads-ms``): ``check_many`` sees each item as
+it was ``uniform(0, stale_reads_s)`` ago, drawn for each item (DynamoDB answers each from
+one of its replicas), so it can return an item's previous version, or none for an item
+created in that window. With 0 it returns every item as it is now. Every other read is
+current, as the DynamoDB store's consistent reads are.
 
 It has no failure modes of its own: tests wrap it to inject throttling, timeouts and
 lost answers.
@@ -23,7 +29,7 @@ import asyncio
 import copy
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from streamlease.core.fenced import HashSet, PutItem, Transaction
@@ -62,7 +68,7 @@ from streamlease.store.protocols import (
     SinkOutcome,
     Stores,
 )
-from streamlease.store.versions import IndexLag, VersionLog
+from streamlease.store.versions import MAX_LAG_S, IndexLag, VersionLog
 
 Item = dict[str, Any]
 FLEET_TABLE = "fleet"  # the name fenced writes use for the in-memory fleet table
@@ -90,6 +96,7 @@ PROJECTIONS = _projections()
 # Stores built without an explicit lag get this one. Production code never relies on it;
 # the test suite sets it so that every MemoryStore lags its indexes as DynamoDB does.
 DEFAULT_INDEX_LAG = IndexLag()
+DEFAULT_STALE_READS_S = 0.0  # likewise, the staleness of eventually consistent reads
 DEFAULT_SEED: int | None = None  # the jitter's seed for stores built without an rng
 
 
@@ -109,18 +116,24 @@ class MemoryStore:
     """One object playing every role (``stores()`` hands it out as ``Stores``)."""
 
     def __init__(self, clock: Monotonic | None = None, *, index_lag_s: float | None = None,
-                 index_lag_jitter_s: float | None = None,
+                 index_lag_jitter_s: float | None = None, stale_reads_s: float | None = None,
                  rng: random.Random | None = None) -> None:
-        """``index_lag_s``/``index_lag_jitter_s``: see the module doc (None: the values of
-        ``DEFAULT_INDEX_LAG``, no lag unless a test suite sets it). ``clock`` measures
-        the lag (default: the running loop's time); ``rng`` draws the jitter."""
+        """``index_lag_s``/``index_lag_jitter_s``/``stale_reads_s``: see the module doc
+        (None: the values of ``DEFAULT_INDEX_LAG`` and ``DEFAULT_STALE_READS_S``, no lag
+        unless a test suite sets them). ``clock`` measures the lag (default: the running
+        loop's time); ``rng`` draws the jitter and the staleness."""
         default = DEFAULT_INDEX_LAG
         self.index_lag = IndexLag(default.fixed_s if index_lag_s is None else index_lag_s,
                                   default.jitter_s if index_lag_jitter_s is None
                                   else index_lag_jitter_s)
+        stale = DEFAULT_STALE_READS_S if stale_reads_s is None else stale_reads_s
+        if not 0.0 <= stale <= MAX_LAG_S:  # also refuses nan
+            raise ValueError(f"stale reads must be 0-{MAX_LAG_S:g} s, got {stale!r}")
+        self.stale_reads_s = stale
         self.clock: Monotonic = clock or _LoopTime()
         self.rng = rng or random.Random(DEFAULT_SEED)
-        self._versions: VersionLog[str, Item] = VersionLog(self.index_lag.max_s)
+        # The past, as far back as any lagging read may look.
+        self._versions: VersionLog[str, Item] = VersionLog(max(self.index_lag.max_s, stale))
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.events_ttl_s = 0  # STREAMLEASE_EVENTS_TTL_SECONDS (items are kept, as DynamoDB
@@ -235,6 +248,25 @@ class MemoryStore:
         self._called("check")
         item = self.items.get(stream_key(stream_id))
         return _record(item) if item is not None else None
+
+    async def check_many(self, stream_ids: Sequence[str], *,
+                         timeout: float | None = None) -> dict[str, StreamRecord | None]:
+        self._called("check_many")
+        now = self.clock.monotonic() if self.stale_reads_s else 0.0
+        if self.stale_reads_s:
+            self._versions.prune(now)
+        found: dict[str, StreamRecord | None] = {}
+        for sid in dict.fromkeys(stream_ids):
+            pk = stream_key(sid)
+            item = self.items.get(pk)
+            if self.stale_reads_s:
+                older, before = self._versions.version_at(
+                    pk, now - self.rng.uniform(0.0, self.stale_reads_s))
+                if older:
+                    item = before
+            # As DynamoDB's: an item whose key is not a stream's reads as None.
+            found[sid] = codec.decode_record(item) if item is not None else None
+        return found
 
     async def owned_by(self, owner: str, timeout: float | None = None) -> list[OwnedStream]:
         self._called("owned_by")
@@ -497,9 +529,9 @@ class MemoryStore:
         item.update(changes)
 
     def _remember(self, pk: str) -> None:
-        """Keep the item as it is before a write, for index reads that lag (a shallow
-        copy: writes replace attribute values, never change them)."""
-        if self.index_lag.enabled:
+        """Keep the item as it is before a write, for index reads and stale reads that
+        lag (a shallow copy: writes replace attribute values, never change them)."""
+        if self._versions.window_s > 0:
             before = self.items.get(pk)
             self._versions.record(pk, dict(before) if before is not None else None,
                                   self.clock.monotonic())

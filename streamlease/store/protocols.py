@@ -20,7 +20,7 @@ returns ``LOST``, ``release`` returns False. Everything else raises ``streamleas
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,6 +104,23 @@ class LeaseStore(Protocol):
 
     async def check(self, stream_id: str, timeout: float | None = None) -> StreamRecord | None:
         """The item as it is now (a consistent read): a holder's cheap check-in."""
+
+    async def check_many(self, stream_ids: Sequence[str], *,
+                         timeout: float | None = None) -> dict[str, StreamRecord | None]:
+        """Many items in one eventually consistent read (DynamoDB: ``BatchGetItem``, 100
+        keys a request, half the read units of ``check``): every id asked for (once, if
+        repeated) -> its item, None if it has none (or its key is not a stream's).
+
+        Eventually consistent: an item may come back as it was shortly before a write that
+        already succeeded (this worker's own acquire or renew included), an item created
+        moments ago may read as None, and one deleted moments ago as it was. A holder
+        takes what it reads as a hint and confirms with ``check`` before giving anything
+        up.
+
+        All or nothing: every id is in the answer, or it raises (StoreThrottled when
+        DynamoDB kept leaving keys unprocessed, StoreUnavailable on a timeout, as
+        ``check``). ``timeout`` bounds the whole read, retries included (None: the
+        store's call timeout)."""
 
     async def owned_by(self, owner: str, timeout: float | None = None) -> list[OwnedStream]:
         """Streams whose ``lease_owner`` is this worker (the owner index), held or not."""

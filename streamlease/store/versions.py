@@ -1,8 +1,9 @@
 """The past of a table, as far back as an eventually consistent read may look.
 
-DynamoDB's global secondary indexes are updated after the table: an index read can
-return an item as it was before a write that already succeeded. The local stores (the
-in-memory store and the embedded server) model that with a ``VersionLog``: for each key,
+DynamoDB's global secondary indexes are updated after the table, and a base-table read
+without ``ConsistentRead`` may be answered by a replica that is behind: either can return
+an item as it was before a write that already succeeded. The local stores (the in-memory
+store and the embedded server) model that with a ``VersionLog``: for each key,
 the versions that writes replaced during the last lag window. The table as of a moment
 T is then, for each key, the version its first write after T replaced (or the current
 item, if nothing was written since T).
@@ -80,6 +81,14 @@ class VersionLog(Generic[K, V]):
             versions.popleft()
             if not versions:
                 del by_key[key]
+
+    def version_at(self, key: K, at: float) -> tuple[bool, V | None]:
+        """``(True, version)`` if ``key`` was written after ``at`` (its version at ``at``,
+        None: absent then), else ``(False, None)``: the current item is the one at ``at``."""
+        for t, before in self._by_key.get(key, ()):
+            if t > at:
+                return True, before
+        return False, None
 
     def as_of(self, at: float) -> dict[K, V | None]:
         """The keys written after ``at``, each with its version at ``at``."""

@@ -10,8 +10,9 @@ and line, so a new call is never silently left out of the IAM comparison):
   ``"Delete"`` or ``"Get"``: written in place, bound to a name in the same method
   (``put = {...}`` then ``{"Put": put}``), or returned by a codec function
   (``fleetcodec.leader_check(...)``);
-- a request's ``TableName`` is ``self.<attribute>``, an attribute the store's constructor
-  sets from the ``table``, ``events_table`` or ``fleet_table`` argument that
+- a request's ``TableName`` (a BatchGetItem's: each key of its ``RequestItems`` dict
+  literal) is ``self.<attribute>``, an attribute the store's constructor sets from the
+  ``table``, ``events_table`` or ``fleet_table`` argument that
   ``streamlease.store.dynamodb.connect`` passes it, or one of the run-time choices in
   ``RUNTIME_TABLES``;
 - code outside the store reaches a store through a receiver named after its field of
@@ -86,6 +87,8 @@ TRANSACTION_KINDS = {
     "Get": "get_item",
 }
 TRANSACTION_OPERATIONS = {"transact_write_items", "transact_get_items"}
+# Requests on several items of one or more tables, named by ``RequestItems``' keys.
+BATCH_OPERATIONS = {"batch_get_item"}
 # DynamoDB Streams: requests to a table's stream (IAM resource ``table/NAME/stream/*``).
 STREAM_OPERATIONS = {"list_streams", "describe_stream", "get_shard_iterator", "get_records"}
 WRITE_ACTIONS = frozenset({"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
@@ -321,6 +324,15 @@ class _Reader:
         splats = [v for k, v in fields.items() if k.startswith("**")]
         if table_expr is None and len(splats) == 1 and isinstance(splats[0], ast.Name):
             table_expr = ast.Name(id="**" + splats[0].id)  # **definition: a whole request
+        if operation in BATCH_OPERATIONS:
+            # A batch names its tables as the keys of RequestItems, a dict literal.
+            request_items = fields.get("RequestItems")
+            if not isinstance(request_items, ast.Dict) or None in request_items.keys:
+                raise DiscoveryError(f"{self.where(node)}: {operation} without a dict literal "
+                                     "RequestItems")
+            return [Request(action, table, None, in_transaction, self.where(node))
+                    for key in request_items.keys
+                    for table in self.resolve_table(node, key)]
         if operation in STREAM_OPERATIONS:
             # DynamoDB Streams requests name a stream ARN or shard iterator, not a table:
             # the stream is its reader's table's (``RUNTIME_TABLES``).

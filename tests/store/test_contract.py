@@ -459,3 +459,66 @@ async def test_events_items_expire_only_with_a_ttl(stores: Stores) -> None:
     assert [i.get("expires_at") for i in items] == [
         None, {"N": str((NOW + 5_000) // 1000 + 86_400)}]
     assert await exported(stores, "a") == [1, 2, 3, 4]
+
+
+# -- check_many: many items in one eventually consistent read ------------------------------
+# Each read below is repeated until it shows the write before it (``eventually``): an
+# eventually consistent read may show an item's previous version for a moment, on either
+# backend (DynamoDB's replicas; the embedded server's and the in-memory store's
+# ``stale reads``), so no assertion here may depend on the first answer being current.
+
+
+async def test_check_many_of_nothing_is_an_empty_answer(stores: Stores) -> None:
+    assert await stores.leases.check_many([]) == {}
+    assert await stores.leases.check_many((), timeout=1.0) == {}
+
+
+async def test_check_many_answers_every_id_once_and_none_where_there_is_no_item(
+        stores: Stores) -> None:
+    leases, admin = stores.leases, stores.admin
+    await admin.put_started("a", URL)
+    await admin.put_started("b", URL + "b")
+    tenure = await acquired(stores, "a")
+    wanted = {"a": await leases.check("a"), "b": await leases.check("b"), "nope": None}
+    assert wanted["a"] is not None and wanted["a"].lease_owner == "w1"
+    got = await eventually(stores, lambda: leases.check_many(["a", "nope", "b", "a"]),
+                           lambda found: found == wanted)
+    assert list(got) == ["a", "nope", "b"]  # each id once, in the order first asked
+    (one,) = (await leases.check_many(["nope"])).values()
+    assert one is None
+    # What it reads moves on with the item: a release, a STOPPED flip, a deletion.
+    await leases.release(tenure)
+    await admin.set_state("b", "STOPPED")
+    await eventually(stores, lambda: leases.check_many(["a", "b"]), lambda found: (
+        found["a"] is not None and found["a"].lease_expires_at_ms == 0
+        and found["b"] is not None and found["b"].stopped))
+    await delete_stream(stores, "b")
+    await eventually(stores, lambda: leases.check_many(["a", "b"]),
+                     lambda found: found["b"] is None and found["a"] is not None)
+
+
+async def test_check_many_of_150_ids_reads_them_all(stores: Stores) -> None:
+    """More ids than one BatchGetItem takes (100): the DynamoDB store sends two."""
+    leases, admin = stores.leases, stores.admin
+    sids = [f"s{i:03}" for i in range(140)]
+    await asyncio.gather(*(admin.put_started(sid, f"{URL}/{sid}") for sid in sids))
+    asked = sids + [f"gone{i}" for i in range(10)]
+    got = await eventually(stores, lambda: leases.check_many(asked),
+                           lambda found: all(found[s] is not None for s in sids))
+    assert list(got) == asked
+    assert {sid: r.ws_url for sid, r in got.items() if r is not None} == {
+        sid: f"{URL}/{sid}" for sid in sids}
+    assert all(got[f"gone{i}"] is None for i in range(10))
+
+
+async def test_check_many_reads_bad_items_as_check_does(stores: Stores) -> None:
+    """A wrongly typed attribute is reported on the record (the holder then drains it as
+    unservable); an item whose key names no stream reads as None."""
+    leases, admin = stores.leases, stores.admin
+    await admin.put_item({"Pk": {"S": "CONN#odd"}, "desired_state": {"S": "STARTED"},
+                          "ws_url": {"N": "7"}, "lease_expires_at_ms": {"N": "0"}})
+    await admin.put_item({"Pk": {"S": "CONN#"}, "desired_state": {"S": "STARTED"}})
+    odd = await leases.check("odd")
+    assert odd is not None and odd.bad_fields == ("ws_url is not a string",)
+    await eventually(stores, lambda: leases.check_many(["odd", ""]),
+                     lambda found: found == {"odd": odd, "": None})

@@ -1,5 +1,5 @@
-"""The in-memory store's index lag on its own clock, step by step, and the version log
-under it (``streamlease.store.versions``)."""
+"""The in-memory store's index lag and stale reads on its own clock, step by step, and the
+version log under them (``streamlease.store.versions``)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,63 @@ async def test_without_lag_every_read_is_current() -> None:
     assert await orphan_ids(memory) == ["a"]
 
 
+def stale(seconds: float) -> tuple[MemoryStore, ManualClock]:
+    clock = ManualClock()
+    return MemoryStore(clock, index_lag_s=0.0, index_lag_jitter_s=0.0,
+                       stale_reads_s=seconds, rng=random.Random(3)), clock
+
+
+async def test_an_eventually_consistent_read_may_see_the_previous_version() -> None:
+    memory, clock = stale(1.0)
+    await memory.put_started("a", "wss://x/")
+    clock.advance(2.0)
+    got = await memory.acquire("a", "w1", NOW, T)
+    assert got is not None
+    written = clock.now
+
+    async def owners(after: float) -> set[str | None]:
+        clock.now = written + after
+        seen = set()
+        for _ in range(50):
+            (record,) = (await memory.check_many(["a"])).values()
+            assert record is not None
+            seen.add(record.lease_owner)
+        return seen
+
+    assert await owners(0.0) == {None}  # up to a second old, and the write is now
+    assert await owners(0.5) == {None, "w1"}  # each read draws its own staleness
+    assert (await memory.check("a")).lease_owner == "w1"  # type: ignore[union-attr]
+    assert await owners(1.0001) == {"w1"}
+
+
+async def test_stale_reads_can_miss_a_new_item_and_show_a_deleted_one() -> None:
+    memory, clock = stale(1.0)
+    await memory.put_started("old", "wss://x/")
+    clock.advance(2.0)
+    before = await memory.check("old")
+    await memory.put_started("new", "wss://x/")
+    await memory.delete("old")
+    assert before is not None
+    assert await memory.check_many(["new", "old"]) == {"new": None, "old": before}
+    assert await memory.check("new") is not None and await memory.check("old") is None
+    clock.advance(1.0001)
+    found = await memory.check_many(["new", "old"])
+    assert found["new"] is not None and found["old"] is None
+
+
+async def test_without_stale_reads_every_read_is_current_and_draws_nothing() -> None:
+    """The default: ``check_many`` returns each item as it is now, and leaves the jitter's
+    generator alone (a virtual-time test with lagging indexes replays as before)."""
+    memory = MemoryStore(index_lag_s=0.1, index_lag_jitter_s=0.2, rng=random.Random(3))
+    assert memory.stale_reads_s == 0.0
+    await memory.put_started("a", "wss://x/")
+    got = await memory.acquire("a", "w1", NOW, T)
+    assert got is not None
+    state = memory.rng.getstate()
+    assert await memory.check_many(["a", "b"]) == {"a": got.record, "b": None}
+    assert memory.rng.getstate() == state
+
+
 def test_projections_follow_the_table_definition() -> None:
     assert PROJECTIONS[codec.OWNER_INDEX_NAME] == {"Pk", "lease_owner", "fence"}
     assert PROJECTIONS[codec.INDEX_NAME] == {"Pk", "desired_state", "lease_expires_at_ms",
@@ -89,6 +146,9 @@ def test_the_version_log_answers_as_of_any_moment_in_its_window() -> None:
     assert log.as_of(10.2) == {"k": "v1", "j": "w1"}
     assert log.as_of(10.6) == {"j": "w1"}
     assert log.as_of(10.7) == {}  # nothing written after: current
+    assert log.version_at("k", 9.9) == (True, None)  # not yet created
+    assert log.version_at("k", 10.2) == (True, "v1")
+    assert log.version_at("k", 10.5) == log.version_at("x", 0.0) == (False, None)
     log.prune(11.6)  # 10.0 and 10.5 are out of any read's reach
     assert len(log) == 1 and log.as_of(10.65) == {"j": "w1"}
     log.prune(12.0)
@@ -102,3 +162,6 @@ def test_lag_bounds_are_checked() -> None:
         IndexLag(0.0, float("nan"))
     with pytest.raises(ValueError):
         MemoryStore(index_lag_s=11.0)
+    for bad in (-0.1, 10.5, float("nan")):
+        with pytest.raises(ValueError, match="stale reads"):
+            MemoryStore(stale_reads_s=bad)

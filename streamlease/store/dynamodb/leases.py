@@ -1,25 +1,40 @@
 """``LeaseStore`` on the streams table: the rules of ``streamlease.core.lease`` as conditional
-writes (``streamlease.store.codec`` holds the expressions), the orphan query on the index, and
-the sweep's Scan."""
+writes (``streamlease.store.codec`` holds the expressions), the orphan query on the index,
+the sweep's Scan, and the holders' check-ins (a consistent GetItem of one item, or an
+eventually consistent BatchGetItem of many)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
+from collections.abc import Sequence
 from typing import Any
 
+from streamlease.clock import SYSTEM_CLOCK, Clock
+from streamlease.core.backoff import Backoff
 from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
-from streamlease.core.model import OwnedStream, StreamRecord, Tenure
-from streamlease.errors import StoreError, StoreThrottled
+from streamlease.core.model import OwnedStream, StreamRecord, Tenure, stream_key
+from streamlease.errors import StoreError, StoreThrottled, StoreUnavailable
 from streamlease.store import codec
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
 from streamlease.store.protocols import Acquired, RenewResult, SinkOutcome
 
+BATCH_GET_KEYS = 100  # DynamoDB's limit on the keys of one BatchGetItem
+# Waits before asking again for keys a BatchGetItem left unprocessed (DynamoDB does that
+# when the table or a partition is at its throughput limit): short, growing, jittered.
+UNPROCESSED_BACKOFF_S = 0.05
+UNPROCESSED_BACKOFF_CAP_S = 1.0
+
 
 class DynamoLeaseStore(DynamoTable):
-    def __init__(self, client: DynamoClient, table: str) -> None:
+    def __init__(self, client: DynamoClient, table: str, clock: Clock = SYSTEM_CLOCK,
+                 rng: random.Random | None = None) -> None:
+        """``clock`` and ``rng`` time and spread the retries of ``check_many``."""
         super().__init__(client)
         self.table = table
+        self.clock = clock
+        self.rng = rng or random.Random()
 
     async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
                       timings: LeaseTimings, timeout: float | None = None,
@@ -136,6 +151,44 @@ class DynamoLeaseStore(DynamoTable):
         item = resp.get("Item")
         return codec.decode_record(item) if item else None
 
+    async def check_many(self, stream_ids: Sequence[str], *,
+                         timeout: float | None = None) -> dict[str, StreamRecord | None]:
+        """BatchGetItem without ConsistentRead, ``BATCH_GET_KEYS`` keys a request, one
+        request after another (a burst of parallel reads would be throttled first). Keys
+        DynamoDB leaves unprocessed are asked for again after a jittered backoff, as long
+        as the deadline (``timeout``, else the call timeout, for the whole read) allows."""
+        by_key = {stream_key(sid): sid for sid in stream_ids}
+        found: dict[str, StreamRecord | None] = dict.fromkeys(by_key.values())
+        deadline = self.clock.monotonic() + (timeout or self._client.call_timeout_s)
+        backoff = Backoff(UNPROCESSED_BACKOFF_S, UNPROCESSED_BACKOFF_CAP_S, self.rng)
+        pending = list(by_key)
+        while pending:
+            batch, pending = pending[:BATCH_GET_KEYS], pending[BATCH_GET_KEYS:]
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                raise StoreUnavailable(f"batch_get_item timed out with {len(batch) + len(pending)}"
+                                       f" of {len(by_key)} keys unread")
+            resp = await self._call(
+                "batch_get_item", left,
+                RequestItems={self.table: {"Keys": [{codec.PK: codec.s(k)} for k in batch],
+                                           "ConsistentRead": False}})
+            for item in _batch_items(resp, self.table):
+                sid = by_key.get(_pk(item) or "")
+                if sid is not None:  # as check: an item that does not decode reads as None
+                    found[sid] = codec.decode_record(item)
+            asked = set(batch)
+            again = [k for k in _unprocessed_keys(resp, self.table) if k in asked]
+            if not again:
+                backoff.reset()
+                continue
+            pending = list(dict.fromkeys(again)) + pending
+            delay = backoff.next_delay()
+            if self.clock.monotonic() + delay >= deadline:
+                raise StoreThrottled(f"batch_get_item: {len(pending)} of {len(by_key)} keys "
+                                     "still unprocessed when the timeout ran out")
+            await self.clock.sleep(delay)
+        return found
+
     async def owned_by(self, owner: str, timeout: float | None = None,
                        page_size: int = 500) -> list[OwnedStream]:
         found: list[OwnedStream] = []
@@ -220,3 +273,31 @@ def acquired(record: StreamRecord, owner: str, expiry: int) -> Acquired:
     return Acquired(Tenure(record.stream_id, owner, record.fence, record.last_seq, expiry,
                            record.lease_epoch or 0), record)
 
+
+def _pk(item: Any) -> str | None:
+    value = item.get(codec.PK) if isinstance(item, dict) else None
+    pk = value.get("S") if isinstance(value, dict) else None
+    return pk if isinstance(pk, str) else None
+
+
+def _batch_items(resp: Any, table: str) -> list[Any]:
+    """The items a BatchGetItem answer carries for ``table`` (DynamoDB leaves out the
+    items it did not find). An answer without ``Responses`` is refused: read as "no such
+    items", it would tell every holder that its item is gone."""
+    responses = resp.get("Responses") if isinstance(resp, dict) else None
+    if not isinstance(responses, dict):
+        raise StoreError("batch_get_item: an answer without Responses")
+    items = responses.get(table, [])
+    if not isinstance(items, list):
+        raise StoreError(f"batch_get_item: Responses for {table} is not a list")
+    return items
+
+
+def _unprocessed_keys(resp: Any, table: str) -> list[str]:
+    """The partition keys of ``table`` a BatchGetItem answer left for another request."""
+    unprocessed = resp.get("UnprocessedKeys") if isinstance(resp, dict) else None
+    request = unprocessed.get(table) if isinstance(unprocessed, dict) else None
+    keys = request.get("Keys") if isinstance(request, dict) else None
+    if not isinstance(keys, list):
+        return []
+    return [pk for pk in map(_pk, keys) if pk is not None]
