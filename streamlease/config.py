@@ -217,7 +217,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a job stopped for its timeout, a lost lease or a shutdown gets SIGTERM, then "
             "SIGKILL this long after", seconds(0.1, 600)),
     Setting("STREAMLEASE_STREAM_CHECK_SECONDS", "stream_check_s", "60",
-            "how often a holder reads its stream's item (ws_url changes, revocation)",
+            "how often a worker reads every held item in batches while the change feed is "
+            "not live (ws_url changes, STOPPED, revocation)",
             seconds(0.01, 3600)),
     # A refused legitimate jump stalls a stream visibly (last_error) and recoverably (raise
     # the limit; nothing was written), while an accepted poisoned seq stops it for good

@@ -105,6 +105,9 @@ class Holdings:
         self.health = health
         self.on_delivered = on_delivered
         self.pump_factory = pump_factory
+        # The reconciler reads every held item in batches (and the change feed tells of
+        # changes): supervisors make no periodic reads of their own.
+        self.batched_checks = False
         self.supervisors: dict[str, Supervisor] = {}
         self.tg: asyncio.TaskGroup | None = None  # the scope supervisors run in
         # Streams being acquired or taken over right now (not yet supervised).
@@ -181,7 +184,7 @@ class Holdings:
                                 self.clock, self.metrics, self.settings.supervisor, self.rng,
                                 self.on_delivered, self.health, self.lease_health,
                                 self.pump_factory, self.membership.may_write,
-                                self.membership.feed_live)
+                                lambda: self.batched_checks)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.metrics.set_leases_held(len(self.supervisors))
         assert self.tg is not None

@@ -97,6 +97,7 @@ class Reconciler:
         self._stop = asyncio.Event()
         self._poke = asyncio.Event()
         self._stopped_now = asyncio.Event()  # the STOPPED query is due at once
+        self._checks_now = asyncio.Event()  # the batched read of held items is due at once
         self._fast_until = 0.0  # poll orphans often until then (a peer drains or hands off)
         self._share = 0  # this worker's fair share at the last cycle
         self._next_shed = 0.0
@@ -175,8 +176,9 @@ class Reconciler:
 
     def feed_resumed(self) -> None:
         """The leader's notices are trusted again after a gap: the STOPPED query runs
-        once now for any flip they missed."""
+        once now for any flip they missed, and every held item is read once (batched)."""
         self._stopped_now.set()
+        self._checks_now.set()
 
     def poke(self) -> None:
         """Run a cycle now, and poll often for a while: a peer died, drained or handed
@@ -218,6 +220,11 @@ class Reconciler:
                                      name="stopped streams")
             audit = tg.create_task(self._guarded("audit", self.self_audit.run),
                                    name="self-audit")
+            checks = None
+            if self.settings.supervisor.check_s is not None:
+                self.holdings.batched_checks = True
+                checks = tg.create_task(self._guarded("checks", self._checks_loop),
+                                        name="held items read")
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
@@ -234,6 +241,8 @@ class Reconciler:
                 await self._pause(self._next_pause(), self._poke)
             stopped.cancel()
             audit.cancel()
+            if checks is not None:
+                checks.cancel()
             self.holdings.drain_all(StopReason.SHUTDOWN, self._release_by)
         self.holdings.tg = None
         await self.holdings.settle_unsure()
@@ -443,6 +452,30 @@ class Reconciler:
                       "cannot query for STOPPED streams", error=str(exc))
             await sleep_unless(jittered(self.settings.stopped_check_s, 0.1, self.rng),
                                self._stop, self._stopped_now)
+
+    async def _checks_loop(self) -> None:
+        """Every stream check interval, unless the leader's change feed tells of every
+        change: one eventually consistent read of every held item (``check_many``: a
+        BatchGetItem per 100), not one consistent read per stream. An item that looks
+        changed (stopped, a new URL, released, moved on, gone) is read consistently by its
+        holder, and only that read decides."""
+        every = self.settings.supervisor.check_s or self.settings.stopped_check_s
+        while not self._stop.is_set():
+            asked = self._checks_now.is_set()
+            self._checks_now.clear()
+            held = dict(self.supervisors)
+            if held and (asked or not self.membership.feed_live()):
+                try:
+                    found = await self.leases.check_many(
+                        list(held), timeout=self.settings.supervisor.call_timeout_s)
+                    for stream_id, supervisor in held.items():
+                        if stream_id in found:
+                            supervisor.compare(found[stream_id])
+                except StoreError as exc:
+                    event(logging.WARNING, "reconcile.checks_failed",
+                          "cannot read the held items; trying again next interval",
+                          error=str(exc), held=len(held))
+            await sleep_unless(jittered(every, 0.1, self.rng), self._stop, self._checks_now)
 
     async def _acquire(self, candidate: StreamRecord) -> None:
         stream_id = candidate.stream_id

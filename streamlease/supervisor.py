@@ -119,7 +119,7 @@ class Supervisor:
                  lease_health: LeaseHealth | None = None,
                  pump_factory: PumpFactory | None = None,
                  member_alive: Callable[[float], bool] = always,
-                 feed_live: Callable[[], bool] = lambda: False) -> None:
+                 watched: Callable[[], bool] = lambda: False) -> None:
         self.tenure = tenure
         self.leases = leases
         self.clock = clock
@@ -136,9 +136,9 @@ class Supervisor:
         self._tg: asyncio.TaskGroup | None = None  # the tenure's scope while it runs
         self._confirm = asyncio.Event()  # an index hint asks for a consistent read now
         self._notified = False  # the read asked for is the change feed's notice, not a hint
-        # The leader's change feed tells this holder of every change to its item: the
-        # periodic read rests while it does.
-        self._feed_live = feed_live
+        # Someone else watches the item for this holder (the leader's change feed, or the
+        # worker's batched read of every held item): its own periodic read rests.
+        self._watched = watched
         self._record = record
         self._wake = asyncio.Event()
         self._drain_reason: StopReason | None = None
@@ -194,6 +194,21 @@ class Supervisor:
         if record.lease_owner != self.tenure.owner or record.fence != self.tenure.fence \
                 or record.lease_expires_at_ms == 0 or record.stopped:
             self._confirm.set()
+
+    def compare(self, record: StreamRecord | None) -> None:
+        """The item as a batched, eventually consistent read showed it: a hint like an
+        index record (it may be older than this tenure). If it suggests anything changed
+        (gone, moved on, released, stopped, a new URL), read it consistently now."""
+        if record is None or (record.fence is not None and record.fence > self.tenure.fence):
+            self.notified()
+            return
+        if record.fence is not None and record.fence < self.tenure.fence:
+            return  # a view of an earlier tenure
+        if record.lease_owner != self.tenure.owner or record.lease_expires_at_ms == 0 or \
+                record.stopped or record.ws_url != self._record.ws_url:
+            self.notified()
+        elif self._health is not None and self.holding.state is HolderState.HOLDING:
+            self._health.renewed(self.stream, self.clock.monotonic())
 
     def notified(self) -> None:
         """The leader's change feed says the item changed (STOPPED, a new ``ws_url``, a
@@ -336,7 +351,7 @@ class Supervisor:
                 next_renew = await self._renew_once()
                 next_check = max(next_check, self.clock.monotonic() + check_s)
             elif now >= next_check:
-                if self._feed_live():
+                if self._watched():
                     # Told of every change instead: no read; the loop is alive.
                     if self._health is not None and state is HolderState.HOLDING:
                         self._health.renewed(self.stream, now)

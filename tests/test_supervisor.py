@@ -47,14 +47,14 @@ class Rig:
             **{"call_timeout_s": 1.0, "drain_timeout_s": 5.0, **settings})
 
     async def holder(self, sid: str = "a", rng: random.Random | None = None,
-                     feed_live: bool = False) -> Supervisor:
+                     watched: bool = False) -> Supervisor:
         await self.memory.put_started(sid, URL)
         sent = self.clock.monotonic()
         got = await self.memory.acquire(sid, "w1", self.clock.wall_ms(), T)
         assert got is not None
         return Supervisor(got.tenure, got.record, sent, self.store, self.store, self.clock,
                           self.metrics, self.settings, rng or random.Random(1),
-                          pump_factory=self.script.factory(), feed_live=lambda: feed_live)
+                          pump_factory=self.script.factory(), watched=lambda: watched)
 
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels or None) or 0.0
@@ -324,12 +324,13 @@ async def test_a_confirmed_stop_drains_and_releases_without_waiting_for_a_renewa
     assert rig.metric("streamlease_index_hints_total", outcome="confirmed") == 1
 
 
-async def test_while_the_change_feed_is_live_only_its_notice_makes_the_holder_read() -> None:
-    """Each stream's periodic read rests while the leader's feed tells of every change;
-    a notice makes the holder read at once, and that read decides (a STOPPED flip:
-    drain and release, without waiting for the renewal)."""
+async def test_while_its_item_is_watched_only_a_notice_makes_the_holder_read() -> None:
+    """Each stream's periodic read rests while its item is watched for it (the leader's
+    change feed, the worker's batched reads); a notice makes the holder read at once, and
+    that read decides (a STOPPED flip: drain and release, without waiting for the
+    renewal)."""
     rig = Rig(check_s=0.5, timings=dataclasses.replace(T, heartbeat_s=50.0, lease_s=200.0))
-    sup = await rig.holder(feed_live=True)
+    sup = await rig.holder(watched=True)
     task = await run_for(sup, 5)
     assert rig.store.count("check") == 0  # ten check intervals: no read
     await rig.memory.set_state("a", "STOPPED")
@@ -340,6 +341,26 @@ async def test_while_the_change_feed_is_live_only_its_notice_makes_the_holder_re
     assert rig.store.count("check") == 1
     assert sup.holding.state is HolderState.RELEASED
     assert rig.metric("streamlease_index_hints_total", outcome="confirmed") == 0
+
+
+async def test_a_batched_read_that_looks_changed_is_confirmed_before_acting() -> None:
+    rig = Rig(check_s=0.5, timings=dataclasses.replace(T, heartbeat_s=50.0, lease_s=200.0))
+    sup = await rig.holder(watched=True)
+    task = await run_for(sup, 1)
+    current = await rig.record()
+    sup.compare(dataclasses.replace(current, fence=sup.tenure.fence - 1, lease_owner="w0"))
+    sup.compare(current)  # unchanged: nothing to read
+    await asyncio.sleep(1)
+    assert rig.store.count("check") == 0
+    sup.compare(dataclasses.replace(current, ws_url="wss://feeds.example.com/b"))  # stale?
+    await asyncio.sleep(1)
+    assert rig.store.count("check") == 1  # read: the URL had not changed after all
+    assert sup.holding.state is HolderState.HOLDING and not rig.script.log.count(
+        "a:reconnect:url_changed")
+    await rig.memory.set_state("a", "STOPPED")
+    sup.compare(await rig.record())
+    await asyncio.wait_for(task, 1.0)
+    assert sup.holding.state is HolderState.RELEASED
 
 
 async def test_a_crashed_heartbeat_releases_the_stream_instead_of_holding_it() -> None:
