@@ -335,7 +335,7 @@ def build_feed(config: WorkerConfig, streams: DynamoClient, stores: Stores, cloc
 
     return ChangeFeed(reader, stores.leases, membership, reconciler.sweep.request, clock,
                       metrics, FeedSettings(publish_timeout_s=config.timings.heartbeat_s),
-                      reconciler.stopping)
+                      reconciler.stopping, follow=reconciler.sweep.follow)
 
 
 def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, stores: Stores,

@@ -35,6 +35,7 @@ from typing import Protocol
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core.changes import Action, ChangeRecord
 from streamlease.core.membership import MemberStatus
+from streamlease.core.model import StreamRecord
 from streamlease.core.notices import NoticeKind, most_room
 from streamlease.errors import StoreError
 from streamlease.logs import event
@@ -82,7 +83,9 @@ class FeedSettings:
 class ChangeFeed:
     def __init__(self, open_reader: Callable[[int], FeedReader], leases: LeaseStore,
                  notifier: Notifier, backstop: Callable[[], None], clock: Clock,
-                 metrics: Metrics, settings: FeedSettings, stopping: asyncio.Event) -> None:
+                 metrics: Metrics, settings: FeedSettings, stopping: asyncio.Event,
+                 follow: Callable[[StreamRecord | None, StreamRecord | None], None] =
+                 lambda old, new: None) -> None:
         self.open_reader = open_reader
         self.leases = leases
         self.notifier = notifier
@@ -91,6 +94,7 @@ class ChangeFeed:
         self.metrics = metrics
         self.settings = settings
         self.stopping = stopping
+        self.follow = follow  # the fleet view follows each change between sweeps
         self._said_no_stream = False
 
     async def duty(self, lease: Fenced, stop: asyncio.Event) -> None:
@@ -172,6 +176,7 @@ class ChangeFeed:
     async def _act(self, change: ChangeRecord, rooms: dict[str, int]) -> int:
         """Carry out one change's actions; the number of the last notice posted (0: none)."""
         last = 0
+        self.follow(change.old, change.new)
         for action in change.actions():
             self.metrics.change_feed_records(action.value)
             if action is Action.STAMP:

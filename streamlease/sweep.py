@@ -6,7 +6,8 @@ written by hand without lease fields ``lease_expires_at_ms = 0`` (so the orphan 
 them), reports every item that cannot be served, and publishes the fleet view metric.
 While the leader's change feed runs (``streamlease.feed``), which stamps hand-written
 items within a second, the sweep is its backstop: it runs ``BACKSTOP_FACTOR`` times less
-often, and once at once whenever the feed may have missed changes (``request``).
+often, and once at once whenever the feed may have missed changes (``request``); between
+sweeps the fleet view follows the feed's changes (``follow``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Sweep:
         self.stopping = stopping
         self.feed_live: Callable[[], bool] = lambda: False
         self._requested = asyncio.Event()
+        self._view: dict[tuple[str, str], int] | None = None  # the last sweep's, followed
 
     def request(self) -> None:
         """Sweep now: the change feed may have missed changes."""
@@ -98,6 +100,7 @@ class Sweep:
         """A leader duty: the sweep and the fleet view, once at once (a new leader picks
         up hand-written items immediately), then every ``sweep_s`` (+/-20 %), or
         ``BACKSTOP_FACTOR`` times that while the change feed is live."""
+        self._view = None  # a new term: the view starts from its first sweep
         while not stop.is_set() and not self.stopping.is_set():
             self._requested.clear()
             try:
@@ -109,11 +112,31 @@ class Sweep:
                                self._requested)
 
     async def sweep(self) -> None:
-        """One paginated Scan of the streams table: adopt hand-written items, report
-        items that cannot be served, and publish the fleet view metric. (A filtered Scan
-        costs the same read capacity as a full one, so the view comes for free.)"""
-        records = await self.leases.scan()
-        self.metrics.fleet_view(fleet_view(records, self.clock.wall_ms()))
+        """One paginated Scan of the streams table, a page at a time (the table is never
+        held in memory): adopt hand-written items, report items that cannot be served,
+        and publish the fleet view metric. (A filtered Scan costs the same read capacity
+        as a full one, so the view comes for free.)"""
+        counts: dict[tuple[str, str], int] = {}
+        async for page in self.leases.scan_pages():
+            for key, n in fleet_view(page, self.clock.wall_ms()).items():
+                counts[key] = counts.get(key, 0) + n
+            await self._page(page)
+        self._view = counts
+        self.metrics.fleet_view(counts)
+
+    def follow(self, old: StreamRecord | None, new: StreamRecord | None) -> None:
+        """A change the leader's feed read: the fleet view follows it between sweeps (a
+        lease that lapses without a write shows at the next sweep)."""
+        if self._view is None:
+            return
+        now = self.clock.wall_ms()
+        for record, sign in ((old, -1), (new, 1)):
+            if record is not None:
+                for key, n in fleet_view([record], now).items():
+                    self._view[key] = max(0, self._view.get(key, 0) + sign * n)
+        self.metrics.fleet_view(self._view)
+
+    async def _page(self, records: list[StreamRecord]) -> None:
         for record in records:
             # Every problem the full item shows (the index does not hold every attribute,
             # and items with an unknown state are not in it at all), written once.

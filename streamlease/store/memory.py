@@ -314,9 +314,12 @@ class MemoryStore:
         return Acquired(Tenure(stream_id, owner, fence + 1, record.last_seq, expiry, epoch),
                         record)
 
-    async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
-        self._called("scan")
-        return _records(self.items.values())
+    async def scan_pages(self, timeout: float | None = None,
+                         page_size: int = 500) -> AsyncIterator[list[StreamRecord]]:
+        records = _records(list(self.items.values()))
+        for start in range(0, max(1, len(records)), page_size):
+            self._called("scan")
+            yield records[start:start + page_size]
 
     async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
         self._called("adopt")

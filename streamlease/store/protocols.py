@@ -141,8 +141,10 @@ class LeaseStore(Protocol):
         stream is not (or no longer) leased to an incarnation older than
         ``fenced_epoch``."""
 
-    async def scan(self, timeout: float | None = None) -> list[StreamRecord]:
-        """Every stream item, including those the index cannot see (the sweep)."""
+    def scan_pages(self, timeout: float | None = None,
+                   page_size: int = 500) -> AsyncIterator[list[StreamRecord]]:
+        """Every stream item, including those the index cannot see (the sweep), a page at
+        a time: the table is never held in memory. ``timeout`` bounds each page's read."""
 
     async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
         """Give a hand-written item ``lease_expires_at_ms = 0``. False if it had one."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from streamlease.clock import SYSTEM_CLOCK, Clock
@@ -240,14 +240,14 @@ class DynamoLeaseStore(DynamoTable):
             raise StoreError(f"take-over of {stream_id} returned an item without a stream key")
         return acquired(record, owner, expiry)
 
-    async def scan(self, timeout: float | None = None, page_size: int = 500) -> list[StreamRecord]:
-        found: list[StreamRecord] = []
+    async def scan_pages(self, timeout: float | None = None,
+                         page_size: int = 500) -> AsyncIterator[list[StreamRecord]]:
         kwargs: dict[str, Any] = {"TableName": self.table, "Limit": page_size}
         while True:
             resp = await self._call("scan", timeout, **kwargs)
-            found.extend(r for r in map(codec.decode_record, resp.get("Items", [])) if r)
+            yield [r for r in map(codec.decode_record, resp.get("Items", [])) if r]
             if "LastEvaluatedKey" not in resp:
-                return found
+                return
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     async def adopt(self, stream_id: str, timeout: float | None = None) -> bool:
