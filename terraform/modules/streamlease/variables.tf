@@ -845,6 +845,12 @@ variable "fleet_view" {
   }
 }
 
+variable "change_feed" {
+  description = "STREAMLEASE_CHANGE_FEED: the fleet leader's change feed. true: the streams table gets a DynamoDB stream (NEW_AND_OLD_IMAGES) that the leader alone tails, so hand-written items, STOPPED flips, ws_url changes and force releases are acted on within seconds instead of being polled for; the task role may read that stream and checkpoint its position in the fleet table (Pk FEED). false: no stream on the table, no such grant, and the task gets STREAMLEASE_CHANGE_FEED=off, so the workers poll as without a feed (README: The change feed)."
+  type        = bool
+  default     = true
+}
+
 variable "leader_backend" {
   description = "STREAMLEASE_LEADER_BACKEND: where the fleet leader lease lives: dynamodb (the fleet table) or redis://host:port/db (rediss:// for TLS), without credentials (a URL with user info belongs in leader_backend_secret_arn). Sensitive: plans show it as (sensitive value)."
   type        = string
