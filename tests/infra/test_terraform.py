@@ -434,8 +434,8 @@ def worker_needs(sink_kind: str = "dynamodb", change_feed: bool = True) -> store
     any kind but dynamodb the worker's sink is a processor (app.worker_sink), so nothing
     reaches the events-table sink (test_only_the_dynamodb_sink_is_the_events_table).
     With the change feed on (the module's change_feed, its default), every request of
-    the feed's store classes, whether or not the worker's code is seen to build them yet
-    (test_the_change_feed_store_is_reached_or_explained); off, none of them."""
+    the feed's store classes (test_the_worker_reaches_every_change_feed_request); off,
+    none of them (the worker builds no reader with STREAMLEASE_CHANGE_FEED=off)."""
     skip = frozenset() if sink_kind == "dynamodb" else frozenset({store_calls.EVENTS_SINK_ROLE})
     called, puts = store_calls.calls_in(store_calls.task_sources(), skip_roles=skip)
     called = {m for m in called if m[0] not in store_calls.FEED_CLASSES}
@@ -454,44 +454,36 @@ def operator_needs() -> store_calls.Needs:
     return store_calls.needs(called, puts)
 
 
-# Store methods that neither `streamlease run` nor an operator command calls, and why. A
-# method missing from both is either called through a receiver store_calls.ROLES does not
-# know (then the IAM comparison would miss it) or belongs here.
+# Store methods that neither `streamlease run` nor an operator command reaches (calls, or
+# reaches through a method it calls: DynamoAdmin.definitions through create_tables and
+# check_tables, the feed's checkpoint store through its reader), and why. A method missing
+# from both is either called through a receiver store_calls.ROLES does not know (then the
+# IAM comparison would miss it) or belongs here.
 NOT_CALLED = {
-    ("DynamoAdmin", "definitions"): "the table definitions create_tables and check_tables walk",
     ("DynamoAdmin", "event_fences"): "the sink audit of the tests and the load test",
     ("DynamoAdmin", "put_item"): "test harnesses writing items as an operator would by hand",
 }
-
-# The change feed's store methods the worker's code is not seen to reach, and why. The
-# task role's comparison takes every feed method while change_feed is on (worker_needs),
-# so this list says only what `streamlease run` does not call yet: once the worker builds
-# a ChangeFeedReader (and with it its DynamoFeedCheckpoints) this must be emptied.
-FEED_NOT_CALLED = dict.fromkeys(
-    sorted(store_calls.feed_methods()),
-    "the leader's feed duty (streamlease/feed.py) takes a reader factory that the worker "
-    "does not build yet")
 
 
 def test_every_store_method_is_called_or_explained() -> None:
     stores = store_calls.store_classes()
     task, _ = store_calls.calls_in(store_calls.task_sources())
     operator, _ = store_calls.calls_in(store_calls.operator_sources())
-    left = stores.public_methods() - task - operator
+    left = stores.public_methods() - store_calls.reachable(task) - \
+        store_calls.reachable(operator)
     assert left == set(NOT_CALLED), (
         f"store methods no command calls: {sorted(left - set(NOT_CALLED))}; "
         f"listed as not called but called: {sorted(set(NOT_CALLED) - left)}")
 
 
-def test_the_change_feed_store_is_reached_or_explained() -> None:
-    """The feed's store classes are built outside connect(): which of their methods the
-    worker's code reaches (through a ChangeFeedReader or DynamoFeedCheckpoints it builds)
-    is what FEED_NOT_CALLED leaves out. The reader reaches its checkpoint store."""
+def test_the_worker_reaches_every_change_feed_request() -> None:
+    """The feed's reader is built outside connect() (app.py, under each leader term's
+    fence): the worker's code reaches every method of the feed's store classes, the
+    checkpoint store's through the reader's ``checkpoints``. So worker_needs(change_feed)
+    is what `streamlease run` sends with the feed on."""
     task, _ = store_calls.calls_in(store_calls.task_sources())
     left = store_calls.feed_methods() - store_calls.reachable(task)
-    assert left == set(FEED_NOT_CALLED), (
-        f"change-feed store methods the worker does not reach: {sorted(left)}; listed in "
-        f"FEED_NOT_CALLED but reached: {sorted(set(FEED_NOT_CALLED) - left)}")
+    assert not left, f"change-feed store methods the worker does not reach: {sorted(left)}"
     reader = {m for m in store_calls.feed_methods() if m[0] == "ChangeFeedReader"}
     assert store_calls.reachable(reader) >= store_calls.feed_methods()
 
@@ -502,6 +494,7 @@ def test_store_operations_are_the_known_set() -> None:
     every = store_calls.needs(stores.public_methods() | store_calls.feed_methods(), [
         store_calls.Request("dynamodb:PutItem", store_calls.JOB_WRITE, None, True, "any")])
     assert every.iam_actions() == {
+        "dynamodb:BatchGetItem",  # the holders' batched check-in
         "dynamodb:ConditionCheckItem", "dynamodb:CreateTable", "dynamodb:DeleteItem",
         "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query",
         "dynamodb:Scan", "dynamodb:UpdateItem", "dynamodb:UpdateTable",
@@ -598,13 +591,15 @@ def test_task_role_grants_exactly_what_the_worker_calls(module_plans: dict[str, 
         schema.streams_table("any"))
     assert "ws_url" not in attributes  # only operators re-point a stream
     expected: Grants = {
-        # check_tables; the check-in read; the sweep (unindexed), which finds items
-        # without lease fields or with a bad desired_state, which the sparse index cannot
-        # show; acquire, renew, release, release_for, advance, adopt, record_error and the
-        # sink's checkpoint Update.
+        # check_tables; the check-in read (a holder confirming one item) and the batched
+        # check-in (every held item, while the change feed is not live); the sweep
+        # (unindexed), which finds items without lease fields or with a bad
+        # desired_state, which the sparse index cannot show; acquire, renew, release,
+        # release_for, advance, adopt, record_error and the sink's checkpoint Update.
         arn["streams"]: {
             "dynamodb:DescribeTable": NONE,
             "dynamodb:GetItem": NONE,
+            "dynamodb:BatchGetItem": NONE,
             "dynamodb:Scan": NONE,
             "dynamodb:UpdateItem": frozenset({attributes_in(attributes)}),
         },

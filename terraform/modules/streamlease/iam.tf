@@ -113,11 +113,15 @@ data "aws_iam_policy_document" "task" {
   #   whose desired_state is neither STARTED nor STOPPED. docs/contract.md requires the first
   #   kind to start within 60 s and the second to get last_error, and no Query can find
   #   an item by a missing attribute, so the Scan is needed.
-  # GetItem: a holder's check-in, a consistent read of its own item every
-  #   STREAMLEASE_STREAM_CHECK_SECONDS (ws_url changes, revocation, STOPPED).
+  # BatchGetItem: the holders' check-in while the change feed is not live (off, or not
+  #   vouched for by the leader): every held item, eventually consistent, 100 keys a
+  #   request, every STREAMLEASE_STREAM_CHECK_SECONDS (ws_url changes, revocation,
+  #   STOPPED). GetItem: a consistent read of one item where a decision needs it as it
+  #   is (a holder confirming what the batched read or a feed notice showed, the
+  #   self-audit of held streams).
   statement {
     sid       = "StreamsTable"
-    actions   = ["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Scan"]
+    actions   = ["dynamodb:BatchGetItem", "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Scan"]
     resources = [aws_dynamodb_table.streams.arn]
   }
 

@@ -813,7 +813,7 @@ variable "stream_renew_seconds" {
 }
 
 variable "stream_check_seconds" {
-  description = "STREAMLEASE_STREAM_CHECK_SECONDS: how often a holder reads its stream's item (ws_url changes, revocation); at most stream_renew_seconds."
+  description = "STREAMLEASE_STREAM_CHECK_SECONDS: how often a worker reads every held item, in batches, while the change feed is not live (ws_url changes, STOPPED, revocation); at most stream_renew_seconds."
   type        = number
   default     = 60
 
