@@ -105,6 +105,9 @@ PLAN_RUNS: dict[str, dict[str, Any]] = {
     },
     # Tracing (tracing.tf): the ADOT collector with its defaults, in a task big enough
     # for it beside the worker's default buffer budget, ...
+    # The change feed turned off: no stream on the streams table, no grant to read one,
+    # STREAMLEASE_CHANGE_FEED=off.
+    "no_change_feed": {"change_feed": False},
     "tracing": {"tracing_enabled": True, "memory": 2048},
     # ... and with every tracing input changed: a sampler without an argument, the
     # collector's image from an ECR pull-through cache of public.ecr.aws, its own sizes.

@@ -20,7 +20,12 @@ and line, so a new call is never silently left out of the IAM comparison):
   ...: ``ROLES``), and ``connect`` says which class fills each field;
 - a write whose table the caller chooses (``LeaderBackend.fenced_write``) gets it from a
   ``PutItem(table, item, ...)`` built by a store method or, for ``job write``, from the
-  ``--table`` argument.
+  ``--table`` argument;
+- the change feed's store classes (``FEED_CLASSES``) are built outside ``connect`` (by the
+  fleet leader's feed duty, and only with STREAMLEASE_CHANGE_FEED on), so their requests
+  are taken from the classes themselves (``feed_methods``); a DynamoDB Streams request
+  names a stream, never a table: it belongs to its reader's table; the reader reaches its
+  checkpoint store through an attribute (``COLLABORATORS``).
 
 From that, for every method of every store class: each request it sends (IAM action,
 table, index, inside a transaction or not), for each UpdateItem the attribute names it
@@ -91,6 +96,16 @@ TRANSACTION_OPERATIONS = {"transact_write_items", "transact_get_items"}
 BATCH_OPERATIONS = {"batch_get_item"}
 # DynamoDB Streams: requests to a table's stream (IAM resource ``table/NAME/stream/*``).
 STREAM_OPERATIONS = {"list_streams", "describe_stream", "get_shard_iterator", "get_records"}
+# ... except ListStreams, for which IAM defines no resource type: it is authorised on "*".
+UNSCOPED_OPERATIONS = {"list_streams"}
+
+# The change feed's store classes: the reader of the streams table's stream and its
+# checkpoints in the fleet table. The fleet leader builds them (not connect()), and only
+# with STREAMLEASE_CHANGE_FEED on.
+FEED_CLASSES = ("ChangeFeedReader", "DynamoFeedCheckpoints")
+# A store's attribute holding another store -> that store's DynamoDB class:
+# ``self.checkpoints.save(...)`` in the reader is DynamoFeedCheckpoints.save.
+COLLABORATORS = {("ChangeFeedReader", "checkpoints"): "DynamoFeedCheckpoints"}
 WRITE_ACTIONS = frozenset({"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
                            "dynamodb:ConditionCheckItem"})
 
@@ -139,6 +154,7 @@ class Method:
     where: str
     requests: list[Request] = field(default_factory=list)
     helpers: set[str] = field(default_factory=set)  # self.<name>(...)
+    delegates: set[tuple[str, str]] = field(default_factory=set)  # self.<store>.<name>(...)
     puts: list[Request] = field(default_factory=list)  # PutItem(...) it builds
 
 
@@ -448,6 +464,10 @@ def _read_method(path: Path, cls: str, fn: ast.FunctionDef | ast.AsyncFunctionDe
                                                            _call_fields(node), False)
                 else:
                     method.helpers.add(func.attr)
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) \
+                    and isinstance(func.value.value, ast.Name) and func.value.value.id == "self" \
+                    and (cls, func.value.attr) in COLLABORATORS:
+                method.delegates.add((COLLABORATORS[(cls, func.value.attr)], func.attr))
             elif _codec_call(node) is not None:
                 method.requests += reader.codec_transaction_items(node)
             elif isinstance(func, ast.Name) and func.id == "PutItem" and wired:
@@ -720,7 +740,8 @@ def calls_in(sources: Iterable[Source], stores: Stores | None = None,
              skip_roles: frozenset[str] = frozenset()
              ) -> tuple[set[tuple[str, str]], list[Request]]:
     """(class, method) of every store method these sources call, through a receiver
-    named after its store (ROLES) other than ``skip_roles``, and the PutItem writes they
+    named after its store (ROLES) other than ``skip_roles``, every public method of a
+    change-feed store class they build (``FEED_CLASSES``), and the PutItem writes they
     build themselves."""
     stores = store_classes() if stores is None else stores
     called: set[tuple[str, str]] = set()
@@ -731,7 +752,11 @@ def calls_in(sources: Iterable[Source], stores: Stores | None = None,
                 if not isinstance(node, ast.Call):
                     continue
                 func = node.func
-                if isinstance(func, ast.Attribute):
+                built_class = _receiver_name(func)
+                if built_class in FEED_CLASSES:
+                    called |= {(c, n) for c, n in stores.methods
+                               if c == built_class and not n.startswith("_")}
+                elif isinstance(func, ast.Attribute):
                     role = ROLES.get(_receiver_name(func.value) or "")
                     method = stores.of_role(role, func.attr) \
                         if role and role not in skip_roles else None
@@ -747,25 +772,50 @@ def calls_in(sources: Iterable[Source], stores: Stores | None = None,
     return called, puts
 
 
-def needs(called: Iterable[tuple[str, str]], puts: Iterable[Request] = (),
-          stores: Stores | None = None) -> Needs:
-    """What these store methods send, with every helper of their class they reach. A
-    write to the caller's table becomes one write per PutItem built by the methods
-    reached or given in ``puts``."""
+def reachable(called: Iterable[tuple[str, str]], stores: Stores | None = None
+              ) -> set[tuple[str, str]]:
+    """These store methods, every helper of their class they reach and every method of a
+    collaborating store (``COLLABORATORS``) they call."""
     stores = store_classes() if stores is None else stores
     seen: set[tuple[str, str]] = set()
     queue = list(called)
-    requests: list[Request] = []
-    built = list(puts)
     while queue:
         key = queue.pop()
         if key in seen or key not in stores.methods:
             continue
         seen.add(key)
         method = stores.methods[key]
+        for delegate in method.delegates:
+            if delegate not in stores.methods:
+                raise DiscoveryError(f"{method.where}: calls {delegate[0]}.{delegate[1]}, "
+                                     "which is not a method of that class")
+        queue += [(method.cls, helper) for helper in method.helpers]
+        queue += list(method.delegates)
+    return seen
+
+
+def feed_methods(stores: Stores | None = None) -> set[tuple[str, str]]:
+    """Every public method of the change feed's store classes (``FEED_CLASSES``)."""
+    stores = store_classes() if stores is None else stores
+    found = {(c, n) for c, n in stores.methods if c in FEED_CLASSES and not n.startswith("_")}
+    missing = set(FEED_CLASSES) - {c for c, _ in found}
+    if missing:
+        raise DiscoveryError(f"no change-feed store class {sorted(missing)} under {STORE}")
+    return found
+
+
+def needs(called: Iterable[tuple[str, str]], puts: Iterable[Request] = (),
+          stores: Stores | None = None) -> Needs:
+    """What these store methods send, with every helper of their class and every
+    collaborating store's method they reach. A write to the caller's table becomes one
+    write per PutItem built by the methods reached or given in ``puts``."""
+    stores = store_classes() if stores is None else stores
+    requests: list[Request] = []
+    built = list(puts)
+    for key in sorted(reachable(called, stores)):
+        method = stores.methods[key]
         requests += method.requests
         built += method.puts
-        queue += [(method.cls, helper) for helper in method.helpers]
     out: list[Request] = []
     for request in requests:
         if request.table != CALLER:

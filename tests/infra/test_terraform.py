@@ -31,7 +31,8 @@ import pytest
 from streamlease.config import DEFAULTS, SETTINGS, WorkerConfig
 from streamlease.core.sinks import parse_sink
 from streamlease.core.stream import stream_buffer_bytes
-from streamlease.store import fleetcodec, schema
+from streamlease.store import feedcheckpoints, fleetcodec, schema
+from streamlease.store.dynamodb.admin import DynamoAdmin
 from tests.infra import sink_calls, store_calls, worker_cases
 from tests.infra.conftest import PLAN_RUNS, Terraform
 from tests.infra.tf import (
@@ -188,6 +189,13 @@ def test_every_worker_setting_is_a_variable_with_the_workers_default(
         variable = cases.variable_of.get(setting.name)
         if variable is None:
             continue
+        if cases.kind[variable] == "bool":
+            # a switch (worker_cases.env_text): true, the default, leaves the setting out
+            # for the worker's own default, on; false writes off
+            assert cases.defaults.get(variable) is True and setting.default == "on", (
+                f"variable {variable} defaults to {cases.defaults.get(variable)!r}, "
+                f"{setting.name} to {setting.default!r}")
+            continue
         text = worker_cases.env_text(cases.kind[variable], cases.defaults.get(variable))
         assert text == (setting.default or None), (
             f"variable {variable} defaults to {text!r}, {setting.name} to {setting.default!r}")
@@ -223,6 +231,9 @@ def as_create_table(values: dict[str, Any]) -> dict[str, Any]:
                         "Projection": projection})
     if indexes:
         out["GlobalSecondaryIndexes"] = sorted(indexes, key=lambda i: i["IndexName"])
+    if values.get("stream_enabled"):
+        out["StreamSpecification"] = {"StreamEnabled": True,
+                                      "StreamViewType": values["stream_view_type"]}
     return out
 
 
@@ -241,15 +252,45 @@ def sorted_definition(definition: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def table_create_definitions() -> dict[str, dict[str, Any]]:
+    """What `streamlease table create` creates, by table name: the streams table with its
+    DynamoDB stream, the events and fleet tables (definitions() sends nothing)."""
+    admin = DynamoAdmin(None, DEFAULTS["STREAMLEASE_TABLE"],  # type: ignore[arg-type]
+                        DEFAULTS["STREAMLEASE_EVENTS_TABLE"], DEFAULTS["STREAMLEASE_FLEET_TABLE"])
+    return {d["TableName"]: d for d in admin.definitions()}
+
+
+TABLE_CREATE = table_create_definitions()
+
+
 @pytest.mark.parametrize(("name", "expected"), [
-    ("streams", schema.streams_table(DEFAULTS["STREAMLEASE_TABLE"])),
-    ("events", schema.events_table(DEFAULTS["STREAMLEASE_EVENTS_TABLE"])),
-    ("fleet", schema.fleet_table(DEFAULTS["STREAMLEASE_FLEET_TABLE"])),
+    ("streams", TABLE_CREATE[DEFAULTS["STREAMLEASE_TABLE"]]),
+    ("events", TABLE_CREATE[DEFAULTS["STREAMLEASE_EVENTS_TABLE"]]),
+    ("fleet", TABLE_CREATE[DEFAULTS["STREAMLEASE_FLEET_TABLE"]]),
 ])
 def test_tables_are_the_worker_schema(module_plans: dict[str, Any], name: str,
                                       expected: dict[str, Any]) -> None:
+    """Keys, indexes, projections and the streams table's DynamoDB stream (the change
+    feed's, NEW_AND_OLD_IMAGES) as `table create` makes them."""
     values = planned(module_plans["defaults"])[f"aws_dynamodb_table.{name}"]
     assert as_create_table(values) == sorted_definition(expected)
+
+
+def test_without_the_change_feed_the_streams_table_has_no_stream(
+        module_plans: dict[str, Any]) -> None:
+    """change_feed = false: the same table, without its DynamoDB stream; the other tables
+    never have one."""
+    values = planned(module_plans["no_change_feed"])
+    streams = values["aws_dynamodb_table.streams"]
+    assert streams["stream_enabled"] is False, streams
+    assert as_create_table(streams) == sorted_definition(
+        schema.streams_table(DEFAULTS["STREAMLEASE_TABLE"]))
+    assert schema.STREAM_SPECIFICATION == {"StreamEnabled": True,
+                                           "StreamViewType": "NEW_AND_OLD_IMAGES"}
+    for plan in ("defaults", "no_change_feed"):
+        for name in ("events", "fleet"):
+            assert not planned(module_plans[plan])[f"aws_dynamodb_table.{name}"][
+                "stream_enabled"], (plan, name)
 
 
 def test_orphan_index_never_holds_the_checkpoint() -> None:
@@ -336,6 +377,7 @@ def key_attributes(definition: dict[str, Any]) -> set[str]:
 NONE: frozenset[Condition] = frozenset()
 IN_TRANSACTIONS: Condition = ("StringEquals", "dynamodb:EnclosingOperation",
                               ("TransactWriteItems",))
+IN_REGION: Condition = ("StringEquals", "aws:RequestedRegion", ("eu-west-1",))  # the mock's
 
 
 def attributes_in(names: set[str] | frozenset[str]) -> Condition:
@@ -354,8 +396,12 @@ def derived_grants(needs: store_calls.Needs, arn: dict[str, str], job_write_arns
     - the worker's streams UpdateItem: dynamodb:Attributes, the attributes it names plus
       every key attribute of the table and its indexes (the IAM documentation's rule);
     - a write to the fleet table: dynamodb:LeadingKeys, the partitions it writes;
-    - `job write`'s Put: on the tables job_write_table_arns names."""
+    - `job write`'s Put: on the tables job_write_table_arns names;
+    - a DynamoDB Streams request: on the table's streams (TABLE/stream/*), but ListStreams,
+      for which IAM defines no resource type, on "*" in the task's region."""
     out: Grants = {}
+    unscoped = {store_calls.iam_action(o) for o in store_calls.UNSCOPED_OPERATIONS}
+    streams = {store_calls.iam_action(o) for o in store_calls.STREAM_OPERATIONS}
     for (table, index), actions in needs.resources().items():
         if table == store_calls.JOB_WRITE:
             resources = job_write_arns
@@ -363,6 +409,12 @@ def derived_grants(needs: store_calls.Needs, arn: dict[str, str], job_write_arns
             resources = [arn[table] if index is None else f"{arn[table]}/index/{index}"]
         for action, usage in actions.items():
             conditions: set[Condition] = set()
+            if action in unscoped:
+                out.setdefault("*", {})[action] = frozenset({IN_REGION})
+                continue
+            if action in streams:
+                out.setdefault(f"{arn[table]}/stream/*", {})[action] = NONE
+                continue
             if usage.transaction_only:
                 conditions.add(IN_TRANSACTIONS)
             if stream_attribute_list and table == store_calls.STREAMS \
@@ -377,12 +429,18 @@ def derived_grants(needs: store_calls.Needs, arn: dict[str, str], job_write_arns
     return out
 
 
-def worker_needs(sink_kind: str = "dynamodb") -> store_calls.Needs:
+def worker_needs(sink_kind: str = "dynamodb", change_feed: bool = True) -> store_calls.Needs:
     """What the task role's code sends to DynamoDB with this STREAMLEASE_SINK kind: with
     any kind but dynamodb the worker's sink is a processor (app.worker_sink), so nothing
-    reaches the events-table sink (test_only_the_dynamodb_sink_is_the_events_table)."""
+    reaches the events-table sink (test_only_the_dynamodb_sink_is_the_events_table).
+    With the change feed on (the module's change_feed, its default), every request of
+    the feed's store classes (test_the_worker_reaches_every_change_feed_request); off,
+    none of them (the worker builds no reader with STREAMLEASE_CHANGE_FEED=off)."""
     skip = frozenset() if sink_kind == "dynamodb" else frozenset({store_calls.EVENTS_SINK_ROLE})
     called, puts = store_calls.calls_in(store_calls.task_sources(), skip_roles=skip)
+    called = {m for m in called if m[0] not in store_calls.FEED_CLASSES}
+    if change_feed:
+        called |= store_calls.feed_methods()
     names = {m for _, m in called}
     assert {"acquire", "renew", "release", "orphans", "adopt", "check_tables",
             "register", "heartbeat", "members", "fenced_write", "claim_write",
@@ -396,11 +454,12 @@ def operator_needs() -> store_calls.Needs:
     return store_calls.needs(called, puts)
 
 
-# Store methods that neither `streamlease run` nor an operator command calls, and why. A
-# method missing from both is either called through a receiver store_calls.ROLES does not
-# know (then the IAM comparison would miss it) or belongs here.
+# Store methods that neither `streamlease run` nor an operator command reaches (calls, or
+# reaches through a method it calls: DynamoAdmin.definitions through create_tables and
+# check_tables, the feed's checkpoint store through its reader), and why. A method missing
+# from both is either called through a receiver store_calls.ROLES does not know (then the
+# IAM comparison would miss it) or belongs here.
 NOT_CALLED = {
-    ("DynamoAdmin", "definitions"): "the table definitions create_tables and check_tables walk",
     ("DynamoAdmin", "event_fences"): "the sink audit of the tests and the load test",
     ("DynamoAdmin", "put_item"): "test harnesses writing items as an operator would by hand",
 }
@@ -410,22 +469,43 @@ def test_every_store_method_is_called_or_explained() -> None:
     stores = store_calls.store_classes()
     task, _ = store_calls.calls_in(store_calls.task_sources())
     operator, _ = store_calls.calls_in(store_calls.operator_sources())
-    left = stores.public_methods() - task - operator
+    left = stores.public_methods() - store_calls.reachable(task) - \
+        store_calls.reachable(operator)
     assert left == set(NOT_CALLED), (
         f"store methods no command calls: {sorted(left - set(NOT_CALLED))}; "
         f"listed as not called but called: {sorted(set(NOT_CALLED) - left)}")
 
 
+def test_the_worker_reaches_every_change_feed_request() -> None:
+    """The feed's reader is built outside connect() (app.py, under each leader term's
+    fence): the worker's code reaches every method of the feed's store classes, the
+    checkpoint store's through the reader's ``checkpoints``. So worker_needs(change_feed)
+    is what `streamlease run` sends with the feed on."""
+    task, _ = store_calls.calls_in(store_calls.task_sources())
+    left = store_calls.feed_methods() - store_calls.reachable(task)
+    assert not left, f"change-feed store methods the worker does not reach: {sorted(left)}"
+    reader = {m for m in store_calls.feed_methods() if m[0] == "ChangeFeedReader"}
+    assert store_calls.reachable(reader) >= store_calls.feed_methods()
+
+
 def test_store_operations_are_the_known_set() -> None:
     """A new DynamoDB call anywhere in streamlease/store/ must come with an IAM review."""
     stores = store_calls.store_classes()
-    every = store_calls.needs(stores.public_methods(), [
+    every = store_calls.needs(stores.public_methods() | store_calls.feed_methods(), [
         store_calls.Request("dynamodb:PutItem", store_calls.JOB_WRITE, None, True, "any")])
     assert every.iam_actions() == {
+        "dynamodb:BatchGetItem",  # the holders' batched check-in
         "dynamodb:ConditionCheckItem", "dynamodb:CreateTable", "dynamodb:DeleteItem",
         "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query",
         "dynamodb:Scan", "dynamodb:UpdateItem", "dynamodb:UpdateTable",
-        "dynamodb:DescribeTimeToLive", "dynamodb:UpdateTimeToLive"}
+        "dynamodb:DescribeTimeToLive", "dynamodb:UpdateTimeToLive",
+        # the change feed: the streams table's stream
+        "dynamodb:ListStreams", "dynamodb:DescribeStream", "dynamodb:GetShardIterator",
+        "dynamodb:GetRecords"}
+    stream_actions = {r.action: r.table for r in every.requests
+                      if r.action in {store_calls.iam_action(o)
+                                      for o in store_calls.STREAM_OPERATIONS}}
+    assert set(stream_actions.values()) == {store_calls.STREAMS}, stream_actions
     in_transactions = {(r.table, r.action) for r in every.requests if r.in_transaction}
     assert in_transactions == {
         ("streams", "dynamodb:UpdateItem"),  # the sink's checkpoint
@@ -473,28 +553,53 @@ def test_the_worker_never_writes_a_job() -> None:
         if request.table == "fleet" and request.action in store_calls.WRITE_ACTIONS:
             assert request.partitions and fleetcodec.JOB_PK not in request.partitions, request
             assert all(p.startswith((fleetcodec.MEMBER_PK, fleetcodec.LEADER_PK,
-                                     fleetcodec.RUN_PREFIX)) for p in request.partitions)
+                                     fleetcodec.RUN_PREFIX, feedcheckpoints.FEED_PK))
+                       for p in request.partitions)
 
 
-@pytest.mark.parametrize("plan_name", ["defaults", "fleet"])
+def test_the_change_feed_writes_only_its_checkpoints() -> None:
+    """With the change feed on, the worker also puts and deletes the feed's checkpoints
+    (Pk FEED) and reads the streams table's stream; off, neither."""
+    def fleet_writes(needs: store_calls.Needs) -> dict[str, frozenset[str]]:
+        out: dict[str, frozenset[str]] = {}
+        for r in needs.requests:
+            if r.table == "fleet" and r.action in store_calls.WRITE_ACTIONS:
+                out[r.action] = out.get(r.action, frozenset()) | (r.partitions or frozenset())
+        return out
+
+    on, off = fleet_writes(worker_needs()), fleet_writes(worker_needs(change_feed=False))
+    feed = feedcheckpoints.FEED_PK
+    assert {a for a, p in on.items() if feed in p} == {"dynamodb:PutItem", "dynamodb:DeleteItem"}
+    assert not any(feed in p for p in off.values()), off
+    assert {a: p - {feed} for a, p in on.items()} == off
+    streams = {store_calls.iam_action(o) for o in store_calls.STREAM_OPERATIONS}
+    assert streams <= worker_needs().iam_actions()
+    assert not streams & worker_needs(change_feed=False).iam_actions()
+
+
+@pytest.mark.parametrize("plan_name", ["defaults", "fleet", "no_change_feed"])
 def test_task_role_grants_exactly_what_the_worker_calls(module_plans: dict[str, Any],
                                                         plan_name: str) -> None:
     plan = module_plans[plan_name]
     arn = arns(plan)
     job_write = list(PLAN_RUNS[plan_name].get("job_write_table_arns", []))
+    change_feed = PLAN_RUNS[plan_name].get("change_feed", True)
+    feed = ("FEED",) if change_feed else ()  # the change feed's checkpoints
     # Every attribute a worker UpdateItem names, and every key attribute of the table
     # and its indexes.
     attributes = worker_needs().updated_attributes("streams") | key_attributes(
         schema.streams_table("any"))
     assert "ws_url" not in attributes  # only operators re-point a stream
     expected: Grants = {
-        # check_tables; the check-in read; the sweep (unindexed), which finds items
-        # without lease fields or with a bad desired_state, which the sparse index cannot
-        # show; acquire, renew, release, release_for, advance, adopt, record_error and the
-        # sink's checkpoint Update.
+        # check_tables; the check-in read (a holder confirming one item) and the batched
+        # check-in (every held item, while the change feed is not live); the sweep
+        # (unindexed), which finds items without lease fields or with a bad
+        # desired_state, which the sparse index cannot show; acquire, renew, release,
+        # release_for, advance, adopt, record_error and the sink's checkpoint Update.
         arn["streams"]: {
             "dynamodb:DescribeTable": NONE,
             "dynamodb:GetItem": NONE,
+            "dynamodb:BatchGetItem": NONE,
             "dynamodb:Scan": NONE,
             "dynamodb:UpdateItem": frozenset({attributes_in(attributes)}),
         },
@@ -510,19 +615,28 @@ def test_task_role_grants_exactly_what_the_worker_calls(module_plans: dict[str, 
             "dynamodb:GetItem": NONE,  # the leader lease
             "dynamodb:Query": NONE,  # members, jobs, runs
             "dynamodb:UpdateItem": frozenset({partitions_in("LEADER", "MEMBER", "RUN#*")}),
-            "dynamodb:PutItem": frozenset({partitions_in("RUN#*")}),  # slot claims
-            "dynamodb:DeleteItem": frozenset({partitions_in("MEMBER")}),  # leave
+            # slot claims; the change feed's checkpoints
+            "dynamodb:PutItem": frozenset({partitions_in("RUN#*", *feed)}),
+            # leave; forget a shard gone past retention
+            "dynamodb:DeleteItem": frozenset({partitions_in("MEMBER", *feed)}),
             "dynamodb:ConditionCheckItem": frozenset({  # fenced writes
                 partitions_in("LEADER"), IN_TRANSACTIONS}),
         },
     }
+    if change_feed:  # the leader tails the streams table's DynamoDB stream
+        expected[f"{arn['streams']}/stream/*"] = dict.fromkeys(
+            ["dynamodb:DescribeStream", "dynamodb:GetShardIterator", "dynamodb:GetRecords"],
+            NONE)
+        # ListStreams has no resource type in IAM: "*", in the task's region
+        expected["*"] = {"dynamodb:ListStreams": frozenset({IN_REGION})}
     for table in job_write:  # `job write --table T`: with the fence check only
         expected[table] = {"dynamodb:PutItem": frozenset({IN_TRANSACTIONS})}
     granted = policy(plan, "task")
     assert not differences(granted, expected), "\n".join(differences(granted, expected))
     # ... and that is what the code that runs with the task role sends, by the rules
     # derived_grants states: the same resources, actions and conditions.
-    derived = derived_grants(worker_needs(), arn, job_write, stream_attribute_list=True)
+    derived = derived_grants(worker_needs(change_feed=change_feed), arn, job_write,
+                             stream_attribute_list=True)
     assert not differences(derived, expected), (
         "the module's grants differ from what worker/ sends:\n"
         + "\n".join(differences(derived, expected)))
@@ -559,8 +673,20 @@ def test_operator_policy_covers_table_create_ctl_and_job(module_plans: dict[str,
 
 @pytest.mark.parametrize("name", ["task", "operator"])
 def test_dynamodb_policies_have_no_wildcards(module_plans: dict[str, Any], name: str) -> None:
-    for resource, actions in policy(module_plans["defaults"], name).items():
-        assert "*" not in resource and all("*" not in a for a in actions), resource
+    """No wildcard action, and no wildcard resource but the change feed's two: ListStreams,
+    which IAM authorises only on "*", and the streams table's streams, whose label
+    changes each time the stream is turned on."""
+    plan = module_plans["defaults"]
+    stream_arns = f"{arns(plan)['streams']}/stream/*"
+    for resource, actions in policy(plan, name).items():
+        assert all("*" not in a for a in actions), resource
+        if resource == "*":
+            assert name == "task" and set(actions) == {"dynamodb:ListStreams"}, actions
+        elif resource == stream_arns:
+            assert name == "task" and set(actions) == {
+                "dynamodb:DescribeStream", "dynamodb:GetShardIterator", "dynamodb:GetRecords"}
+        else:
+            assert "*" not in resource, resource
 
 
 def test_execution_role_pulls_only_its_image_and_writes_only_its_logs(
@@ -641,12 +767,14 @@ def test_task_environment_carries_every_setting_at_its_default(
     # A variable whose default is null leaves its setting out, so the worker's default
     # applies: the safety margin (a tenth of the lease), the minimum hold (1.5 leases), the
     # dead letter (none), the profiles file (none: the built-in profile only), the python
-    # upstream (none).
+    # upstream (none); so does the change feed's switch while on (once the worker reads
+    # STREAMLEASE_CHANGE_FEED: on, where the table has a stream).
     unset = {name for name, variable in cases.variable_of.items()
-             if cases.defaults.get(variable) is None}
+             if worker_cases.env_text(cases.kind[variable], cases.defaults.get(variable)) is None}
     assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_MIN_HOLD_SECONDS",
                      "STREAMLEASE_DEAD_LETTER", "STREAMLEASE_PROFILES",
-                     "STREAMLEASE_UPSTREAM"}, unset
+                     "STREAMLEASE_UPSTREAM"} | ({"STREAMLEASE_CHANGE_FEED"} & set(DEFAULTS)), unset
+    assert "STREAMLEASE_CHANGE_FEED" not in env
     missing = set(cases.variable_of) - set(env) - unset
     assert not missing, f"not passed to the container (ecs.tf local.worker_settings): {missing}"
     assert not unset & set(env), unset & set(env)
@@ -708,6 +836,19 @@ def test_task_environment_follows_the_inputs(module_plans: dict[str, Any]) -> No
     config = WorkerConfig.from_env(env)
     assert (config.timings.lease_s, config.timings.safety_margin_s) == (9, 1.5)
     assert [rule.entry for rule in config.allowed_urls] == ["wss://a.example/", "ws://b.example/"]
+
+
+def test_the_change_feed_switch_enters_the_environment_only_when_off(
+        module_plans: dict[str, Any]) -> None:
+    """change_feed = false writes STREAMLEASE_CHANGE_FEED=off and changes nothing else in
+    the environment; on (the default) leaves it out, the worker's default."""
+    on, off = environment(module_plans["defaults"]), environment(module_plans["no_change_feed"])
+    assert "STREAMLEASE_CHANGE_FEED" not in on
+    assert off.pop("STREAMLEASE_CHANGE_FEED") == "off"
+    assert off == on
+    if "STREAMLEASE_CHANGE_FEED" in DEFAULTS:  # the worker reads the switch
+        assert DEFAULTS["STREAMLEASE_CHANGE_FEED"] == "on"
+        WorkerConfig.from_env(environment(module_plans["no_change_feed"]))
 
 
 def test_stop_timeout_exceeds_the_shutdown_budget(module_plans: dict[str, Any]) -> None:
@@ -1117,10 +1258,10 @@ def test_tracing_lets_the_task_role_write_to_xray(module_plans: dict[str, Any],
     plan = module_plans[plan_name]
     expected = policy(module_plans["defaults"], "task")
     in_region: Condition = ("StringEquals", "aws:RequestedRegion", ("eu-west-1",))
-    expected["*"] = dict.fromkeys([
+    expected.setdefault("*", {}).update(dict.fromkeys([
         "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules",
         "xray:GetSamplingTargets", "xray:GetSamplingStatisticSummaries"],
-        frozenset({in_region}))
+        frozenset({in_region})))
     granted = policy(plan, "task")
     assert not differences(granted, expected), "\n".join(differences(granted, expected))
 
@@ -1189,7 +1330,8 @@ def test_module_and_example_pin_terraform_and_provider(module: StaticModule,
 
 
 def test_every_variable_is_typed_described_and_validated(module: StaticModule) -> None:
-    no_validation_ok = {"tags", "deletion_protection", "tracing_enabled"}  # a map, bools
+    no_validation_ok = {"tags", "deletion_protection", "tracing_enabled",  # a map, bools
+                        "change_feed"}
     for name, block in module.variables.items():
         assert "type" in block, name
         assert module.description(name), name

@@ -254,9 +254,13 @@ def variable_type(module: StaticModule, variable: str) -> str:
 
 
 def env_text(kind: str, value: Any) -> str | None:
-    """What the module writes into the environment for a variable's value (ecs.tf)."""
+    """What the module writes into the environment for a variable's value (ecs.tf). A
+    bool is an on/off switch whose true is the worker's default (change_feed): true
+    leaves the setting out, false writes ``off``."""
     if value is None:
         return None
+    if kind == "bool":
+        return None if value else "off"
     if kind == "list(string)":
         return ",".join(value)
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
@@ -286,6 +290,8 @@ def candidates(setting: Setting, kind: str) -> list[Any]:
     """Terraform values for one setting, from its parser or its listed values."""
     qualname = getattr(setting.parse, "__qualname__", "")
     texts: list[str] = []
+    if kind == "bool":  # a switch: on (the setting left out) and off
+        return [True, False]
     if setting.name == "STREAMLEASE_ALLOWED_URLS":
         return [list(u) for u in URL_LISTS]
     if setting.name in LISTED_VALUES:

@@ -1,6 +1,6 @@
 # The three tables, exactly as streamlease/store/schema.py creates them (docs/contract.md):
 # tests/infra/test_terraform.py compares keys, attribute types, indexes and their
-# projections with it.
+# projections, and the streams table's DynamoDB stream, with it.
 #
 # Upgrading a deployment made before the owner index: the orphan index's projection
 # changes from ALL to INCLUDE, which DynamoDB can only do by deleting the index and
@@ -17,6 +17,8 @@ locals {
   # codec.OWNER_INDEX_NAME: a dead member's streams, by owner (keys only: written when a
   # stream changes hands or fence, not on renewals or checkpoints).
   owner_index_name = "lease_owner-fence-index"
+  # schema.STREAM_VIEW_TYPE: the change feed's records carry the item before and after.
+  stream_view_type = "NEW_AND_OLD_IMAGES"
 }
 
 resource "aws_dynamodb_table" "streams" {
@@ -64,6 +66,14 @@ resource "aws_dynamodb_table" "streams" {
     range_key       = "fence"
     projection_type = "KEYS_ONLY"
   }
+
+  # The change feed (change_feed): the table's DynamoDB stream, with both images, so a
+  # record says what changed (desired_state, ws_url, owner, fence) without a read
+  # (schema.STREAM_SPECIFICATION, what `streamlease table create` gives a new table). The
+  # fleet leader alone tails it. Turning it off disables the stream; turning it on again
+  # makes a new one (a new label and ARN), which the leader finds with ListStreams.
+  stream_enabled   = var.change_feed
+  stream_view_type = var.change_feed ? local.stream_view_type : null
 
   point_in_time_recovery {
     enabled = true

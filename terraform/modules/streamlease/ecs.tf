@@ -50,7 +50,8 @@ locals {
   # STREAMLEASE_WORKER_ID is left out on purpose: the worker then uses its ECS task id.
   # A null value (safety margin not set; no dead-letter destination; the leader backend,
   # the sink or the dead letter taken from a secret; no profiles file, no python
-  # upstream) leaves the variable out, so the worker's own default, or the secret, applies.
+  # upstream; the change feed on, the worker's default) leaves the variable out, so the
+  # worker's own default, or the secret, applies.
   worker_settings = {
     STREAMLEASE_TABLE                 = aws_dynamodb_table.streams.name
     STREAMLEASE_EVENTS_TABLE          = aws_dynamodb_table.events.name
@@ -78,6 +79,7 @@ locals {
     STREAMLEASE_STREAM_CHECK_SECONDS  = tostring(var.stream_check_seconds)
     STREAMLEASE_MIN_HOLD_SECONDS      = var.min_hold_seconds == null ? null : tostring(var.min_hold_seconds)
     STREAMLEASE_FLEET_VIEW            = var.fleet_view
+    STREAMLEASE_CHANGE_FEED           = var.change_feed ? null : "off"
     STREAMLEASE_LEADER_BACKEND        = local.leader_backend_env
     STREAMLEASE_JOB_GRACE_SECONDS     = tostring(var.job_grace_seconds)
     STREAMLEASE_MAX_SEQ_JUMP          = tostring(var.max_seq_jump)

@@ -6,7 +6,9 @@
 # the sinks' and the profiles' environment secrets and ship logs. The operator policy
 # (for people running `streamlease table create`, `ctl` and `job`) is an output, attached
 # to nothing here. With tracing on (tracing.tf) the task role also holds the X-Ray calls
-# of the collector that runs beside the worker with the same credentials.
+# of the collector that runs beside the worker with the same credentials; with the change
+# feed on (change_feed), the reads of the streams table's DynamoDB stream and the writes
+# of the feed's checkpoints.
 # tests/infra/test_terraform.py pins each action set, resource and condition exactly.
 
 data "aws_caller_identity" "current" {}
@@ -91,14 +93,17 @@ locals {
     "trace_parent",
   ]
 
-  # Fleet-table partitions (Pk) the worker writes: its member row, the leader lease and
-  # job runs. Not JOB: jobs are the operators' (`streamlease job put`), and a job's
-  # command runs in every leader, so a task's credentials must not be able to write one.
-  # tests/infra/test_terraform.py reads these from the codec's key builders.
-  worker_fleet_updates = ["LEADER", "MEMBER", "RUN#*"]
-  worker_fleet_puts    = ["RUN#*"]
-  worker_fleet_deletes = ["MEMBER"]
-  worker_fleet_checks  = ["LEADER"]
+  # Fleet-table partitions (Pk) the worker writes: its member row, the leader lease, job
+  # runs and, with the change feed on, the feed's checkpoints (FEED: one item a shard,
+  # written and deleted under the leader's fence). Not JOB: jobs are the operators'
+  # (`streamlease job put`), and a job's command runs in every leader, so a task's
+  # credentials must not be able to write one. tests/infra/test_terraform.py reads these
+  # from the codecs' key builders.
+  change_feed_partitions = var.change_feed ? ["FEED"] : []
+  worker_fleet_updates   = ["LEADER", "MEMBER", "RUN#*"]
+  worker_fleet_puts      = concat(["RUN#*"], local.change_feed_partitions)
+  worker_fleet_deletes   = concat(["MEMBER"], local.change_feed_partitions)
+  worker_fleet_checks    = ["LEADER"]
 }
 
 data "aws_iam_policy_document" "task" {
@@ -108,11 +113,15 @@ data "aws_iam_policy_document" "task" {
   #   whose desired_state is neither STARTED nor STOPPED. docs/contract.md requires the first
   #   kind to start within 60 s and the second to get last_error, and no Query can find
   #   an item by a missing attribute, so the Scan is needed.
-  # GetItem: a holder's check-in, a consistent read of its own item every
-  #   STREAMLEASE_STREAM_CHECK_SECONDS (ws_url changes, revocation, STOPPED).
+  # BatchGetItem: the holders' check-in while the change feed is not live (off, or not
+  #   vouched for by the leader): every held item, eventually consistent, 100 keys a
+  #   request, every STREAMLEASE_STREAM_CHECK_SECONDS (ws_url changes, revocation,
+  #   STOPPED). GetItem: a consistent read of one item where a decision needs it as it
+  #   is (a holder confirming what the batched read or a feed notice showed, the
+  #   self-audit of held streams).
   statement {
     sid       = "StreamsTable"
-    actions   = ["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Scan"]
+    actions   = ["dynamodb:BatchGetItem", "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Scan"]
     resources = [aws_dynamodb_table.streams.arn]
   }
 
@@ -227,7 +236,7 @@ data "aws_iam_policy_document" "task" {
 
   # The fleet table. DescribeTable: start-up check. GetItem: the leader lease, read
   # (consistently) before each attempt to take it. Query: every member row (one Query a
-  # heartbeat), the jobs, a job's recent runs.
+  # heartbeat), the jobs, a job's recent runs, the change feed's checkpoints (FEED).
   statement {
     sid       = "FleetTableReads"
     actions   = ["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Query"]
@@ -257,7 +266,9 @@ data "aws_iam_policy_document" "task" {
   # PutItem: claim a job's slot (a run record, RUN#<job>): with the DynamoDB leader
   # backend inside the leader's fenced TransactWriteItems (a ConditionCheck on the leader
   # item plus this Put), with a Redis leader backend as a plain conditional PutItem. So
-  # no EnclosingOperation condition: that would refuse the Redis backend's claims.
+  # no EnclosingOperation condition: that would refuse the Redis backend's claims. With
+  # the change feed on, also a shard's checkpoint (FEED), a conditional PutItem refused
+  # when a higher leader fence wrote it.
   statement {
     sid       = "FleetJobRunClaims"
     actions   = ["dynamodb:PutItem"]
@@ -270,7 +281,9 @@ data "aws_iam_policy_document" "task" {
     }
   }
 
-  # DeleteItem: a member leaving cleanly deletes its own row (conditioned on its epoch).
+  # DeleteItem: a member leaving cleanly deletes its own row (conditioned on its epoch);
+  # with the change feed on, the leader forgets the checkpoint of a shard gone past the
+  # stream's 24 h retention (FEED, conditioned on the fence, as the Put).
   statement {
     sid       = "FleetMemberLeaves"
     actions   = ["dynamodb:DeleteItem"]
@@ -301,6 +314,40 @@ data "aws_iam_policy_document" "task" {
       test     = "StringEquals"
       variable = "dynamodb:EnclosingOperation"
       values   = ["TransactWriteItems"]
+    }
+  }
+
+  # With the change feed on: the fleet leader tails the streams table's DynamoDB stream
+  # (streamlease/store/dynamodb/changefeed.py). ListStreams finds the table's latest
+  # stream (TableName given); IAM defines no resource type for it, so "*" is the only
+  # resource it is authorised against (a stream ARN in its Resource would never match);
+  # the region is pinned to the task's, where the worker reads. It lists stream ARNs
+  # only, and reads nothing.
+  dynamic "statement" {
+    for_each = var.change_feed ? [data.aws_region.current.name] : []
+    content {
+      sid       = "FindChangeFeedStream"
+      actions   = ["dynamodb:ListStreams"]
+      resources = ["*"]
+
+      condition {
+        test     = "StringEquals"
+        variable = "aws:RequestedRegion"
+        values   = [statement.value]
+      }
+    }
+  }
+
+  # DescribeStream (the shards), GetShardIterator and GetRecords: on the streams table's
+  # streams only (table/NAME/stream/LABEL: the label changes whenever the stream is
+  # turned off and on again, hence the wildcard, which matches nothing but this table's
+  # streams).
+  dynamic "statement" {
+    for_each = var.change_feed ? ["${aws_dynamodb_table.streams.arn}/stream/*"] : []
+    content {
+      sid       = "ReadChangeFeed"
+      actions   = ["dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator"]
+      resources = [statement.value]
     }
   }
 

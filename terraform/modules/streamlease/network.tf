@@ -1,7 +1,9 @@
 # The tasks' security group. Egress only where the worker goes:
-#   - 443 to AWS APIs (DynamoDB; on Fargate the image pull from ECR/S3 and the awslogs
-#     driver also leave through the task's network interface), optionally to a DynamoDB
-#     gateway endpoint's prefix list;
+#   - 443 to AWS APIs (DynamoDB, and DynamoDB Streams for the change feed; on Fargate the
+#     image pull from ECR/S3 and the awslogs driver also leave through the task's network
+#     interface), optionally to a DynamoDB gateway endpoint's prefix list (which does not
+#     serve DynamoDB Streams: with narrowed CIDRs, its interface endpoint must be inside
+#     them);
 #   - the upstream WebSocket servers (var.upstream_egress; default 443 anywhere);
 #   - a Redis leader backend (var.leader_backend_egress; default none);
 #   - a postgres or http(s) sink or dead-letter destination (var.sink_egress; default

@@ -813,7 +813,7 @@ variable "stream_renew_seconds" {
 }
 
 variable "stream_check_seconds" {
-  description = "STREAMLEASE_STREAM_CHECK_SECONDS: how often a holder reads its stream's item (ws_url changes, revocation); at most stream_renew_seconds."
+  description = "STREAMLEASE_STREAM_CHECK_SECONDS: how often a worker reads every held item, in batches, while the change feed is not live (ws_url changes, STOPPED, revocation); at most stream_renew_seconds."
   type        = number
   default     = 60
 
@@ -843,6 +843,12 @@ variable "fleet_view" {
     condition     = contains(["leader", "all"], lower(var.fleet_view))
     error_message = "fleet_view: leader or all."
   }
+}
+
+variable "change_feed" {
+  description = "STREAMLEASE_CHANGE_FEED: the fleet leader's change feed. true: the streams table gets a DynamoDB stream (NEW_AND_OLD_IMAGES) that the leader alone tails, so hand-written items, STOPPED flips, ws_url changes and force releases are acted on within seconds instead of being polled for; the task role may read that stream and checkpoint its position in the fleet table (Pk FEED). false: no stream on the table, no such grant, and the task gets STREAMLEASE_CHANGE_FEED=off, so the workers poll as without a feed (README: The change feed)."
+  type        = bool
+  default     = true
 }
 
 variable "leader_backend" {
