@@ -1,7 +1,7 @@
 """The load and chaos benchmark: failover, loss, cost, throughput, skew, a slow store,
 balance, singleton jobs and scale, in one command.
 
-    make loadtest                                   # the default scenarios, ~28 minutes
+    make loadtest                                   # the default scenarios, ~36 minutes
     make loadtest ARGS="--scenarios all"            # and the scale run: ~6 minutes more
     make loadtest ARGS="--scenarios scale"          # one scenario into the last results
     make loadtest ARGS="--profile large"
@@ -56,6 +56,13 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
   and where the feed cannot replay, the share of lost messages inside a recorded gap; and
   one worker's throughput with a profile against the built-in protocol
   (``loadtest.upstreams_scenario``).
+* ``change_feed``: 3 workers, about 60 streams, default settings, index reads lagging,
+  with the change feed on and then off (``STREAMLEASE_CHANGE_FEED``), a fleet each: seconds
+  until a hand-written item delivers, a STOPPED flip is released and a ``ws_url`` change
+  reconnects to the new URL; streams-table reads per held stream-minute in a quiet minute
+  (counted at the embedded server); changes lost when the leader is killed while they are
+  written (``change_feed.*``, ``change_feed.off.*``; ``loadtest.change_feed_scenario``),
+  about 8 minutes for both modes while the feed does nothing (about 5 once it acts at once).
 * ``scale_reads``: 2 workers, then 8, each with 25 idle streams at default timings:
   control-plane items read per worker-minute over a quiet minute, and the ratio
   (``scale.per_worker_read_growth``), ~2.5 minutes.
@@ -89,7 +96,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import sinks_scenario, tracing_scenario, upstreams_scenario
+from loadtest import change_feed_scenario, sinks_scenario, tracing_scenario, upstreams_scenario
 from loadtest.common import Server, choose_names
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.otlp import Receiver
@@ -112,11 +119,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "tracing", "skew",
              "slow_store", "balance", "balance_startup", "jobs", "sinks", "upstreams",
-             "scale_reads", "scale")
+             "change_feed", "scale_reads", "scale")
 # The scale run (~5 minutes of 2,000 connections) is not in the default: see --scenarios.
 DEFAULT_SCENARIOS = ("chaos", "kill9_defaults", "index_lag", "throughput", "tracing", "skew",
                      "slow_store", "balance", "balance_startup", "jobs", "sinks", "upstreams",
-                     "scale_reads")
+                     "change_feed", "scale_reads")
 INDEX_LAG_MS = 1000.0  # the index_lag scenario: every index read a second behind
 # Sections several scenarios write keys into, and how many levels down a scenario's own
 # keys are: ``failover.kill9`` (chaos) next to ``failover.sigterm_slow_store``;
@@ -473,6 +480,7 @@ def runners() -> dict[str, Callable[[Context], Awaitable[dict[str, Any]]]]:
             "kill9_defaults": scenarios.run_kill9_defaults,
             "jobs": jobs_scenario.run_jobs, "sinks": sinks_scenario.run_sinks,
             "upstreams": upstreams_scenario.run_upstreams,
+            "change_feed": change_feed_scenario.run_change_feed,
             "scale_reads": scenarios.run_scale_reads, "scale": scenarios.run_scale}
 
 
@@ -560,9 +568,9 @@ async def run_scenarios(ctx: Context, names: list[str],
 
 
 # A scenario section's own correctness figures, beyond the sink audit's.
-SECTION_CORRECTNESS = (*CORRECTNESS, "double_runs")
+SECTION_CORRECTNESS = (*CORRECTNESS, "double_runs", "lost_changes")
 # Sections one level down that carry an audit of their own.
-NESTED_SECTIONS = ("balance.during_startup",)
+NESTED_SECTIONS = ("balance.during_startup", "change_feed.off")
 
 
 # Per sink (``sinks.<name>``): messages lost, duplicated within one tenure, stale writes
@@ -598,6 +606,10 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
 
 def parse_scenarios(text: str) -> list[str]:
     return choose_names(text, SCENARIOS, "scenario", default=DEFAULT_SCENARIOS)
+
+
+def parse_feed_modes(text: str) -> list[str]:
+    return choose_names(text, change_feed_scenario.MODES, "change feed mode")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -660,6 +672,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kill9-defaults-rate", type=float, default=0.5,
                    help="messages/s per stream in kill9_defaults (default 0.5)")
     g.add_argument("--kill9-defaults-kills", type=int, default=2)
+    g.add_argument("--change-feed-modes", type=parse_feed_modes,
+                   default=list(change_feed_scenario.MODES),
+                   help="STREAMLEASE_CHANGE_FEED values the change_feed scenario runs, a "
+                        "fleet each, comma-separated from on, off, or 'all' (the default: "
+                        "on, then off)")
+    g.add_argument("--change-feed-changes", type=int, default=change_feed_scenario.CHANGES,
+                   help="changes of each kind in change_feed (default "
+                        f"{change_feed_scenario.CHANGES})")
+    g.add_argument("--change-feed-quiet-s", type=float, default=change_feed_scenario.QUIET_S,
+                   help="change_feed's quiet window (default "
+                        f"{change_feed_scenario.QUIET_S:g} s)")
+    g.add_argument("--change-feed-index-lag-ms", type=float,
+                   default=change_feed_scenario.INDEX_LAG_MS,
+                   help="change_feed: index reads this far behind the table, plus up to "
+                        f"{change_feed_scenario.INDEX_LAG_JITTER_MS:g} ms (default "
+                        f"{change_feed_scenario.INDEX_LAG_MS:g})")
     g.add_argument("--scale-reads-streams", type=int, default=25,
                    help="idle streams per worker in scale_reads (default 25)")
     g.add_argument("--scale-reads-window", type=float, default=60.0,

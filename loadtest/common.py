@@ -10,13 +10,15 @@ from collections.abc import Sequence
 from streamlease.dev import local_aws_env
 from streamlease.dev.procs import Child
 
+DEV_COMMAND = ("-m", "streamlease", "dev")
+
 
 class Server(Child):
-    """``streamlease dev ...`` in a child process; ``url`` is what it printed."""
+    """``streamlease dev ...`` in a child process; ``url`` is what it printed. ``command``
+    runs another module with the same arguments (``loadtest.request_count``)."""
 
-    def __init__(self, *args: str) -> None:
-        super().__init__(f"dev {args[0]}", [sys.executable, "-m", "streamlease", "dev", *args],
-                         os.environ)
+    def __init__(self, *args: str, command: Sequence[str] = DEV_COMMAND) -> None:
+        super().__init__(f"dev {args[0]}", [sys.executable, *command, *args], os.environ)
         self.url = self.listening_url()
 
 

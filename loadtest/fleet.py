@@ -1,7 +1,8 @@
 """A local fleet for the load scenarios: servers, worker processes, a sampler and an audit.
 
 ``Fleet`` starts what one scenario needs — the embedded DynamoDB (optionally slowed, see
-``streamlease.dev.dynamodb``) or the endpoint the AWS variables name, the reference upstream,
+``streamlease.dev.dynamodb``; optionally counting requests by table,
+``loadtest.request_count``) or the endpoint the AWS variables name, the reference upstream,
 fresh tables with S streams, and worker processes (optionally under ``faketime``) — and
 watches them from the outside only: the streams table, each worker's ``/metrics``, the
 upstream's ``/stats``. Scenarios drive it and turn what it saw into figures.
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtest import request_count
 from loadtest.common import Server, dynamodb_args
 from streamlease.core.model import StreamRecord
 from streamlease.dev import local_aws_env
@@ -130,13 +132,18 @@ class Fleet:
                  watch_upstream: bool = False,
                  log_root: Path | None = None, seed: int | None = None,
                  stream_ids: list[str] | None = None, feed: str = "streams",
-                 profile: str | None = None, upstream_args: tuple[str, ...] = ()) -> None:
+                 profile: str | None = None, upstream_args: tuple[str, ...] = (),
+                 count_requests: bool = False) -> None:
         self.scenario = scenario
         # Each stream is the upstream's ``/<feed>/<id>`` (the test feeds of
         # streamlease.dev.upstream), its item naming ``profile`` when given.
         self.feed = feed
         self.profile = profile
         self.upstream_args = upstream_args
+        # The embedded server counts requests by caller, operation and table
+        # (``loadtest.request_count``); the workers sign with a key of their own.
+        self.count_requests = count_requests and dynamodb == "embedded"
+        self.dynamodb_url = ""
         self.streams = streams
         self.rate = rate
         self.base_worker_env = worker_env
@@ -213,14 +220,18 @@ class Fleet:
 
     async def _start(self) -> None:
         if self.dynamodb == "embedded":
-            ddb = Server(*dynamodb_args(latency_ms=self.latency_ms,
-                                        latency_mode=self.latency_mode,
-                                        index_lag_ms=self.index_lag_ms,
-                                        index_lag_jitter_ms=self.index_lag_jitter_ms))
+            args = dynamodb_args(latency_ms=self.latency_ms, latency_mode=self.latency_mode,
+                                 index_lag_ms=self.index_lag_ms,
+                                 index_lag_jitter_ms=self.index_lag_jitter_ms)
+            ddb = Server(*args, command=request_count.COMMAND) if self.count_requests \
+                else Server(*args)
             self.servers.append(ddb)
+            self.dynamodb_url = ddb.url
             local = local_aws_env(ddb.url)
             self.env.update(local)
             os.environ.update(local)  # for this process's own store
+            if self.count_requests:
+                self.env["AWS_ACCESS_KEY_ID"] = request_count.WORKER_ACCESS_KEY
         up = Server("upstream", "--port", "0", "--streams", "0", "--rate", repr(self.rate),
                     *self.upstream_args)
         self.servers.append(up)
@@ -450,13 +461,7 @@ class Fleet:
                 fault.recovered[sid] = t - fault.at
 
     def _upstream_connections(self) -> dict[str, int] | None:
-        url = self.upstream_url.replace("ws://", "http://") + "/stats"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                stats = json.load(resp)
-        except (OSError, ValueError):
-            return None
-        return {sid: int(s.get("connections", 0)) for sid, s in stats["streams"].items()}
+        return upstream_connections(self.upstream_url)
 
     def _note_exits(self, t: float) -> None:
         for name, w in list(self.workers.items()):
@@ -562,6 +567,17 @@ class Fleet:
 
     # -- metrics ----------------------------------------------------------------------------
 
+    def request_counts(self) -> collections.Counter[request_count.Key] | None:
+        """The embedded server's requests so far by (caller, operation, table), when it
+        counts them (``count_requests``); None otherwise or if it did not answer."""
+        if not self.count_requests:
+            return None
+        try:
+            return request_count.read_counts(self.dynamodb_url)
+        except (OSError, ValueError) as exc:
+            print(f"  request counts: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return None
+
     def everyone(self) -> list[WorkerProc]:
         return self.retired + list(self.workers.values())
 
@@ -659,6 +675,18 @@ def faketime_library() -> str | None:
         if found:
             return found[0]
     return None
+
+
+def upstream_connections(upstream_url: str, timeout: float = 5.0) -> dict[str, int] | None:
+    """Open connections per stream of the reference upstream at ``upstream_url`` (its
+    ``ws://`` base), from its ``/stats``; None if it did not answer."""
+    url = upstream_url.replace("ws://", "http://") + "/stats"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            stats = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    return {sid: int(s.get("connections", 0)) for sid, s in stats["streams"].items()}
 
 
 def free_port() -> int:

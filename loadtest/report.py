@@ -167,6 +167,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
         ("tracing", "no-op Python processor, one worker: throughput with tracing on (default "
          "sampling) / off", "tracing.throughput_ratio", ">= 0.95", at_least(0.95)),
     ]
+    rows += [("change_feed", f"change feed on: {label}", f"change_feed.{key}", text,
+              at_most(bound)) for key, label, text, bound in CHANGE_FEED_TARGETS]
     ran = r.get("scenarios")
     out = []
     for scenario, label, key, target, check in rows:
@@ -279,7 +281,8 @@ def markdown(r: dict[str, Any]) -> str:
     for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
                          ("slow_store", slow_store_md), ("balance", balance_md),
                          ("jobs", jobs_md), ("sinks", sinks_md), ("upstreams", upstreams_md),
-                         ("scale", scale_md), ("tracing", tracing_md)):
+                         ("scale", scale_md), ("tracing", tracing_md),
+                         ("change_feed", change_feed_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
     if isinstance(_get(r, "sinks.dynamodb"), dict):
@@ -788,6 +791,104 @@ def balance_startup_md(k: dict[str, Any]) -> list[str]:
         "the resolution).", "",
     ]
     return lines + _correctness(k) + _churn(k) + [""]
+
+
+# The change_feed scenario's figures with a target (issue 21): key, label, target, bound.
+CHANGE_FEED_TARGETS = (
+    ("handwritten_p99", "hand-written item -> delivering, p99 (defaults)", "<= 3 s", 3.0),
+    ("stopped_p99", "STOPPED flip -> released, p99 (defaults)", "<= 2 s", 2.0),
+    ("url_change_p99", "`ws_url` change -> connected to the new URL, p99 (defaults)",
+     "<= 3 s", 3.0),
+    ("reads_per_stream_minute", "streams-table read requests per held stream-minute, quiet "
+     "window (defaults)", "<= 0.05", 0.05),
+    ("lost_changes", "leader killed while changes are written: changes never acted on",
+     "0", 0.0),
+)
+
+
+def change_feed_md(r: dict[str, Any]) -> list[str]:
+    """The ``change_feed`` scenario: each figure with the feed off (before) and on (after)."""
+    k = r["change_feed"]
+    on = k if "mode" in k else {}
+    off = k.get("off") if isinstance(k.get("off"), dict) else {}
+    first = on or off
+    lines = [
+        "## Change feed", "",
+        f"{_v(first.get('workers'))} workers, {_v(first.get('streams_seeded'))} streams seeded "
+        f"and {_v(first.get('changes_per_kind'))} changes of each kind at "
+        f"{_v(first.get('rate'))} msg/s, default settings, index reads "
+        f"{_v(first.get('index_lag_ms'))} ms (+ up to {_v(first.get('index_lag_jitter_ms'))} "
+        "ms) behind the table; a fleet per mode (`STREAMLEASE_CHANGE_FEED`; the feed-off "
+        "figures are the same keys under `change_feed.off`). Times from the "
+        f"write, polled every {_v(first.get('poll_s'))} s; a change not acted on within the "
+        "wait ranks above every timed one (`-`: the p99 is one of them).", "",
+        "| figure | JSON key (on) | feed off (before) | feed on (after) | target |",
+        "|---|---|---|---|---|",
+    ]
+
+    def row(label: str, key: str, target: str, fmt: Any = _s) -> None:
+        lines.append(f"| {label} | `change_feed.{key}` | "
+                     f"{fmt(_get(off, key)) if off else 'not run'} | "
+                     f"{fmt(_get(on, key)) if on else 'not run'} | {target} |")
+
+    for key, label, target, _bound in CHANGE_FEED_TARGETS:
+        row(label, key, target, _s if key.endswith("_p99") else _v)
+        if key == "handwritten_p99":
+            row("hand-written item -> connected to the upstream, p99",
+                "handwritten_connected.p99", "-")
+        if key == "reads_per_stream_minute":
+            row("read requests per held stream-minute, every table (the workers' counter)",
+                "quiet.reads_per_stream_minute_all_tables", "-", _v)
+        if key == "lost_changes":
+            row("leader killed: until another worker leads", "leader_kill.new_leader"
+                ".after_kill_s", "-")
+    lines.append("")
+    for mode, m in (("off", off), ("on", on)):
+        if m:
+            lines += _change_feed_mode_md(mode, m)
+    return lines
+
+
+def _change_feed_mode_md(mode: str, m: dict[str, Any]) -> list[str]:
+    quiet = m.get("quiet") or {}
+    kill = m.get("leader_kill") or {}
+    records = m.get("feed_records") or {}
+    lines = [
+        f"### Feed {mode}", "",
+        f"- change-feed records the workers counted: {_v(records) if records else 'none'}"
+        + ("" if records else " (the feed did nothing in this run)")
+        + (f"; feed errors: {_v(m['feed_errors'])}" if m.get("feed_errors") else ""),
+        f"- all {_v(m.get('streams_seeded'))} streams held after {_s(m.get('all_held_s'))}",
+    ]
+    for kind in ("handwritten", "stopped", "url_change"):
+        t = m.get(kind) or {}
+        lines.append(f"- {kind.replace('_', ' ')}: p50 {_s(t.get('p50'))}, p99 "
+                     f"{_s(t.get('p99'))}, max {_s(t.get('max'))}, timed {_v(t.get('samples'))}"
+                     + (f", **never acted on: {', '.join(t['unacted'])}**"
+                        if t.get("unacted") else ""))
+    lines.append(
+        f"- quiet window {_v(quiet.get('window_measured_s'))} s, "
+        f"{_v(quiet.get('held_streams'))} streams held, moves "
+        f"{_v(quiet.get('moves_in_window'))}: streams-table reads "
+        f"{_v(quiet.get('streams_table_reads')) if quiet.get('streams_table_reads') else 'none'}"
+        f"; the workers' own read count (every table): "
+        f"{_v(quiet.get('worker_counted_reads_all_tables')) or 'none'}; counted "
+        f"{quiet.get('counted', '-')}")
+    if kill.get("error"):
+        lines.append(f"- leader kill: **{kill['error']}**")
+    elif kill:
+        new = kill.get("new_leader") or {}
+        lines.append(
+            f"- leader {kill.get('leader')} killed at {_v(kill.get('killed_at_s'))} s, halfway "
+            f"through {_v(kill.get('written'))} changes in {_v(kill.get('span_s'))} s "
+            f"({_v(kill.get('by_kind'))}); next leader {new.get('worker', '-')} after "
+            f"{_s(new.get('after_kill_s'))}; changes never acted on within "
+            f"{_v(kill.get('recovery_bound_s'))} s of the last write: "
+            f"**{_v(kill.get('lost_changes'))}**"
+            + (f" ({', '.join(kill['lost'])})" if kill.get("lost") else ""))
+    if m.get("write_failures"):
+        lines.append(f"- writes that failed (not counted as changes): {m['write_failures']}")
+    return [*lines, "", *_correctness(m)]
 
 
 def kill9_defaults_md(r: dict[str, Any]) -> list[str]:
