@@ -34,6 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from streamlease import feed as _feed
+from streamlease import membership as _membership
+from streamlease import reconciler as _reconciler
+from streamlease import sweep as _sweep_module
 from streamlease.config import DEFAULTS
 from streamlease.core import bulletin
 from streamlease.core.membership import MemberTimings
@@ -201,12 +205,30 @@ class Settings:
     stream_check_s: float = float(DEFAULTS["STREAMLEASE_STREAM_CHECK_SECONDS"])
     max_streams: int = DEFAULT_MAX_STREAMS
     deploys_per_day: float = 1.0  # each moves every stream once: a release and an acquire
+    # STREAMLEASE_CHANGE_FEED (on where the table has a stream, as `table create` and the
+    # terraform give it): the leader tails the stream and the polls it replaces rest.
+    change_feed: bool = DEFAULTS["STREAMLEASE_CHANGE_FEED"] == "on"
     jobs: int = 0  # job definitions the leader lists (their runs depend on their schedules)
 
     @property
     def observe_s(self) -> float:
         """Member reads and the leader campaign (``MemberTimings.observe_s``)."""
         return MemberTimings(self.lease_s, self.heartbeat_s, 0.0).observe_s
+
+    @property
+    def leader_row_s(self) -> float:
+        """How often a member reads the leader's row (``Membership.read_s`` while the
+        change feed is live: its notices reach members within a second)."""
+        return min(self.observe_s, FEED_READ_S) if self.change_feed else self.observe_s
+
+    @property
+    def orphan_query_s(self) -> float:
+        """A settled worker's orphan query (``Reconciler._next_pause``)."""
+        return self.reconcile_s * (FEED_QUIET_FACTOR if self.change_feed else 1)
+
+    @property
+    def sweep_every_s(self) -> float:
+        return self.sweep_s * (BACKSTOP_FACTOR if self.change_feed else 1)
 
     @property
     def audit_s(self) -> float:
@@ -260,6 +282,13 @@ class Shape:
 
 
 # -- the request kinds ------------------------------------------------------------------
+
+# The worker's own constants, so the model follows the code.
+FEED_READ_S = _membership.FEED_READ_S
+FEED_QUIET_FACTOR = _reconciler.FEED_QUIET_FACTOR
+BACKSTOP_FACTOR = _sweep_module.BACKSTOP_FACTOR
+FEED_POLL_S = _feed.FeedSettings().poll_s
+BATCH_GET_KEYS = 100
 
 FLEET = "fleet table"
 STREAMS = "streams table"
@@ -324,11 +353,23 @@ def _renewals(f: Shape) -> float:
     return 0.0 if f.first_interval else f.streams / f.settings.stream_renew_s
 
 
-def _checks(f: Shape) -> float:
-    s = f.settings
-    if f.first_interval:
-        return f.streams / s.stream_check_s
-    return f.streams * s.checks_per_renewal / s.stream_renew_s
+def _batched_checks(f: Shape) -> float:
+    """Each worker's batched read of its held items, while no change feed is live."""
+    return 0.0 if f.settings.change_feed else f.workers / f.settings.stream_check_s
+
+
+def _batch_requests(f: Shape) -> float:
+    return float(math.ceil(f.per_worker / BATCH_GET_KEYS))
+
+
+def _feed_shards(f: Shape) -> float:
+    """DynamoDB Streams shards: about one per table partition; a partition holds 10 GB,
+    so one shard until the table is that large."""
+    return float(max(1, math.ceil(f.streams * f.sizes.stream / 10e9)))
+
+
+def _feed_polls(f: Shape) -> float:
+    return _feed_shards(f) / FEED_POLL_S if f.settings.change_feed else 0.0
 
 
 KINDS: tuple[Kind, ...] = (
@@ -351,10 +392,12 @@ KINDS: tuple[Kind, ...] = (
          read_units=lambda f: _member_query(f)[1]),
     # Membership._observe -> _observe_leader -> DynamoFleetStore.member: every other worker
     # reads the leader's row (its bulletin) with a consistent GetItem every observe_s.
+    # (every second while the change feed is live: its notices ride the bulletin).
     Kind("member read, others (leader's row)",
          "membership.py _observe_leader; store/dynamodb/fleet.py member",
-         "get_item", FLEET, "MEMBER", "one", "(W - 1) / observe_s; one row",
-         per_s=lambda f: (f.workers - 1) / f.settings.observe_s,
+         "get_item", FLEET, "MEMBER", "one",
+         "(W - 1) / min(observe_s, 1 s) with the change feed, else / observe_s; one row",
+         per_s=lambda f: (f.workers - 1) / f.settings.leader_row_s,
          items=_one, read_units=lambda f: read_units(f.sizes.leader_row, True)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: every ACTIVE
     # worker that does not lead reads the lease (consistent GetItem) every observe_s.
@@ -386,25 +429,31 @@ KINDS: tuple[Kind, ...] = (
          "-", STATE_INDEX, "STARTED", "one", "2 x renewals",
          per_s=_renewals, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
-    # Supervisor._heartbeat_loop -> _check_once -> DynamoLeaseStore.check: a consistent
-    # GetItem of the stream's item every STREAM_CHECK_SECONDS between renewals.
-    Kind("stream check", "supervisor.py _check_once; store/dynamodb/leases.py check",
-         "get_item", STREAMS, "each stream", "stream",
-         "N x (ceil(renew / check) - 1) / renew (first interval: N / check)",
-         per_s=_checks, items=_one, read_units=lambda f: read_units(f.sizes.stream, True)),
+    # Reconciler._checks_loop -> DynamoLeaseStore.check_many: while no change feed is
+    # live, each worker reads every held item every STREAM_CHECK_SECONDS, eventually
+    # consistent, 100 keys a BatchGetItem (a holder's consistent GetItem follows only for
+    # an item that looks changed).
+    Kind("held items read (batched)", "reconciler.py _checks_loop; "
+         "store/dynamodb/leases.py check_many", "batch_get_item", STREAMS, "each stream",
+         "stream", "without the change feed: W / check x ceil(N / W / 100) requests",
+         per_s=_batched_checks, requests=_batch_requests, items=lambda f: f.per_worker,
+         read_units=lambda f: f.per_worker * read_units(f.sizes.stream, False)),
     # Reconciler.run -> _cycle -> DynamoLeaseStore.orphans: an index Query under STARTED
     # every reconcile_s (jittered 20 %), by every admitting worker; nothing found at steady
     # state (the minimum unit). While a peer drains or hands streams over: every fast_poll_s.
+    # With the change feed live, a worker with nothing to take or give (every freed or new
+    # stream is offered, and an offer starts a cycle) queries twelve times less often.
     Kind("orphan query", "reconciler.py _cycle; store/dynamodb/leases.py orphans", "query",
-         STATE_INDEX, "STARTED", "one", "W / reconcile",
-         per_s=lambda f: f.workers / f.settings.reconcile_s,
+         STATE_INDEX, "STARTED", "one", "W / reconcile (x 12 with the change feed)",
+         per_s=lambda f: f.workers / f.settings.orphan_query_s,
          read_units=lambda f: read_units(0, False),
          fast_per_s=lambda f: f.workers / f.settings.fast_poll_s),
     # Reconciler._stopped_loop -> DynamoLeaseStore.held_stopped: an index Query under
     # STOPPED (lease still live) every member heartbeat, by every worker.
+    # With the change feed live the holder is told instead, and the query rests.
     Kind("STOPPED query", "reconciler.py _stopped_loop; store/dynamodb/leases.py held_stopped",
-         "query", STATE_INDEX, "STOPPED", "one", "W / heartbeat",
-         per_s=lambda f: f.workers / f.settings.heartbeat_s,
+         "query", STATE_INDEX, "STOPPED", "one", "W / heartbeat (none with the change feed)",
+         per_s=lambda f: 0.0 if f.settings.change_feed else f.workers / f.settings.heartbeat_s,
          read_units=lambda f: read_units(0, False)),
     # Reconciler._audit_loop -> audit -> DynamoLeaseStore.owned_by: each worker queries the
     # owner index under its own id every audit_s (1.6 leases, jittered 20 %): its held
@@ -414,11 +463,13 @@ KINDS: tuple[Kind, ...] = (
          per_s=lambda f: f.workers / f.settings.audit_s,
          requests=lambda f: _audit(f)[0], items=lambda f: f.per_worker,
          read_units=lambda f: _audit(f)[1]),
-    # Reconciler.sweep_duty -> _sweep -> DynamoLeaseStore.scan: the leader Scans the whole
-    # streams table every sweep_s (jittered 20 %), 500 items a page.
-    Kind("sweep Scan", "reconciler.py sweep_duty/_sweep; store/dynamodb/leases.py scan", "scan",
-         STREAMS, "every stream (Scan)", "stream", "1 / sweep (leader); reads all N items",
-         per_s=lambda f: 1 / f.settings.sweep_s,
+    # Sweep.duty -> sweep -> DynamoLeaseStore.scan_pages: the leader Scans the whole
+    # streams table every sweep_s (jittered 20 %; ten times less often while the change
+    # feed is live), 500 items a page.
+    Kind("sweep Scan", "sweep.py Sweep.sweep; store/dynamodb/leases.py scan_pages", "scan",
+         STREAMS, "every stream (Scan)", "stream",
+         "1 / sweep (x 10 with the change feed; leader); reads all N items",
+         per_s=lambda f: 1 / f.settings.sweep_every_s,
          requests=lambda f: _sweep(f)[0], items=lambda f: float(f.streams),
          read_units=lambda f: _sweep(f)[1]),
     # Reconciler._try_acquire -> DynamoLeaseStore.acquire (a rolling deploy moves every
@@ -441,10 +492,20 @@ KINDS: tuple[Kind, ...] = (
     Kind("release: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED", "one",
          "2 x releases", per_s=lambda f: f.churn, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
-    # No change-feed reader exists yet (STREAMLEASE_CHANGE_FEED): when it does, it is one
-    # reader per fleet per shard (DynamoDB Streams allows about two), counted here.
-    Kind("change feed", "(none yet)", "-", STREAMS, "-", "one", "0", per_s=_zero,
-         requests=_zero),
+    # ChangeFeed.duty -> ChangeFeedReader.poll: the leader, and only it, reads each shard of
+    # the streams table's DynamoDB stream every FEED_POLL_S while it is idle (DynamoDB
+    # Streams allows five GetRecords a second a shard, about two readers). Streams reads
+    # are billed apart and use no table capacity; the records follow the table's writes.
+    Kind("change feed", "feed.py ChangeFeed._tail; store/dynamodb/changefeed.py poll",
+         "get_records", STREAMS, "-", "one", "shards / 0.25 s (leader), with the change feed",
+         per_s=_feed_polls),
+    # ... and checkpoints each shard it read records from (PutItem under Pk = FEED), at
+    # most once a poll.
+    Kind("change-feed checkpoint", "feed.py ChangeFeed._apply; "
+         "store/dynamodb/feedcheckpoints.py save", "put_item", FLEET, "FEED", "one",
+         "at most shards / 0.25 s (leader)",
+         per_s=lambda f: min(_feed_polls(f), 2 * f.churn + _renewals(f)),
+         write_units=lambda f: write_units(120)),
 )
 
 SPREAD: dict[str, Rate] = {"one": _one, "stream": lambda f: max(1.0, f.streams),
@@ -803,7 +864,8 @@ def model_text(model: dict[str, Any]) -> str:
         op = "" if kind["operation"] == "-" else f" (`{kind['operation']}`)"
         lines.append(f"| {kind['name']}{op} | `{kind['code']}` | {kind['table']} / "
                      f"{kind['key']} | {kind['rate']} | " + " | ".join(cells) + " |")
-    lines += ["", "No change-feed reader exists yet; when one does, it is counted here.", "",
+    lines += ["", "With the change feed (the default), the leader's GetRecords are DynamoDB "
+              "Streams reads: billed apart, and they use no table capacity.", "",
               "Per partition-key value (the busiest where a load is spread), as a share of "
               f"{KEY_READ_LIMIT:,.0f} read / {KEY_WRITE_LIMIT:,.0f} write units a second:", "",
               "| key | " + " | ".join(scales) + " | passes 50 % at | passes 100 % at |",

@@ -201,13 +201,19 @@ class Reconciler:
         second, not at the next random cycle)."""
         if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
-        if self.membership.feed_live() and not self._orphan_since and \
-                len(self.supervisors) >= self._share:
-            # Settled, and the leader's change feed offers every freed or new stream (an
-            # offer pokes a cycle at once): the orphan query is a backstop for leases that
-            # lapse without a write (a wedged holder's stream lease).
+        if self.membership.feed_live() and not self._orphan_since and not self._donor():
+            # Nothing to take or give, and the leader's change feed offers every freed or
+            # new stream (an offer pokes a cycle at once): the orphan query is a backstop
+            # for leases that lapse without a write (a wedged holder's stream lease).
             return jittered(FEED_QUIET_FACTOR * self.settings.reconcile_s, 0.2, self.rng)
         return jittered(self.settings.reconcile_s, 0.2, self.rng)
+
+    def _donor(self) -> bool:
+        """The leader's bulletin asks this worker to give a stream (its cycle sheds it), or
+        a hand-over of its own is still in flight."""
+        news = self.membership.bulletin
+        return (news is not None and self.settings.owner in news.donors) or any(
+            s.holding.reason is StopReason.REBALANCE for s in self.supervisors.values())
 
     def member_lost(self, fenced: bool) -> None:
         """This worker's membership ended or lapsed: every stream stops at once."""
