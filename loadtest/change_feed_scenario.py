@@ -3,7 +3,7 @@ the streams table, what it reads while nothing changes, and whether a change wri
 the leader dies is lost; with the change feed on (``STREAMLEASE_CHANGE_FEED=on``) and off.
 
 Each mode runs a fleet of its own at the worker's default timings (no STREAMLEASE_*_SECONDS
-set): 3 workers; 40 streams seeded as ``ctl start`` writes them; the embedded DynamoDB with
+set): 3 workers; 240 streams seeded (80 a worker) as ``ctl start`` writes them; the embedded DynamoDB with
 its index-lag model on (every index read INDEX_LAG_MS + up to INDEX_LAG_JITTER_MS behind)
 and counting requests by table (``loadtest.request_count``); the reference upstream with a
 backlog (a stream's first batch fills, and is delivered, as soon as it connects) and a second
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 MODES = ("on", "off")
 FEED_VARIABLE = "STREAMLEASE_CHANGE_FEED"
 WORKERS = 3
-STREAMS = 40  # seeded; the hand-written items join them (about 60 in all)
+STREAMS = 240  # seeded (80 a worker, most of the default 100); hand-written items join them
 RATE = 1.0  # messages/s per stream
 BACKLOG = 400  # at connect a stream replays at least a full batch (200): delivered at once
 INDEX_LAG_MS = 250.0

@@ -19,6 +19,8 @@ SLOW_POLLS = {
     "STREAMLEASE_STREAM_RENEW_SECONDS": "200",
     "STREAMLEASE_STREAM_CHECK_SECONDS": "200",
     "STREAMLEASE_SWEEP_SECONDS": "45",
+    # No stream changes hands for balance meanwhile: its holder is the one told.
+    "STREAMLEASE_MIN_HOLD_SECONDS": "600",
 }
 
 
