@@ -1,14 +1,14 @@
-"""The ``change_feed`` scenario (issue 21): how soon the fleet acts on a change written to
-the streams table, what it reads while nothing changes, and whether a change written while
-the leader dies is lost; with the change feed on (``STREAMLEASE_CHANGE_FEED=on``) and off.
+"""The ``change_feed`` scenario: how soon the fleet acts on a change written to the streams
+table, what it reads while nothing changes, and whether a change written while the leader
+dies is lost; with the change feed on (``STREAMLEASE_CHANGE_FEED=on``) and off.
 
 Each mode runs a fleet of its own at the worker's default timings (no STREAMLEASE_*_SECONDS
-set): 3 workers; 240 streams seeded (80 a worker) as ``ctl start`` writes them; the embedded DynamoDB with
-its index-lag model on (every index read INDEX_LAG_MS + up to INDEX_LAG_JITTER_MS behind)
-and counting requests by table (``loadtest.request_count``); the reference upstream with a
-backlog (a stream's first batch fills, and is delivered, as soon as it connects) and a second
-upstream on another port serving the same frames (a stream's URL can move to it without
-changing what it delivers). Then, in order:
+set): 3 workers; 240 streams seeded (80 a worker) as ``ctl start`` writes them; the
+embedded DynamoDB with its index-lag model on (every index read INDEX_LAG_MS + up to
+INDEX_LAG_JITTER_MS behind) and counting requests by table (``loadtest.request_count``);
+the reference upstream with a backlog (a stream's first batch fills, and is delivered, as
+soon as it connects) and a second upstream on another port serving the same frames (a
+stream's URL can move to it without changing what it delivers). Then, in order:
 
 1. **Changes** (``handwritten_p99``, ``stopped_p99``, ``url_change_p99``): N of each kind,
    interleaved, spread over ``SPREAD_S``:

@@ -793,7 +793,7 @@ def balance_startup_md(k: dict[str, Any]) -> list[str]:
     return lines + _correctness(k) + _churn(k) + [""]
 
 
-# The change_feed scenario's figures with a target (issue 21): key, label, target, bound.
+# The change_feed scenario's figures with a target: key, label, target, bound.
 CHANGE_FEED_TARGETS = (
     ("handwritten_p99", "hand-written item -> delivering, p99 (defaults)", "<= 3 s", 3.0),
     ("stopped_p99", "STOPPED flip -> released, p99 (defaults)", "<= 2 s", 2.0),

@@ -816,7 +816,7 @@ def test_upstream_selection() -> None:
         parse_modes("query,nope")
 
 
-# -- issue 20's figures: read growth, index moves, kill -9 at defaults, start-up balance ------
+# -- the control plane's figures: read growth, index moves, kill -9 at defaults, balance ---
 
 
 def test_converged_is_the_first_sample_from_which_the_band_holds_for_good() -> None:
