@@ -381,12 +381,12 @@ KINDS: tuple[Kind, ...] = (
          per_s=lambda f: f.workers / f.settings.heartbeat_s,
          write_units=lambda f: write_units(f.sizes.member_row)),
     # Membership._observe_loop -> _observe -> _observe_all -> DynamoFleetStore.members: the
-    # leader's consistent Query of every row under Pk = MEMBER, every observe_s (jittered
-    # 10 %); it composes the bulletin from them.
+    # leader's consistent Query of every row under Pk = MEMBER, twice every observe_s
+    # (jittered 10 %: it is the fleet's only watcher); it composes the bulletin from them.
     Kind("member read, leader (observe)",
          "membership.py _observe_all; store/dynamodb/fleet.py members",
-         "query", FLEET, "MEMBER", "one", "1 / observe_s (leader); reads all W rows",
-         per_s=lambda f: 1 / f.settings.observe_s,
+         "query", FLEET, "MEMBER", "one", "2 / observe_s (leader); reads all W rows",
+         per_s=lambda f: 2 / f.settings.observe_s,
          requests=lambda f: _member_query(f)[0],
          items=lambda f: f.workers + 1.0,
          read_units=lambda f: _member_query(f)[1]),
@@ -739,6 +739,7 @@ class CapacityInputs:
     workers: int = 0
     requests_per_s_per_1000_streams: dict[str, float] = field(default_factory=dict)
     first_interval: bool = False  # the window ended before any stream's first renewal
+    change_feed: bool = True  # every worker trusted the leader's change feed
 
 
 def renewal_rate(measured_per_stream_minute: float, window_s: float,
@@ -773,7 +774,7 @@ def inputs_from_scale(section: Mapping[str, Any]) -> CapacityInputs:
                                                          {})),
         # No renewal in the window: every stream was still in its first interval (checked
         # every STREAM_CHECK_SECONDS, not yet renewed).
-        first_interval=not measured)
+        first_interval=not measured, change_feed=bool(section.get("change_feed", True)))
 
 
 def capacity_model(inputs: CapacityInputs | None = None,
@@ -809,7 +810,8 @@ def capacity_model(inputs: CapacityInputs | None = None,
         if inputs.streams and inputs.workers and inputs.requests_per_s_per_1000_streams:
             churn = (inputs.acquisitions_per_stream_minute
                      + inputs.releases_per_stream_minute) / 2 / 60
-            shape = Shape(inputs.streams, inputs.workers, s,
+            shape = Shape(inputs.streams, inputs.workers,
+                          replace(s, change_feed=inputs.change_feed),
                           first_interval=inputs.first_interval, churn_per_stream_s=churn)
             out["measured_vs_model"] = compare_measured(inputs.requests_per_s_per_1000_streams,
                                                         shape)

@@ -519,6 +519,10 @@ async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
     return {
         "held_streams_in_window": round(held, 1),
         "window_measured_s": round(elapsed, 1),
+        # Every worker trusted the leader's change feed at the window's end (the model
+        # then counts the feed and rests the polls it replaces).
+        "change_feed": bool(names) and all(
+            after[name].get("streamlease_change_feed_live", 0.0) == 1.0 for name in names),
         "requests_per_s_per_1000_streams": per_1000,
         "requests_per_s_total": round(sum(per_op.values()) / elapsed, 2),
         "rates": {k: round(v, 5) for k, v in rates.items()},

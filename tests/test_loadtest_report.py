@@ -86,6 +86,18 @@ def sample_result() -> dict[str, Any]:
 STARTED_AT_HALF = math.floor(500 / (2 / 600 + 4 / 86_400))
 
 
+def _member_reads(workers: int) -> float:
+    """The MEMBER key's read units a second with the change feed live: the other workers
+    read the leader's row (189 B + its bulletin, under 4 KB: 1 unit) every second, the
+    leader every row and the high-water item (189 B each) every 1.25 s."""
+    return (workers - 1) + 0.8 * math.ceil((workers + 1) * 189 / 4096)
+
+
+# Those reads pass half the key's 3,000 units first: at the most workers (100 streams
+# each) still under it.
+MEMBER_AT_HALF = 100 * max(w for w in range(1, 3000) if _member_reads(w) <= 1500)
+
+
 def model() -> dict[str, Any]:
     found = capacity_model(CapacityInputs(
         member_heartbeats_per_worker_s=0.2, renewals_per_stream_minute=0.1,
@@ -175,7 +187,7 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
             assert part in value, key
             value = value[part]
     assert doc["balance"]["converge_s"] is None  # never converged: null, not a crash
-    assert doc["streams_per_table_at_defaults"] == STARTED_AT_HALF
+    assert doc["streams_per_table_at_defaults"] == MEMBER_AT_HALF
     md = Path(paths["md"]).read_text()
     for heading in ("## Targets", "## Clock skew", "## Slow store", "## Balance", "## Scale",
                     "## Capacity model"):
@@ -185,7 +197,7 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
     assert "| `slow_store.moves` | 29 | 0 | **no** |" in md
     assert "| `slow_store.stalled_streams` | 2 | 0 | **no** |" in md
     assert "streams that delivered nothing while observed: **2** (s001, s002)" in md
-    assert f"| `streams_per_table_at_defaults` | {STARTED_AT_HALF:,} | >= 1,000,000 | **no** |" \
+    assert f"| `streams_per_table_at_defaults` | {MEMBER_AT_HALF:,} | >= 1,000,000 | **no** |" \
         in md
     assert "(acquired but not served): w2 1" in md
     assert "**modelled** from the code (`per_worker_read_growth_modelled`)" in md
@@ -224,14 +236,15 @@ def test_percentiles_and_cost_arithmetic() -> None:
 
 def test_capacity_model_arithmetic() -> None:
     m = model()
-    # Every request kind, every key at or under half its limit: the orphan index's STARTED
-    # key's writes first (only the leader reads every member row).
-    assert m["streams_per_table"] == STARTED_AT_HALF
-    assert m["first_key_over_budget"] == "streams: desired_state index / STARTED / writes"
+    # Every request kind, every key at or under half its limit: the members' reads of the
+    # leader's row first (every second, for the change feed's notices), just ahead of the
+    # orphan index's STARTED key's writes.
+    assert m["streams_per_table"] == MEMBER_AT_HALF < STARTED_AT_HALF
+    assert m["first_key_over_budget"] == "fleet table / MEMBER / reads"
     # 12 member heartbeats a minute over 500 streams + 0.1 renewals; over 100 at defaults.
     assert m["upkeep_writes_per_stream_minute"] == pytest.approx(0.124)
     assert m["upkeep_writes_per_stream_minute_full_workers"] == pytest.approx(0.22)
-    assert f"**Streams per table at defaults: {STARTED_AT_HALF:,}**" in m["text"]
+    assert f"**Streams per table at defaults: {MEMBER_AT_HALF:,}**" in m["text"]
     assert "measured_vs_model" not in m  # no shape or requests measured: nothing to compare
     assert renewal_rate(0.0, 60, 600)[0] == pytest.approx(0.1)  # window too short
     assert renewal_rate(0.098, 700, 600) == (0.098, "measured over 700 s")
