@@ -14,7 +14,10 @@ classified (``streamlease.core.changes.classify``) and acted on:
 A batch is checkpointed only after its actions were carried out and a bulletin carrying
 its notices was written, so a change is processed at least once: a leader that dies
 mid-batch leaves the checkpoint before it, and the next leader reads the batch again
-(stamping is conditional, and a notice acted on twice costs a consistent read).
+(stamping is conditional, and a notice acted on twice costs a consistent read). A batch
+whose notices are not written in time (the leader's heartbeats are failing) is read again
+from the checkpoint, and the bulletin's vouching stretch moves on, so every member runs
+its polls once for what it may have missed.
 
 While the feed runs, the leader's bulletin vouches for it (``Bulletin.feed``) and members
 stop polling for what it tells them (the STOPPED query, each stream's periodic read); the
@@ -30,6 +33,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 from streamlease.clock import Clock, sleep_unless
@@ -46,6 +50,12 @@ from streamlease.store.protocols import LeaseStore
 
 NO_STREAM_RETRY_S = 60.0  # a table without a stream is asked again this often
 MIN_POLL_S = 0.2  # DynamoDB Streams allows five GetRecords a second per shard
+
+
+class Applied(Enum):
+    OK = "ok"
+    LATE = "late"  # its notices were not written in time: read again from the checkpoint
+    DEPOSED = "deposed"  # a newer leader checkpointed the shard
 
 
 class FeedReader(Protocol):
@@ -138,36 +148,41 @@ class ChangeFeed:
                     await self._faulted(result, stop, keep_open=True)
                     continue
                 read = read or bool(result.records)
-                if not await self._apply(reader, result):
-                    return False
+                applied = await self._apply(reader, result)
+                if applied is not Applied.OK:
+                    # Late: read again from the checkpoint, and the bulletin says there
+                    # was a gap (members catch up with one poll each).
+                    self.notifier.feed_running(False)
+                    return applied is Applied.LATE
             if results and not any(isinstance(r, Fault) for r in results):
                 self.notifier.feed_running(True)
             if not read:
                 await sleep_unless(max(MIN_POLL_S, self.settings.poll_s), stop, self.stopping)
         return False
 
-    async def _apply(self, reader: FeedReader, batch: Batch) -> bool:
-        """Act on one batch, then checkpoint it once its notices are written. False: a
-        newer leader has checkpointed this shard."""
+    async def _apply(self, reader: FeedReader, batch: Batch) -> Applied:
+        """Act on one batch, then checkpoint it once its notices are written. ``LATE``:
+        they were not written in time; ``DEPOSED``: a newer leader has checkpointed this
+        shard."""
         last = 0
         rooms = self._rooms()
         for change in batch.records:
             last = max(last, await self._act(change, rooms))
         if last and not await self.notifier.published(last, self.settings.publish_timeout_s):
-            # Not checkpointed: a leader reading from the last checkpoint repeats the batch.
+            # Not checkpointed: the feed is read again from the checkpoint.
             event(logging.WARNING, "feed.publish_late", "the bulletin carrying the change "
-                  "feed's notices was not written in time; the batch is not checkpointed yet",
+                  "feed's notices was not written in time; reading again from the checkpoint",
                   shard=batch.shard_id)
-            return True
+            return Applied.LATE
         try:
             if not await reader.commit(batch):
                 event(logging.WARNING, "feed.deposed", "a newer leader checkpointed the change "
                       "feed: this one stops reading it", shard=batch.shard_id)
-                return False
+                return Applied.DEPOSED
         except StoreError as exc:
             event(logging.WARNING, "feed.checkpoint_failed", "cannot checkpoint the change "
                   "feed; the next batch's checkpoint covers this one", error=str(exc))
-        return True
+        return Applied.OK
 
     def _rooms(self) -> dict[str, int]:
         """Free slots of the members taking streams, as the leader last read the rows."""

@@ -112,6 +112,8 @@ class Holdings:
         self.tg: asyncio.TaskGroup | None = None  # the scope supervisors run in
         # Streams being acquired or taken over right now (not yet supervised).
         self.acquiring: set[str] = set()
+        self._starting: set[str] = set()  # taken, its supervisor not registered yet
+        self._told: set[str] = set()  # ... and a change to its item was told meanwhile
         # Streams this worker may hold without a supervisor: an acquire (or the release
         # of a late one) whose outcome is unknown. Settled by reading the item back.
         self.unsure: set[str] = set()
@@ -145,11 +147,35 @@ class Holdings:
         for supervisor in list(self.supervisors.values()):
             supervisor.request_drain(reason, release_by)
 
+    def notify(self, stream_id: str) -> None:
+        """The leader's change feed says a held stream's item changed: its supervisor
+        reads it now (one being acquired or started, as soon as it runs)."""
+        held = self.supervisors.get(stream_id)
+        if held is not None:
+            held.notified()
+        elif stream_id in self.acquiring or stream_id in self._starting:
+            if len(self._told) > 10_000:  # acquisitions lost to a peer leave theirs behind
+                self._told.clear()
+            self._told.add(stream_id)
+
     async def start(self, got: Acquired, sent: float, delay: float | None,
-                     previous_owner: str | None, how: str = "orphan") -> None:
+                    previous_owner: str | None, how: str = "orphan") -> None:
         """Serve a lease just taken (acquired as an orphan, or taken over from a dead
         member): start its output and its supervisor, or hand it straight back if this
         worker can no longer serve it."""
+        stream_id = got.tenure.stream_id
+        self._starting.add(stream_id)
+        try:
+            await self._start(got, sent, delay, previous_owner, how)
+        finally:
+            self._starting.discard(stream_id)
+            told = stream_id in self._told
+            self._told.discard(stream_id)
+            if told and stream_id in self.supervisors:
+                self.supervisors[stream_id].notified()
+
+    async def _start(self, got: Acquired, sent: float, delay: float | None,
+                     previous_owner: str | None, how: str) -> None:
         tracing.note_acquired(got, how, self.metrics.trace_context_invalid)
         if not self._can_serve():
             await self._hand_back(got)
@@ -184,7 +210,7 @@ class Holdings:
                                 self.clock, self.metrics, self.settings.supervisor, self.rng,
                                 self.on_delivered, self.health, self.lease_health,
                                 self.pump_factory, self.membership.may_write,
-                                lambda: self.batched_checks)
+                                lambda: self.batched_checks, self.membership.feed_live)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.metrics.set_leases_held(len(self.supervisors))
         assert self.tg is not None

@@ -206,11 +206,14 @@ class Membership(FleetKnowledge):
         # every member the numbers of the notices in the last bulletin read.
         self.notices = NoticeBoard(secrets.randbits(40), self.notice_ttl_s)
         self._feed_up = False  # this worker leads and its change feed runs
+        self._vouch = secrets.randbits(20) + 1  # this leader's stretch of vouching (>= 1)
+        self._read_all_leading = False  # a full read of the rows since this term began
         self._published = 0  # the newest notice a written bulletin carried
         self._published_changed = asyncio.Event()
         self._notices_seen: frozenset[int] = frozenset()
         self._bulletin_at = float("-inf")  # monotonic: the last bulletin read from the leader
         self._heard_feed = False  # that bulletin vouched for the leader's change feed
+        self._heard: tuple[str, int] = ("", 0)  # (leader, vouching stretch) last heard
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
         self._last_beat = 0.0
@@ -251,6 +254,10 @@ class Membership(FleetKnowledge):
         if up != self._feed_up:
             self._feed_up = up
             self.metrics.change_feed_live(up)
+            if up:
+                # A new stretch: members see the gap, however short, and catch up.
+                self._vouch += 1
+                self.hooks.feed_resumed()
             self._recompose()
 
     def post(self, member: str, stream: str, kind: NoticeKind) -> int:
@@ -268,14 +275,15 @@ class Membership(FleetKnowledge):
         deadline = self.clock.monotonic() + timeout
         while self._published < n:
             left = deadline - self.clock.monotonic()
-            if left <= 0 or self._stop.is_set():
-                return False
+            if left <= 0 or self._stop.is_set() or self.status is not MemberStatus.ACTIVE:
+                return False  # members do not read a draining leader's bulletin
             self._published_changed.clear()
             await sleep_unless(left, self._published_changed, self._stop)
         return True
 
     def _recompose(self) -> None:
-        if self.hooks.leading() and self.view.members:
+        # Only from every row read in this term (not the leader's row a member read).
+        if self.hooks.leading() and self._read_all_leading:
             self.compose(self.clock.monotonic())
 
     def may_write(self, now: float) -> bool:
@@ -543,7 +551,9 @@ class Membership(FleetKnowledge):
                       "reading every member row instead", leader=leader)
             return False
         dead = self.observer.observe([row], sent, received)
-        self._hear(news, received)
+        self._read_all_leading = False
+        self._composed = None  # not leading: nothing of an earlier term is written
+        self._hear(news, received, row.worker_id)
         before = None if self.reading_all else self.bulletin
         before_row = None if self.reading_all or not self.view.members else self.view.members[0]
         self.bulletin, self.reading_all = news, False
@@ -558,16 +568,18 @@ class Membership(FleetKnowledge):
             self._spawn(self._take_over(row))  # the leader is watched like any member
         return True
 
-    def _hear(self, news: Bulletin, received: float) -> None:
+    def _hear(self, news: Bulletin, received: float, leader: str) -> None:
         """The leader's notices for this worker, each acted on once; and if its change
-        feed is vouched for again after a gap, the polls it replaces run once now."""
+        feed is vouched for after a gap (this worker's reads lapsed, the leader changed,
+        or its vouching stopped and resumed), the polls it replaces run once now."""
         was_live = self.feed_live()
         for notice in fresh(news.notices, self.me, self._notices_seen):
             self.metrics.notice(notice.kind.value)
             self.hooks.notice(notice)
         self._notices_seen = frozenset(x.n for x in news.notices)
-        self._bulletin_at, self._heard_feed = received, news.feed
-        if news.feed and not was_live:
+        self._bulletin_at, self._heard_feed = received, news.feed > 0
+        heard, self._heard = self._heard, (leader, news.feed)
+        if news.feed and (not was_live or heard != self._heard):
             self.hooks.feed_resumed()
 
     async def _observe_all(self) -> None:
@@ -584,17 +596,19 @@ class Membership(FleetKnowledge):
         if self.hooks.leading():
             if changed:
                 self._gen += 1
+            self._read_all_leading = True
             self.compose(received)
         else:
             self.bulletin = self._composed = None
+            self._read_all_leading = False
             self._totals.clear()
             # Reading every row, this member still hears the leader's notices.
             leader = self.hooks.leader()
             row = next((m for m in members if m.worker_id == leader), None)
             news = bulletins.decode(row.bulletin) \
                 if row is not None and row.status is MemberStatus.ACTIVE else None
-            if news is not None:
-                self._hear(news, received)
+            if news is not None and row is not None:
+                self._hear(news, received, row.worker_id)
         if changed:
             self.hooks.fleet_changed()
         for member in dead:
@@ -625,8 +639,8 @@ class Membership(FleetKnowledge):
         news = bulletins.compose(self.view.members, self.view.observed_dead, self.me, held,
                                  self.accepting, orphans, self._gen,
                                  total_at_least=max(n for _, n in self._totals))
-        news = dataclasses.replace(news, feed=self._feed_up and not self.notices.overflowed(now),
-                                   notices=self.notices.current(now))
+        vouch = self._vouch if self._feed_up and not self.notices.overflowed(now) else 0
+        news = dataclasses.replace(news, feed=vouch, notices=self.notices.current(now))
         before, self._composed = self._composed, news
         self.bulletin = news
         if before is not None and \

@@ -170,9 +170,7 @@ class Reconciler:
         if notice.kind is NoticeKind.OFFER:
             self.poke()
             return
-        held = self.supervisors.get(notice.stream)
-        if held is not None:
-            held.notified()
+        self.holdings.notify(notice.stream)
 
     def feed_resumed(self) -> None:
         """The leader's notices are trusted again after a gap: the STOPPED query runs
@@ -201,7 +199,8 @@ class Reconciler:
         second, not at the next random cycle)."""
         if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
-        if self.membership.feed_live() and not self._orphan_since and not self._donor():
+        if self.membership.feed_live() and not self._orphan_since and not self._donor() \
+                and not self.holdings.unsure and self._admitting:
             # Nothing to take or give, and the leader's change feed offers every freed or
             # new stream (an offer pokes a cycle at once): the orphan query is a backstop
             # for leases that lapse without a write (a wedged holder's stream lease).

@@ -119,7 +119,8 @@ class Supervisor:
                  lease_health: LeaseHealth | None = None,
                  pump_factory: PumpFactory | None = None,
                  member_alive: Callable[[float], bool] = always,
-                 watched: Callable[[], bool] = lambda: False) -> None:
+                 watched: Callable[[], bool] = lambda: False,
+                 told: Callable[[], bool] = lambda: False) -> None:
         self.tenure = tenure
         self.leases = leases
         self.clock = clock
@@ -139,6 +140,7 @@ class Supervisor:
         # Someone else watches the item for this holder (the leader's change feed, or the
         # worker's batched read of every held item): its own periodic read rests.
         self._watched = watched
+        self._told = told  # the leader's change feed tells of every change (health: alive)
         self._record = record
         self._wake = asyncio.Event()
         self._drain_reason: StopReason | None = None
@@ -205,8 +207,10 @@ class Supervisor:
         if record.fence is not None and record.fence < self.tenure.fence:
             return  # a view of an earlier tenure
         if record.lease_owner != self.tenure.owner or record.lease_expires_at_ms == 0 or \
-                record.stopped or record.ws_url != self._record.ws_url:
-            self.notified()
+                not record.started or record.ws_url != self._record.ws_url or \
+                item_problem(record, self.settings.allowed_urls,
+                             self.settings.catalog) is not None:
+            self.notified()  # stopped, moved on, a new URL, or no longer servable
         elif self._health is not None and self.holding.state is HolderState.HOLDING:
             self._health.renewed(self.stream, self.clock.monotonic())
 
@@ -352,8 +356,11 @@ class Supervisor:
                 next_check = max(next_check, self.clock.monotonic() + check_s)
             elif now >= next_check:
                 if self._watched():
-                    # Told of every change instead: no read; the loop is alive.
-                    if self._health is not None and state is HolderState.HOLDING:
+                    # Watched instead: no read. While the change feed tells of every
+                    # change, the loop being alive is the check-in; without it, the
+                    # batched read's answer is (``compare``).
+                    if self._told() and self._health is not None and \
+                            state is HolderState.HOLDING:
                         self._health.renewed(self.stream, now)
                 else:
                     await self._check_once()

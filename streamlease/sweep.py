@@ -107,8 +107,19 @@ class Sweep:
                 await self.sweep()
             except StoreError as exc:
                 event(logging.WARNING, "sweep.failed", "sweep failed", error=str(exc))
+            await self._until_due(jittered(1.0, 0.2, self.rng), stop)
+
+    async def _until_due(self, factor: float, stop: asyncio.Event) -> None:
+        """Until the next sweep is due: ``factor`` x ``sweep_s`` after this one, or
+        ``BACKSTOP_FACTOR`` times that while the change feed is live, judged afresh at
+        least every ``sweep_s`` (a feed that stops brings the sweep back to its interval)."""
+        done = self.clock.monotonic()
+        while not (stop.is_set() or self.stopping.is_set() or self._requested.is_set()):
             every = self.settings.sweep_s * (BACKSTOP_FACTOR if self.feed_live() else 1)
-            await sleep_unless(jittered(every, 0.2, self.rng), stop, self.stopping,
+            left = done + factor * every - self.clock.monotonic()
+            if left <= 0:
+                return
+            await sleep_unless(min(left, self.settings.sweep_s), stop, self.stopping,
                                self._requested)
 
     async def sweep(self) -> None:

@@ -158,9 +158,10 @@ async def test_a_batch_whose_notices_were_not_written_is_not_checkpointed() -> N
     reader = Reader([[stopped], [quiet]])
     feed, _, _ = make(reader, notifier)
     await run(feed, reader)
-    # The batch with a notice is not checkpointed (a new leader repeats it); the next,
-    # with nothing to tell, is, and covers it only once published (here: never needed).
+    # The batch with a notice is not checkpointed: the feed stops vouching (members catch
+    # up) and reads again from the checkpoint; the next batch, with nothing to tell, is.
     assert reader.commits == ["10"]
+    assert notifier.running == [True, False, True, False]
 
 
 @pytest.mark.parametrize("kind, backstop", [
@@ -241,14 +242,53 @@ def test_offers_go_to_the_most_room_and_fill_it() -> None:
 
 def test_the_bulletin_carries_the_feed_and_its_notices() -> None:
     news = bulletins.compose([member("w1", 3)], frozenset(), "w1", 3, True, 0, gen=1)
-    news = dataclasses.replace(news, feed=True, notices=(
+    news = dataclasses.replace(news, feed=3, notices=(
         Notice(7, "w2", "s1", NoticeKind.CHECK), Notice(8, "w3", "s2", NoticeKind.OFFER)))
     assert bulletins.decode(bulletins.encode(news)) == news
     # A leader without a feed wrote neither: read as no feed, no notices.
-    older = bulletins.encode(dataclasses.replace(news, feed=False, notices=()))
+    older = bulletins.encode(dataclasses.replace(news, feed=0, notices=()))
     trimmed = older.replace(',"f":0,"n":[]', "")
     assert "\"f\"" not in trimmed
     decoded = bulletins.decode(trimmed)
-    assert decoded is not None and not decoded.feed and decoded.notices == ()
-    # A notice of an unknown kind makes the bulletin unreadable (read every row instead).
-    assert bulletins.decode(bulletins.encode(news).replace('"offer"', '"bogus"')) is None
+    assert decoded is not None and decoded.feed == 0 and decoded.notices == ()
+    # A notice of a kind this version does not know is skipped, and the feed is not
+    # trusted to be complete (the member polls); the rest of the bulletin still counts.
+    newer = bulletins.decode(bulletins.encode(news).replace('"offer"', '"bogus"'))
+    assert newer is not None and newer.feed == 0 and newer.level == news.level
+    assert [x.n for x in newer.notices] == [7]
+
+
+# -- the sweep as the feed's backstop ------------------------------------------------------
+
+@pytest.mark.virtual_time
+async def test_the_sweep_rests_while_the_feed_is_live_and_returns_when_it_stops() -> None:
+    import random
+    from types import SimpleNamespace
+
+    from streamlease.core.urls import parse_allowed_urls
+    from streamlease.sweep import BACKSTOP_FACTOR, Sweep, SweepSettings, Unservable
+    from streamlease.upstream import BUILTIN_UPSTREAMS
+
+    memory = MemoryStore()
+    clock, metrics = LoopClock(), Metrics()
+    sweep = Sweep(memory, SimpleNamespace(supervisors={}), clock, metrics,  # type: ignore[arg-type]
+                  SweepSettings(10.0, parse_allowed_urls("wss://"), BUILTIN_UPSTREAMS.catalog),
+                  Unservable(memory, clock, metrics), random.Random(1), asyncio.Event())
+    live = [True]
+    sweep.feed_live = lambda: live[0]
+    stop = asyncio.Event()
+    task = asyncio.create_task(sweep.duty(_Lease(), stop))
+    await asyncio.sleep(1)
+    assert memory.calls.count("scan") == 1  # once at once
+    await asyncio.sleep(5 * 10.0)
+    assert memory.calls.count("scan") == 1  # live: ten times the interval
+    live[0] = False  # the feed stopped without a fault: the interval is back within one
+    await asyncio.sleep(2 * 10.0)
+    assert memory.calls.count("scan") >= 2
+    sweep.request()  # the feed may have missed changes: at once
+    before = memory.calls.count("scan")
+    await asyncio.sleep(0.1)
+    assert memory.calls.count("scan") == before + 1
+    assert BACKSTOP_FACTOR == 10
+    stop.set()
+    await asyncio.wait_for(task, 5)

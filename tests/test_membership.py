@@ -535,7 +535,7 @@ async def test_the_leaders_notices_reach_their_member_once_and_vouch_for_the_fee
     assert not b.feed_live() and not a.feed_live()  # no feed yet: every poll runs
     a.feed_running(True)
     await until(lambda: b.feed_live() and c.feed_live())
-    assert a.feed_live() and sorted(resumed) == ["b", "c"]
+    assert a.feed_live() and sorted(resumed) == ["a", "b", "c"]  # each catches up once
     a.post("b", "s1", NoticeKind.CHECK)
     last = a.post("a", "s2", NoticeKind.OFFER)  # the leader's own: at once
     assert [x.stream for x in heard["a"]] == ["s2"]
@@ -548,6 +548,17 @@ async def test_the_leaders_notices_reach_their_member_once_and_vouch_for_the_fee
                                                {"kind": "check"}) == 1
     a.feed_running(False)  # the feed faulted: the others poll again
     await until(lambda: not b.feed_live() and not c.feed_live())
+    # A gap too short for any member to read is still seen: vouching resumes under a new
+    # stretch, and each member runs its polls once.
+    resumed.clear()
+    a.feed_running(True)
+    a.feed_running(False)
+    a.feed_running(True)
+    await until(lambda: sorted(resumed) == ["a", "a", "b", "c"])
+    resumed.clear()
+    a.feed_running(False)
+    a.feed_running(True)  # no read in between on the others' side
+    await until(lambda: sorted(resumed) == ["a", "b", "c"])
     for m, _ in pairs.values():
         m.stop()
     await asyncio.gather(*tasks)

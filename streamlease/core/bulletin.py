@@ -20,7 +20,9 @@ not grow with the fleet. The bulletin carries:
 * ``statuses`` — the members by status, for every worker's gauges;
 * ``feed`` and ``notices`` — the leader tails the change feed and vouches that its
   notices are complete (members then stop polling for STOPPED flips and changed items),
-  and the notices themselves (``streamlease.core.notices``).
+  and the notices themselves (``streamlease.core.notices``). ``feed`` is 0 when the leader
+  does not vouch, else the number of its current stretch of vouching: it moves on whenever
+  vouching resumed after a gap, so a member that saw no gap still knows there was one.
 
 Everything here is pure: no I/O, no clock.
 """
@@ -30,12 +32,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamlease.core.balance import Balance, counts_of, donors, shares_of, shed_of
 from streamlease.core.deal import deal_weights
 from streamlease.core.membership import MemberRecord, MemberStatus
-from streamlease.core.notices import Notice, NoticeKind
+from streamlease.core.notices import NOTICE_KINDS, Notice, NoticeKind
 
 MAX_DONORS = 256  # donors named at once; the rest give at a later bulletin
 # The bulletin rides in the leader's row (an item is at most 400 KB, and every byte of it
@@ -74,7 +76,7 @@ class Bulletin:
     donors: tuple[str, ...] = ()
     deals: tuple[Deal, ...] = ()
     statuses: tuple[tuple[str, int], ...] = ()
-    feed: bool = False
+    feed: int = 0  # 0: not vouched for; else the leader's vouching stretch
     notices: tuple[Notice, ...] = ()
 
     def share_of(self, capacity: int) -> int:
@@ -171,7 +173,7 @@ def decode(text: str | None) -> Bulletin | None:
         return None
     try:
         raw = json.loads(text)
-        return Bulletin(
+        news = Bulletin(
             gen=_int(raw["g"]), level=_int(raw["l"]), total=_int(raw["t"]),
             deficit=_int(raw["d"]), below=_int(raw["b"]), active=_int(raw["a"]),
             draining=bool(_int(raw["dr"])),
@@ -181,11 +183,15 @@ def decode(text: str | None) -> Bulletin | None:
                         for m, e, n, heirs in raw["de"]),
             statuses=tuple((_str(k), _int(v)) for k, v in raw["s"]),
             # A bulletin from a leader without a change feed has neither.
-            feed=bool(_int(raw.get("f", 0))),
+            feed=_int(raw.get("f", 0)),
             notices=tuple(Notice(_int(n), _str(m), _str(s), NoticeKind(_str(k)))
-                          for n, m, s, k in raw.get("n", [])))
+                          for n, m, s, k in raw.get("n", []) if k in NOTICE_KINDS))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
+    if len(news.notices) != len(raw.get("n", [])):
+        # A notice of a kind this version does not know: not trusted to be complete.
+        news = replace(news, feed=0)
+    return news
 
 
 def _int(value: object) -> int:

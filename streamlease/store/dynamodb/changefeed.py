@@ -417,7 +417,9 @@ class ChangeFeedReader(DynamoTable):
                 state.latest.discard(shard_id)  # read on from the horizon
                 return self._fault(FaultKind.TRIMMED, f"shard {shard_id}: {code}",
                                    shard_id=shard_id, backstop=True, keep_open=True)
-            return self._error(exc, shard_id)
+            # Read from LATEST with nothing read yet, a new iterator starts at the tip
+            # again: what came meanwhile is the backstop's to find.
+            return self._error(exc, shard_id, backstop=shard_id in state.latest)
         raws = resp.get("Records") or []
         records = []
         for raw in raws:
@@ -466,14 +468,14 @@ class ChangeFeedReader(DynamoTable):
         self.stream_arn = None
         return self._fault(FaultKind.NO_STREAM, detail, backstop=True)
 
-    def _error(self, exc: StoreError, shard_id: str | None) -> Fault:
+    def _error(self, exc: StoreError, shard_id: str | None, backstop: bool = False) -> Fault:
         if _code(exc) == "ResourceNotFoundException" and shard_id is None:
             return self._no_stream(f"{exc}")
         kind = FaultKind.THROTTLED if isinstance(exc, StoreThrottled) else FaultKind.OTHER
         self._failures += 1
         delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (self._failures - 1))
         return self._fault(kind, str(exc), shard_id=shard_id, retry_after_s=delay,
-                           keep_open=True)
+                           keep_open=True, backstop=backstop)
 
     def _fault(self, kind: FaultKind, detail: str, *, shard_id: str | None = None,
                backstop: bool = False, retry_after_s: float = 0.0,
