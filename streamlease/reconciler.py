@@ -200,7 +200,8 @@ class Reconciler:
         if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
         if self.membership.feed_live() and not self._orphan_since and not self._donor() \
-                and not self.holdings.unsure and self._admitting:
+                and len(self.supervisors) <= self._share and not self.holdings.unsure \
+                and self._admitting:
             # Nothing to take or give, and the leader's change feed offers every freed or
             # new stream (an offer pokes a cycle at once): the orphan query is a backstop
             # for leases that lapse without a write (a wedged holder's stream lease).
@@ -209,7 +210,8 @@ class Reconciler:
 
     def _donor(self) -> bool:
         """The leader's bulletin asks this worker to give a stream (its cycle sheds it), or
-        a hand-over of its own is still in flight."""
+        a hand-over of its own is still in flight. (One above its share sheds too: the
+        caller keeps its regular cadence as well.)"""
         news = self.membership.bulletin
         return (news is not None and self.settings.owner in news.donors) or any(
             s.holding.reason is StopReason.REBALANCE for s in self.supervisors.values())
