@@ -214,8 +214,6 @@ class Membership(FleetKnowledge):
         self._bulletin_at = float("-inf")  # monotonic: the last bulletin read from the leader
         self._heard_feed = False  # that bulletin vouched for the leader's change feed
         self._heard: tuple[str, int] = ("", 0)  # (leader, vouching stretch) last heard
-        self._leader_beat: tuple[str, int] = ("", -1)  # (leader, its heartbeat counter)
-        self._leader_beat_at = float("-inf")  # monotonic: when that counter was first seen
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
         self._last_beat = 0.0
@@ -249,10 +247,7 @@ class Membership(FleetKnowledge):
         now = self.clock.monotonic()
         if self.hooks.leading():
             return self._feed_up and not self.notices.overflowed(now)
-        # The bulletin read lately, and written lately: a leader that died leaves its row
-        # (and its vouching) behind, but its heartbeat counter stops.
-        return self._heard_feed and now - self._bulletin_at <= self.notice_ttl_s / 2 and \
-            now - self._leader_beat_at <= 2 * self.timings.heartbeat_s
+        return self._heard_feed and now - self._bulletin_at <= self.notice_ttl_s / 2
 
     def feed_running(self, up: bool) -> None:
         """The leader's change feed started (or stopped) vouching for its notices."""
@@ -558,7 +553,7 @@ class Membership(FleetKnowledge):
         dead = self.observer.observe([row], sent, received)
         self._read_all_leading = False
         self._composed = None  # not leading: nothing of an earlier term is written
-        self._hear(news, received, row.worker_id, row.heartbeat)
+        self._hear(news, received, row.worker_id)
         before = None if self.reading_all else self.bulletin
         before_row = None if self.reading_all or not self.view.members else self.view.members[0]
         self.bulletin, self.reading_all = news, False
@@ -573,13 +568,11 @@ class Membership(FleetKnowledge):
             self._spawn(self._take_over(row))  # the leader is watched like any member
         return True
 
-    def _hear(self, news: Bulletin, received: float, leader: str, beat: int) -> None:
+    def _hear(self, news: Bulletin, received: float, leader: str) -> None:
         """The leader's notices for this worker, each acted on once; and if its change
         feed is vouched for after a gap (this worker's reads lapsed, the leader changed,
         or its vouching stopped and resumed), the polls it replaces run once now."""
         was_live = self.feed_live()
-        if (leader, beat) != self._leader_beat:
-            self._leader_beat, self._leader_beat_at = (leader, beat), received
         for notice in fresh(news.notices, self.me, self._notices_seen):
             self.metrics.notice(notice.kind.value)
             self.hooks.notice(notice)
@@ -615,7 +608,7 @@ class Membership(FleetKnowledge):
             news = bulletins.decode(row.bulletin) \
                 if row is not None and row.status is MemberStatus.ACTIVE else None
             if news is not None and row is not None:
-                self._hear(news, received, row.worker_id, row.heartbeat)
+                self._hear(news, received, row.worker_id)
         if changed:
             self.hooks.fleet_changed()
         for member in dead:
