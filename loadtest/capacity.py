@@ -42,6 +42,7 @@ from streamlease.config import DEFAULTS
 from streamlease.core import bulletin
 from streamlease.core.membership import MemberTimings
 from streamlease.store import codec, fleetcodec
+from streamlease.store.dynamodb import leases as _leases
 
 KEY_READ_LIMIT = 3000.0  # read units/s one partition serves
 KEY_WRITE_LIMIT = 1000.0  # write units/s one partition serves
@@ -288,7 +289,7 @@ FEED_READ_S = _membership.FEED_READ_S
 FEED_QUIET_FACTOR = _reconciler.FEED_QUIET_FACTOR
 BACKSTOP_FACTOR = _sweep_module.BACKSTOP_FACTOR
 FEED_POLL_S = _feed.FeedSettings().poll_s
-BATCH_GET_KEYS = 100
+BATCH_GET_KEYS = _leases.BATCH_GET_KEYS
 
 FLEET = "fleet table"
 STREAMS = "streams table"

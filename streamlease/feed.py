@@ -38,7 +38,6 @@ from typing import Protocol
 
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core.changes import Action, ChangeRecord
-from streamlease.core.membership import MemberStatus
 from streamlease.core.model import StreamRecord
 from streamlease.core.notices import NoticeKind, most_room
 from streamlease.errors import StoreError
@@ -187,8 +186,7 @@ class ChangeFeed:
     def _rooms(self) -> dict[str, int]:
         """Free slots of the members taking streams, as the leader last read the rows."""
         view = self.notifier.view
-        return {m.worker_id: max(0, m.capacity - m.streams) for m in view.active()
-                if m.status is MemberStatus.ACTIVE}
+        return {m.worker_id: max(0, m.capacity - m.streams) for m in view.active()}
 
     async def _act(self, change: ChangeRecord, rooms: dict[str, int]) -> int:
         """Carry out one change's actions; the number of the last notice posted (0: none)."""

@@ -466,7 +466,8 @@ class Reconciler:
         BatchGetItem per 100), not one consistent read per stream. An item that looks
         changed (stopped, a new URL, released, moved on, gone) is read consistently by its
         holder, and only that read decides."""
-        every = self.settings.supervisor.check_s or self.settings.stopped_check_s
+        every = self.settings.supervisor.check_s
+        assert every is not None  # the loop runs only with a check interval (``run``)
         while not self._stop.is_set():
             asked = self._checks_now.is_set()
             self._checks_now.clear()
