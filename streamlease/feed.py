@@ -38,7 +38,6 @@ from typing import Protocol
 
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core.changes import Action, ChangeRecord
-from streamlease.core.model import StreamRecord
 from streamlease.core.notices import NoticeKind, most_room
 from streamlease.errors import StoreError
 from streamlease.logs import event
@@ -95,8 +94,7 @@ class ChangeFeed:
     def __init__(self, open_reader: Callable[[int], FeedReader], leases: LeaseStore,
                  notifier: Notifier, backstop: Callable[[], None], clock: Clock,
                  metrics: Metrics, settings: FeedSettings, stopping: asyncio.Event,
-                 follow: Callable[[StreamRecord | None, StreamRecord | None], None] =
-                 lambda old, new: None) -> None:
+                 follow: Callable[[ChangeRecord], None] = lambda change: None) -> None:
         self.open_reader = open_reader
         self.leases = leases
         self.notifier = notifier
@@ -191,7 +189,7 @@ class ChangeFeed:
     async def _act(self, change: ChangeRecord, rooms: dict[str, int]) -> int:
         """Carry out one change's actions; the number of the last notice posted (0: none)."""
         last = 0
-        self.follow(change.old, change.new)
+        self.follow(change)
         for action in change.actions():
             self.metrics.change_feed_records(action.value)
             if action is Action.STAMP:

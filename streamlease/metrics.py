@@ -9,7 +9,7 @@ so ``rate()`` and alerts work before the first event.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -350,11 +350,15 @@ class Metrics:
     def loop_lag(self, seconds: float) -> None:
         self._loop_lag.set(max(0.0, seconds))
 
-    def fleet_view(self, counts: dict[tuple[str, str], int]) -> None:
-        """Set every (desired_state, lease) cell, zero where absent."""
+    def fleet_view(self, source: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """Publish every (desired_state, lease) cell, zero where absent, as ``source``
+        counts at each scrape (a lease that lapses is counted expired without a write)."""
+        def cell(state: str, lease: str) -> Callable[[], float]:
+            return lambda: source().get((state, lease), 0)
+
         for state in FLEET_STATES:
             for lease in FLEET_LEASES:
-                self._streams.labels(state, lease).set(counts.get((state, lease), 0))
+                self._streams.labels(state, lease).set_function(cell(state, lease))
 
     def reconcile(self, seconds: float) -> None:
         self._reconcile.observe(seconds)

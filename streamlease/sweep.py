@@ -7,7 +7,9 @@ them), reports every item that cannot be served, and publishes the fleet view me
 While the leader's change feed runs (``streamlease.feed``), which stamps hand-written
 items within a second, the sweep is its backstop: it runs ``BACKSTOP_FACTOR`` times less
 often, and once at once whenever the feed may have missed changes (``request``); between
-sweeps the fleet view follows the feed's changes (``follow``).
+sweeps the fleet view follows the feed's changes (``follow``, through
+``streamlease.core.tally.ViewTracker``, which keeps a change made while a sweep runs from
+being counted twice or lost).
 """
 
 from __future__ import annotations
@@ -21,14 +23,10 @@ from dataclasses import dataclass
 
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core.backoff import jittered
+from streamlease.core.changes import ChangeRecord
 from streamlease.core.model import StreamRecord, error_text
-from streamlease.core.plan import (
-    VALID_STATES,
-    bad_item_reason,
-    fleet_view,
-    invisible_to_index,
-    item_problem,
-)
+from streamlease.core.plan import VALID_STATES, bad_item_reason, invisible_to_index, item_problem
+from streamlease.core.tally import Followed, ViewTracker
 from streamlease.core.upstream import Catalog
 from streamlease.core.urls import AllowList
 from streamlease.errors import StoreError
@@ -90,7 +88,8 @@ class Sweep:
         self.stopping = stopping
         self.feed_live: Callable[[], bool] = lambda: False
         self._requested = asyncio.Event()
-        self._view: dict[tuple[str, str], int] | None = None  # the last sweep's, followed
+        self.view = ViewTracker()  # the last sweep's counts, followed between sweeps
+        self._late = False  # a late change asked for a sweep that has not begun yet
 
     def request(self) -> None:
         """Sweep now: the change feed may have missed changes."""
@@ -100,7 +99,7 @@ class Sweep:
         """A leader duty: the sweep and the fleet view, once at once (a new leader picks
         up hand-written items immediately), then every ``sweep_s`` (+/-20 %), or
         ``BACKSTOP_FACTOR`` times that while the change feed is live."""
-        self._view = None  # a new term: the view starts from its first sweep
+        self.view.reset()  # a new term: the view starts from its first sweep
         while not stop.is_set() and not self.stopping.is_set():
             self._requested.clear()
             try:
@@ -127,25 +126,34 @@ class Sweep:
         held in memory): adopt hand-written items, report items that cannot be served,
         and publish the fleet view metric. (A filtered Scan costs the same read capacity
         as a full one, so the view comes for free.)"""
-        counts: dict[tuple[str, str], int] = {}
-        async for page in self.leases.scan_pages():
-            for key, n in fleet_view(page, self.clock.wall_ms()).items():
-                counts[key] = counts.get(key, 0) + n
-            await self._page(page)
-        self._view = counts
-        self.metrics.fleet_view(counts)
+        first = not self.view.ready
+        self._late = False
+        self.view.begin_sweep(self.clock.wall_ms())
+        try:
+            async for page in self.leases.scan_pages():
+                self.view.page(page, self.clock.monotonic())
+                await self._page(page)
+        except BaseException:
+            self.view.abandon_sweep()
+            raise
+        self.view.end_sweep(self.clock.monotonic())
+        if first:  # read at every scrape from here on (cleared when the term ends)
+            self.metrics.fleet_view(self._counts)
 
-    def follow(self, old: StreamRecord | None, new: StreamRecord | None) -> None:
-        """A change the leader's feed read: the fleet view follows it between sweeps (a
-        lease that lapses without a write shows at the next sweep)."""
-        if self._view is None:
-            return
-        now = self.clock.wall_ms()
-        for record, sign in ((old, -1), (new, 1)):
-            if record is not None:
-                for key, n in fleet_view([record], now).items():
-                    self._view[key] = max(0, self._view.get(key, 0) + sign * n)
-        self.metrics.fleet_view(self._view)
+    def _counts(self) -> dict[tuple[str, str], int]:
+        return self.view.counts(self.clock.wall_ms()) or {}
+
+    def follow(self, change: ChangeRecord) -> None:
+        """A change the leader's feed read: the fleet view follows it between sweeps (one
+        delivered too late to be placed exactly is counted by a sweep now)."""
+        followed = self.view.follow(change.stream_id, change.old, change.new, change.shard_id,
+                                    change.sequence_number, change.approximate_at_ms,
+                                    self.clock.monotonic(), self.clock.wall_ms())
+        if followed is Followed.LATE and not self._late:
+            self._late = True
+            event(logging.INFO, "sweep.view_late", "the change feed is behind by more than "
+                  "the fleet view can follow; sweeping now", stream=change.stream_id)
+            self.request()
 
     async def _page(self, records: list[StreamRecord]) -> None:
         for record in records:

@@ -60,7 +60,7 @@ def test_labelled_counters_start_at_zero_for_every_known_value() -> None:
 
 def test_no_label_names_a_stream_or_a_worker() -> None:
     m = Metrics()
-    m.fleet_view({("STARTED", "live"): 3})
+    m.fleet_view(lambda: {("STARTED", "live"): 3})
     for family in m.registry.collect():
         for sample in family.samples:
             assert not {"stream", "stream_id", "worker", "owner"} & set(sample.labels)
@@ -68,12 +68,16 @@ def test_no_label_names_a_stream_or_a_worker() -> None:
 
 def test_fleet_view_sets_every_cell() -> None:
     m = Metrics()
-    m.fleet_view({("STARTED", "live"): 3, ("STOPPED", "none"): 1})
+    counts = {("STARTED", "live"): 3, ("STOPPED", "none"): 1}
+    m.fleet_view(lambda: counts)
     s = samples(m)
     assert s["streamlease_streams{desired_state=STARTED,lease=live}"] == 3
+    assert s["streamlease_streams{desired_state=STOPPED,lease=none}"] == 1
     assert s["streamlease_streams{desired_state=invalid,lease=expired}"] == 0
-    m.fleet_view({})
+    counts = {}  # read at each scrape, not when published
     assert samples(m)["streamlease_streams{desired_state=STARTED,lease=live}"] == 0
+    m.clear_fleet_view()
+    assert not any(k.startswith("streamlease_streams{") for k in samples(m))
 
 
 def test_membership_and_balance_metrics() -> None:
