@@ -199,12 +199,13 @@ class Reconciler:
         second, not at the next random cycle)."""
         if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
+        inside_band = self._share - balance.TOLERANCE <= len(self.supervisors) <= self._share
         if self.membership.feed_live() and not self._orphan_since and not self._donor() \
-                and len(self.supervisors) <= self._share and not self.holdings.unsure \
-                and self._admitting:
+                and inside_band and not self.holdings.unsure and self._admitting:
             # Nothing to take or give, and the leader's change feed offers every freed or
             # new stream (an offer pokes a cycle at once): the orphan query is a backstop
-            # for leases that lapse without a write (a wedged holder's stream lease).
+            # for leases that lapse without a write (a wedged holder's stream lease). One
+            # below its band keeps looking: an offer goes to one member, maybe another.
             return jittered(FEED_QUIET_FACTOR * self.settings.reconcile_s, 0.2, self.rng)
         return jittered(self.settings.reconcile_s, 0.2, self.rng)
 

@@ -521,3 +521,28 @@ async def test_a_member_reading_the_leaders_row_plans_from_its_bulletin(
             await asyncio.sleep(0.05)
     assert fleet.clock.monotonic() - first < 4 * T.heartbeat_s
     await fleet.stop()
+
+
+async def test_a_member_below_its_share_keeps_looking_while_the_change_feed_is_live() -> None:
+    """With the feed live, a member inside its band polls the orphan index twelve times
+    less often (every freed stream is offered to someone). One below its band does not
+    rest: a stream another member sheds without an offer reaching it (the offer went to
+    a member with more room, or was lost with a leader) is taken at a regular cycle."""
+    fleet = Fleet()
+    fleet.member.feed_live = lambda: True  # type: ignore[method-assign]
+    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=5,
+                          capacity=100)
+    fleet.member.view = FleetView((leader,))
+    fleet.member.bulletin = Bulletin(gen=1, level=5, total=10, deficit=4, below=1, active=2,
+                                     draining=False)
+    fleet.member.reading_all = False
+    await fleet.streams("a")
+    fleet.start()
+    async with asyncio.timeout(10):
+        while len(fleet.held()) < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(2.0)  # a cycle that saw no orphan: nothing to take, as far as it knows
+    await fleet.streams("b", "c", "d")
+    await asyncio.sleep(3 * 1.2)  # three regular cycles
+    assert fleet.held() == {"a", "b", "c", "d"}
+    await fleet.stop()
