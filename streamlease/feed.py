@@ -38,7 +38,7 @@ from typing import Protocol
 
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core.changes import Action, ChangeRecord
-from streamlease.core.notices import NoticeKind, most_room
+from streamlease.core.notices import NoticeKind, Room, most_room, rooms_of
 from streamlease.errors import StoreError
 from streamlease.logs import event
 from streamlease.membership import FleetView
@@ -69,6 +69,10 @@ class Notifier(Protocol):
 
     @property
     def view(self) -> FleetView: ...
+
+    def share_level(self) -> int | None:
+        """The fair-share level of the bulletin this leader composed (None: none yet)."""
+        ...
 
     def post(self, member: str, stream: str, kind: NoticeKind) -> int: ...
 
@@ -181,12 +185,13 @@ class ChangeFeed:
                   "feed; the next batch's checkpoint covers this one", error=str(exc))
         return Applied.OK
 
-    def _rooms(self) -> dict[str, int]:
-        """Free slots of the members taking streams, as the leader last read the rows."""
-        view = self.notifier.view
-        return {m.worker_id: max(0, m.capacity - m.streams) for m in view.active()}
+    def _rooms(self) -> dict[str, Room]:
+        """Free slots of the members taking streams, as the leader last read the rows, to
+        their fair share and to their capacity."""
+        return rooms_of(((m.worker_id, m.streams, m.capacity)
+                         for m in self.notifier.view.active()), self.notifier.share_level())
 
-    async def _act(self, change: ChangeRecord, rooms: dict[str, int]) -> int:
+    async def _act(self, change: ChangeRecord, rooms: dict[str, Room]) -> int:
         """Carry out one change's actions; the number of the last notice posted (0: none)."""
         last = 0
         self.follow(change)

@@ -249,6 +249,10 @@ class Membership(FleetKnowledge):
             return self._feed_up and not self.notices.overflowed(now)
         return self._heard_feed and now - self._bulletin_at <= self.notice_ttl_s / 2
 
+    def share_level(self) -> int | None:
+        """The fair-share level of the bulletin this leader composed (None: none yet)."""
+        return self._composed.level if self._composed is not None else None
+
     def feed_running(self, up: bool) -> None:
         """The leader's change feed started (or stopped) vouching for its notices."""
         if up != self._feed_up:

@@ -15,7 +15,14 @@ from streamlease.core import bulletin as bulletins
 from streamlease.core.changes import ChangeEvent, ChangeRecord
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.core.model import StreamRecord
-from streamlease.core.notices import Notice, NoticeBoard, NoticeKind, fresh, most_room
+from streamlease.core.notices import (
+    Notice,
+    NoticeBoard,
+    NoticeKind,
+    fresh,
+    most_room,
+    rooms_of,
+)
 from streamlease.feed import ChangeFeed, FeedSettings
 from streamlease.membership import FleetView
 from streamlease.metrics import Metrics
@@ -67,11 +74,15 @@ class Reader:
 
 
 class Notifier:
-    def __init__(self, view: FleetView, publish: bool = True) -> None:
+    def __init__(self, view: FleetView, publish: bool = True, level: int | None = None) -> None:
         self.view = view
+        self.level = level
         self.posted: list[tuple[str, str, NoticeKind]] = []
         self.running: list[bool] = []
         self.publish = publish
+
+    def share_level(self) -> int | None:
+        return self.level
 
     def post(self, member: str, stream: str, kind: NoticeKind) -> int:
         self.posted.append((member, stream, kind))
@@ -236,8 +247,17 @@ def test_a_member_acts_on_its_own_notices_once() -> None:
 
 
 def test_offers_go_to_the_most_room_and_fill_it() -> None:
-    rooms = {"w1": 2, "w2": 3, "w3": 0}
+    rooms = rooms_of([("w1", 8, 10), ("w2", 7, 10), ("w3", 10, 10)], None)
     assert [most_room(rooms) for _ in range(6)] == ["w2", "w1", "w2", "w1", "w2", None]
+
+
+def test_offers_go_below_the_share_first() -> None:
+    """Level 5: w3 (2 of 5) is offered streams before w1, which has more capacity left
+    but is at its share and would only shed them again; once nobody is below, the most
+    room to capacity (the share grows)."""
+    rooms = rooms_of([("w1", 5, 100), ("w2", 4, 10), ("w3", 2, 10)], 5)
+    assert [most_room(rooms) for _ in range(6)] == ["w3", "w3", "w2", "w3", "w1", "w1"]
+    assert most_room(rooms_of([("w1", 10, 10)], 5)) is None
 
 
 def test_the_bulletin_carries_the_feed_and_its_notices() -> None:

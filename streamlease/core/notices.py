@@ -19,6 +19,7 @@ Pure: no I/O; the caller passes the time (monotonic seconds).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -81,11 +82,31 @@ def fresh(notices: tuple[Notice, ...], me: str, seen: frozenset[int]) -> list[No
     return [n for n in notices if n.member == me and n.n not in seen]
 
 
-def most_room(rooms: dict[str, int]) -> str | None:
-    """The member with the most room (ties: the lowest id), which is then counted one
-    stream fuller; None when nobody has room."""
-    best = min(rooms.items(), key=lambda kv: (-kv[1], kv[0]), default=None)
-    if best is None or best[1] <= 0:
+@dataclass
+class Room:
+    """What a member can still take: up to its fair share, and up to its capacity."""
+
+    to_share: int
+    to_capacity: int
+
+
+def rooms_of(members: Iterable[tuple[str, int, int]], level: int | None) -> dict[str, Room]:
+    """Each (member, streams, capacity)'s room under the fair-share ``level`` (None: no
+    level known, the share is the capacity)."""
+    return {wid: Room(max(0, min(capacity, capacity if level is None else level) - streams),
+                      max(0, capacity - streams))
+            for wid, streams, capacity in members}
+
+
+def most_room(rooms: dict[str, Room]) -> str | None:
+    """Whom to offer a stream: a member below its share first (one at its share would only
+    shed it again), the furthest below; else the member with the most room to its
+    capacity (the share grows). Ties: the lowest id. The member is then counted one stream
+    fuller; None when nobody has room."""
+    best = min(rooms.items(), key=lambda kv: (-kv[1].to_share, -kv[1].to_capacity, kv[0]),
+               default=None)
+    if best is None or best[1].to_capacity <= 0:
         return None
-    rooms[best[0]] -= 1
+    room = best[1]
+    room.to_share, room.to_capacity = max(0, room.to_share - 1), room.to_capacity - 1
     return best[0]
