@@ -136,7 +136,8 @@ class Sweep:
         except BaseException:
             self.view.abandon_sweep()
             raise
-        self.view.end_sweep(self.clock.monotonic())
+        if self.view.end_sweep(self.clock.monotonic()):
+            self.request()  # an item deleted meanwhile may be counted: count again
         if first:  # read at every scrape from here on (cleared when the term ends)
             self.metrics.fleet_view(self._counts)
 

@@ -29,9 +29,9 @@ short window (``window_s``), never by the table's size:
 * a change the feed delivers more than the window after it was written cannot be placed
   exactly: ``follow`` says so (``Followed.LATE``), and the caller sweeps again.
 
-One case is left to the next sweep: an item deleted shortly before or while a sweep
-runs, and absent from its page, may still be counted (a Scan does not say which keys a
-page would have held).
+One case is left to another sweep: an item deleted while a sweep runs, and shown by no
+page after its deletion, may or may not have been counted by it (a Scan does not say
+which keys a page would have held); ``end_sweep`` says so and the caller sweeps again.
 
 Lease liveness depends on the time: cells count expiries in one-second buckets, so a
 lease that lapses without a write is counted expired within a second, not at the next
@@ -47,6 +47,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from streamlease.core.model import StreamRecord
 from streamlease.core.plan import VALID_STATES
@@ -54,6 +55,7 @@ from streamlease.core.plan import VALID_STATES
 Key = tuple[str, int] | None  # (state, expiry epoch ms; 0 = free); None: no such item
 
 WINDOW_S = 10.0  # how long what a tally counts an item as is remembered
+MAX_VERSIONS = 16  # versions of one item remembered to place a page against the feed
 # A page read after a sweep began shows every change written this long before it began
 # (an eventually consistent read lags well under a second; DynamoDB Streams' creation
 # time is rounded down to the second).
@@ -108,9 +110,11 @@ class Tally:
 
     def counts(self, now_ms: int) -> dict[tuple[str, str], int]:
         """(state, ``live``|``expired``|``none``) -> n at ``now_ms``. A lease is counted
-        live until the end of the second it expires in."""
+        live until the end of the second it expires in. Safe to call from another thread
+        (the metrics server's) while the event loop moves items: it reads a copy, which
+        CPython takes without releasing the GIL."""
         out: dict[tuple[str, str], int] = {}
-        for (state, second), n in self._cells.items():
+        for (state, second), n in tuple(self._cells.items()):
             lease = "none" if second < 0 else ("live" if second * 1000 + 999 > now_ms
                                                else "expired")
             out[(state, lease)] = out.get((state, lease), 0) + n
@@ -141,7 +145,8 @@ class ViewTracker:
         self._counted: OrderedDict[str, tuple[Key, float]] = OrderedDict()
         self._counted_scan: OrderedDict[str, tuple[Key, float]] = OrderedDict()
         self._pending: dict[str, _Pending] = {}
-        self._recent: OrderedDict[str, tuple[list[Key], float]] = OrderedDict()
+        # Versions the feed reported recently: stream -> (versions, at, written_ms).
+        self._recent: OrderedDict[str, tuple[list[Key], float, int | None]] = OrderedDict()
         self._followed: dict[str, int] = {}  # shard -> last sequence number followed
 
     @property
@@ -156,7 +161,12 @@ class ViewTracker:
     def begin_sweep(self, now_ms: int) -> None:
         self._scan = Tally(now_ms)
         self._counted_scan = OrderedDict()
-        self._pending = {}
+        # Changes written just before the sweep began may be missing from a stale page:
+        # pending from the start, as changes to items the sweep has not counted (no page
+        # that showed them counts them as anything but their newest).
+        self._pending = {sid: _Pending(None, list(versions), versions[-1])
+                         for sid, (versions, _, written_ms) in self._recent.items()
+                         if not self._scan.saw(written_ms)}
 
     def page(self, records: Iterable[StreamRecord], now_s: float) -> None:
         """One page of the sweep's Scan, as read."""
@@ -167,26 +177,30 @@ class ViewTracker:
             read = view_key(record)
             sid = record.stream_id
             pending = self._pending.pop(sid, None)
-            reported = self._recent.get(sid)
             key = read
             if pending is not None and read in (pending.first, *pending.seen):
                 key = pending.latest  # the page is behind the feed, or level with it
-            elif pending is None and reported is not None and read in reported[0]:
-                key = reported[0][-1]
             self._scan.add(key)
             _remember(self._counted_scan, sid, key, now_s)
 
-    def end_sweep(self, now_s: float) -> None:
+    def end_sweep(self, now_s: float) -> bool:
         """The Scan is complete: what it counted, moved by the changes no page showed
-        after them, becomes the published view."""
+        after them, becomes the published view. True when an item was deleted while the
+        sweep ran and no page showed it: whether the sweep counted it cannot be told (a
+        Scan does not say which keys a page would have held), so sweep again."""
         if self._scan is None:
-            return
+            return False
+        unsure = False
         for pending in self._pending.values():
-            self._scan.move(pending.first, pending.latest)
+            if pending.first is not None and None in pending.seen:
+                unsure = True  # counted as ``first`` if scanned before; else not at all
+            else:
+                self._scan.move(pending.first, pending.latest)
         self._current, self._scan = self._scan, None
         self._counted, self._counted_scan = self._counted_scan, OrderedDict()
         self._pending = {}
         self._expire(now_s)
+        return unsure
 
     def abandon_sweep(self) -> None:
         """A sweep that failed part-way: the published view stays as it was."""
@@ -209,31 +223,32 @@ class ViewTracker:
             self._followed[shard_id] = seq
         self._expire(now_s)
         before, after = view_key(old), view_key(new)
-        versions = [*self._recent.pop(stream_id, ([before], 0.0))[0], after]
-        self._recent[stream_id] = (versions[-8:], now_s)
+        versions = [*self._recent.pop(stream_id, ([before], 0.0, None))[0], after]
+        self._recent[stream_id] = (versions[-MAX_VERSIONS:], now_s, written_ms)
+        applied = False
         if self._current is not None and not self._current.saw(written_ms):
+            applied = True
             self._current.move(_counted_as(self._counted, stream_id, before), after)
             if stream_id in self._counted:
                 _remember(self._counted, stream_id, after, now_s)
         if self._scan is not None and not self._scan.saw(written_ms):
+            applied = True
             if stream_id in self._counted_scan:  # a page showed it a moment ago
                 self._scan.move(_counted_as(self._counted_scan, stream_id, before), after)
                 _remember(self._counted_scan, stream_id, after, now_s)
             else:
                 pending = self._pending.setdefault(stream_id, _Pending(before))
-                pending.seen.append(after)
+                pending.seen = [*pending.seen[1 - MAX_VERSIONS:], after]
                 pending.latest = after
-        late = written_ms is not None and written_ms < now_ms - self.window_s * 1000
+        # Late, and not already counted by a sweep that began after it was written.
+        late = applied and written_ms is not None and \
+            written_ms < now_ms - self.window_s * 1000
         return Followed.LATE if late else Followed.FOLLOWED
 
     def _expire(self, now_s: float) -> None:
         horizon = now_s - self.window_s
         for remembered in (self._counted, self._counted_scan, self._recent):
-            while remembered:
-                sid, (_, at) = next(iter(remembered.items()))
-                if at >= horizon:
-                    break
-                del remembered[sid]
+            _forget_before(remembered, horizon)
 
 
 def _counted_as(counted: OrderedDict[str, tuple[Key, float]], stream_id: str,
@@ -248,3 +263,12 @@ def _remember(counted: OrderedDict[str, tuple[Key, float]], stream_id: str, key:
               now_s: float) -> None:
     counted.pop(stream_id, None)
     counted[stream_id] = (key, now_s)
+
+
+def _forget_before(remembered: OrderedDict[str, Any], horizon: float) -> None:
+    """Drop the entries (oldest first; an entry's second field is when) before ``horizon``."""
+    while remembered:
+        sid, entry = next(iter(remembered.items()))
+        if entry[1] >= horizon:
+            return
+        del remembered[sid]
