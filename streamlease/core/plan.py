@@ -49,18 +49,6 @@ def invisible_to_index(record: StreamRecord) -> bool:
     return record.lease_expires_at_ms is None or record.desired_state not in VALID_STATES
 
 
-def fleet_view(records: list[StreamRecord], now_wall_ms: int) -> dict[tuple[str, str], int]:
-    """Counts by (desired_state, lease): state STARTED/STOPPED/invalid, lease
-    live (expires in the future), expired (past, not released) or none (free or never)."""
-    counts: dict[tuple[str, str], int] = {}
-    for r in records:
-        state = r.desired_state if r.desired_state in VALID_STATES else "invalid"
-        expiry = r.lease_expires_at_ms or 0
-        lease = "none" if expiry == 0 else ("live" if expiry > now_wall_ms else "expired")
-        counts[(state or "invalid", lease)] = counts.get((state or "invalid", lease), 0) + 1
-    return counts
-
-
 @dataclass(frozen=True)
 class Plan:
     acquire: list[StreamRecord] = field(default_factory=list)

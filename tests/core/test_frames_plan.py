@@ -9,7 +9,8 @@ import pytest
 from streamlease.core.frames import Frame, Malformed, export_line, parse_frame
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.model import StreamRecord
-from streamlease.core.plan import fleet_view, item_problem, plan_cycle
+from streamlease.core.plan import item_problem, plan_cycle
+from streamlease.core.tally import Tally, view_key
 from streamlease.core.urls import parse_allowed_urls
 
 
@@ -98,7 +99,10 @@ def test_fleet_view_counts_every_state_and_lease() -> None:
                rec("c", lease_expires_at_ms=0), rec("d", lease_expires_at_ms=None),
                rec("e", desired_state="STOPPED", lease_expires_at_ms=2_000_000),
                rec("f", desired_state="??", lease_expires_at_ms=0)]
-    assert fleet_view(records, 1_000_000) == {
+    tally = Tally()
+    for record in records:
+        tally.add(view_key(record))
+    assert tally.counts(1_000_000) == {
         ("STARTED", "live"): 1, ("STARTED", "expired"): 1, ("STARTED", "none"): 2,
         ("STOPPED", "live"): 1, ("invalid", "none"): 1}
 
