@@ -53,6 +53,7 @@ ORPHAN_QUERY_LIMIT = 1000
 # A settled worker trusting the leader's change feed queries the orphan index this many
 # times less often (once a minute at the default five-second reconcile interval).
 FEED_QUIET_FACTOR = 12
+OFFERED_LIMIT = 100  # offered streams remembered between two cycles (the rest: the index)
 
 __all__ = ["MemberGate", "Reconciler", "ReconcilerSettings"]
 
@@ -99,6 +100,9 @@ class Reconciler:
         self._stopped_now = asyncio.Event()  # the STOPPED query is due at once
         self._checks_now = asyncio.Event()  # the batched read of held items is due at once
         self._fast_until = 0.0  # poll orphans often until then (a peer drains or hands off)
+        # Streams the leader's change feed offered this worker since its last cycle: read
+        # at once, not found through the orphan index (which lags the table).
+        self._offered: set[str] = set()
         self._share = 0  # this worker's fair share at the last cycle
         self._next_shed = 0.0
         self._servable = 0  # servable orphans at the last cycle (the leader's bulletin)
@@ -168,6 +172,8 @@ class Reconciler:
         """The leader's change feed: a held stream's item changed (read it now), or a
         free stream is this worker's to take (look for orphans now)."""
         if notice.kind is NoticeKind.OFFER:
+            if len(self._offered) < OFFERED_LIMIT:
+                self._offered.add(notice.stream)
             self.poke()
             return
         self.holdings.notify(notice.stream)
@@ -289,6 +295,7 @@ class Reconciler:
         now = self.clock.monotonic()
         candidates = await self.leases.orphans(takeover_threshold_ms(now_ms, timings),
                                                ORPHAN_QUERY_LIMIT)
+        candidates += await self._read_offered({c.stream_id for c in candidates})
         orphans = []
         for candidate in candidates:
             held = self.supervisors.get(candidate.stream_id)
@@ -329,6 +336,25 @@ class Reconciler:
             self._fast_until = max(self._fast_until,
                                    self.clock.monotonic() + self.settings.reconcile_s)
         self.metrics.set_leases_held(len(self.supervisors))
+
+    async def _read_offered(self, found: set[str]) -> list[StreamRecord]:
+        """The streams offered since the last cycle that the orphan query did not return
+        (its index may not show them yet), each read consistently; the plan then treats
+        them as any orphan (a stream already taken is not acquirable, and the acquisition
+        is a conditional write)."""
+        offered, self._offered = self._offered - found - set(self.supervisors), set()
+        if not offered:
+            return []
+        timeout = self.settings.supervisor.call_timeout_s
+
+        async def read(stream_id: str) -> StreamRecord | None:
+            try:
+                return await self.leases.check(stream_id, timeout=timeout)
+            except StoreError:
+                return None  # the orphan query finds it later
+        async with asyncio.TaskGroup() as tg:
+            reads = [tg.create_task(read(sid)) for sid in sorted(offered)]
+        return [r for r in (t.result() for t in reads) if r is not None]
 
     # -- a dead member's streams ---------------------------------------------------------
 

@@ -14,6 +14,7 @@ from streamlease.core.bulletin import Bulletin
 from streamlease.core.lease import LeaseTimings, StopReason
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.core.model import MAX_LAST_ERROR_CHARS
+from streamlease.core.notices import Notice, NoticeKind
 from streamlease.core.urls import parse_allowed_urls
 from streamlease.membership import FleetView
 from streamlease.metrics import Metrics
@@ -545,4 +546,24 @@ async def test_a_member_below_its_share_keeps_looking_while_the_change_feed_is_l
     await fleet.streams("b", "c", "d")
     await asyncio.sleep(3 * 1.2)  # three regular cycles
     assert fleet.held() == {"a", "b", "c", "d"}
+    await fleet.stop()
+
+
+async def test_an_offered_stream_is_read_and_taken_before_the_index_shows_it() -> None:
+    """The leader's feed offers a freed or new stream: the member reads it consistently
+    and takes it at once, instead of waiting for the orphan index (which lags)."""
+    memory = MemoryStore(index_lag_s=8.0, index_lag_jitter_s=0.0)
+    fleet = Fleet(memory)
+    fleet.start()
+    await asyncio.sleep(2.0)
+    await memory.put_started("x", URL.format("x"))  # the index shows it 8 s from now
+    fleet.reconciler.notice(Notice(1, "w1", "x", NoticeKind.OFFER))
+    await asyncio.sleep(1.0)
+    assert fleet.held() == {"x"}
+    # An offer of a stream someone holds is read, and not taken.
+    await memory.put_started("y", URL.format("y"))
+    assert await memory.acquire("y", "w2", fleet.clock.wall_ms(), T) is not None
+    fleet.reconciler.notice(Notice(2, "w1", "y", NoticeKind.OFFER))
+    await asyncio.sleep(1.0)
+    assert fleet.held() == {"x"}
     await fleet.stop()
