@@ -214,6 +214,8 @@ class Membership(FleetKnowledge):
         self._bulletin_at = float("-inf")  # monotonic: the last bulletin read from the leader
         self._heard_feed = False  # that bulletin vouched for the leader's change feed
         self._heard: tuple[str, int] = ("", 0)  # (leader, vouching stretch) last heard
+        self._leader_beat: tuple[str, int] = ("", -1)  # (leader, its heartbeat counter)
+        self._leader_beat_at = float("-inf")  # monotonic: when that counter was first read
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
         self._last_beat = 0.0
@@ -243,10 +245,24 @@ class Membership(FleetKnowledge):
         never under five seconds, so a member that misses a read or two still sees it."""
         return max(5.0, 4 * self.timings.observe_s)
 
+    @property
+    def leader_still_s(self) -> float:
+        """How long the leader's heartbeat counter may stand still in this member's reads
+        before its vouching is not trusted: two heartbeats, and never under half a
+        notice's life (a leader whose heartbeats run late on a loaded store is not
+        dropped and taken back every few reads)."""
+        return max(2 * self.timings.heartbeat_s, self.notice_ttl_s / 2)
+
     def feed_live(self) -> bool:
         now = self.clock.monotonic()
         if self.hooks.leading():
             return self._feed_up and not self.notices.overflowed(now)
+        # A leader that died leaves its row, and its vouching, behind: its counter stops.
+        return self._hearing_feed(now) and now - self._leader_beat_at <= self.leader_still_s
+
+    def _hearing_feed(self, now: float) -> bool:
+        """The last bulletin read vouched for the feed, and was read lately enough that no
+        notice can have come and gone unread."""
         return self._heard_feed and now - self._bulletin_at <= self.notice_ttl_s / 2
 
     def share_level(self) -> int | None:
@@ -557,7 +573,7 @@ class Membership(FleetKnowledge):
         dead = self.observer.observe([row], sent, received)
         self._read_all_leading = False
         self._composed = None  # not leading: nothing of an earlier term is written
-        self._hear(news, received, row.worker_id)
+        self._hear(news, received, row.worker_id, row.heartbeat)
         before = None if self.reading_all else self.bulletin
         before_row = None if self.reading_all or not self.view.members else self.view.members[0]
         self.bulletin, self.reading_all = news, False
@@ -572,11 +588,15 @@ class Membership(FleetKnowledge):
             self._spawn(self._take_over(row))  # the leader is watched like any member
         return True
 
-    def _hear(self, news: Bulletin, received: float, leader: str) -> None:
+    def _hear(self, news: Bulletin, received: float, leader: str, beat: int) -> None:
         """The leader's notices for this worker, each acted on once; and if its change
         feed is vouched for after a gap (this worker's reads lapsed, the leader changed,
-        or its vouching stopped and resumed), the polls it replaces run once now."""
-        was_live = self.feed_live()
+        or its vouching stopped and resumed), the polls it replaces run once now. (A
+        leader whose counter stood still and moves again needs no catch-up: every
+        bulletin was read meanwhile, and the polls ran while it was not trusted.)"""
+        was_live = self._hearing_feed(received)
+        if (leader, beat) != self._leader_beat:
+            self._leader_beat, self._leader_beat_at = (leader, beat), received
         for notice in fresh(news.notices, self.me, self._notices_seen):
             self.metrics.notice(notice.kind.value)
             self.hooks.notice(notice)
@@ -612,7 +632,7 @@ class Membership(FleetKnowledge):
             news = bulletins.decode(row.bulletin) \
                 if row is not None and row.status is MemberStatus.ACTIVE else None
             if news is not None and row is not None:
-                self._hear(news, received, row.worker_id)
+                self._hear(news, received, row.worker_id, row.heartbeat)
         if changed:
             self.hooks.fleet_changed()
         for member in dead:

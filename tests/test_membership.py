@@ -407,14 +407,14 @@ async def test_a_failing_takeover_task_is_logged_counted_and_the_member_goes_on(
 
 
 def fleet_member(memory: MemoryStore, name: str, leader: list[str],
-                 held: int = 0) -> tuple[Membership, FaultyStore]:
+                 held: int = 0, timings: MemberTimings = T) -> tuple[Membership, FaultyStore]:
     """A member on its own call-counting view of one table; ``leader[0]`` leads."""
     store = FaultyStore(memory)
     hooks = Hooks(held=lambda: held, fenced=lambda: None, self_fenced=lambda: None,
                   fleet_changed=lambda: None, leading=lambda: bool(leader) and leader[0] == name,
                   leader=lambda: leader[0] if leader else None)
     return Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
-                      MembershipSettings(name, 10, T), hooks), store
+                      MembershipSettings(name, 10, timings), hooks), store
 
 
 async def until(condition: Callable[[], bool], limit: float = 30.0) -> None:
@@ -562,3 +562,37 @@ async def test_the_leaders_notices_reach_their_member_once_and_vouch_for_the_fee
     for m, _ in pairs.values():
         m.stop()
     await asyncio.gather(*tasks)
+
+
+async def test_a_dead_leaders_vouching_lapses_with_its_heartbeats_not_its_row() -> None:
+    """The leader's row outlives it: members stop trusting its feed once its heartbeat
+    counter stands still (``leader_still_s``), before it is found dead (a lease), and
+    poll meanwhile. A counter that moves again is trusted at once, with no catch-up: every
+    bulletin was read meanwhile."""
+    long_lease = MemberTimings(lease_s=10.0, heartbeat_s=0.5, safety_margin_s=0.2)
+    memory = MemoryStore()
+    leader = ["a"]
+    resumed = []
+    pairs = {n: fleet_member(memory, n, leader, timings=long_lease) for n in "ab"}
+    a, b = pairs["a"][0], pairs["b"][0]
+    b.hooks = dataclasses.replace(b.hooks, feed_resumed=lambda: resumed.append(1))
+    for m, _ in pairs.values():
+        await m.register()
+    tasks = {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
+    await until(lambda: b.bulletin is not None and not b.reading_all)
+    a.feed_running(True)
+    await until(lambda: b.feed_live())
+    catch_ups = len(resumed)
+    assert b.leader_still_s < long_lease.lease_s
+    pairs["a"][1].fail("heartbeat", times=-1)  # its heartbeats stop; its row still vouches
+    stopped = asyncio.get_running_loop().time()
+    await until(lambda: not b.feed_live(), limit=long_lease.lease_s)
+    took = asyncio.get_running_loop().time() - stopped
+    assert took <= b.leader_still_s + 2 * long_lease.heartbeat_s
+    assert b.metrics.registry.get_sample_value("streamlease_members_declared_dead_total") == 0
+    pairs["a"][1].heal()  # it was only stalled: trusted again, nothing to catch up on
+    await until(lambda: b.feed_live(), limit=long_lease.lease_s)
+    assert len(resumed) == catch_ups
+    for m, _ in pairs.values():
+        m.stop()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
