@@ -392,14 +392,16 @@ KINDS: tuple[Kind, ...] = (
          items=lambda f: f.workers + 1.0,
          read_units=lambda f: _member_query(f)[1]),
     # Membership._observe -> _observe_leader -> DynamoFleetStore.member: every other worker
-    # reads the leader's row (its bulletin) with a consistent GetItem every observe_s.
-    # (every second while the change feed is live: its notices ride the bulletin).
+    # reads the leader's row (its bulletin) with an eventually consistent GetItem every
+    # observe_s (every FEED_READ_S while the change feed is live: its notices ride the
+    # bulletin).
     Kind("member read, others (leader's row)",
          "membership.py _observe_leader; store/dynamodb/fleet.py member",
          "get_item", FLEET, "MEMBER", "one",
-         "(W - 1) / min(observe_s, 1 s) with the change feed, else / observe_s; one row",
+         f"(W - 1) / min(observe_s, {FEED_READ_S:g} s) with the change feed, else / "
+         "observe_s; one row, eventually consistent",
          per_s=lambda f: (f.workers - 1) / f.settings.leader_row_s,
-         items=_one, read_units=lambda f: read_units(f.sizes.leader_row, True)),
+         items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: every ACTIVE
     # worker that does not lead reads the lease (consistent GetItem) every observe_s.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",

@@ -15,7 +15,7 @@ import pytest
 
 from streamlease.app import _run_until_drained
 from streamlease.core.lease import LeaseTimings
-from streamlease.core.membership import MemberStatus, MemberTimings
+from streamlease.core.membership import MemberRecord, MemberStatus, MemberTimings
 from streamlease.core.model import OwnedStream
 from streamlease.core.urls import parse_allowed_urls
 from streamlease.errors import StoreUnavailable
@@ -596,3 +596,39 @@ async def test_a_dead_leaders_vouching_lapses_with_its_heartbeats_not_its_row() 
     for m, _ in pairs.values():
         m.stop()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+async def test_an_eventually_consistent_read_older_than_one_read_is_not_acted_on() -> None:
+    """Members read the leader's row eventually consistently (half the read units): a
+    read may be a moment old, and one older than a row already read is skipped, so the
+    view, the bulletin and the notices never step back."""
+    memory = MemoryStore(stale_reads_s=1.0)
+    leader = ["a"]
+    pairs = {n: fleet_member(memory, n, leader) for n in "ab"}
+    b, b_store = pairs["b"]
+    returned: list[int] = []
+    acted: list[int] = []
+    read = b_store.member
+
+    async def recording(worker_id: str, timeout: float | None = None,
+                        consistent: bool = True) -> MemberRecord | None:
+        assert consistent is False  # the leader's row: eventually consistent
+        row = await read(worker_id, timeout=timeout, consistent=consistent)
+        if row is not None:
+            returned.append(row.heartbeat)
+        return row
+    b_store.member = recording  # type: ignore[method-assign]
+    for m, _ in pairs.values():
+        await m.register()
+    tasks = [asyncio.create_task(m.run()) for m, _ in pairs.values()]
+    deadline = asyncio.get_running_loop().time() + 20
+    while asyncio.get_running_loop().time() < deadline:
+        if not b.reading_all and b.view.members:
+            acted.append(b.view.members[0].heartbeat)
+        await asyncio.sleep(0.02)
+    for m, _ in pairs.values():
+        m.stop()
+    await asyncio.gather(*tasks)
+    assert any(later < earlier for earlier, later in itertools.pairwise(returned)), \
+        "no read went back in time: the test saw no staleness"
+    assert acted and acted == sorted(acted)

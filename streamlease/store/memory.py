@@ -134,6 +134,7 @@ class MemoryStore:
         self.rng = rng or random.Random(DEFAULT_SEED)
         # The past, as far back as any lagging read may look.
         self._versions: VersionLog[str, Item] = VersionLog(max(self.index_lag.max_s, stale))
+        self._member_versions: VersionLog[str, MemberRecord] = VersionLog(stale)
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.events_ttl_s = 0  # STREAMLEASE_EVENTS_TTL_SECONDS (items are kept, as DynamoDB
@@ -391,7 +392,7 @@ class MemoryStore:
         epoch = next_epoch(old.epoch if old else None, self.epoch_high_water, now_wall_ms)
         record = MemberRecord(worker_id, epoch, 0, status, 0, capacity, now_wall_ms,
                               incarnation=incarnation)
-        self.members_by_id[worker_id] = record
+        self._put_member(worker_id, record)
         return record
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
@@ -405,13 +406,31 @@ class MemoryStore:
         new = dataclasses.replace(old, heartbeat=old.heartbeat + 1, status=status,
                                   streams=streams, capacity=capacity, handoffs=handoffs,
                                   heartbeat_at_ms=now_wall_ms, bulletin=bulletin)
-        self.members_by_id[worker_id] = new
+        self._put_member(worker_id, new)
         return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat)
 
-    async def member(self, worker_id: str,
-                     timeout: float | None = None) -> MemberRecord | None:
+    async def member(self, worker_id: str, timeout: float | None = None,
+                     consistent: bool = True) -> MemberRecord | None:
         self._called("member")
-        return self.members_by_id.get(worker_id)
+        current = self.members_by_id.get(worker_id)
+        if consistent or not self.stale_reads_s:
+            return current
+        now = self.clock.monotonic()
+        self._member_versions.prune(now)
+        older, before = self._member_versions.version_at(
+            worker_id, now - self.rng.uniform(0.0, self.stale_reads_s))
+        return before if older else current
+
+    def _put_member(self, worker_id: str, row: MemberRecord | None) -> None:
+        """Write (None: delete) a member row, keeping the version it replaces for
+        eventually consistent reads (``stale_reads_s``)."""
+        if self.stale_reads_s:
+            self._member_versions.record(worker_id, self.members_by_id.get(worker_id),
+                                         self.clock.monotonic())
+        if row is None:
+            self.members_by_id.pop(worker_id, None)
+        else:
+            self.members_by_id[worker_id] = row
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         self._called("members")
@@ -425,7 +444,7 @@ class MemoryStore:
             return None
         new = dataclasses.replace(old, epoch=old.epoch + 1, status=MemberStatus.DEAD,
                                   released=False, fenced_by=by)
-        self.members_by_id[seen.worker_id] = new
+        self._put_member(seen.worker_id, new)
         return new
 
     async def mark_released(self, worker_id: str, epoch: int,
@@ -434,7 +453,7 @@ class MemoryStore:
         old = self.members_by_id.get(worker_id)
         if old is None or old.epoch != epoch or old.status is not MemberStatus.DEAD:
             return False
-        self.members_by_id[worker_id] = dataclasses.replace(old, released=True)
+        self._put_member(worker_id, dataclasses.replace(old, released=True))
         return True
 
     async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
@@ -443,7 +462,7 @@ class MemoryStore:
         old = self.members_by_id.get(worker_id)
         if old is None or old.epoch != epoch:
             return False
-        del self.members_by_id[worker_id]
+        self._put_member(worker_id, None)
         return True
 
     # -- AdminStore -------------------------------------------------------------------

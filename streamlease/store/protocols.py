@@ -190,9 +190,10 @@ class FleetStore(Protocol):
         """Counter + 1 under this epoch; FENCED if the epoch moved on. The row carries
         ``bulletin`` afterwards (None: no bulletin)."""
 
-    async def member(self, worker_id: str,
-                     timeout: float | None = None) -> MemberRecord | None:
-        """One member row, read consistently (None if it does not exist)."""
+    async def member(self, worker_id: str, timeout: float | None = None,
+                     consistent: bool = True) -> MemberRecord | None:
+        """One member row (None if it does not exist); ``consistent=False``: an eventually
+        consistent read, half the read units, possibly a moment old."""
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         """Every member row, in one consistent Query."""

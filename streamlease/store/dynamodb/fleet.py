@@ -71,10 +71,11 @@ class DynamoFleetStore(DynamoTable):
         return HeartbeatResult(HeartbeatOutcome.RENEWED,
                                int(counter) if counter is not None else None)
 
-    async def member(self, worker_id: str,
-                     timeout: float | None = None) -> MemberRecord | None:
+    async def member(self, worker_id: str, timeout: float | None = None,
+                     consistent: bool = True) -> MemberRecord | None:
         resp = await self._call("get_item", timeout, TableName=self.table,
-                                Key=fleetcodec.member_key(worker_id), ConsistentRead=True)
+                                Key=fleetcodec.member_key(worker_id),
+                                ConsistentRead=consistent)
         item = resp.get("Item")
         return fleetcodec.decode_member(item) if item else None
 
