@@ -33,9 +33,11 @@ stream's URL can move to it without changing what it delivers). Then, in order:
    ``KILL_SPAN_S``, hand-written items and STOPPED flips of streams the other workers hold,
    alternating; halfway, kill -9 of the leader (the worker whose ``streamlease_is_leader``
    is 1). Then up to ``RECOVERY_S`` after the last write for each to be acted on (as in 1);
-   ``lost_changes`` counts those never acted on. The flips are of the survivors' streams:
-   a dead holder's STOPPED stream is not released by anyone, so it would say nothing about
-   the feed.
+   ``lost_changes`` counts those never acted on, but for hand-written items stamped while
+   every survivor is full (``waiting_for_room``: two survivors hold at most 200 of the
+   240 streams, and a new item waits for room with the dead leader's orphans). The flips
+   are of the survivors' streams: a dead holder's STOPPED stream is not released by anyone,
+   so it would say nothing about the feed.
 
 At the end every worker is stopped (SIGTERM) and the sink audited (every seq of every
 stream that delivered, once, in order, byte-identical). The feed-on figures are the
@@ -60,12 +62,15 @@ from loadtest.common import Server
 from loadtest.fleet import Fleet, WorkerProc, pct, upstream_connections
 from loadtest.jobs_scenario import leaders_now
 from loadtest.request_count import READ_OPERATIONS, WORKER_ACCESS_KEY, Key
+from streamlease.config import DEFAULTS
+from streamlease.core.model import StreamRecord
 from streamlease.store import codec
 
 if TYPE_CHECKING:
     from loadtest.chaos import Context
 
 MODES = ("on", "off")
+DEFAULT_MAX_STREAMS = int(DEFAULTS["STREAMLEASE_MAX_STREAMS"])  # the workers run at defaults
 FEED_VARIABLE = "STREAMLEASE_CHANGE_FEED"
 WORKERS = 3
 STREAMS = 240  # seeded (80 a worker, most of the default 100); hand-written items join them
@@ -512,7 +517,7 @@ async def _kill_leader(run: Run) -> dict[str, Any]:
                                                                     1))
     waited = await run.wait_acted(changes, RECOVERY_S, tick=note_leader)
     note_leader()
-    lost = run.watch.pending(changes)
+    lost, no_room = await _lost_or_waiting_for_room(run, run.watch.pending(changes))
     out.update(
         leader=leader, killed_at_s=round(killed.get("at", math.nan), 1),
         new_leader=new_leader or None, written=len(changes),
@@ -520,8 +525,35 @@ async def _kill_leader(run: Run) -> dict[str, Any]:
                  if any(c.kind == kind for c in changes)},
         waited_after_last_write_s=round(waited, 1),
         acted={kind: times(changes, kind) for kind in (HANDWRITTEN, STOPPED)},
-        lost_changes=len(lost), lost=[f"{c.kind} {c.stream}" for c in lost])
+        lost_changes=len(lost), lost=[f"{c.kind} {c.stream}" for c in lost],
+        waiting_for_room=[f"{c.kind} {c.stream}" for c in no_room])
     return out
+
+
+async def _lost_or_waiting_for_room(run: Run, pending: list[Change]
+                                    ) -> tuple[list[Change], list[Change]]:
+    """``split_for_room`` on the table as it is now."""
+    fleet = run.fleet
+    await fleet.read_table()
+    live = [w.name for w in fleet.workers.values() if w.alive()]
+    return split_for_room(pending, fleet.records, live, time.time_ns() // 1_000_000,
+                          DEFAULT_MAX_STREAMS)
+
+
+def split_for_room(pending: list[Change], records: dict[str, StreamRecord],
+                   live: Sequence[str], now_ms: int, max_streams: int
+                   ) -> tuple[list[Change], list[Change]]:
+    """Of the changes not acted on, those lost, and the hand-written items the feed did
+    stamp (``lease_expires_at_ms`` 0: offered, in the orphan index) while every live worker
+    holds its ``max_streams``: the survivors of the kill have no room for all the dead
+    leader's streams at defaults (80 a worker, 100 at most), and a new item waits for room
+    with the dead leader's own orphans. That is capacity, not a lost change."""
+    held = collections.Counter(r.lease_owner for r in records.values()
+                               if r.lease_owner and (r.lease_expires_at_ms or 0) > now_ms)
+    full = bool(live) and all(held[name] >= max_streams for name in live)
+    waiting = [c for c in pending if full and c.kind == HANDWRITTEN and c.stream in records
+               and records[c.stream].lease_expires_at_ms == 0]
+    return [c for c in pending if c not in waiting], waiting
 
 
 # -- the scenario -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from loadtest.change_feed_scenario import (
     URL,
     Change,
     settle,
+    split_for_room,
     stream_reads,
     times,
     worker_reads,
@@ -38,6 +39,7 @@ from loadtest.request_count import (
     read_counts,
     tables_of,
 )
+from streamlease.core.model import StreamRecord
 from streamlease.dev import local_aws_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,6 +148,28 @@ def test_each_kind_of_change_is_acted_on_by_its_own_sign() -> None:
     late = Change(HANDWRITTEN, "h2", sent)
     settle([late], {"h2": {"last_seq": 1}}, None, None, sent + 3.0)
     assert late.connected_s == late.acted_s == 3.0
+
+
+def test_a_stamped_item_with_no_room_anywhere_is_waiting_not_lost() -> None:
+    def held(sid: str, owner: str) -> StreamRecord:
+        return StreamRecord(sid, "STARTED", "ws://x", owner, 2_000, 1, 5)
+
+    def free(sid: str, expiry: int | None) -> StreamRecord:
+        return StreamRecord(sid, "STARTED", "ws://x", None, expiry)
+
+    records = {**{f"a{i}": held(f"a{i}", "w1") for i in range(2)},
+               **{f"b{i}": held(f"b{i}", "w2") for i in range(2)},
+               "h1": free("h1", 0), "h2": free("h2", None), "s1": held("s1", "w2")}
+    pending = [Change(HANDWRITTEN, "h1", 0.0), Change(HANDWRITTEN, "h2", 0.0),
+               Change(STOPPED, "s1", 0.0)]
+    # Both live workers full (2 each; w2's s1 makes 3): h1 was stamped, so it waits for
+    # room; h2 was never stamped and s1 never released: lost.
+    lost, waiting = split_for_room(pending, records, ["w1", "w2"], 1_000, 2)
+    assert [c.stream for c in waiting] == ["h1"]
+    assert [c.stream for c in lost] == ["h2", "s1"]
+    # Room on one worker: nothing is excused.
+    lost, waiting = split_for_room(pending, records, ["w1", "w2"], 1_000, 3)
+    assert waiting == [] and len(lost) == 3
 
 
 def test_a_change_never_acted_on_ranks_above_every_timed_one() -> None:
