@@ -23,7 +23,7 @@ stream's URL can move to it without changing what it delivers). Then, in order:
    Seconds from the write being sent, watched every ``POLL_S`` (consistent BatchGetItem
    reads of the pending items, the upstreams' ``/stats``): a time is at most one poll late.
    A change not acted on ``CHANGE_WAIT_S`` after the last write is ``unacted``.
-2. **Quiet window** (``reads_per_stream_minute``): once no stream has moved for
+2. **Quiet window** (``reads_per_stream_minute``): once no tenure has begun for
    ``SETTLED_S``, ``QUIET_S`` with nothing written: the read requests (GetItem,
    BatchGetItem, Query, Scan) the workers sent to the streams table and its indexes,
    counted at the server, per held stream-minute (held streams averaged over the window's
@@ -83,7 +83,7 @@ SPREAD_S = 15.0
 CHANGE_WAIT_S = 70.0  # the stream check (60 s) plus its jitter
 POLL_S = 0.05
 ALL_HELD_TIMEOUT_S = 90.0
-SETTLED_S = 40.0  # no move for longer than the minimum hold (30 s at defaults)
+SETTLED_S = 40.0  # no tenure begun for longer than the minimum hold (30 s at defaults)
 SETTLE_TIMEOUT_S = 150.0
 QUIET_S = 60.0
 KILL_CHANGES = 20
@@ -432,8 +432,10 @@ async def _phases(run: Run, section: dict[str, Any], n: int, quiet_s: float) -> 
 
 async def _quiet_window(run: Run, quiet_s: float) -> dict[str, Any]:
     fleet = run.fleet
-    settled = await fleet.wait_until(lambda: fleet.moves(fleet.now() - SETTLED_S) == 0,
-                                     SETTLE_TIMEOUT_S)
+    # No tenure begun for SETTLED_S, first ones included: a stream taken in the changes
+    # phase starts a minimum hold, and the balance move it defers would land in the window.
+    settled = await fleet.wait_until(
+        lambda: fleet.tenures_begun(fleet.now() - SETTLED_S) == 0, SETTLE_TIMEOUT_S)
     out: dict[str, Any] = {"settled_after_s": None if settled is None else round(settled, 1),
                            "window_s": quiet_s}
     before_counts = fleet.request_counts()

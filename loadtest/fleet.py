@@ -501,6 +501,10 @@ class Fleet:
             await asyncio.sleep(min(0.05, self.sample_s / 4))
         return None
 
+    def tenures_begun(self, since: float = 0.0) -> int:
+        """Tenures begun (first seen) at or after ``since``, each stream's first included."""
+        return sum(1 for a in self.acquisitions if a.at >= since)
+
     def moves(self, since: float = 0.0, until: float = float("inf")) -> int:
         """Tenures after each stream's first, begun (first seen) in [since, until)."""
         return sum(1 for a in self.acquisitions
