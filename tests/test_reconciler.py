@@ -525,24 +525,31 @@ async def test_a_member_reading_the_leaders_row_plans_from_its_bulletin(
     await fleet.stop()
 
 
+async def feed_live_fleet(news: Bulletin, *streams: str) -> Fleet:
+    """One member planning from the leader's bulletin ``news`` (the leader, w9, holds
+    the level) with the change feed live, holding ``streams``."""
+    fleet = Fleet()
+    fleet.member.feed_live = lambda: True  # type: ignore[method-assign]
+    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE,
+                          streams=news.level, capacity=100)
+    fleet.member.view = FleetView((leader,))
+    fleet.member.bulletin = news
+    fleet.member.reading_all = False
+    await fleet.streams(*streams)
+    fleet.start()
+    async with asyncio.timeout(10):
+        while len(fleet.held()) < len(streams):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    return fleet
+
+
 async def test_a_member_below_its_share_keeps_looking_while_the_change_feed_is_live() -> None:
     """With the feed live, a member inside its band polls the orphan index twelve times
     less often (every freed stream is offered to someone). One below its band does not
     rest: a stream another member sheds without an offer reaching it (the offer went to
     a member with more room, or was lost with a leader) is taken at a regular cycle."""
-    fleet = Fleet()
-    fleet.member.feed_live = lambda: True  # type: ignore[method-assign]
-    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=5,
-                          capacity=100)
-    fleet.member.view = FleetView((leader,))
-    fleet.member.bulletin = Bulletin(gen=1, level=5, total=10, deficit=4, below=1, active=2,
-                                     draining=False)
-    fleet.member.reading_all = False
-    await fleet.streams("a")
-    fleet.start()
-    async with asyncio.timeout(10):
-        while len(fleet.held()) < 1:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    fleet = await feed_live_fleet(Bulletin(gen=1, level=5, total=10, deficit=4, below=1,
+                                           active=2, draining=False), "a")
     await asyncio.sleep(2.0)  # a cycle that saw no orphan: nothing to take, as far as it knows
     await fleet.streams("b", "c", "d")
     await asyncio.sleep(3 * 1.2)  # three regular cycles
@@ -580,19 +587,8 @@ async def test_an_offered_stream_is_read_and_taken_before_the_index_shows_it() -
 async def test_a_member_one_above_its_share_rests_while_the_change_feed_is_live() -> None:
     """Share + 1 is inside the band: it sheds nothing unless named a donor, so with the
     feed live it queries the orphan index twelve times less often, like one at its share."""
-    fleet = Fleet()
-    fleet.member.feed_live = lambda: True  # type: ignore[method-assign]
-    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=2,
-                          capacity=100)
-    fleet.member.view = FleetView((leader,))
-    fleet.member.bulletin = Bulletin(gen=1, level=2, total=5, deficit=0, below=0, active=2,
-                                     draining=False)
-    fleet.member.reading_all = False
-    await fleet.streams("a", "b", "c")
-    fleet.start()
-    async with asyncio.timeout(10):
-        while len(fleet.held()) < 3:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    fleet = await feed_live_fleet(Bulletin(gen=1, level=2, total=5, deficit=0, below=0,
+                                           active=2, draining=False), "a", "b", "c")
     await asyncio.sleep(12 * 1.2 + 2)  # past the pause in which its own take counts
     queries = fleet.memory.calls.count("orphans")
     await asyncio.sleep(10.0)
