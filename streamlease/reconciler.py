@@ -331,6 +331,7 @@ class Reconciler:
             per_cycle=self.settings.max_streams, now_wall_ms=now_ms, timings=timings,
             allowed_prefixes=self.settings.supervisor.allowed_urls, rng=self.rng,
             rank=waited.tier,  # the longest waiting first; racing takers spread within a tier
+            catalog=self.settings.supervisor.catalog,
         )
         for record, problem in plan.unservable:
             await self.unservable.report(record, problem)

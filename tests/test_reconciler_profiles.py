@@ -143,3 +143,18 @@ async def test_the_pause_before_an_unservable_item_is_taken_again_follows_the_le
     # The pause, then the next reconcile cycle (1 s +20 %) and the index's lag.
     assert fleet.clock.monotonic() - found < retry + 2, fleet.clock.monotonic() - found
     await fleet.stop()
+
+
+async def test_an_offered_stream_with_a_profile_is_taken_under_that_profile() -> None:
+    """An offered stream is read in full (its ``profile`` included) and planned against
+    the worker's own profiles, not only the built-in one."""
+    from streamlease.core.notices import Notice, NoticeKind
+
+    fleet = with_profiles(Catalog(PROFILES))
+    fleet.start()
+    await asyncio.sleep(2.0)
+    await put(fleet, "c1", profile="chat", channel="news")
+    fleet.reconciler.notice(Notice(1, "w1", "c1", NoticeKind.OFFER))
+    await until(lambda: fleet.held() == {"c1"}, limit_s=1.0)
+    assert not bad_profile_count(fleet)
+    await fleet.stop()

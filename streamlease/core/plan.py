@@ -68,6 +68,7 @@ def plan_cycle(
     rng: random.Random,
     want: int | None = None,
     rank: Callable[[StreamRecord], int] | None = None,
+    catalog: Catalog = BUILTIN_CATALOG,
 ) -> Plan:
     """Pick the streams to try this cycle.
 
@@ -77,6 +78,8 @@ def plan_cycle(
     keeps one worker from grabbing everything a dead peer left behind. ``want`` caps the
     take further (the balance plan's), and ``rank`` puts some before others (lower
     first; the caller's: orphans that have waited longest), before the cap cuts.
+    ``catalog``: the worker's upstream profiles (a candidate read in full, as an offered
+    stream is, names its ``profile``).
     """
     free = max(0, max_streams - len(held))
     budget = min(free, per_cycle, per_cycle if want is None else want)
@@ -85,7 +88,7 @@ def plan_cycle(
     for record in candidates:
         if record.stream_id in held:
             continue
-        problem = item_problem(record, allowed_prefixes)
+        problem = item_problem(record, allowed_prefixes, catalog)
         if problem is not None:
             if record.last_error != error_text(problem):
                 unservable.append((record, problem))
