@@ -594,8 +594,7 @@ class Membership(FleetKnowledge):
         self.metrics.member_counts(dict(news.statuses))
         self.metrics.member_rows_read(1)
         if before is None or before.gen != news.gen or before_row is None or \
-                (before_row.worker_id, before_row.handoffs) != (row.worker_id, row.handoffs) \
-                or _newly_donor(self.me, before, news):
+                (before_row.worker_id, before_row.handoffs) != (row.worker_id, row.handoffs):
             self.hooks.fleet_changed()
         self._pending.clear()
         if dead:
@@ -688,8 +687,6 @@ class Membership(FleetKnowledge):
         news = dataclasses.replace(news, feed=vouch, notices=self.notices.current(now))
         before, self._composed = self._composed, news
         self.bulletin = news
-        if _newly_donor(self.me, before, news):
-            self.hooks.fleet_changed()  # its cycle gives the stream: now, not after a rest
         if before is not None and \
                 (news.gen, news.draining, news.donors, news.deals, news.feed) == \
                 (before.gen, before.draining, before.donors, before.deals, before.feed) and \
@@ -890,9 +887,3 @@ def _changed(before: FleetView, after: FleetView) -> bool:
         return {(m.worker_id, m.status.value, m.released, m.handoffs,
                  m.worker_id in view.observed_dead) for m in view.members}
     return shape(before) != shape(after)
-
-
-def _newly_donor(me: str, before: Bulletin | None, news: Bulletin) -> bool:
-    """``news`` asks ``me`` to give a stream, and the bulletin before it did not: its
-    reconciler, perhaps resting while the change feed is live, is poked to give it now."""
-    return me in news.donors and (before is None or me not in before.donors)

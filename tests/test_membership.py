@@ -632,38 +632,3 @@ async def test_an_eventually_consistent_read_older_than_one_read_is_not_acted_on
     assert any(later < earlier for earlier, later in itertools.pairwise(returned)), \
         "no read went back in time: the test saw no staleness"
     assert acted and acted == sorted(acted)
-
-
-async def test_a_member_newly_named_a_donor_is_poked_to_give_now() -> None:
-    """A member inside its band may rest for twelve reconcile intervals while the change
-    feed is live; named a donor in the leader's bulletin (same generation: nobody joined),
-    its reconciler is poked, so the stream it gives does not wait for the rest to end."""
-    from streamlease.core import bulletin as bulletins
-    from streamlease.core.bulletin import Bulletin
-
-    memory = MemoryStore()
-    leader = ["a"]
-    pokes: list[int] = []
-    b, _ = fleet_member(memory, "b", leader)
-    b.hooks = dataclasses.replace(b.hooks, fleet_changed=lambda: pokes.append(1))
-    a_row = await memory.register("a", 10, 0)
-    plain = Bulletin(gen=3, level=5, total=10, deficit=1, below=1, active=3, draining=False)
-    named = dataclasses.replace(plain, donors=("b",))
-
-    async def leader_writes(news: Bulletin) -> None:
-        await memory.heartbeat("a", a_row.epoch, MemberStatus.ACTIVE, 5, 10, 0, 0,
-                               bulletin=bulletins.encode(news))
-    await leader_writes(plain)
-    await b.register()
-    task = asyncio.create_task(b.run())
-    await until(lambda: b.bulletin == plain)
-    before = len(pokes)
-    await leader_writes(named)
-    await until(lambda: b.bulletin is not None and b.bulletin.donors == ("b",))
-    assert len(pokes) == before + 1
-    await leader_writes(named)  # still named: no second poke
-    await until(lambda: memory.members_by_id["a"].heartbeat == 3)
-    await asyncio.sleep(5 * b.read_s)
-    assert len(pokes) == before + 1
-    b.stop()
-    await task
