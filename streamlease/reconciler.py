@@ -211,10 +211,9 @@ class Reconciler:
         seeking = held < self._share - balance.TOLERANCE and \
             self.clock.monotonic() < self._seeking_until
         if self.membership.feed_live() and not self._orphan_since and not self._donor() \
-                and held <= self._share + balance.TOLERANCE and not seeking \
+                and held <= self._share and not seeking \
                 and not self.holdings.unsure and self._admitting:
-            # Nothing to take or give (inside its band and not named a donor, it sheds
-            # nothing), and the leader's change feed offers every freed or
+            # Nothing to take or give, and the leader's change feed offers every freed or
             # new stream (an offer pokes a cycle at once): the orphan query is a backstop
             # for leases that lapse without a write (a wedged holder's stream lease). One
             # below its band keeps looking while the fleet moves (its last take or change
@@ -230,8 +229,8 @@ class Reconciler:
 
     def _donor(self) -> bool:
         """The leader's bulletin asks this worker to give a stream (its cycle sheds it), or
-        a hand-over of its own is still in flight. (One above its band sheds too: the
-        caller keeps its regular cadence as well.)"""
+        a hand-over of its own is still in flight. (One above its share may be named a
+        donor at any bulletin: the caller keeps its regular cadence as well.)"""
         news = self.membership.bulletin
         return (news is not None and self.settings.owner in news.donors) or any(
             s.holding.reason is StopReason.REBALANCE for s in self.supervisors.values())

@@ -582,16 +582,3 @@ async def test_an_offered_stream_is_read_and_taken_before_the_index_shows_it() -
     await asyncio.sleep(1.0)
     assert fleet.held() == {"x"}
     await fleet.stop()
-
-
-async def test_a_member_one_above_its_share_rests_while_the_change_feed_is_live() -> None:
-    """Share + 1 is inside the band: it sheds nothing unless named a donor, so with the
-    feed live it queries the orphan index twelve times less often, like one at its share."""
-    fleet = await feed_live_fleet(Bulletin(gen=1, level=2, total=5, deficit=0, below=0,
-                                           active=2, draining=False), "a", "b", "c")
-    await asyncio.sleep(12 * 1.2 + 2)  # past the pause in which its own take counts
-    queries = fleet.memory.calls.count("orphans")
-    await asyncio.sleep(10.0)
-    assert fleet.memory.calls.count("orphans") - queries <= 1
-    assert fleet.held() == {"a", "b", "c"}
-    await fleet.stop()
