@@ -103,7 +103,6 @@ class Reconciler:
         # Streams the leader's change feed offered this worker since its last cycle: read
         # at once, not found through the orphan index (which lags the table).
         self._offered: set[str] = set()
-        self._seeking_until = 0.0  # a member below its band polls as usual until then
         self._share = 0  # this worker's fair share at the last cycle
         self._next_shed = 0.0
         self._servable = 0  # servable orphans at the last cycle (the leader's bulletin)
@@ -189,7 +188,6 @@ class Reconciler:
         """Run a cycle now, and poll often for a while: a peer died, drained or handed
         streams over, and what it releases should not wait for a regular cycle."""
         self._fast_until = self.clock.monotonic() + 2 * self.settings.stopped_check_s
-        self._seeking()
         self._poke.set()
         # A member found dead: take this worker's part now, not after a cycle in progress
         # (a stopping worker's take-over deals nothing).
@@ -207,25 +205,15 @@ class Reconciler:
         second, not at the next random cycle)."""
         if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
-        held = len(self.supervisors)
-        seeking = held < self._share - balance.TOLERANCE and \
-            self.clock.monotonic() < self._seeking_until
+        inside_band = self._share - balance.TOLERANCE <= len(self.supervisors) <= self._share
         if self.membership.feed_live() and not self._orphan_since and not self._donor() \
-                and held <= self._share and not seeking \
-                and not self.holdings.unsure and self._admitting:
+                and inside_band and not self.holdings.unsure and self._admitting:
             # Nothing to take or give, and the leader's change feed offers every freed or
             # new stream (an offer pokes a cycle at once): the orphan query is a backstop
             # for leases that lapse without a write (a wedged holder's stream lease). One
-            # below its band keeps looking while the fleet moves (its last take or change
-            # of membership less than a quiet pause ago): an offer may go to another.
+            # below its band keeps looking: an offer goes to one member, maybe another.
             return jittered(FEED_QUIET_FACTOR * self.settings.reconcile_s, 0.2, self.rng)
         return jittered(self.settings.reconcile_s, 0.2, self.rng)
-
-    def _seeking(self) -> None:
-        """The fleet is moving (membership changed, or this worker just took streams): one
-        below its band keeps the regular cadence for a quiet pause from now."""
-        self._seeking_until = self.clock.monotonic() + \
-            FEED_QUIET_FACTOR * self.settings.reconcile_s
 
     def _donor(self) -> bool:
         """The leader's bulletin asks this worker to give a stream (its cycle sheds it), or
@@ -338,13 +326,10 @@ class Reconciler:
         budget = min(want, self.settings.acquire_per_cycle,
                      self.settings.max_streams - len(self.supervisors))
         if budget > 0 and plan.acquire and not self._stop.is_set():
-            before = len(self.supervisors)
             async with asyncio.TaskGroup() as tg:
                 for record in plan.acquire[:budget]:
                     tg.create_task(self._acquire(record))
             self.membership.counts_changed()
-            if len(self.supervisors) > before:
-                self._seeking()
         if plan.acquire and len(self.supervisors) < self._share:
             # Still short with orphans about (dealt to others by rows that may lag, or lost
             # to a racing peer): look again soon, so the gap is filled before they wait two
