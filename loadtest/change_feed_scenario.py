@@ -39,6 +39,12 @@ stream's URL can move to it without changing what it delivers). Then, in order:
    are of the survivors' streams: a dead holder's STOPPED stream is not released by anyone,
    so it would say nothing about the feed.
 
+Phase 1's changes are written to ``changes.json`` beside the worker logs (kind, stream, when
+sent as wall-clock time, the seconds until acted on): with ``--worker-log-level DEBUG`` the
+logs show each hop of each change (the leader's ``feed.batch`` and ``feed.notice_posted``,
+the ``member.beat`` that published it, the holder's ``member.notice_heard`` and
+``stream.checked_now``, then ``lease.released`` or ``stream.url_changed``).
+
 At the end every worker is stopped (SIGTERM) and the sink audited (every seq of every
 stream that delivered, once, in order, byte-identical). The feed-on figures are the
 section's own keys (``change_feed.handwritten_p99``, ...), the feed-off ones the same under
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import math
 import os
 import time
@@ -104,6 +111,7 @@ class Change:
     sent: float  # time.monotonic() when the write was sent
     acted_s: float | None = None  # seconds from ``sent`` until seen acted on
     connected_s: float | None = None  # HANDWRITTEN: until the upstream saw it connected
+    sent_wall: float = field(default_factory=time.time)  # time.time() at ``sent``
 
 
 @dataclass
@@ -293,7 +301,7 @@ class Run:
         except Exception as exc:
             self.write_failures.append(f"{kind} {sid}: {type(exc).__name__}: {exc}")
             return None
-        change = Change(kind, sid, sent)
+        change = Change(kind, sid, sent, sent_wall=time.time() - (time.monotonic() - sent))
         self.watch.changes.append(change)
         return change
 
@@ -405,6 +413,10 @@ async def _phases(run: Run, section: dict[str, Any], n: int, quiet_s: float) -> 
     begun = fleet.now()
     changes = await run.schedule(plan, SPREAD_S)
     waited = await run.wait_acted(changes, CHANGE_WAIT_S)
+    # Each change, to line up with the worker logs (their ``ts`` is wall-clock time).
+    (fleet.log_dir / "changes.json").write_text(json.dumps(
+        [{"kind": c.kind, "stream": c.stream, "sent_at": c.sent_wall, "acted_s": c.acted_s,
+          "connected_s": c.connected_s} for c in changes], indent=1))
     section["changes_s"] = round(fleet.now() - begun, 1)
     section["changes_waited_after_last_write_s"] = round(waited, 1)
     for kind in KINDS:

@@ -143,6 +143,7 @@ class Context:
     def fleet(self, scenario: str, **kwargs: Any) -> Fleet:
         kwargs.setdefault("dynamodb", self.args.dynamodb)
         kwargs.setdefault("seed", self.args.seed)
+        kwargs.setdefault("log_level", getattr(self.args, "worker_log_level", "INFO"))
         return Fleet(scenario, log_root=self.log_root, **kwargs)
 
 
@@ -636,6 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="shorter throughput phases (for smoke runs)")
     parser.add_argument("--out", default=str(RESULTS), help="where to write the reports")
+    parser.add_argument("--worker-log-level", choices=["DEBUG", "INFO"], default="INFO",
+                        help="the workers' STREAMLEASE_LOG_LEVEL (DEBUG adds each change "
+                        "feed hop: feed.batch, feed.notice_posted, member.beat, "
+                        "member.notice_heard, stream.checked_now)")
     g = parser.add_argument_group("scenario settings")
     g.add_argument("--skew-offset", default="-2s",
                    help="libfaketime offset of the skewed worker (default -2s; 'off': the "

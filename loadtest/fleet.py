@@ -133,8 +133,9 @@ class Fleet:
                  log_root: Path | None = None, seed: int | None = None,
                  stream_ids: list[str] | None = None, feed: str = "streams",
                  profile: str | None = None, upstream_args: tuple[str, ...] = (),
-                 count_requests: bool = False) -> None:
+                 count_requests: bool = False, log_level: str = "INFO") -> None:
         self.scenario = scenario
+        self.log_level = log_level  # the workers' STREAMLEASE_LOG_LEVEL
         # Each stream is the upstream's ``/<feed>/<id>`` (the test feeds of
         # streamlease.dev.upstream), its item naming ``profile`` when given.
         self.feed = feed
@@ -280,7 +281,8 @@ class Fleet:
                 "STREAMLEASE_FLEET_TABLE": self.fleet_table,
                 "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_METRICS_PORT": str(port),
                 "STREAMLEASE_METRICS_ADDRESS": "127.0.0.1",
-                "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:", "STREAMLEASE_LOG_LEVEL": "INFO",
+                "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
+                "STREAMLEASE_LOG_LEVEL": self.log_level,
                 **self.base_worker_env, **(extra or {})}
 
     def start_worker(self, *, skew: str | None = None,

@@ -167,6 +167,8 @@ class ChangeFeed:
         shard."""
         last = 0
         rooms = self._rooms()
+        event(logging.DEBUG, "feed.batch", "change feed records read", shard=batch.shard_id,
+              records=len(batch.records), streams=[c.stream_id for c in batch.records[:20]])
         for change in batch.records:
             last = max(last, await self._act(change, rooms))
         if last and not await self.notifier.published(last, self.settings.publish_timeout_s):
@@ -212,10 +214,14 @@ class ChangeFeed:
                 holder = record.lease_owner if record is not None else None
                 if holder is not None:
                     last = self.notifier.post(holder, change.stream_id, NoticeKind.CHECK)
+                    event(logging.DEBUG, "feed.notice_posted", "the holder is told to read "
+                          "the item", stream=change.stream_id, member=holder, n=last)
             elif action is Action.OFFER:
                 taker = most_room(rooms)
                 if taker is not None:
                     last = self.notifier.post(taker, change.stream_id, NoticeKind.OFFER)
+                    event(logging.DEBUG, "feed.notice_posted", "a free stream is offered",
+                          stream=change.stream_id, member=taker, n=last)
         return last
 
     async def _faulted(self, fault: Fault, stop: asyncio.Event, keep_open: bool = False) -> None:

@@ -222,6 +222,7 @@ class Membership(FleetKnowledge):
         self._newest_leader_row: tuple[str, int, int] | None = None
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
+        self._publish_asked = asyncio.Event()  # a new bulletin: cuts the gap short
         self._last_beat = 0.0
         self._stop = asyncio.Event()
         self._pending: dict[str, _Takeover] = {}
@@ -424,6 +425,8 @@ class Membership(FleetKnowledge):
             self._published = max(self._published, composed.notices[-1].n)
             self._published_changed.set()
         now = self.clock.monotonic()
+        event(logging.DEBUG, "member.beat", "heartbeat answered", seconds=round(now - sent, 3),
+              outcome=heartbeat_label(result.outcome), published=self._published)
         self.metrics.member_heartbeat(now - sent, heartbeat_label(result.outcome))
         self.hooks.beat(result.outcome, now - sent)
         if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
@@ -505,20 +508,23 @@ class Membership(FleetKnowledge):
         self.stop()
 
     async def _wait(self, seconds: float) -> None:
-        """Until the next heartbeat is due, or one is asked for early (a notice: draining,
-        a hand-off, a changed count) — but never sooner than a short gap after the last,
-        so a burst of notices costs one write."""
+        """Until the next heartbeat is due, or one is asked for early (draining, a
+        hand-off, a changed count, the leader's new bulletin) — but never sooner than a
+        short gap after the last, so a burst of such requests costs one write; a new
+        bulletin (the leader's notices) cuts the gap short."""
         await sleep_unless(seconds, self._beat_now)
-        self._beat_now.clear()
-        if self._publish_now:
-            # The leader's new bulletin: composed at most once a read interval, and every
-            # other member waits for it. Now.
-            self._publish_now = False
-            return
         gap = self._last_beat + min(self.timings.observe_s, self.timings.heartbeat_s / 4) \
             - self.clock.monotonic()
-        if gap > 0 and not self._stop.is_set():
-            await self.clock.sleep(gap)
+        if not self._publish_now and gap > 0 and not self._stop.is_set():
+            # The leader's new bulletin is not held back by the gap: every other member
+            # waits for its notices (a count that changed just before would otherwise
+            # hold a notice back for up to a quarter heartbeat).
+            self._publish_asked.clear()
+            await sleep_unless(gap, self._publish_asked, self._stop)
+        # The heartbeat about to be sent carries everything asked for so far: the newest
+        # bulletin, counts and status are read when it is sent.
+        self._beat_now.clear()
+        self._publish_now = False
 
     # -- observing peers ------------------------------------------------------------------
 
@@ -618,6 +624,8 @@ class Membership(FleetKnowledge):
         if (leader, beat) != self._leader_beat:
             self._leader_beat, self._leader_beat_at = (leader, beat), received
         for notice in fresh(news.notices, self.me, self._notices_seen):
+            event(logging.DEBUG, "member.notice_heard", "the leader's notice read",
+                  stream=notice.stream, kind=notice.kind.value, n=notice.n)
             self.metrics.notice(notice.kind.value)
             self.hooks.notice(notice)
         self._notices_seen = frozenset(x.n for x in news.notices)
@@ -693,6 +701,7 @@ class Membership(FleetKnowledge):
                 {x.n for x in news.notices} <= {x.n for x in before.notices}:
             return  # counts only (or notices expired): the next heartbeat carries them
         self._publish_now = True
+        self._publish_asked.set()
         self._beat_now.set()
 
     def _my_turn(self, takeover: _Takeover, now: float) -> bool:

@@ -349,6 +349,9 @@ class Supervisor:
                 self._confirm.clear()
                 hint, self._notified = not self._notified, False
                 await self._check_once(hint=hint)
+                event(logging.DEBUG, "stream.checked_now",
+                      "item read at once (a notice or an index hint)", stream=self.stream,
+                      hint=hint)
                 next_check = self.clock.monotonic() + check_s
             elif now >= next_renew:
                 self._confirm.clear()  # the renewal reads the item too

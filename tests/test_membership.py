@@ -632,3 +632,30 @@ async def test_an_eventually_consistent_read_older_than_one_read_is_not_acted_on
     assert any(later < earlier for earlier, later in itertools.pairwise(returned)), \
         "no read went back in time: the test saw no staleness"
     assert acted and acted == sorted(acted)
+
+
+async def test_a_notice_is_published_at_once_even_just_after_a_count_change() -> None:
+    """A changed count asks for a heartbeat no sooner than a short gap after the last; the
+    leader's notice posted meanwhile is not held back by that gap (members wait for it),
+    and the one heartbeat sent carries both."""
+    slow = MemberTimings(lease_s=16.0, heartbeat_s=8.0, safety_margin_s=0.2)  # gap 2 s
+    memory = MemoryStore()
+    leader = ["a"]
+    a, store = fleet_member(memory, "a", leader, timings=slow)
+    await a.register()
+    task = asyncio.create_task(a.run())
+    from streamlease.core.notices import NoticeKind
+    await until(lambda: a._read_all_leading and store.count("heartbeat") >= 1)
+    beats = store.count("heartbeat")
+    a.feed_running(True)  # vouching for a feed: a new bulletin, published at once
+    await until(lambda: store.count("heartbeat") > beats)
+    beats = store.count("heartbeat")
+    a.counts_changed()
+    for _ in range(10):  # let the heartbeat loop wake and start waiting out the gap
+        await asyncio.sleep(0)
+    n = a.post("b", "s1", NoticeKind.CHECK)
+    gap = min(slow.observe_s, slow.heartbeat_s / 4)
+    assert await a.published(n, timeout=gap / 2)  # held back by the gap: about 2 s
+    assert store.count("heartbeat") == beats + 1  # one heartbeat carried both
+    a.stop()
+    await task
