@@ -56,13 +56,13 @@ audits the sink at its end (every seq once, in order, byte-identical; fences mon
   and where the feed cannot replay, the share of lost messages inside a recorded gap; and
   one worker's throughput with a profile against the built-in protocol
   (``loadtest.upstreams_scenario``).
-* ``change_feed``: 3 workers, about 60 streams, default settings, index reads lagging,
+* ``change_feed``: 3 workers, 240 streams, default settings, index reads lagging,
   with the change feed on and then off (``STREAMLEASE_CHANGE_FEED``), a fleet each: seconds
   until a hand-written item delivers, a STOPPED flip is released and a ``ws_url`` change
   reconnects to the new URL; streams-table reads per held stream-minute in a quiet minute
   (counted at the embedded server); changes lost when the leader is killed while they are
   written (``change_feed.*``, ``change_feed.off.*``; ``loadtest.change_feed_scenario``),
-  about 8 minutes for both modes while the feed does nothing (about 5 once it acts at once).
+  about 9 minutes for both modes.
 * ``scale_reads``: 2 workers, then 8, each with 25 idle streams at default timings:
   control-plane items read per worker-minute over a quiet minute, and the ratio
   (``scale.per_worker_read_growth``), ~2.5 minutes.
