@@ -117,6 +117,8 @@ class Worker:
         except OSError as exc:
             code = self.proc.popen.poll()
             if code is None:
+                # Still running (or on its way out): its log lines say which.
+                exc.add_note(f"worker {self.name} is running; {self.tail()}")
                 raise
             raise AssertionError(f"worker {self.name} exited {code}; {self.tail()}") from exc
         out: dict[str, float] = {}
