@@ -201,7 +201,6 @@ class Membership(FleetKnowledge):
         self.reading_all = True  # the last observation read every row
         self._gen = 0  # the generation of the bulletins this worker composes
         self._composed: Bulletin | None = None
-        self._publish_now = False  # a heartbeat is due at once: it carries a new bulletin
         self._totals: list[tuple[float, int]] = []  # (when, total counted) while leading
         # The change feed's notices: the leader's board (posted by its feed duty), and on
         # every member the numbers of the notices in the last bulletin read.
@@ -222,7 +221,8 @@ class Membership(FleetKnowledge):
         self._newest_leader_row: tuple[str, int, int] | None = None
         self.observer = Observer(settings.me, self.timings.lease_s)
         self._beat_now = asyncio.Event()
-        self._publish_asked = asyncio.Event()  # a new bulletin: cuts the gap short
+        # A heartbeat is due at once: it carries a new bulletin (even inside the gap).
+        self._publish_now = asyncio.Event()
         self._last_beat = 0.0
         self._stop = asyncio.Event()
         self._pending: dict[str, _Takeover] = {}
@@ -425,9 +425,10 @@ class Membership(FleetKnowledge):
             self._published = max(self._published, composed.notices[-1].n)
             self._published_changed.set()
         now = self.clock.monotonic()
+        label = heartbeat_label(result.outcome)
         event(logging.DEBUG, "member.beat", "heartbeat answered", seconds=round(now - sent, 3),
-              outcome=heartbeat_label(result.outcome), published=self._published)
-        self.metrics.member_heartbeat(now - sent, heartbeat_label(result.outcome))
+              outcome=label, published=self._published)
+        self.metrics.member_heartbeat(now - sent, label)
         self.hooks.beat(result.outcome, now - sent)
         if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
             self._strained_until = now + 2 * self.timings.heartbeat_s
@@ -515,16 +516,15 @@ class Membership(FleetKnowledge):
         await sleep_unless(seconds, self._beat_now)
         gap = self._last_beat + min(self.timings.observe_s, self.timings.heartbeat_s / 4) \
             - self.clock.monotonic()
-        if not self._publish_now and gap > 0 and not self._stop.is_set():
+        if not self._publish_now.is_set() and gap > 0 and not self._stop.is_set():
             # The leader's new bulletin is not held back by the gap: every other member
             # waits for its notices (a count that changed just before would otherwise
             # hold a notice back for up to a quarter heartbeat).
-            self._publish_asked.clear()
-            await sleep_unless(gap, self._publish_asked, self._stop)
+            await sleep_unless(gap, self._publish_now, self._stop)
         # The heartbeat about to be sent carries everything asked for so far: the newest
         # bulletin, counts and status are read when it is sent.
         self._beat_now.clear()
-        self._publish_now = False
+        self._publish_now.clear()
 
     # -- observing peers ------------------------------------------------------------------
 
@@ -700,8 +700,7 @@ class Membership(FleetKnowledge):
                 (before.gen, before.draining, before.donors, before.deals, before.feed) and \
                 {x.n for x in news.notices} <= {x.n for x in before.notices}:
             return  # counts only (or notices expired): the next heartbeat carries them
-        self._publish_now = True
-        self._publish_asked.set()
+        self._publish_now.set()
         self._beat_now.set()
 
     def _my_turn(self, takeover: _Takeover, now: float) -> bool:
