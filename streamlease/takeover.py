@@ -108,11 +108,15 @@ class Takeover:
             weights = deal_weights(counts, capacities, len(stream_ids))
         dealt = deal(stream_ids, weights)
         mine = [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
-        # This worker's expected part of what is listed: the weights are relative (the
-        # leader weighed them by the dead member's last reported count, which lags).
+        # This worker's expected part of all the dead member held: the weights are relative
+        # (the leader weighed them by the dead member's last reported count, which lags).
+        # The listing alone would undercount it: it shrinks while the other survivors take
+        # their parts, and a survivor that lists late would then leave its own leftovers
+        # to the fencer.
+        held = max(len(stream_ids), dead.streams)
         total = sum(w for w in weights.values() if w > 0)
         weight = max(0, weights.get(self.settings.owner, 0))
-        return mine, math.ceil(len(stream_ids) * weight / total) if total else 0
+        return mine, math.ceil(held * weight / total) if total else 0
 
     async def _take_dead_part(self, dead: MemberRecord, weights: dict[str, int] | None,
                               leftovers: int = 0) -> tuple[int, int]:

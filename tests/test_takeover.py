@@ -43,11 +43,12 @@ class Worker:
         return value or 0.0
 
 
-def worker(store: FaultyStore, name: str, reconciles: bool = True) -> Worker:
+def worker(store: FaultyStore, name: str, reconciles: bool = True, holds: int = 0) -> Worker:
+    """A member; without a reconciler, its heartbeats report ``holds`` streams held."""
     clock, metrics = LoopClock(), Metrics()
     box: list[Reconciler] = []
     membership = Membership(store, store, clock, metrics, MembershipSettings(name, 100, T), Hooks(
-        held=lambda: len(box[0].supervisors) if box else 0,
+        held=lambda: len(box[0].supervisors) if box else holds,
         fenced=lambda: box[0].member_lost(True) if box else None,
         self_fenced=lambda: box[0].member_lost(False) if box else None,
         fleet_changed=lambda: box[0].poke() if box else None))  # type: ignore[arg-type]
@@ -85,7 +86,7 @@ async def stop(workers: list[Worker]) -> None:
 
 async def dead_member_holding(memory: MemoryStore, store: FaultyStore) -> tuple[Worker, list[str]]:
     """A member "dead" that holds DEAD_STREAMS streams, heartbeating (no reconciler)."""
-    dead = worker(store, "dead", reconciles=False)
+    dead = worker(store, "dead", reconciles=False, holds=DEAD_STREAMS)
     await start(dead)
     ids = []
     for i in range(DEAD_STREAMS):
