@@ -106,21 +106,36 @@ class Worker:
     name: str
     proc: Proc
     metrics_port: int
+    served: bool = False  # it has answered a scrape
+
+    START_S = 30.0  # a started worker listens for scrapes within this
 
     def metrics(self) -> dict[str, float]:
         """``name{label="v",...}`` -> value, from a real scrape of /metrics. A worker that
-        has exited fails the scrape naming its exit code and its last log lines."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                        timeout=5) as resp:
-                text = resp.read().decode()
-        except OSError as exc:
-            code = self.proc.popen.poll()
-            if code is None:
+        has not yet answered one is waited for while it starts (importing, on a loaded
+        machine, can take seconds, and its peers may meanwhile have taken every stream);
+        a worker that has exited fails the scrape naming its exit code and its last log
+        lines."""
+        deadline = time.monotonic() + self.START_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                            timeout=5) as resp:
+                    text = resp.read().decode()
+                self.served = True
+                break
+            except OSError as exc:
+                code = self.proc.popen.poll()
+                if code is not None:
+                    raise AssertionError(
+                        f"worker {self.name} exited {code}; {self.tail()}") from exc
+                refused = isinstance(getattr(exc, "reason", exc), ConnectionRefusedError)
+                if refused and not self.served and time.monotonic() < deadline:
+                    time.sleep(0.05)  # not listening yet
+                    continue
                 # Still running (or on its way out): its log lines say which.
                 exc.add_note(f"worker {self.name} is running; {self.tail()}")
                 raise
-            raise AssertionError(f"worker {self.name} exited {code}; {self.tail()}") from exc
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

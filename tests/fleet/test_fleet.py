@@ -8,8 +8,10 @@ import asyncio
 import datetime
 import json
 import os
+import pathlib
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -449,4 +451,27 @@ async def test_a_worker_whose_clock_is_two_leases_behind_is_never_taken_over(
                for w in fleet.workers.values())
     assert dead == 0
     assert late.metric("streamlease_member_fenced_total") == 0
+    await fleet.audit()
+
+
+async def test_a_scrape_waits_for_a_worker_still_starting(make_fleet: FleetFactory,
+                                                          tmp_path: pathlib.Path) -> None:
+    """The harness itself: a worker that is not listening yet (still importing, on a
+    loaded machine) is waited for, not reported as a refused scrape; once it has answered,
+    a refusal is reported at once."""
+    fleet = make_fleet(streams=2)
+    await fleet.start(workers=1)
+    gate = tmp_path / "go"
+    # The worker's command runs only once the gate file exists.
+    slow = fleet.start_worker("slow", wrap=[
+        "sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done; exec "$@"', str(gate)])
+    opened = threading.Timer(1.0, gate.touch)
+    opened.start()
+    try:
+        assert "streamlease_is_leader" in slow.metrics()
+        # Answered only after the gate opened, yet no scrape was refused.
+        assert slow.served and opened.finished.is_set()
+    finally:
+        opened.cancel()
+    await wait_until(fleet.all_owned, 30, "all owned")
     await fleet.audit()
