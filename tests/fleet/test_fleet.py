@@ -457,8 +457,7 @@ async def test_a_worker_whose_clock_is_two_leases_behind_is_never_taken_over(
 async def test_a_scrape_waits_for_a_worker_still_starting(make_fleet: FleetFactory,
                                                           tmp_path: pathlib.Path) -> None:
     """The harness itself: a worker that is not listening yet (still importing, on a
-    loaded machine) is waited for, not reported as a refused scrape; once it has answered,
-    a refusal is reported at once."""
+    loaded machine) is waited for, not reported as a refused scrape."""
     fleet = make_fleet(streams=2)
     await fleet.start(workers=1)
     gate = tmp_path / "go"
