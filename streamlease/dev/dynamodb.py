@@ -59,6 +59,14 @@ as much as the search itself and delayed every other request. Query, Scan, GetIt
 BatchGetItem answers are written as DynamoDB's JSON directly (the same document; anything
 unexpected still goes through moto's writer).
 
+**Index queries that cost what DynamoDB's cost.** moto answers a Query of a global
+secondary index by sorting (and sizing) every item of the table before it applies the key
+condition: an orphan query of a 2,000-stream table took about 55 ms under the request lock
+however few items it returned, and every other request waited behind it. Here moto's own
+query code runs over only the items the key condition matches (the same answer, page for
+page): about 11 ms at 2,000 items returning none. A read still scans the table's items in
+Python, so it grows with the table, but the sort and the per-item sizing do not.
+
 **Memory that follows the tables.** moto keeps every model object it ever built in a
 class-level list (for its dashboard): every item version any write created, and every
 deleted table with its items. A long session (``make run``, a load test, the test suite)
@@ -347,6 +355,91 @@ def install_fast_transactions() -> None:
         DynamoDBBackend.transact_write_items = _fast_transact_write_items  # type: ignore[method-assign]
         _patched = True
 
+
+
+_original_query: Callable[..., Any] | None = None
+
+
+class _KeyedView:
+    """A table as one index Query reads it: only the items its key condition matches
+    (everything else is the table's own)."""
+
+    def __init__(self, table: Any, items: list[Any]) -> None:
+        self._table = table
+        self._items = items
+
+    def all_items(self) -> list[Any]:
+        return self._items
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+
+def _key_matches(item: Any, hash_conditions: list[tuple[str, Any]],
+                 range_condition: tuple[str, str, list[Any]] | None) -> bool:
+    attrs = item.attrs
+    for name, value in hash_conditions:
+        found = attrs.get(name)
+        if not found:
+            return False
+        if value.type == "S":  # the common case, without moto's casting comparison
+            if found.type != "S" or found.value != value.value:
+                return False
+        elif found != value:
+            return False
+    if range_condition is None:
+        return True
+    name, comparison, values = range_condition
+    found = attrs.get(name)
+    return bool(found) and bool(found.compare(comparison, values))
+
+
+def _keyed_query(self: Any, hash_key: Any, range_comparison: str | None,
+                 range_objs: list[Any], limit: int, exclusive_start_key: Any,
+                 scan_index_forward: bool, projection_expressions: Any,
+                 index_name: str | None = None, consistent_read: bool = False,
+                 filter_expression: Any = None,
+                 hash_key_conditions: list[tuple[str, Any]] | None = None,
+                 range_key_conditions: list[tuple[str, str, list[Any]]] | None = None,
+                 **filter_kwargs: Any) -> Any:
+    """moto's Query on a global secondary index, over only the items its key condition
+    matches: moto sorts (and sizes) every item of the table before it applies the range
+    condition, so an index Query cost O(table) under the request lock where DynamoDB's
+    costs O(items returned)."""
+    assert _original_query is not None
+    args = (hash_key, range_comparison, range_objs, limit, exclusive_start_key,
+            scan_index_forward, projection_expressions)
+    kwargs = dict(index_name=index_name, consistent_read=consistent_read,
+                  filter_expression=filter_expression, hash_key_conditions=hash_key_conditions,
+                  range_key_conditions=range_key_conditions, **filter_kwargs)
+    index = next((i for i in self.global_indexes if i.name == index_name), None)
+    ranges = [k for k in index.schema if k["KeyType"] == "RANGE"] if index is not None else []
+    simple = index is not None and not filter_kwargs and \
+        len(ranges) <= 1 and len(range_key_conditions or []) <= 1 and \
+        (range_comparison is None) == (not range_key_conditions)
+    if not simple or not hash_key_conditions:
+        return _original_query(self, *args, **kwargs)
+    condition = range_key_conditions[0] if range_key_conditions else None
+    names = [k["AttributeName"] for k in ranges]
+    items = []
+    for stored in self.items.values():
+        for item in (stored.values() if self.range_key_attr else (stored,)):
+            # DynamoDB indexes an item only if it has every key attribute of the index.
+            if all(item.attrs.get(n) for n in names) and \
+                    _key_matches(item, hash_key_conditions, condition):
+                items.append(item)
+    return _original_query(_KeyedView(self, items), *args, **kwargs)
+
+
+def install_keyed_index_queries() -> None:
+    """Patch moto (in this process) so an index Query reads only the items its key
+    condition matches (see ``_keyed_query``): the same answer, at DynamoDB's cost shape."""
+    global _original_query
+    with _PATCH_LOCK:
+        if _original_query is not None:
+            return
+        _original_query = Table.query
+        Table.query = _keyed_query  # type: ignore[method-assign]
 
 # -- Eventual consistency -----------------------------------------------------------------
 
@@ -902,6 +995,7 @@ class EmbeddedDynamoDB:
         install_typed_index_keys()
         install_untracked_models()
         install_plain_json_reads()
+        install_keyed_index_queries()
         if self.fast_transactions:
             install_fast_transactions()
         install_streams()
