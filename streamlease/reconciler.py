@@ -293,9 +293,7 @@ class Reconciler:
         timings = self.settings.supervisor.timings
         now_ms = self.clock.wall_ms()
         now = self.clock.monotonic()
-        candidates = await self.leases.orphans(takeover_threshold_ms(now_ms, timings),
-                                               ORPHAN_QUERY_LIMIT)
-        candidates += await self._read_offered({c.stream_id for c in candidates})
+        candidates = await self._candidates(takeover_threshold_ms(now_ms, timings))
         orphans = []
         for candidate in candidates:
             held = self.supervisors.get(candidate.stream_id)
@@ -338,14 +336,35 @@ class Reconciler:
                                    self.clock.monotonic() + self.settings.reconcile_s)
         self.metrics.set_leases_held(len(self.supervisors))
 
-    async def _read_offered(self, found: set[str]) -> list[StreamRecord]:
-        """The streams offered since the last cycle that the orphan query did not return
-        (its index may not show them yet), each read consistently; the plan then treats
-        them as any orphan (a stream already taken is not acquirable, and the acquisition
-        is a conditional write)."""
-        offered, self._offered = self._offered - found - set(self.supervisors), set()
+    async def _candidates(self, threshold_ms: int) -> list[StreamRecord]:
+        """The orphan query's answer and, read beside it (not after it: an offered stream
+        is taken one round trip sooner), each stream offered since the last cycle, read
+        consistently (the index may not show it yet). Where both have a stream, the
+        consistent read is the one kept."""
+        offered, self._offered = self._offered - set(self.supervisors), set()
         if not offered:
-            return []
+            return await self.leases.orphans(threshold_ms, ORPHAN_QUERY_LIMIT)
+        failed: StoreError | None = None
+        found: list[StreamRecord] = []
+        async with asyncio.TaskGroup() as tg:
+            reading = tg.create_task(self._read_offered(offered))
+            try:
+                found = await self.leases.orphans(threshold_ms, ORPHAN_QUERY_LIMIT)
+            except StoreError as exc:
+                failed = exc  # the offered reads still finish: their streams are taken
+        read = reading.result()
+        if failed is not None:
+            if not read:
+                raise failed
+            event(logging.WARNING, "reconcile.failed", "orphan query failed; taking the "
+                  "offered streams only", error=str(failed))
+        fresh = {r.stream_id for r in read}
+        return [c for c in found if c.stream_id not in fresh] + read
+
+    async def _read_offered(self, offered: set[str]) -> list[StreamRecord]:
+        """Each offered stream read consistently; the plan then treats them as any orphan
+        (a stream already taken is not acquirable, and the acquisition is a conditional
+        write)."""
         timeout = self.settings.supervisor.call_timeout_s
 
         async def read(stream_id: str) -> StreamRecord | None:

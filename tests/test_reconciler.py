@@ -556,6 +556,67 @@ async def test_a_member_below_its_share_keeps_looking_while_the_change_feed_is_l
     await fleet.stop()
 
 
+async def test_an_offered_stream_is_read_while_the_orphan_query_is_in_flight() -> None:
+    """The offered stream's consistent read goes out beside the cycle's orphan query, not
+    after it: a hand-off is taken one round trip sooner. (The query is held until the
+    read was sent; a cycle reading after its query would hold it to the deadline.)"""
+    memory = MemoryStore(index_lag_s=8.0, index_lag_jitter_s=0.0)
+    fleet = Fleet(memory)
+    order: list[str] = []
+    offered_read = asyncio.Event()
+    hold = False
+    query, check = fleet.store.orphans, fleet.store.check
+
+    async def orphans(*args: Any, **kwargs: Any) -> Any:
+        if hold:
+            try:
+                await asyncio.wait_for(offered_read.wait(), timeout=5.0)
+            except TimeoutError:
+                order.append("query answered before the offered read")
+        found = await query(*args, **kwargs)
+        order.append("query")
+        return found
+
+    async def checked(stream_id: str, **kwargs: Any) -> Any:
+        if stream_id == "x":
+            order.append("offered read")
+            offered_read.set()
+        return await check(stream_id, **kwargs)
+
+    fleet.store.orphans = orphans  # type: ignore[method-assign]
+    fleet.store.check = checked  # type: ignore[method-assign]
+    fleet.start()
+    await asyncio.sleep(1.0)
+    await memory.put_started("x", URL.format("x"))
+    hold = True
+    order.clear()
+    fleet.reconciler.notice(Notice(1, "w1", "x", NoticeKind.OFFER))
+    async with asyncio.timeout(10):
+        while fleet.held() != {"x"}:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    assert order[:2] == ["offered read", "query"], order
+    await fleet.stop()
+
+
+async def test_an_offered_stream_is_taken_when_the_orphan_query_fails(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A failed orphan query does not cost the cycle its offered streams: they were read
+    beside it, and are taken; the failure is logged."""
+    memory = MemoryStore(index_lag_s=8.0, index_lag_jitter_s=0.0)
+    fleet = Fleet(memory)
+    fleet.start()
+    await asyncio.sleep(1.0)
+    await memory.put_started("x", URL.format("x"))
+    fleet.store.fail("orphans", times=100)
+    fleet.reconciler.notice(Notice(1, "w1", "x", NoticeKind.OFFER))
+    async with asyncio.timeout(10):
+        while fleet.held() != {"x"}:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    assert any("offered streams only" in r.getMessage()
+               for r in events(caplog, "reconcile.failed"))
+    await fleet.stop()
+
+
 async def test_an_offered_stream_is_read_and_taken_before_the_index_shows_it() -> None:
     """The leader's feed offers a freed or new stream: the member reads it consistently
     and takes it at once, instead of waiting for the orphan index (which lags)."""
