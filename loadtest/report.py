@@ -1068,14 +1068,19 @@ def scale_reads_md(k: dict[str, Any]) -> list[str]:
         f"{_v(reads.get('streams_per_worker'))} idle streams per worker, default settings, "
         f"a {_v(reads.get('window_s'))} s quiet window per fleet; counted: "
         f"{reads.get('counted', '-')}. Growth, 8 workers over 2: "
-        f"**{_v(k.get('per_worker_read_growth'))}**.", "",
+        f"**{_v(k.get('per_worker_read_growth'))}** (the leader alone: "
+        f"{_v(k.get('leader_read_growth'))}; the other members: "
+        f"{_v(k.get('per_member_read_growth'))}).", "",
         "| workers | items read / worker-minute | by operation | read requests / "
-        "worker-minute |", "|---|---|---|---|",
+        "worker-minute | the leader | each other member |", "|---|---|---|---|---|---|",
     ]
     for workers, run in (reads.get("runs") or {}).items():
+        roles = run.get("roles") or {}
         lines.append(f"| {workers} | {_v(run.get('items_per_worker_minute'))} | "
                      f"{_v(run.get('items_per_worker_minute_by_operation'))} | "
-                     f"{_v(run.get('read_requests_per_worker_minute'))} |")
+                     f"{_v(run.get('read_requests_per_worker_minute'))} | "
+                     f"{_v((roles.get('leader') or {}).get('items_per_worker_minute'))} | "
+                     f"{_v((roles.get('members') or {}).get('items_per_worker_minute'))} |")
     return [*lines, ""]
 
 

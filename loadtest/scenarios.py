@@ -431,7 +431,11 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
                                             else fleet.now() - started)
         section["held_when_measured"] = fleet.held_total()
         section["connected_when_measured"] = connected()
-        await asyncio.sleep(10.0)
+        # A quiet window: the fleet even (each worker within share + 1) and no worker's
+        # count changed for 10 s, as the gauges show (the table is read too rarely to
+        # time moves by); start-up's balancing is not steady state.
+        section["settled_s"] = _round(await fleet.wait_until(
+            lambda: _even_and_still(fleet, workers, 10.0), 180.0))
 
         steady = await _steady_window(fleet, args.scale_window)
         section.update(steady)
@@ -469,6 +473,19 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
                 model["upkeep_writes_per_stream_minute_full_workers"],
             # Every request kind, every partition-key value at or under half its limit.
             "streams_per_table_at_defaults": model["streams_per_table"]}
+
+
+def _even_and_still(fleet: Fleet, workers: int, still_s: float) -> bool:
+    """Every stream held, ``workers`` workers each within one of the fair share, and no
+    worker's count changed in the last ``still_s`` seconds of samples."""
+    counts = fleet.counts()
+    share = math.ceil(fleet.streams / workers)
+    if not _all_held(fleet) or len(counts) != workers or \
+            any(abs(c - share) > 1 for c in counts.values()):
+        return False
+    recent = [owned for t, owned in fleet.timeline if t >= fleet.now() - still_s]
+    return bool(fleet.timeline) and fleet.timeline[0][0] <= fleet.now() - still_s and \
+        all(owned == recent[-1] for owned in recent)
 
 
 async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
@@ -626,6 +643,8 @@ async def run_scale_reads(ctx: Context) -> dict[str, Any]:
     growth = round(high / low, 3) if low and high is not None else None
     return {"scale": {
         "per_worker_read_growth": growth,
+        "per_member_read_growth": _role_growth(runs, "members"),
+        "leader_read_growth": _role_growth(runs, "leader"),
         "items_read_per_worker_minute_2_workers": low,
         "items_read_per_worker_minute_8_workers": high,
         "reads": {"streams_per_worker": per, "window_s": window, "rate": 1e-6,
@@ -634,6 +653,17 @@ async def run_scale_reads(ctx: Context) -> dict[str, Any]:
                              "the sink issues no reads",
                   "runs": runs},
     }}
+
+
+def _role_growth(runs: dict[str, Any], role: str) -> float | None:
+    """Items read per worker-minute of one role (``leader`` or ``members``), at 8
+    workers over at 2."""
+    found = []
+    for workers in READ_GROWTH_WORKERS:
+        roles = runs[str(workers)].get("roles") or {}
+        found.append((roles.get(role) or {}).get("items_per_worker_minute"))
+    low, high = found
+    return round(high / low, 3) if low and high is not None else None
 
 
 async def _reads_per_worker(ctx: Context, workers: int, per: int,
@@ -662,8 +692,29 @@ async def _reads_per_worker(ctx: Context, workers: int, per: int,
         out.update(window_measured_s=round(end - start, 1), workers_measured=len(names),
                    moves_in_window=fleet.moves(start, end), held_at_end=fleet.counts())
         out.update(read_rates(before, after, names, end - start))
+        out.update(read_rates_by_role(before, after, names, end - start))
         await _finish(fleet, out, only_delivered=True)
     return out
+
+
+LEADING = "streamlease_is_leader"
+
+
+def read_rates_by_role(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                       names: list[str], elapsed_s: float) -> dict[str, Any]:
+    """``read_rates`` for the worker that led the fleet through the window (it alone
+    reads every member row) and for the other members, apart: the average over all
+    workers grows with the fleet even when each role's reads do not, because the leader
+    reads differently from a member and weighs 1/2 of a 2-worker fleet, 1/8 of an
+    8-worker one."""
+    leaders = [n for n in names if before[n].get(LEADING) == 1 and after[n].get(LEADING) == 1]
+    if len(leaders) != 1:
+        return {"roles": None, "roles_not_split": f"{len(leaders)} workers led the whole window"}
+    members = [n for n in names if n not in leaders]
+    return {"roles": {
+        "leader": {"worker": leaders[0], **read_rates(before, after, leaders, elapsed_s)},
+        "members": {"workers": len(members), **read_rates(before, after, members, elapsed_s)},
+    }}
 
 
 def read_rates(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],

@@ -929,6 +929,25 @@ def test_items_read_per_worker_minute_from_two_scrapes() -> None:
     assert old_build["items_per_worker_minute"] is None and "items_not_counted" in old_build
 
 
+def test_items_read_by_the_leader_and_by_the_other_members_apart() -> None:
+    """The leader (led through the whole window) and the other members, apart; a window
+    in which leadership moved is not split."""
+    key = 'streamlease_dynamodb_items_read_total{operation="%s"}'
+    lead = "streamlease_is_leader"
+    before = {"w1": {key % "query": 0.0, lead: 1.0}, "w2": {key % "get_item": 0.0, lead: 0.0},
+              "w3": {key % "get_item": 0.0, lead: 0.0}}
+    after = {"w1": {key % "query": 80.0, lead: 1.0}, "w2": {key % "get_item": 120.0, lead: 0.0},
+             "w3": {key % "get_item": 60.0, lead: 0.0}}
+    roles = scenarios.read_rates_by_role(before, after, ["w1", "w2", "w3"], 60.0)["roles"]
+    assert roles["leader"]["worker"] == "w1"
+    assert roles["leader"]["items_per_worker_minute"] == 80.0
+    assert roles["members"]["workers"] == 2
+    assert roles["members"]["items_per_worker_minute"] == 90.0
+    moved = {**after, "w1": {**after["w1"], lead: 0.0}, "w2": {**after["w2"], lead: 1.0}}
+    split = scenarios.read_rates_by_role(before, moved, ["w1", "w2", "w3"], 60.0)
+    assert split["roles"] is None and "0 workers led" in split["roles_not_split"]
+
+
 def issue20_sections() -> dict[str, Any]:
     sections = scenario_sections()
     sections["scenarios"].update({name: {"ok": True, "seconds": 60.0, "keys": []} for name in
