@@ -286,6 +286,9 @@ class Shape:
 
 # The worker's own constants, so the model follows the code.
 FEED_READ_S = _membership.FEED_READ_S
+HANDOFF_READ_S = _membership.HANDOFF_READ_S
+HANDOFF_READS_FOR_S = _membership.HANDOFF_READS_FOR_S
+HANDOFF_READS_PER_S = _membership.HANDOFF_READS_PER_S
 FEED_QUIET_FACTOR = _reconciler.FEED_QUIET_FACTOR
 BACKSTOP_FACTOR = _sweep_module.BACKSTOP_FACTOR
 FEED_POLL_S = _feed.FeedSettings().poll_s
@@ -301,6 +304,17 @@ Rate = Callable[[Shape], float]
 
 def _zero(_: Shape) -> float:
     return 0.0
+
+
+def _handoff_reads_s(f: Shape) -> float:
+    """Reads of the leader's row beyond the regular ones while hand-offs' notices flow
+    (``Membership.handoff_read_s``)."""
+    if not f.settings.change_feed:
+        return 0.0
+    faster = max(HANDOFF_READ_S, (f.workers - 1) / HANDOFF_READS_PER_S)
+    extra = max(0.0, 1 / faster - 1 / f.settings.leader_row_s)
+    drains_s = f.workers * f.settings.deploys_per_day / 86400
+    return HANDOFF_READS_FOR_S * (f.churn + drains_s * (f.workers - 1)) * extra
 
 
 def _one(_: Shape) -> float:
@@ -401,6 +415,17 @@ KINDS: tuple[Kind, ...] = (
          f"(W - 1) / min(observe_s, {FEED_READ_S:g} s) with the change feed, else / "
          "observe_s; one row, eventually consistent",
          per_s=lambda f: (f.workers - 1) / f.settings.leader_row_s,
+         items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
+    # Membership._observe_loop (handoff_read_s): for HANDOFF_READS_FOR_S after a notice for
+    # it (one per acquisition: the taker's offer) and while anyone drains (each worker once
+    # a deploy: every other member), a member reads the leader's row every HANDOFF_READ_S,
+    # spread so the fleet adds at most HANDOFF_READS_PER_S (none past a few hundred members).
+    Kind("member read, hand-offs (leader's row)",
+         "membership.py _observe_loop, handoff_read_s", "get_item", FLEET, "MEMBER", "one",
+         f"({HANDOFF_READS_FOR_S:g} s x (acquisitions/s + W x drains/s x (W - 1))) x "
+         f"(1 / max({HANDOFF_READ_S:g} s, (W - 1) / {HANDOFF_READS_PER_S:g}/s) - 1 / "
+         "leader-row interval), with the change feed",
+         per_s=lambda f: _handoff_reads_s(f),
          items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: every ACTIVE
     # worker that does not lead reads the lease (consistent GetItem) every observe_s.

@@ -79,6 +79,15 @@ FORGET_AFTER_LEASES = 30  # a dead, released row observed this many leases is de
 # notices (a STOPPED flip, a new ws_url, a stream to take) reach them within half a second.
 # Eventually consistent reads at this rate cost the read units of consistent ones at 1 s.
 FEED_READ_S = 0.5
+# While the leader's bulletin says someone drains, or carries a notice for this worker it
+# had not seen (a hand-off's streams are offered one by one as each is released), its row
+# is read this often for HANDOFF_READS_FOR_S: the next offer reaches its taker a fifth as
+# late. A quiet fleet reads at FEED_READ_S, and the speed-up is spread so that the fleet
+# adds at most HANDOFF_READS_PER_S reads of the leader's key however large it is (one of a
+# few hundred members reads no faster than FEED_READ_S).
+HANDOFF_READ_S = 0.1
+HANDOFF_READS_FOR_S = 2.0
+HANDOFF_READS_PER_S = 250.0
 
 
 @dataclass(frozen=True)
@@ -212,6 +221,7 @@ class Membership(FleetKnowledge):
         self._published_changed = asyncio.Event()
         self._notices_seen: frozenset[int] = frozenset()
         self._bulletin_at = float("-inf")  # monotonic: the last bulletin read from the leader
+        self._handoffs_until = float("-inf")  # monotonic: read the leader's row fast until
         self._heard_feed = False  # that bulletin vouched for the leader's change feed
         self._heard: tuple[str, int] = ("", 0)  # (leader, vouching stretch) last heard
         self._leader_beat: tuple[str, int] = ("", -1)  # (leader, its heartbeat counter)
@@ -243,6 +253,14 @@ class Membership(FleetKnowledge):
     def read_s(self) -> float:
         """How often a member reads the leader's row while the change feed is live."""
         return min(self.timings.observe_s, FEED_READ_S)
+
+    @property
+    def handoff_read_s(self) -> float:
+        """How often a member reads the leader's row while a hand-off's notices flow:
+        HANDOFF_READ_S, or slower in a fleet so large that its members would together
+        read the leader's key more than HANDOFF_READS_PER_S times a second."""
+        others = max(0, (self.bulletin.active if self.bulletin is not None else 1) - 1)
+        return max(HANDOFF_READ_S, others / HANDOFF_READS_PER_S)
 
     @property
     def notice_ttl_s(self) -> float:
@@ -551,6 +569,8 @@ class Membership(FleetKnowledge):
                 every /= 2
             elif self.settings.fleet_view == "leader" and self.feed_live():
                 every = min(every, self.read_s)  # one row: the leader's notices, sooner
+                if self.clock.monotonic() < self._handoffs_until:
+                    every = min(every, self.handoff_read_s)  # a hand-off's offers in flight
             if self.clock.monotonic() < self._strained_until:
                 every = max(every, self.timings.heartbeat_s)
             await sleep_unless(jittered(every, 0.1, self.rng), self._stop)
@@ -628,6 +648,9 @@ class Membership(FleetKnowledge):
                   stream=notice.stream, kind=notice.kind.value, n=notice.n)
             self.metrics.notice(notice.kind.value)
             self.hooks.notice(notice)
+        mine = {x.n for x in news.notices if x.member == self.me}
+        if news.draining or mine - self._notices_seen:
+            self._handoffs_until = received + HANDOFF_READS_FOR_S
         self._notices_seen = frozenset(x.n for x in news.notices)
         self._bulletin_at, self._heard_feed = received, news.feed > 0
         heard, self._heard = self._heard, (leader, news.feed)

@@ -518,6 +518,56 @@ async def test_the_bulletins_generation_moves_with_membership_not_with_counts() 
     await asyncio.gather(*tasks)
 
 
+async def test_a_member_reads_the_leaders_row_faster_while_notices_flow() -> None:
+    """While the feed is live a member reads the leader's row every FEED_READ_S (here the
+    shorter observe interval); for HANDOFF_READS_FOR_S after a bulletin carried a notice
+    for it that it had not seen (a hand-off's streams are offered one by one), every
+    HANDOFF_READ_S; then at the regular rate again. Another member's notice changes
+    nothing; and in a fleet of hundreds the speed-up is spread thin (the leader's key
+    gets at most HANDOFF_READS_PER_S more reads a second)."""
+    from streamlease.core.notices import NoticeKind
+    from streamlease.membership import (
+        HANDOFF_READ_S,
+        HANDOFF_READS_FOR_S,
+        HANDOFF_READS_PER_S,
+    )
+    memory = MemoryStore()
+    leader = ["a"]
+    a, _ = fleet_member(memory, "a", leader)
+    b, reads = fleet_member(memory, "b", leader)
+    for m in (a, b):
+        await m.register()
+    tasks = [asyncio.create_task(m.run()) for m in (a, b)]
+    a.feed_running(True)
+    await until(lambda: b.feed_live())
+    loop = asyncio.get_running_loop()
+
+    async def reads_in(seconds: float) -> int:
+        before = reads.count("member")
+        await asyncio.sleep(seconds)
+        return reads.count("member") - before
+
+    window = HANDOFF_READS_FOR_S / 2
+    quiet = await reads_in(window)
+    assert quiet <= window / b.read_s * 1.25 + 1, quiet
+    other = a.post("a", "s1", NoticeKind.OFFER)  # offered to the leader itself, not to b
+    assert await a.published(other, timeout=5.0)
+    assert await reads_in(window) <= window / b.read_s * 1.25 + 1  # not b's: no speed-up
+    a.post("b", "s2", NoticeKind.OFFER)
+    await until(lambda: loop.time() < b._handoffs_until)
+    busy = await reads_in(window)
+    assert busy >= window / HANDOFF_READ_S * 0.75, (busy, quiet)
+    await asyncio.sleep(HANDOFF_READS_FOR_S)
+    assert await reads_in(window) <= window / b.read_s * 1.25 + 1  # back to the rate
+    assert b.handoff_read_s == HANDOFF_READ_S
+    assert b.bulletin is not None
+    b.bulletin = dataclasses.replace(b.bulletin, active=501)
+    assert b.handoff_read_s == pytest.approx(500 / HANDOFF_READS_PER_S)
+    for m in (a, b):
+        m.stop()
+    await asyncio.gather(*tasks)
+
+
 async def test_the_leaders_notices_reach_their_member_once_and_vouch_for_the_feed() -> None:
     from streamlease.core.notices import Notice, NoticeKind
     memory = MemoryStore()
