@@ -353,12 +353,14 @@ class Reconciler:
             except StoreError as exc:
                 failed = exc  # the offered reads still finish: their streams are taken
         read = reading.result()
+        fresh = {r.stream_id for r in read}
         if failed is not None:
+            # Offers not read either wait for the next cycle, as before the read.
+            self._offered |= set(sorted(offered - fresh)[:OFFERED_LIMIT])
             if not read:
                 raise failed
             event(logging.WARNING, "reconcile.failed", "orphan query failed; taking the "
                   "offered streams only", error=str(failed))
-        fresh = {r.stream_id for r in read}
         return [c for c in found if c.stream_id not in fresh] + read
 
     async def _read_offered(self, offered: set[str]) -> list[StreamRecord]:

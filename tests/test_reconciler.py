@@ -617,6 +617,24 @@ async def test_an_offered_stream_is_taken_when_the_orphan_query_fails(
     await fleet.stop()
 
 
+async def test_an_offer_whose_read_and_query_both_fail_waits_for_the_next_cycle() -> None:
+    """The cycle's orphan query and the offered stream's read both fail: the offer is kept
+    for the next cycle (taken well before the lagging index would show the stream)."""
+    memory = MemoryStore(index_lag_s=8.0, index_lag_jitter_s=0.0)
+    fleet = Fleet(memory)
+    fleet.start()
+    await asyncio.sleep(1.0)
+    await memory.put_started("x", URL.format("x"))
+    fleet.store.fail("orphans", times=1)
+    fleet.store.fail("check", times=1)
+    fleet.reconciler.notice(Notice(1, "w1", "x", NoticeKind.OFFER))
+    async with asyncio.timeout(5):
+        while fleet.held() != {"x"}:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    assert fleet.store.count("check") >= 2
+    await fleet.stop()
+
+
 async def test_an_offered_stream_is_read_and_taken_before_the_index_shows_it() -> None:
     """The leader's feed offers a freed or new stream: the member reads it consistently
     and takes it at once, instead of waiting for the orphan index (which lags)."""
