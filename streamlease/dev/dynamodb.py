@@ -402,16 +402,23 @@ def _keyed_query(self: Any, hash_key: Any, range_comparison: str | None,
                  hash_key_conditions: list[tuple[str, Any]] | None = None,
                  range_key_conditions: list[tuple[str, str, list[Any]]] | None = None,
                  **filter_kwargs: Any) -> Any:
-    """moto's Query on a global secondary index, over only the items its key condition
-    matches: moto sorts (and sizes) every item of the table before it applies the range
-    condition, so an index Query cost O(table) under the request lock where DynamoDB's
-    costs O(items returned)."""
+    """moto's Query, over only the items its key condition matches: moto sorts (and sizes)
+    every item of the table before it applies the key condition, so a Query cost O(table)
+    under the request lock where DynamoDB's costs O(items returned). A base-table Query
+    reads its one partition; an index Query the items whose index keys match."""
     assert _original_query is not None
     args = (hash_key, range_comparison, range_objs, limit, exclusive_start_key,
             scan_index_forward, projection_expressions)
     kwargs = dict(index_name=index_name, consistent_read=consistent_read,
                   filter_expression=filter_expression, hash_key_conditions=hash_key_conditions,
                   range_key_conditions=range_key_conditions, **filter_kwargs)
+    if index_name is None and hash_key is not None and hash_key.type == "S":
+        # One partition (an events table grows with every batch a sink writes, and a
+        # take-over's resume read queries it for one stream's newest item).
+        stored = self.items.get(hash_key)
+        part = [] if stored is None else \
+            list(stored.values()) if self.range_key_attr else [stored]
+        return _original_query(_KeyedView(self, part), *args, **kwargs)
     index = next((i for i in self.global_indexes if i.name == index_name), None)
     ranges = [k for k in index.schema if k["KeyType"] == "RANGE"] if index is not None else []
     simple = index is not None and not filter_kwargs and \
@@ -431,9 +438,9 @@ def _keyed_query(self: Any, hash_key: Any, range_comparison: str | None,
     return _original_query(_KeyedView(self, items), *args, **kwargs)
 
 
-def install_keyed_index_queries() -> None:
-    """Patch moto (in this process) so an index Query reads only the items its key
-    condition matches (see ``_keyed_query``): the same answer, at DynamoDB's cost shape."""
+def install_keyed_queries() -> None:
+    """Patch moto (in this process) so a Query reads only the items its key condition
+    matches (see ``_keyed_query``): the same answer, at DynamoDB's cost shape."""
     global _original_query
     with _PATCH_LOCK:
         if _original_query is not None:
@@ -995,7 +1002,7 @@ class EmbeddedDynamoDB:
         install_typed_index_keys()
         install_untracked_models()
         install_plain_json_reads()
-        install_keyed_index_queries()
+        install_keyed_queries()
         if self.fast_transactions:
             install_fast_transactions()
         install_streams()
