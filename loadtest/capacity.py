@@ -38,7 +38,7 @@ from streamlease import feed as _feed
 from streamlease import membership as _membership
 from streamlease import reconciler as _reconciler
 from streamlease import sweep as _sweep_module
-from streamlease.config import DEFAULTS
+from streamlease.config import DEFAULTS, WorkerConfig
 from streamlease.core import bulletin
 from streamlease.core.membership import MemberTimings
 from streamlease.store import codec, fleetcodec
@@ -50,6 +50,7 @@ TABLE_QUOTA = 40_000.0  # default read and write units/s per table or index (adj
 BUDGET = 0.5  # every key stays under half its limit
 INDEX_WRITES_PER_LEASE_WRITE = 2  # the range key moves: delete + put
 DEFAULT_MAX_STREAMS = int(DEFAULTS["STREAMLEASE_MAX_STREAMS"])
+DEFAULT_TIMINGS = WorkerConfig.from_env({}).timings
 SCALES = (1_000, 10_000, 100_000, 1_000_000)
 READ_UNIT = 4096
 WRITE_UNIT = 1024
@@ -198,8 +199,10 @@ def write_units(nbytes: int) -> float:
 class Settings:
     """The settings the rates depend on (defaults: the worker's own, from ``DEFAULTS``)."""
 
-    lease_s: float = float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])
-    heartbeat_s: float = float(DEFAULTS["STREAMLEASE_HEARTBEAT_SECONDS"])
+    # The member lease and heartbeat (STREAMLEASE_MEMBER_*, derived from the contract's
+    # lease and heartbeat when unset): what member rows, the leader lease and reads run on.
+    lease_s: float = DEFAULT_TIMINGS.lease_s
+    heartbeat_s: float = DEFAULT_TIMINGS.heartbeat_s
     reconcile_s: float = float(DEFAULTS["STREAMLEASE_RECONCILE_SECONDS"])
     sweep_s: float = float(DEFAULTS["STREAMLEASE_SWEEP_SECONDS"])
     stream_renew_s: float = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])

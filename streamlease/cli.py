@@ -18,7 +18,12 @@ from urllib.parse import quote
 
 from streamlease import __version__, jobcli
 from streamlease.clock import Clock
-from streamlease.config import WorkerConfig, allowed_prefixes, setting_value, table_names
+from streamlease.config import (
+    WorkerConfig,
+    allowed_prefixes,
+    member_heartbeat_value,
+    table_names,
+)
 from streamlease.core import roster
 from streamlease.core.frames import export_line
 from streamlease.core.model import StreamRecord
@@ -125,7 +130,7 @@ def build_parser() -> _Parser:
     members.add_argument(
         "--observe", type=_observe_seconds, metavar="SECONDS",
         help="watch the member rows at most this long for heartbeats (default "
-             f"{OBSERVE_HEARTBEATS:g} x STREAMLEASE_HEARTBEAT_SECONDS); stops early once "
+             f"{OBSERVE_HEARTBEATS:g} member heartbeats); stops early once "
              "every member has proven itself alive")
     export = ctl_sub.add_parser(
         "export", help="delivered messages in seq order, one a line (events expired by "
@@ -441,7 +446,7 @@ def member_json(report: roster.MemberReport) -> dict[str, Any]:
 async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
     from streamlease.clock import SYSTEM_CLOCK
     window = args.observe if args.observe is not None else \
-        OBSERVE_HEARTBEATS * float(setting_value("STREAMLEASE_HEARTBEAT_SECONDS"))
+        OBSERVE_HEARTBEATS * member_heartbeat_value()
     # Member rows only (and the leader lease): never the streams table, whose Scan grows
     # with the streams. Shares are of what the rows say the fleet holds.
     async with _stores(tables) as stores:

@@ -137,6 +137,11 @@ def python_upstream(text: str) -> str:
     return text
 
 
+# The member lease's default ceiling: a worker killed without SIGTERM is found dead about
+# this long after its last heartbeat, and its streams deliver again within 10 s
+# (docs/configuration.md, Choosing the member lease).
+MEMBER_LEASE_S = 6.0
+
 # The documented knobs, in the order docs/configuration.md lists them: docs/contract.md's
 # first, then the ones that tune internals and need no touching.
 SETTINGS: tuple[Setting, ...] = (
@@ -171,7 +176,16 @@ SETTINGS: tuple[Setting, ...] = (
             seconds(0.001, 3600)),
     Setting("STREAMLEASE_SAFETY_MARGIN_SECONDS", "safety_margin_s", "",
             "a holder stops writing this long before its lease could expire "
-            "(default: a tenth of the lease)", seconds(0.001, 3600)),
+            "(default: a tenth of the member lease)", seconds(0.001, 3600)),
+    Setting("STREAMLEASE_MEMBER_LEASE_SECONDS", "member_lease_s", "",
+            "a member's lease (and the fleet leader lease): a worker whose heartbeat has not "
+            "moved for this long is declared dead and its streams are taken over (default: "
+            f"the smaller of {MEMBER_LEASE_S:g} s and STREAMLEASE_LEASE_SECONDS)",
+            seconds(0.05, 3600)),
+    Setting("STREAMLEASE_MEMBER_HEARTBEAT_SECONDS", "member_heartbeat_s", "",
+            "member heartbeat interval; under a third of the member lease (default: the "
+            "smaller of STREAMLEASE_HEARTBEAT_SECONDS and a quarter of the member lease)",
+            seconds(0.01, 1200)),
     Setting("STREAMLEASE_SWEEP_SECONDS", "sweep_s", "30",
             "interval of the scan for hand-written items without lease fields; "
             "1.2 x (sweep + reconcile) must stay under 60", seconds(0.1, 60)),
@@ -268,7 +282,7 @@ class WorkerConfig:
     events_table: str
     fleet_table: str
     worker_id: str | None  # None: resolved at start-up (ECS metadata, hostname-pid)
-    timings: LeaseTimings  # the member lease: LEASE, HEARTBEAT, skew and safety margins
+    timings: LeaseTimings  # the member lease: MEMBER_LEASE, MEMBER_HEARTBEAT, the margins
     reconcile_s: float
     max_streams: int
     shutdown_s: float
@@ -319,13 +333,20 @@ class WorkerConfig:
         values, problems = read_settings(SETTINGS, os.environ if env is None else env)
         if problems:
             raise ConfigError(problems)
-        lease = values.pop("lease_s")
+        lease, heartbeat = values.pop("lease_s"), values.pop("heartbeat_s")
+        if heartbeat >= lease / 3:
+            problems.append(
+                f"STREAMLEASE_HEARTBEAT_SECONDS: must be under a third of the lease "
+                f"({lease:g}/3 = {lease / 3:g}), got {heartbeat:g}")
+        member_lease, member_heartbeat = member_lease_and_heartbeat(
+            lease, heartbeat, values.pop("member_lease_s"), values.pop("member_heartbeat_s"))
         safety = values.pop("safety_margin_s")
-        timings = LeaseTimings(lease, values.pop("heartbeat_s"), values.pop("skew_margin_s"),
-                               lease / 10 if safety is None else safety)
+        timings = LeaseTimings(member_lease, member_heartbeat, values.pop("skew_margin_s"),
+                               member_lease / 10 if safety is None else safety)
         if values["min_hold_s"] is None:
-            values["min_hold_s"] = min_hold_for(lease)
-        problems.extend(timings.problems())
+            values["min_hold_s"] = min_hold_for(member_lease)
+        problems.extend(timings.problems("STREAMLEASE_MEMBER_LEASE_SECONDS",
+                                         "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS"))
         # Both intervals are jittered up to +20 %; a hand-written item must start within 60 s.
         if 1.2 * (values["sweep_s"] + values["reconcile_s"]) >= 60:
             problems.append(
@@ -345,9 +366,21 @@ class WorkerConfig:
         return cls(timings=timings, **values)
 
 
+def member_lease_and_heartbeat(lease_s: float, heartbeat_s: float, member_lease_s: float | None,
+                               member_heartbeat_s: float | None) -> tuple[float, float]:
+    """The member lease and heartbeat: as set, or else the smaller of ``MEMBER_LEASE_S`` and
+    STREAMLEASE_LEASE_SECONDS, and the smaller of STREAMLEASE_HEARTBEAT_SECONDS and a
+    quarter of the member lease (6 s and 1.5 s at the defaults; a fleet run with a 2 s lease
+    and a 0.5 s heartbeat keeps both)."""
+    member_lease = min(MEMBER_LEASE_S, lease_s) if member_lease_s is None else member_lease_s
+    member_heartbeat = min(heartbeat_s, member_lease / 4) if member_heartbeat_s is None \
+        else member_heartbeat_s
+    return member_lease, member_heartbeat
+
+
 def min_hold_for(lease_s: float) -> float:
-    """STREAMLEASE_MIN_HOLD_SECONDS when unset: one and a half member leases (30 s at the
-    20 s default). Rebalancing runs on the lease's time scale (member rows, takeovers,
+    """STREAMLEASE_MIN_HOLD_SECONDS when unset: one and a half member leases (9 s at the
+    6 s default). Rebalancing runs on the lease's time scale (member rows, takeovers,
     shed pauses), so with a short lease a new member gets streams seconds after it joins,
     not after a fixed half minute (docs/configuration.md, Defaults that follow the lease)."""
     return 1.5 * lease_s
@@ -361,7 +394,7 @@ def stream_timing_problems(values: Mapping[str, Any], member: LeaseTimings) -> l
     found = []
     if lease < member.lease_s:
         found.append(f"STREAMLEASE_STREAM_LEASE_SECONDS: must be at least the member lease "
-                     f"(STREAMLEASE_LEASE_SECONDS {member.lease_s:g}), got {lease:g}")
+                     f"({member.lease_s:g}), got {lease:g}")
     if renew > lease / 3:
         found.append(f"STREAMLEASE_STREAM_RENEW_SECONDS: must be at most a third of the stream "
                      f"lease ({lease:g}/3 = {lease / 3:g}), got {renew:g}")
@@ -420,6 +453,17 @@ def setting_value(name: str, env: Mapping[str, str] | None = None) -> Any:
     if problems:
         raise ConfigError(problems)
     return values[BY_NAME[name].attr]
+
+
+def member_heartbeat_value(env: Mapping[str, str] | None = None) -> float:
+    """The member heartbeat interval alone (for ``ctl members``); ConfigError if bad."""
+    names = ("STREAMLEASE_LEASE_SECONDS", "STREAMLEASE_HEARTBEAT_SECONDS",
+             "STREAMLEASE_MEMBER_LEASE_SECONDS", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS")
+    values, problems = read_settings(tuple(BY_NAME[n] for n in names),
+                                     os.environ if env is None else env)
+    if problems:
+        raise ConfigError(problems)
+    return member_lease_and_heartbeat(*(values[BY_NAME[n].attr] for n in names))[1]
 
 
 def table_names(env: Mapping[str, str] | None = None) -> tuple[str, str, str]:

@@ -8,18 +8,53 @@ from pathlib import Path
 
 import pytest
 
-from streamlease.config import SETTINGS, WorkerConfig
+from streamlease.config import DEFAULTS, SETTINGS, WorkerConfig, member_heartbeat_value
 from streamlease.errors import ConfigError
 
 
 def test_defaults_match_the_contract() -> None:
+    assert (DEFAULTS["STREAMLEASE_LEASE_SECONDS"], DEFAULTS["STREAMLEASE_HEARTBEAT_SECONDS"]) \
+        == ("20", "5")
     c = WorkerConfig.from_env({})
     assert (c.table, c.events_table) == ("streamlease-streams", "streamlease-events")
-    assert (c.timings.lease_s, c.timings.heartbeat_s, c.reconcile_s) == (20, 5, 5)
+    assert c.reconcile_s == 5
     assert (c.max_streams, c.shutdown_s, c.metrics_port) == (100, 25, 9108)
     assert [str(r) for r in c.allowed_urls] == ["wss://"] and c.log_format == "json"
     assert c.metrics_address == "0.0.0.0"
-    assert c.timings.skew_margin_s == 1 and c.timings.safety_margin_s == pytest.approx(2.0)
+    # The member lease sits under the contract's lease: 6 s, heartbeat 1.5 s.
+    assert (c.timings.lease_s, c.timings.heartbeat_s) == (6, 1.5)
+    assert c.timings.skew_margin_s == 1 and c.timings.safety_margin_s == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize(("env", "member"), [
+    ({}, (6, 1.5)),
+    # A short lease (the fleet tests', the demo's) is the member lease as it was.
+    ({"STREAMLEASE_LEASE_SECONDS": "2", "STREAMLEASE_HEARTBEAT_SECONDS": "0.5"}, (2, 0.5)),
+    ({"STREAMLEASE_LEASE_SECONDS": "3", "STREAMLEASE_HEARTBEAT_SECONDS": "0.75"}, (3, 0.75)),
+    ({"STREAMLEASE_LEASE_SECONDS": "9", "STREAMLEASE_HEARTBEAT_SECONDS": "2.5"}, (6, 1.5)),
+    ({"STREAMLEASE_LEASE_SECONDS": "6", "STREAMLEASE_HEARTBEAT_SECONDS": "1"}, (6, 1)),
+    ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "12"}, (12, 3)),
+    ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "12", "STREAMLEASE_HEARTBEAT_SECONDS": "2"}, (12, 2)),
+    ({"STREAMLEASE_MEMBER_HEARTBEAT_SECONDS": "1"}, (6, 1)),
+    ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "4", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS": " "},
+     (4, 1)),
+])
+def test_the_member_lease_is_six_seconds_or_the_lease_if_shorter(
+        env: dict[str, str], member: tuple[float, float]) -> None:
+    c = WorkerConfig.from_env(env)
+    assert (c.timings.lease_s, c.timings.heartbeat_s) == pytest.approx(member)
+    assert c.timings.safety_margin_s == pytest.approx(member[0] / 10)
+    assert member_heartbeat_value(env) == pytest.approx(member[1])  # what ctl members waits
+
+
+def test_the_member_heartbeat_must_be_under_a_third_of_the_member_lease() -> None:
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({"STREAMLEASE_MEMBER_LEASE_SECONDS": "6",
+                               "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS": "2"})
+    (problem,) = err.value.problems
+    assert problem.startswith("STREAMLEASE_MEMBER_HEARTBEAT_SECONDS: must be under a third")
+    with pytest.raises(ConfigError, match="STREAMLEASE_SKEW_MARGIN_SECONDS"):
+        WorkerConfig.from_env({"STREAMLEASE_MEMBER_LEASE_SECONDS": "0.9"})
 
 
 def test_fractional_seconds_for_sub_second_leases() -> None:
@@ -63,10 +98,11 @@ def test_every_setting_is_documented_with_its_default() -> None:
 
 
 def test_one_table_of_defaults() -> None:
-    # Every WorkerConfig field is filled from SETTINGS (timings from four of them); no
+    # Every WorkerConfig field is filled from SETTINGS (timings from six of them); no
     # field carries a default of its own that could drift from the table.
     fields = {f.name: f for f in dataclasses.fields(WorkerConfig)}
-    lease_parts = {"lease_s", "heartbeat_s", "skew_margin_s", "safety_margin_s"}
+    lease_parts = {"lease_s", "heartbeat_s", "skew_margin_s", "safety_margin_s",
+                   "member_lease_s", "member_heartbeat_s"}
     assert set(fields) - {"timings"} == {s.attr for s in SETTINGS} - lease_parts
     assert all(f.default is dataclasses.MISSING for f in fields.values())
     assert all(f.default_factory is dataclasses.MISSING for f in fields.values())
@@ -98,7 +134,7 @@ SHORT = {"STREAMLEASE_LEASE_SECONDS": "2", "STREAMLEASE_HEARTBEAT_SECONDS": "0.5
 
 
 @pytest.mark.parametrize(("name", "env", "min_hold"), [
-    ("the 20 s default lease: 30 s", {}, 30.0),
+    ("the 6 s default member lease: 9 s", {}, 9.0),
     ("a 2 s lease: 3 s", SHORT, 3.0),
     ("a sub-second lease: scaled the same", {**SHORT, "STREAMLEASE_LEASE_SECONDS": "0.6",
                                              "STREAMLEASE_HEARTBEAT_SECONDS": "0.15",

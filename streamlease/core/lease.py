@@ -49,12 +49,14 @@ class LeaseTimings:
     skew_margin_s: float
     safety_margin_s: float
 
-    def problems(self) -> list[str]:
-        """Every rule these timings break, as ``NAME: what is wrong`` strings."""
+    def problems(self, lease_name: str = "STREAMLEASE_LEASE_SECONDS",
+                 heartbeat_name: str = "STREAMLEASE_HEARTBEAT_SECONDS") -> list[str]:
+        """Every rule these timings break, as ``NAME: what is wrong`` strings (the lease
+        and the heartbeat named as the variables they were read from)."""
         found: list[str] = []
         values = {
-            "STREAMLEASE_LEASE_SECONDS": self.lease_s,
-            "STREAMLEASE_HEARTBEAT_SECONDS": self.heartbeat_s,
+            lease_name: self.lease_s,
+            heartbeat_name: self.heartbeat_s,
             "STREAMLEASE_SKEW_MARGIN_SECONDS": self.skew_margin_s,
             "STREAMLEASE_SAFETY_MARGIN_SECONDS": self.safety_margin_s,
         }
@@ -67,7 +69,7 @@ class LeaseTimings:
             return found
         if self.heartbeat_s >= self.lease_s / 3:
             found.append(
-                f"STREAMLEASE_HEARTBEAT_SECONDS: must be under a third of the lease "
+                f"{heartbeat_name}: must be under a third of the lease "
                 f"({self.lease_s:g}/3 = {self.lease_s / 3:g}), got {self.heartbeat_s:g}"
             )
         if self.skew_margin_s >= self.lease_s:

@@ -37,7 +37,7 @@ Batches follow the stream's rate (README, Batching). A frame is buffered; a batc
 
 Sink retries (docs/operating.md, Overload): a write that fails without an answer (throttled,
 unavailable, timed out; not a stale fence) is retried with capped exponential backoff and
-jitter. The cap is on the member heartbeat's scale (``STREAMLEASE_HEARTBEAT_SECONDS``),
+jitter. The cap is on the member heartbeat's scale (``STREAMLEASE_MEMBER_HEARTBEAT_SECONDS``),
 never the stream lease's renewal interval (minutes): a sink that comes back is written to
 within a heartbeat. A stop (drain) does not wait out an outage: once stopping, a failed
 write is tried once more after ``sink_retry_base_s``, then the held frames are given up.
@@ -122,7 +122,7 @@ class StreamRules:
 
 def sink_retry_cap(heartbeat_s: float) -> float:
     """The longest wait between two tries of a failed sink write: one member heartbeat
-    (``STREAMLEASE_HEARTBEAT_SECONDS``), at least 0.1 s.
+    (``STREAMLEASE_MEMBER_HEARTBEAT_SECONDS``), at least 0.1 s.
 
     The heartbeat is how fast the worker notices anything else (a lost membership, a
     STOPPED stream, a peer's death), so a sink outage ends for a stream within one
