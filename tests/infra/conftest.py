@@ -44,6 +44,8 @@ PLAN_RUNS: dict[str, dict[str, Any]] = {
         "image": "ghcr.io/acme/streamlease:1.0",
         "lease_seconds": 9,
         "heartbeat_seconds": 2.5,
+        "member_lease_seconds": 12,
+        "member_heartbeat_seconds": 3,
         "safety_margin_seconds": 1.5,
         "stop_timeout_seconds": 77,
         "metrics_port": 9200,

@@ -765,13 +765,15 @@ def test_task_environment_carries_every_setting_at_its_default(
     assert "STREAMLEASE_WORKER_ID" not in env  # the ECS task id, so never shared
     cases = worker_cases.Cases(module)
     # A variable whose default is null leaves its setting out, so the worker's default
-    # applies: the safety margin (a tenth of the lease), the minimum hold (1.5 leases), the
+    # applies: the member lease and heartbeat (from the lease and heartbeat), the safety
+    # margin (a tenth of the member lease), the minimum hold (1.5 member leases), the
     # dead letter (none), the profiles file (none: the built-in profile only), the python
     # upstream (none); so does the change feed's switch while on (once the worker reads
     # STREAMLEASE_CHANGE_FEED: on, where the table has a stream).
     unset = {name for name, variable in cases.variable_of.items()
              if worker_cases.env_text(cases.kind[variable], cases.defaults.get(variable)) is None}
     assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_MIN_HOLD_SECONDS",
+                     "STREAMLEASE_MEMBER_LEASE_SECONDS", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS",
                      "STREAMLEASE_DEAD_LETTER", "STREAMLEASE_PROFILES",
                      "STREAMLEASE_UPSTREAM"} | ({"STREAMLEASE_CHANGE_FEED"} & set(DEFAULTS)), unset
     assert "STREAMLEASE_CHANGE_FEED" not in env
@@ -830,11 +832,17 @@ def test_task_environment_follows_the_inputs(module_plans: dict[str, Any]) -> No
     assert env["STREAMLEASE_LEASE_SECONDS"] == "9"
     assert env["STREAMLEASE_HEARTBEAT_SECONDS"] == "2.5"
     assert env["STREAMLEASE_SAFETY_MARGIN_SECONDS"] == "1.5"
+    assert env["STREAMLEASE_MEMBER_LEASE_SECONDS"] == "12"
+    assert env["STREAMLEASE_MEMBER_HEARTBEAT_SECONDS"] == "3"
     assert env["STREAMLEASE_ALLOWED_URLS"] == "wss://a.example/,ws://b.example/"
     assert env["STREAMLEASE_METRICS_PORT"] == "9200"
     assert env["STREAMLEASE_LOG_LEVEL"] == "debug"
     config = WorkerConfig.from_env(env)
-    assert (config.timings.lease_s, config.timings.safety_margin_s) == (9, 1.5)
+    assert (config.timings.lease_s, config.timings.heartbeat_s,
+            config.timings.safety_margin_s) == (12, 3, 1.5)
+    # Without the member settings the member lease is the smaller of 6 s and the lease.
+    assert environment(module_plans["defaults"]).keys().isdisjoint(
+        {"STREAMLEASE_MEMBER_LEASE_SECONDS", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS"})
     assert [rule.entry for rule in config.allowed_urls] == ["wss://a.example/", "ws://b.example/"]
 
 

@@ -3,6 +3,12 @@
 locals {
   container_name = "worker"
 
+  # The member lease and heartbeat as the worker computes them (streamlease/config.py
+  # member_lease_and_heartbeat), for the rules between settings below.
+  member_lease     = coalesce(var.member_lease_seconds, min(6, var.lease_seconds))
+  member_heartbeat = coalesce(var.member_heartbeat_seconds, min(var.heartbeat_seconds, local.member_lease / 4))
+  safety_margin    = coalesce(var.safety_margin_seconds, local.member_lease / 10)
+
   # SIGTERM -> the worker drains for up to STREAMLEASE_SHUTDOWN_SECONDS, then exits; ECS
   # sends SIGKILL stopTimeout seconds after SIGTERM. The margin covers what happens
   # outside the drain budget: signal delivery through the init process, the last release
@@ -53,45 +59,47 @@ locals {
   # upstream; the change feed on, the worker's default) leaves the variable out, so the
   # worker's own default, or the secret, applies.
   worker_settings = {
-    STREAMLEASE_TABLE                 = aws_dynamodb_table.streams.name
-    STREAMLEASE_EVENTS_TABLE          = aws_dynamodb_table.events.name
-    STREAMLEASE_FLEET_TABLE           = aws_dynamodb_table.fleet.name
-    STREAMLEASE_LEASE_SECONDS         = tostring(var.lease_seconds)
-    STREAMLEASE_HEARTBEAT_SECONDS     = tostring(var.heartbeat_seconds)
-    STREAMLEASE_RECONCILE_SECONDS     = tostring(var.reconcile_seconds)
-    STREAMLEASE_MAX_STREAMS           = tostring(var.max_streams)
-    STREAMLEASE_SHUTDOWN_SECONDS      = tostring(var.shutdown_seconds)
-    STREAMLEASE_METRICS_PORT          = tostring(var.metrics_port)
-    STREAMLEASE_METRICS_ADDRESS       = var.metrics_address
-    STREAMLEASE_ALLOWED_URLS          = join(",", var.allowed_urls)
-    STREAMLEASE_LOG_FORMAT            = var.log_format
-    STREAMLEASE_SKEW_MARGIN_SECONDS   = tostring(var.skew_margin_seconds)
-    STREAMLEASE_SAFETY_MARGIN_SECONDS = var.safety_margin_seconds == null ? null : tostring(var.safety_margin_seconds)
-    STREAMLEASE_SWEEP_SECONDS         = tostring(var.sweep_seconds)
-    STREAMLEASE_ACQUIRE_PER_CYCLE     = tostring(var.acquire_per_cycle)
-    STREAMLEASE_BATCH_MAX_MESSAGES    = tostring(var.batch_max_messages)
-    STREAMLEASE_BATCH_MAX_SECONDS     = tostring(var.batch_max_seconds)
-    STREAMLEASE_EVENTS_TTL_SECONDS    = tostring(var.events_ttl_seconds)
-    STREAMLEASE_MAX_FRAME_BYTES       = tostring(var.max_frame_bytes)
-    STREAMLEASE_LOG_LEVEL             = var.log_level
-    STREAMLEASE_STREAM_LEASE_SECONDS  = tostring(var.stream_lease_seconds)
-    STREAMLEASE_STREAM_RENEW_SECONDS  = tostring(var.stream_renew_seconds)
-    STREAMLEASE_STREAM_CHECK_SECONDS  = tostring(var.stream_check_seconds)
-    STREAMLEASE_MIN_HOLD_SECONDS      = var.min_hold_seconds == null ? null : tostring(var.min_hold_seconds)
-    STREAMLEASE_FLEET_VIEW            = var.fleet_view
-    STREAMLEASE_CHANGE_FEED           = var.change_feed ? null : "off"
-    STREAMLEASE_LEADER_BACKEND        = local.leader_backend_env
-    STREAMLEASE_JOB_GRACE_SECONDS     = tostring(var.job_grace_seconds)
-    STREAMLEASE_MAX_SEQ_JUMP          = tostring(var.max_seq_jump)
-    STREAMLEASE_STALL_SECONDS         = tostring(var.stall_seconds)
-    STREAMLEASE_BUFFER_BUDGET_BYTES   = tostring(var.buffer_budget_bytes)
-    STREAMLEASE_SINK                  = local.sink_env
-    STREAMLEASE_PROCESS_MAX_ATTEMPTS  = tostring(var.process_max_attempts)
-    STREAMLEASE_DEAD_LETTER           = local.dead_letter_env
-    STREAMLEASE_PROFILES              = local.profiles_path == "" ? null : local.profiles_path
-    STREAMLEASE_DEFAULT_PROFILE       = var.default_profile
-    STREAMLEASE_UPSTREAM              = local.upstream == "" ? null : local.upstream
-    AWS_REGION                        = data.aws_region.current.name
+    STREAMLEASE_TABLE                    = aws_dynamodb_table.streams.name
+    STREAMLEASE_EVENTS_TABLE             = aws_dynamodb_table.events.name
+    STREAMLEASE_FLEET_TABLE              = aws_dynamodb_table.fleet.name
+    STREAMLEASE_LEASE_SECONDS            = tostring(var.lease_seconds)
+    STREAMLEASE_HEARTBEAT_SECONDS        = tostring(var.heartbeat_seconds)
+    STREAMLEASE_RECONCILE_SECONDS        = tostring(var.reconcile_seconds)
+    STREAMLEASE_MAX_STREAMS              = tostring(var.max_streams)
+    STREAMLEASE_SHUTDOWN_SECONDS         = tostring(var.shutdown_seconds)
+    STREAMLEASE_METRICS_PORT             = tostring(var.metrics_port)
+    STREAMLEASE_METRICS_ADDRESS          = var.metrics_address
+    STREAMLEASE_ALLOWED_URLS             = join(",", var.allowed_urls)
+    STREAMLEASE_LOG_FORMAT               = var.log_format
+    STREAMLEASE_SKEW_MARGIN_SECONDS      = tostring(var.skew_margin_seconds)
+    STREAMLEASE_SAFETY_MARGIN_SECONDS    = var.safety_margin_seconds == null ? null : tostring(var.safety_margin_seconds)
+    STREAMLEASE_MEMBER_LEASE_SECONDS     = var.member_lease_seconds == null ? null : tostring(var.member_lease_seconds)
+    STREAMLEASE_MEMBER_HEARTBEAT_SECONDS = var.member_heartbeat_seconds == null ? null : tostring(var.member_heartbeat_seconds)
+    STREAMLEASE_SWEEP_SECONDS            = tostring(var.sweep_seconds)
+    STREAMLEASE_ACQUIRE_PER_CYCLE        = tostring(var.acquire_per_cycle)
+    STREAMLEASE_BATCH_MAX_MESSAGES       = tostring(var.batch_max_messages)
+    STREAMLEASE_BATCH_MAX_SECONDS        = tostring(var.batch_max_seconds)
+    STREAMLEASE_EVENTS_TTL_SECONDS       = tostring(var.events_ttl_seconds)
+    STREAMLEASE_MAX_FRAME_BYTES          = tostring(var.max_frame_bytes)
+    STREAMLEASE_LOG_LEVEL                = var.log_level
+    STREAMLEASE_STREAM_LEASE_SECONDS     = tostring(var.stream_lease_seconds)
+    STREAMLEASE_STREAM_RENEW_SECONDS     = tostring(var.stream_renew_seconds)
+    STREAMLEASE_STREAM_CHECK_SECONDS     = tostring(var.stream_check_seconds)
+    STREAMLEASE_MIN_HOLD_SECONDS         = var.min_hold_seconds == null ? null : tostring(var.min_hold_seconds)
+    STREAMLEASE_FLEET_VIEW               = var.fleet_view
+    STREAMLEASE_CHANGE_FEED              = var.change_feed ? null : "off"
+    STREAMLEASE_LEADER_BACKEND           = local.leader_backend_env
+    STREAMLEASE_JOB_GRACE_SECONDS        = tostring(var.job_grace_seconds)
+    STREAMLEASE_MAX_SEQ_JUMP             = tostring(var.max_seq_jump)
+    STREAMLEASE_STALL_SECONDS            = tostring(var.stall_seconds)
+    STREAMLEASE_BUFFER_BUDGET_BYTES      = tostring(var.buffer_budget_bytes)
+    STREAMLEASE_SINK                     = local.sink_env
+    STREAMLEASE_PROCESS_MAX_ATTEMPTS     = tostring(var.process_max_attempts)
+    STREAMLEASE_DEAD_LETTER              = local.dead_letter_env
+    STREAMLEASE_PROFILES                 = local.profiles_path == "" ? null : local.profiles_path
+    STREAMLEASE_DEFAULT_PROFILE          = var.default_profile
+    STREAMLEASE_UPSTREAM                 = local.upstream == "" ? null : local.upstream
+    AWS_REGION                           = data.aws_region.current.name
   }
   container_environment = [for k, v in local.worker_settings : { name = k, value = v } if v != null]
 }
@@ -215,20 +223,24 @@ resource "aws_ecs_task_definition" "worker" {
       error_message = "STREAMLEASE_HEARTBEAT_SECONDS: heartbeat_seconds must be under a third of lease_seconds."
     }
     precondition {
-      condition     = var.skew_margin_seconds < var.lease_seconds
-      error_message = "STREAMLEASE_SKEW_MARGIN_SECONDS: skew_margin_seconds must be smaller than lease_seconds."
+      condition     = local.member_heartbeat < local.member_lease / 3
+      error_message = "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS: member_heartbeat_seconds must be under a third of the member lease."
     }
     precondition {
-      condition     = coalesce(var.safety_margin_seconds, var.lease_seconds / 10) < var.lease_seconds / 3
-      error_message = "STREAMLEASE_SAFETY_MARGIN_SECONDS: safety_margin_seconds must be under a third of lease_seconds."
+      condition     = var.skew_margin_seconds < local.member_lease
+      error_message = "STREAMLEASE_SKEW_MARGIN_SECONDS: skew_margin_seconds must be smaller than the member lease."
+    }
+    precondition {
+      condition     = local.safety_margin < local.member_lease / 3
+      error_message = "STREAMLEASE_SAFETY_MARGIN_SECONDS: safety_margin_seconds must be under a third of the member lease."
     }
     precondition {
       condition     = 1.2 * (var.sweep_seconds + var.reconcile_seconds) < 60
       error_message = "STREAMLEASE_SWEEP_SECONDS: 1.2 x (sweep_seconds + reconcile_seconds) must stay under 60, so hand-written items start within a minute."
     }
     precondition {
-      condition     = var.stream_lease_seconds >= var.lease_seconds
-      error_message = "STREAMLEASE_STREAM_LEASE_SECONDS: stream_lease_seconds must be at least lease_seconds (the member lease), so a live member's streams never expire under it."
+      condition     = var.stream_lease_seconds >= local.member_lease
+      error_message = "STREAMLEASE_STREAM_LEASE_SECONDS: stream_lease_seconds must be at least the member lease, so a live member's streams never expire under it."
     }
     precondition {
       condition     = var.stream_renew_seconds <= var.stream_lease_seconds / 3
@@ -239,7 +251,7 @@ resource "aws_ecs_task_definition" "worker" {
       error_message = "STREAMLEASE_STREAM_CHECK_SECONDS: stream_check_seconds must be at most stream_renew_seconds."
     }
     precondition {
-      condition     = var.skew_margin_seconds + coalesce(var.safety_margin_seconds, var.lease_seconds / 10) < var.stream_lease_seconds - var.stream_renew_seconds
+      condition     = var.skew_margin_seconds + local.safety_margin < var.stream_lease_seconds - var.stream_renew_seconds
       error_message = "STREAMLEASE_STREAM_LEASE_SECONDS: stream_lease_seconds minus stream_renew_seconds must exceed the skew and safety margins, or a renewed stream could look expired to a peer."
     }
     precondition {

@@ -590,7 +590,7 @@ variable "events_table_name" {
 }
 
 variable "lease_seconds" {
-  description = "STREAMLEASE_LEASE_SECONDS: a member's lease: a worker whose heartbeat counter has not moved for this long, as its peers observe it, is declared dead."
+  description = "STREAMLEASE_LEASE_SECONDS: lease time to live; the member lease defaults to the smaller of 6 s and this (member_lease_seconds)."
   type        = number
   default     = 20
 
@@ -601,7 +601,7 @@ variable "lease_seconds" {
 }
 
 variable "heartbeat_seconds" {
-  description = "STREAMLEASE_HEARTBEAT_SECONDS: member heartbeat interval; must be under a third of the lease."
+  description = "STREAMLEASE_HEARTBEAT_SECONDS: renewal interval; must be under a third of the lease; the member heartbeat defaults to the smaller of this and a quarter of the member lease."
   type        = number
   default     = 5
 
@@ -692,7 +692,7 @@ variable "log_format" {
 }
 
 variable "skew_margin_seconds" {
-  description = "STREAMLEASE_SKEW_MARGIN_SECONDS: clock skew tolerated between workers; must be under the lease."
+  description = "STREAMLEASE_SKEW_MARGIN_SECONDS: clock skew tolerated between workers; must be under the member lease."
   type        = number
   default     = 1
 
@@ -703,13 +703,35 @@ variable "skew_margin_seconds" {
 }
 
 variable "safety_margin_seconds" {
-  description = "STREAMLEASE_SAFETY_MARGIN_SECONDS: a holder stops writing this long before its lease could expire; null: a tenth of the lease. Under a third of the lease."
+  description = "STREAMLEASE_SAFETY_MARGIN_SECONDS: a holder stops writing this long before its lease could expire; null: a tenth of the member lease. Under a third of the member lease."
   type        = number
   default     = null
 
   validation {
     condition     = var.safety_margin_seconds == null ? true : var.safety_margin_seconds >= 0.001 && var.safety_margin_seconds <= 3600
     error_message = "safety_margin_seconds: from 0.001 to 3600 seconds, or null."
+  }
+}
+
+variable "member_lease_seconds" {
+  description = "STREAMLEASE_MEMBER_LEASE_SECONDS: a member's lease, and the fleet leader lease: a worker whose heartbeat has not moved for this long, as the leader observes it, is declared dead and its streams are taken over; null: the smaller of 6 s and lease_seconds."
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.member_lease_seconds == null ? true : var.member_lease_seconds >= 0.05 && var.member_lease_seconds <= 3600
+    error_message = "member_lease_seconds: from 0.05 to 3600 seconds, or null."
+  }
+}
+
+variable "member_heartbeat_seconds" {
+  description = "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS: member heartbeat interval; null: the smaller of heartbeat_seconds and a quarter of the member lease. Under a third of the member lease."
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.member_heartbeat_seconds == null ? true : var.member_heartbeat_seconds >= 0.01 && var.member_heartbeat_seconds <= 1200
+    error_message = "member_heartbeat_seconds: from 0.01 to 1200 seconds, or null."
   }
 }
 
@@ -791,7 +813,7 @@ variable "log_level" {
 }
 
 variable "stream_lease_seconds" {
-  description = "STREAMLEASE_STREAM_LEASE_SECONDS: each stream's own lease, the safety net under membership; at least lease_seconds."
+  description = "STREAMLEASE_STREAM_LEASE_SECONDS: each stream's own lease, the safety net under membership; at least the member lease."
   type        = number
   default     = 1800
 
@@ -824,7 +846,7 @@ variable "stream_check_seconds" {
 }
 
 variable "min_hold_seconds" {
-  description = "STREAMLEASE_MIN_HOLD_SECONDS: a stream is never handed over for balance sooner after it was acquired; null: 1.5 x the lease."
+  description = "STREAMLEASE_MIN_HOLD_SECONDS: a stream is never handed over for balance sooner after it was acquired; null: 1.5 x the member lease."
   type        = number
   default     = null
 

@@ -20,15 +20,17 @@ run "every_rule_holds_at_its_edge" {
   command = plan
 
   variables {
-    lease_seconds         = 9
-    heartbeat_seconds     = 2.99
-    skew_margin_seconds   = 8.99
-    safety_margin_seconds = 2.99
-    sweep_seconds         = 44.99
-    reconcile_seconds     = 5
-    shutdown_seconds      = 25
-    stop_timeout_seconds  = 35
-    metrics_port          = 1024
+    lease_seconds            = 9
+    heartbeat_seconds        = 2.99
+    member_lease_seconds     = 9
+    member_heartbeat_seconds = 2.99
+    skew_margin_seconds      = 8.99
+    safety_margin_seconds    = 2.99
+    sweep_seconds            = 44.99
+    reconcile_seconds        = 5
+    shutdown_seconds         = 25
+    stop_timeout_seconds     = 35
+    metrics_port             = 1024
     # renew a third of the stream lease, check-in as long as the renewal, the margins
     # (8.99 + 2.99) just under stream lease - renewal (12)
     stream_lease_seconds = 18
@@ -45,7 +47,7 @@ run "stream_lease_as_long_as_the_member_lease" {
   command = plan
 
   variables {
-    lease_seconds        = 20
+    member_lease_seconds = 20
     stream_lease_seconds = 20
     stream_renew_seconds = 6
     stream_check_seconds = 6
@@ -63,23 +65,36 @@ run "heartbeat_at_a_third_of_the_lease" {
   expect_failures = [aws_ecs_task_definition.worker]
 }
 
-run "skew_margin_as_long_as_the_lease" {
+# The member lease's default: the smaller of 6 s and lease_seconds (20).
+run "skew_margin_as_long_as_the_member_lease" {
   command = plan
 
   variables {
-    skew_margin_seconds = 20
+    skew_margin_seconds = 6
   }
 
   expect_failures = [aws_ecs_task_definition.worker]
 }
 
-run "safety_margin_at_a_third_of_the_lease" {
+# The member heartbeat's default (a quarter of the member lease) is always under the rule.
+run "member_heartbeat_at_a_third_of_the_member_lease" {
   command = plan
 
   variables {
-    lease_seconds         = 9
-    heartbeat_seconds     = 2
-    safety_margin_seconds = 3
+    member_lease_seconds     = 6
+    member_heartbeat_seconds = 2
+  }
+
+  expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "safety_margin_at_a_third_of_the_member_lease" {
+  command = plan
+
+  variables {
+    member_lease_seconds     = 9
+    member_heartbeat_seconds = 2
+    safety_margin_seconds    = 3
   }
 
   expect_failures = [aws_ecs_task_definition.worker]
@@ -100,11 +115,11 @@ run "stream_lease_under_the_member_lease" {
   command = plan
 
   variables {
-    lease_seconds        = 9
-    heartbeat_seconds    = 2
-    stream_lease_seconds = 8.99
-    stream_renew_seconds = 2
-    stream_check_seconds = 2
+    member_lease_seconds     = 9
+    member_heartbeat_seconds = 2
+    stream_lease_seconds     = 8.99
+    stream_renew_seconds     = 2
+    stream_check_seconds     = 2
   }
 
   expect_failures = [aws_ecs_task_definition.worker]
@@ -132,12 +147,12 @@ run "stream_check_over_the_renewal_interval" {
   expect_failures = [aws_ecs_task_definition.worker]
 }
 
-# skew 12 + safety 2 (a tenth of the lease) = stream lease 20 - renewal 6
+# skew 12 + safety 2 (a tenth of the member lease) = stream lease 20 - renewal 6
 run "margins_reach_the_stream_lease_minus_the_renewal" {
   command = plan
 
   variables {
-    lease_seconds        = 20
+    member_lease_seconds = 20
     skew_margin_seconds  = 12
     stream_lease_seconds = 20
     stream_renew_seconds = 6

@@ -44,41 +44,43 @@ run "accepts_upper_and_other_edges" {
       { capacity_provider = "FARGATE", weight = 1, base = 1 },
       { capacity_provider = "FARGATE_SPOT", weight = 3, base = 0 },
     ]
-    cpu_architecture      = "ARM64"
-    platform_version      = "1.4.0"
-    container_insights    = "disabled"
-    stop_timeout_seconds  = 120
-    shutdown_seconds      = 110
-    log_retention_days    = 3653
-    log_kms_key_arn       = "arn:aws:kms:eu-west-1:123456789012:key/00000000-0000-0000-0000-000000000000"
-    dynamodb_kms_key_arn  = "arn:aws-cn:kms:cn-north-1:123456789012:key/00000000-0000-0000-0000-000000000000"
-    table_name            = join("", [for i in range(255) : "a"])
-    events_table_name     = "ev.t-1_x"
-    fleet_table_name      = "FL.t-1_x"
-    lease_seconds         = 3600
-    heartbeat_seconds     = 1199
-    skew_margin_seconds   = 3599
-    safety_margin_seconds = 1199
-    sweep_seconds         = 49.9
-    reconcile_seconds     = 0.01
-    metrics_port          = 65535
-    metrics_address       = "::"
-    allowed_urls          = ["ws://127.0.0.1", "wss://"]
-    log_format            = "TEXT"
-    fleet_view            = "ALL"
-    log_level             = "debug"
-    acquire_per_cycle     = 10000
-    batch_max_messages    = 1000
-    batch_max_seconds     = 60
-    events_ttl_seconds    = 315360000
-    stream_lease_seconds  = 86400
-    stream_renew_seconds  = 28800
-    stream_check_seconds  = 3600
-    min_hold_seconds      = 86400
-    leader_backend        = "REDISS://[2001:db8::1]:65535/2147483647"
-    job_grace_seconds     = 600
-    max_seq_jump          = 9223372036854775807
-    stall_seconds         = 86400
+    cpu_architecture         = "ARM64"
+    platform_version         = "1.4.0"
+    container_insights       = "disabled"
+    stop_timeout_seconds     = 120
+    shutdown_seconds         = 110
+    log_retention_days       = 3653
+    log_kms_key_arn          = "arn:aws:kms:eu-west-1:123456789012:key/00000000-0000-0000-0000-000000000000"
+    dynamodb_kms_key_arn     = "arn:aws-cn:kms:cn-north-1:123456789012:key/00000000-0000-0000-0000-000000000000"
+    table_name               = join("", [for i in range(255) : "a"])
+    events_table_name        = "ev.t-1_x"
+    fleet_table_name         = "FL.t-1_x"
+    lease_seconds            = 3600
+    heartbeat_seconds        = 1199
+    member_lease_seconds     = 3600
+    member_heartbeat_seconds = 1199
+    skew_margin_seconds      = 3599
+    safety_margin_seconds    = 1199
+    sweep_seconds            = 49.9
+    reconcile_seconds        = 0.01
+    metrics_port             = 65535
+    metrics_address          = "::"
+    allowed_urls             = ["ws://127.0.0.1", "wss://"]
+    log_format               = "TEXT"
+    fleet_view               = "ALL"
+    log_level                = "debug"
+    acquire_per_cycle        = 10000
+    batch_max_messages       = 1000
+    batch_max_seconds        = 60
+    events_ttl_seconds       = 315360000
+    stream_lease_seconds     = 86400
+    stream_renew_seconds     = 28800
+    stream_check_seconds     = 3600
+    min_hold_seconds         = 86400
+    leader_backend           = "REDISS://[2001:db8::1]:65535/2147483647"
+    job_grace_seconds        = 600
+    max_seq_jump             = 9223372036854775807
+    stall_seconds            = 86400
     # The most one task can buffer: half of its 120 GiB (the memory rule's edge), which
     # 17,124 streams of 300,000-byte frames fill (the buffer rule's edge).
     max_frame_bytes     = 300000
@@ -157,6 +159,8 @@ run "accepts_lower_edges" {
     leader_backend_egress      = { cidr_blocks = ["10.0.0.1/32"], port = 1 }
     lease_seconds              = 0.05
     heartbeat_seconds          = 0.01
+    member_lease_seconds       = 0.05
+    member_heartbeat_seconds   = 0.01
     skew_margin_seconds        = 0.001
     safety_margin_seconds      = 0.001
     sweep_seconds              = 0.1
@@ -221,6 +225,8 @@ run "refuses_values_below_range" {
     events_table_name                 = "ev/t"
     lease_seconds                     = 0.049
     heartbeat_seconds                 = 0.009
+    member_lease_seconds              = 0.049
+    member_heartbeat_seconds          = 0.009
     skew_margin_seconds               = 0.0009
     safety_margin_seconds             = 0.0009
     sweep_seconds                     = 0.09
@@ -266,6 +272,7 @@ run "refuses_values_below_range" {
     var.cpu_architecture, var.platform_version, var.container_insights, var.stop_timeout_seconds,
     var.log_retention_days, var.log_kms_key_arn, var.dynamodb_kms_key_arn, var.table_name,
     var.events_table_name, var.lease_seconds, var.heartbeat_seconds, var.skew_margin_seconds,
+    var.member_lease_seconds, var.member_heartbeat_seconds,
     var.safety_margin_seconds, var.sweep_seconds, var.reconcile_seconds, var.shutdown_seconds,
     var.max_streams, var.metrics_port, var.allowed_urls, var.log_format, var.fleet_view,
     var.log_level,
@@ -294,6 +301,8 @@ run "refuses_values_above_range" {
     events_table_name          = "bad name"
     lease_seconds              = 3600.1
     heartbeat_seconds          = 1200.1
+    member_lease_seconds       = 3600.1
+    member_heartbeat_seconds   = 1200.1
     skew_margin_seconds        = 3600.1
     safety_margin_seconds      = 3600.1
     sweep_seconds              = 60.1
@@ -329,6 +338,7 @@ run "refuses_values_above_range" {
     var.name, var.image, var.upstream_egress, var.desired_count, var.memory,
     var.capacity_provider_strategy, var.stop_timeout_seconds, var.table_name,
     var.events_table_name, var.lease_seconds, var.heartbeat_seconds, var.skew_margin_seconds,
+    var.member_lease_seconds, var.member_heartbeat_seconds,
     var.safety_margin_seconds, var.sweep_seconds, var.reconcile_seconds, var.shutdown_seconds,
     var.max_streams, var.metrics_port, var.allowed_urls, var.acquire_per_cycle,
     var.batch_max_messages, var.batch_max_seconds, var.max_frame_bytes, var.events_ttl_seconds,
