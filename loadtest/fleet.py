@@ -40,7 +40,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from loadtest import request_count
 from loadtest.common import Server, dynamodb_args
 from streamlease.core.model import StreamRecord
 from streamlease.dev import local_aws_env
+from streamlease.dev.procs import free_port
 from streamlease.dev.upstream import frame_for
 from streamlease.store.dynamodb import DynamoAdmin, connect_admin
 from streamlease.store.protocols import Stores
@@ -693,12 +693,6 @@ def upstream_connections(upstream_url: str, timeout: float = 5.0) -> dict[str, i
     except (OSError, ValueError):
         return None
     return {sid: int(s.get("connections", 0)) for sid, s in stats["streams"].items()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from streamlease.dev.procs import free_port
 from tests.procs import Proc
-from tests.redisserver import free_port
 
 USER = "streamlease"
 PASSWORD = "pg-test-secret-6f1c"  # the tests grep logs for it

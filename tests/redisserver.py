@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import redis
 
+from streamlease.dev.procs import free_port
 from tests.procs import Proc
 
 MIN_VERSION = (7, 0)  # PEXPIRETIME
@@ -50,12 +51,6 @@ def redis_server_version() -> str:
                          check=True).stdout
     found = re.search(r"v=(\S+)", out)
     return found[1] if found else out.strip()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -140,3 +142,22 @@ def stop_all(children: Iterable[Child], sig: int = signal.SIGTERM, timeout: floa
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.popen.wait(5)
         child.close()
+
+
+_PORTS = random.Random()
+
+
+def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``
+    starts at 32768 by default), for a child told to listen on it: an ephemeral pick,
+    released and bound again later by the child, can meanwhile become some client socket's
+    source port (the child then cannot listen and exits)."""
+    for _ in range(200):
+        port = _PORTS.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000")

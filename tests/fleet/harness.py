@@ -8,7 +8,6 @@ import contextlib
 import itertools
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamlease.core.model import StreamRecord
 from streamlease.core.upstream import PROFILE_ATTRIBUTE
 from streamlease.dev import local_aws_env
+from streamlease.dev.procs import free_port
 from streamlease.dev.upstream import frame_for
 from streamlease.store import codec
 from streamlease.store.dynamodb import connect_admin
@@ -69,23 +69,6 @@ def dynamodb_server(*extra: str, name: str = "dynamodb", index_lag_ms: float = I
                        "--index-lag-jitter-ms", repr(index_lag_jitter_ms), *extra), name=name)
 
 
-_PORTS = random.Random()
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``
-    starts at 32768 by default): an ephemeral pick, released and bound again later by the
-    worker, can meanwhile become some client socket's source port (a worker then cannot
-    listen and exits)."""
-    for _ in range(200):
-        port = _PORTS.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port between 20000 and 32000")
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float, what: str,

@@ -14,6 +14,7 @@ import pytest
 
 from streamlease.core.model import StreamRecord, Tenure
 from streamlease.core.sinks import parse_sink
+from streamlease.dev.procs import free_port
 from streamlease.errors import ConfigError, SinkConflict, StaleFence
 from streamlease.metrics import Metrics
 from streamlease.processing import ProcessingSettings, ProcessorSink
@@ -27,7 +28,6 @@ from streamlease.sinks.postgres import (
 )
 from streamlease.store.memory import MemoryStore
 from tests.pgserver import PASSWORD, PostgresServer
-from tests.redisserver import free_port
 
 
 class Pg:
