@@ -203,6 +203,7 @@ class Settings:
     # lease and heartbeat when unset): what member rows, the leader lease and reads run on.
     lease_s: float = DEFAULT_TIMINGS.lease_s
     heartbeat_s: float = DEFAULT_TIMINGS.heartbeat_s
+    contract_lease_s: float = float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])  # the audit's scale
     reconcile_s: float = float(DEFAULTS["STREAMLEASE_RECONCILE_SECONDS"])
     sweep_s: float = float(DEFAULTS["STREAMLEASE_SWEEP_SECONDS"])
     stream_renew_s: float = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])
@@ -236,7 +237,7 @@ class Settings:
 
     @property
     def audit_s(self) -> float:
-        return 1.6 * self.lease_s  # streamlease/app.py reconciler_settings: audit_s
+        return 1.6 * self.contract_lease_s  # streamlease/app.py build_settings: audit_s
 
     @property
     def fast_poll_s(self) -> float:

@@ -99,8 +99,10 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         owner=owner, reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
         max_streams=config.max_streams, acquire_per_cycle=config.acquire_per_cycle,
         supervisor=supervisor, stopped_check_s=timings.heartbeat_s,
-        # Jittered +/-20 %: at most 1.92 member leases apart, inside the two allowed.
-        min_hold_s=config.min_hold_s, audit_s=1.6 * timings.lease_s,
+        # Jittered +/-20 %: at most 1.92 leases apart, inside the two allowed.
+        # The self-audit is a backstop for bugs, not failure detection: it keeps the
+        # contract lease's scale (32 s at the defaults) when the member lease is shorter.
+        min_hold_s=config.min_hold_s, audit_s=1.6 * config.lease_s,
         second_pass_s=min(SECOND_PASS_S, timings.lease_s),
         unservable_retry_s=3 * timings.lease_s,
     )

@@ -1,9 +1,9 @@
 """The self-audit: nobody holds what it does not serve.
 
-Every ``audit_s`` (1.6 member leases, +/-20 %) the worker lists the streams the owner index
-names it for, reads each one it does not supervise consistently, and releases those still
-leased to it. The backstop for every path that would leave a stream leased here but
-unserved until its stream lease runs out.
+Every ``audit_s`` (1.6 x STREAMLEASE_LEASE_SECONDS, +/-20 %) the worker lists the streams
+the owner index names it for, reads each one it does not supervise consistently, and
+releases those still leased to it. The backstop for every path that would leave a stream
+leased here but unserved until its stream lease runs out.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ AUDIT_READS = 200  # consistent reads one self-audit makes at most
 @dataclass(frozen=True)
 class AuditSettings:
     owner: str
-    audit_s: float  # the interval: 1.6 member leases (+20 % < two)
+    audit_s: float  # the interval: 1.6 leases (+20 % < two)
     call_s: float  # a read or release times out after this; the first audit waits this long
 
 

@@ -283,6 +283,7 @@ class WorkerConfig:
     fleet_table: str
     worker_id: str | None  # None: resolved at start-up (ECS metadata, hostname-pid)
     timings: LeaseTimings  # the member lease: MEMBER_LEASE, MEMBER_HEARTBEAT, the margins
+    lease_s: float  # STREAMLEASE_LEASE_SECONDS: caps the member lease; the self-audit's scale
     reconcile_s: float
     max_streams: int
     shutdown_s: float
@@ -333,7 +334,7 @@ class WorkerConfig:
         values, problems = read_settings(SETTINGS, os.environ if env is None else env)
         if problems:
             raise ConfigError(problems)
-        lease, heartbeat = values.pop("lease_s"), values.pop("heartbeat_s")
+        lease, heartbeat = values["lease_s"], values.pop("heartbeat_s")
         if heartbeat >= lease / 3:
             problems.append(
                 f"STREAMLEASE_HEARTBEAT_SECONDS: must be under a third of the lease "

@@ -68,7 +68,7 @@ class ReconcilerSettings:
     supervisor: SupervisorSettings
     stopped_check_s: float = 5.0  # the held-STOPPED query (the member heartbeat interval)
     min_hold_s: float = 30.0  # a stream is never handed over sooner after its acquisition
-    audit_s: float = 32.0  # the self-audit's interval: 1.6 member leases (+20 % < two)
+    audit_s: float = 32.0  # the self-audit's interval: 1.6 leases (+20 % < two)
     second_pass_s: float = 2.0  # a dead member's streams are looked up again after this
     # An item found unservable only once acquired (a profile problem: the orphan index does
     # not hold those attributes) is not taken again for this long (three member leases);

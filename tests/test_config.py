@@ -98,10 +98,11 @@ def test_every_setting_is_documented_with_its_default() -> None:
 
 
 def test_one_table_of_defaults() -> None:
-    # Every WorkerConfig field is filled from SETTINGS (timings from six of them); no
+    # Every WorkerConfig field is filled from SETTINGS (timings from six of them, the lease
+    # also kept as it is); no
     # field carries a default of its own that could drift from the table.
     fields = {f.name: f for f in dataclasses.fields(WorkerConfig)}
-    lease_parts = {"lease_s", "heartbeat_s", "skew_margin_s", "safety_margin_s",
+    lease_parts = {"heartbeat_s", "skew_margin_s", "safety_margin_s",
                    "member_lease_s", "member_heartbeat_s"}
     assert set(fields) - {"timings"} == {s.attr for s in SETTINGS} - lease_parts
     assert all(f.default is dataclasses.MISSING for f in fields.values())
@@ -215,3 +216,18 @@ def test_a_budget_problem_exits_2_naming_the_variables(
     assert run_worker() == 2
     err = capsys.readouterr().err
     assert "STREAMLEASE_BUFFER_BUDGET_BYTES" in err and "STREAMLEASE_MAX_STREAMS" in err
+
+
+@pytest.mark.parametrize(("env", "audit_s"), [
+    ({}, 32.0),  # the contract's 20 s lease, not the 6 s member lease
+    ({"STREAMLEASE_LEASE_SECONDS": "2", "STREAMLEASE_HEARTBEAT_SECONDS": "0.5",
+      "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"}, 3.2),
+    ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "3"}, 32.0),
+])
+def test_the_self_audit_keeps_the_contract_leases_scale(env: dict[str, str],
+                                                       audit_s: float) -> None:
+    """A backstop for bugs, not failure detection: a shorter member lease does not make
+    every worker list its streams more often (1.6 leases, so never two apart)."""
+    from streamlease.app import build_settings
+
+    assert build_settings(WorkerConfig.from_env(env), "w1").audit_s == pytest.approx(audit_s)

@@ -188,7 +188,7 @@ def test_the_scale_runs_measured_requests_agree_with_the_model() -> None:
     renewal interval, the change feed live) against the model at its shape: each
     operation's rate within the model's range agrees; one outside it is flagged."""
     per_1000 = {"get_item": (3 / 0.75 + 3 / 0.5) / 1.999,  # campaigns, the leader's row
-                "query": (2 / 0.75 + 1 / 1.5 + 4 / 60 + 4 / 9.6) / 1.999,
+                "query": (2 / 0.75 + 1 / 1.5 + 4 / 60 + 4 / 32) / 1.999,
                 "update_item": (4 / 1.5 + 1 / 1.5) / 1.999, "get_records": 4 / 1.999,
                 "scan": 4 / 300 / 1.999}  # 2,000 items: four pages every 300 s
     section = {"streams": 2000, "workers": 4, "window_measured_s": 60.0,
