@@ -140,7 +140,7 @@ def python_upstream(text: str) -> str:
 # The member lease's default ceiling: a worker killed without SIGTERM is found dead about
 # this long after its last heartbeat, and its streams deliver again within 10 s
 # (docs/configuration.md, Choosing the member lease).
-MEMBER_LEASE_S = 6.0
+MEMBER_LEASE_S = 5.0
 
 # The documented knobs, in the order docs/configuration.md lists them: docs/contract.md's
 # first, then the ones that tune internals and need no touching.
@@ -215,7 +215,7 @@ SETTINGS: tuple[Setting, ...] = (
             seconds(0.03, 28800)),
     Setting("STREAMLEASE_MIN_HOLD_SECONDS", "min_hold_s", "",
             "a stream is never handed over for balance sooner after it was acquired "
-            "(default: 1.5 x the lease)", seconds(0, 86400)),
+            "(default: 1.5 x the member lease)", seconds(0, 86400)),
     Setting("STREAMLEASE_FLEET_VIEW", "fleet_view", "leader",
             "leader: members read only the fleet leader's row and plan from its bulletin "
             "(reads flat in fleet size); all: every member reads every member row",
@@ -371,7 +371,7 @@ def member_lease_and_heartbeat(lease_s: float, heartbeat_s: float, member_lease_
                                member_heartbeat_s: float | None) -> tuple[float, float]:
     """The member lease and heartbeat: as set, or else the smaller of ``MEMBER_LEASE_S`` and
     STREAMLEASE_LEASE_SECONDS, and the smaller of STREAMLEASE_HEARTBEAT_SECONDS and a
-    quarter of the member lease (6 s and 1.5 s at the defaults; a fleet run with a 2 s lease
+    quarter of the member lease (5 s and 1.25 s at the defaults; a fleet run with a 2 s lease
     and a 0.5 s heartbeat keeps both)."""
     member_lease = min(MEMBER_LEASE_S, lease_s) if member_lease_s is None else member_lease_s
     member_heartbeat = min(heartbeat_s, member_lease / 4) if member_heartbeat_s is None \
@@ -380,8 +380,8 @@ def member_lease_and_heartbeat(lease_s: float, heartbeat_s: float, member_lease_
 
 
 def min_hold_for(lease_s: float) -> float:
-    """STREAMLEASE_MIN_HOLD_SECONDS when unset: one and a half member leases (9 s at the
-    6 s default). Rebalancing runs on the lease's time scale (member rows, takeovers,
+    """STREAMLEASE_MIN_HOLD_SECONDS when unset: one and a half member leases (7.5 s at the
+    5 s default). Rebalancing runs on the lease's time scale (member rows, takeovers,
     shed pauses), so with a short lease a new member gets streams seconds after it joins,
     not after a fixed half minute (docs/configuration.md, Defaults that follow the lease)."""
     return 1.5 * lease_s

@@ -21,25 +21,25 @@ def test_defaults_match_the_contract() -> None:
     assert (c.max_streams, c.shutdown_s, c.metrics_port) == (100, 25, 9108)
     assert [str(r) for r in c.allowed_urls] == ["wss://"] and c.log_format == "json"
     assert c.metrics_address == "0.0.0.0"
-    # The member lease sits under the contract's lease: 6 s, heartbeat 1.5 s.
-    assert (c.timings.lease_s, c.timings.heartbeat_s) == (6, 1.5)
-    assert c.timings.skew_margin_s == 1 and c.timings.safety_margin_s == pytest.approx(0.6)
+    # The member lease sits under the contract's lease: 5 s, heartbeat 1.25 s.
+    assert (c.timings.lease_s, c.timings.heartbeat_s) == (5, 1.25)
+    assert c.timings.skew_margin_s == 1 and c.timings.safety_margin_s == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(("env", "member"), [
-    ({}, (6, 1.5)),
+    ({}, (5, 1.25)),
     # A short lease (the fleet tests', the demo's) is the member lease as it was.
     ({"STREAMLEASE_LEASE_SECONDS": "2", "STREAMLEASE_HEARTBEAT_SECONDS": "0.5"}, (2, 0.5)),
     ({"STREAMLEASE_LEASE_SECONDS": "3", "STREAMLEASE_HEARTBEAT_SECONDS": "0.75"}, (3, 0.75)),
-    ({"STREAMLEASE_LEASE_SECONDS": "9", "STREAMLEASE_HEARTBEAT_SECONDS": "2.5"}, (6, 1.5)),
-    ({"STREAMLEASE_LEASE_SECONDS": "6", "STREAMLEASE_HEARTBEAT_SECONDS": "1"}, (6, 1)),
+    ({"STREAMLEASE_LEASE_SECONDS": "9", "STREAMLEASE_HEARTBEAT_SECONDS": "2.5"}, (5, 1.25)),
+    ({"STREAMLEASE_LEASE_SECONDS": "5", "STREAMLEASE_HEARTBEAT_SECONDS": "1"}, (5, 1)),
     ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "12"}, (12, 3)),
     ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "12", "STREAMLEASE_HEARTBEAT_SECONDS": "2"}, (12, 2)),
-    ({"STREAMLEASE_MEMBER_HEARTBEAT_SECONDS": "1"}, (6, 1)),
+    ({"STREAMLEASE_MEMBER_HEARTBEAT_SECONDS": "1"}, (5, 1)),
     ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "4", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS": " "},
      (4, 1)),
 ])
-def test_the_member_lease_is_six_seconds_or_the_lease_if_shorter(
+def test_the_member_lease_is_five_seconds_or_the_lease_if_shorter(
         env: dict[str, str], member: tuple[float, float]) -> None:
     c = WorkerConfig.from_env(env)
     assert (c.timings.lease_s, c.timings.heartbeat_s) == pytest.approx(member)
@@ -135,7 +135,7 @@ SHORT = {"STREAMLEASE_LEASE_SECONDS": "2", "STREAMLEASE_HEARTBEAT_SECONDS": "0.5
 
 
 @pytest.mark.parametrize(("name", "env", "min_hold"), [
-    ("the 6 s default member lease: 9 s", {}, 9.0),
+    ("the 5 s default member lease: 7.5 s", {}, 7.5),
     ("a 2 s lease: 3 s", SHORT, 3.0),
     ("a sub-second lease: scaled the same", {**SHORT, "STREAMLEASE_LEASE_SECONDS": "0.6",
                                              "STREAMLEASE_HEARTBEAT_SECONDS": "0.15",
@@ -219,7 +219,7 @@ def test_a_budget_problem_exits_2_naming_the_variables(
 
 
 @pytest.mark.parametrize(("env", "audit_s"), [
-    ({}, 32.0),  # the contract's 20 s lease, not the 6 s member lease
+    ({}, 32.0),  # the contract's 20 s lease, not the 5 s member lease
     ({"STREAMLEASE_LEASE_SECONDS": "2", "STREAMLEASE_HEARTBEAT_SECONDS": "0.5",
       "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"}, 3.2),
     ({"STREAMLEASE_MEMBER_LEASE_SECONDS": "3"}, 32.0),

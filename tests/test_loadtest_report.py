@@ -89,15 +89,15 @@ STARTED_AT_HALF = math.floor(500 / (2 / 600 + 4 / 86_400))
 def _member_reads(workers: int) -> float:
     """The MEMBER key's read units a second with the change feed live: the other workers
     read the leader's row (189 B + its bulletin, under 4 KB: 1 unit) every second, the
-    leader every row and the high-water item (189 B each) every 0.375 s."""
-    return (workers - 1) + 2 / 0.75 * math.ceil((workers + 1) * 189 / 4096)
+    leader every row and the high-water item (189 B each) every 0.3125 s."""
+    return (workers - 1) + 2 / 0.625 * math.ceil((workers + 1) * 189 / 4096)
 
 
-# Those reads pass half the key's 3,000 units at 1,335 workers (133,500 streams).
+# Those reads pass half the key's 3,000 units at about 1,300 workers.
 MEMBER_READS_AT_HALF = 100 * max(w for w in range(1, 3000) if _member_reads(w) <= 1500)
-# The member rows' heartbeats (one 189 B row, 1 unit, every 1.5 s from each worker) pass
-# half the key's 1,000 write units first: at 750 workers of 100 streams.
-MEMBER_AT_HALF = 100 * max(w for w in range(1, 3000) if w / 1.5 <= 500)
+# The member rows' heartbeats (one 189 B row, 1 unit, every 1.25 s from each worker) pass
+# half the key's 1,000 write units first: at 625 workers of 100 streams.
+MEMBER_AT_HALF = 100 * max(w for w in range(1, 3000) if w / 1.25 <= 500)
 
 
 def model() -> dict[str, Any]:
@@ -239,7 +239,7 @@ def test_percentiles_and_cost_arithmetic() -> None:
 def test_capacity_model_arithmetic() -> None:
     m = model()
     # Every request kind, every key at or under half its limit: the member rows' heartbeats
-    # first (every 1.5 s), ahead of the members' reads of the leader's row (every half
+    # first (every 1.25 s), ahead of the members' reads of the leader's row (every half
     # second, for the change feed's notices) and the orphan index's STARTED key's writes.
     assert m["streams_per_table"] == MEMBER_AT_HALF < MEMBER_READS_AT_HALF < STARTED_AT_HALF
     assert m["first_key_over_budget"] == "fleet table / MEMBER / writes"

@@ -553,7 +553,7 @@ async def test_a_drain_wakes_the_pump_from_a_sink_retry_backoff(
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(pump.run())
         # Deep in the outage: the pump sleeps a backoff of a second or more (the cap is a
-        # member heartbeat, 1.5 s at the defaults).
+        # member heartbeat, 1.25 s at the defaults).
         await until(lambda: sink.calls >= 10 and (clock.sleeping or 0) >= 1.0, timeout=3600)
         stopped_at = clock.monotonic()
         await pump.stop()

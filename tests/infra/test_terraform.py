@@ -875,7 +875,15 @@ def test_container_uses_the_workers_defaults(module_plans: dict[str, Any]) -> No
     assert c["portMappings"] == [{"name": "metrics", "protocol": "tcp",
                                   "containerPort": int(DEFAULTS["STREAMLEASE_METRICS_PORT"])}]
     check = c["healthCheck"]
-    assert check["interval"] * check["retries"] >= float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])
+    # /healthz fails once the member heartbeat or a held stream is older than the member
+    # lease (app.py's HealthState); ECS gives the worker at least one more member lease to
+    # recover (a DynamoDB blip stalls every worker at once) before it replaces the task.
+    # The member lease as the worker computes it from the planned environment (5 s: the
+    # smaller of config.MEMBER_LEASE_S and STREAMLEASE_LEASE_SECONDS), and as set.
+    for plan in ("defaults", "custom"):
+        member_lease = WorkerConfig.from_env(environment(module_plans[plan])).timings.lease_s
+        assert check["interval"] * check["retries"] >= member_lease, plan
+    assert container(module_plans["custom"])["healthCheck"] == check
     assert DEFAULTS["STREAMLEASE_LOG_FORMAT"] == "json"  # what CloudWatch Logs Insights reads
     assert container(module_plans["custom"])["portMappings"][0]["containerPort"] == 9200
 

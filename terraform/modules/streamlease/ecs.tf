@@ -5,7 +5,7 @@ locals {
 
   # The member lease and heartbeat as the worker computes them (streamlease/config.py
   # member_lease_and_heartbeat), for the rules between settings below.
-  member_lease     = coalesce(var.member_lease_seconds, min(6, var.lease_seconds))
+  member_lease     = coalesce(var.member_lease_seconds, min(5, var.lease_seconds))
   member_heartbeat = coalesce(var.member_heartbeat_seconds, min(var.heartbeat_seconds, local.member_lease / 4))
   safety_margin    = coalesce(var.safety_margin_seconds, local.member_lease / 10)
 
@@ -187,8 +187,11 @@ resource "aws_ecs_task_definition" "worker" {
       readOnly      = false
     }]
 
-    # Liveness only: /healthz fails once a held stream went unrenewed for longer than the
-    # lease. Readiness (/readyz) is not a reason to restart a draining worker.
+    # Liveness only: /healthz fails once the member heartbeat or a held stream went
+    # unrenewed for longer than the member lease (or three stream check-in intervals, if
+    # longer); ECS then waits interval x retries, at least one member lease at the defaults,
+    # before it replaces the task. Readiness (/readyz) is not a reason to restart a
+    # draining worker.
     healthCheck = {
       command     = ["CMD", "streamlease", "healthcheck", "--timeout", "3"]
       interval    = 15

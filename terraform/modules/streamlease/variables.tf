@@ -590,7 +590,7 @@ variable "events_table_name" {
 }
 
 variable "lease_seconds" {
-  description = "STREAMLEASE_LEASE_SECONDS: lease time to live; the member lease defaults to the smaller of 6 s and this (member_lease_seconds)."
+  description = "STREAMLEASE_LEASE_SECONDS: lease time to live; the member lease defaults to the smaller of 5 s and this (member_lease_seconds)."
   type        = number
   default     = 20
 
@@ -714,7 +714,7 @@ variable "safety_margin_seconds" {
 }
 
 variable "member_lease_seconds" {
-  description = "STREAMLEASE_MEMBER_LEASE_SECONDS: a member's lease, and the fleet leader lease: a worker whose heartbeat has not moved for this long, as the leader observes it, is declared dead and its streams are taken over; null: the smaller of 6 s and lease_seconds."
+  description = "STREAMLEASE_MEMBER_LEASE_SECONDS: a member's lease, and the fleet leader lease: a worker whose heartbeat has not moved for this long, as the leader observes it, is declared dead and its streams are taken over; null: the smaller of 5 s and lease_seconds."
   type        = number
   default     = null
 

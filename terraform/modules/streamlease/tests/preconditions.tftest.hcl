@@ -65,12 +65,12 @@ run "heartbeat_at_a_third_of_the_lease" {
   expect_failures = [aws_ecs_task_definition.worker]
 }
 
-# The member lease's default: the smaller of 6 s and lease_seconds (20).
+# The member lease's default: the smaller of 5 s and lease_seconds (20).
 run "skew_margin_as_long_as_the_member_lease" {
   command = plan
 
   variables {
-    skew_margin_seconds = 6
+    skew_margin_seconds = 5
   }
 
   expect_failures = [aws_ecs_task_definition.worker]
