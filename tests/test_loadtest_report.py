@@ -987,7 +987,11 @@ def test_issue_20_figures_render_with_their_targets(tmp_path: Path) -> None:
     rows = {key: (value, target, met) for _, key, value, target, met in targets(result)}
     assert rows["scale.per_worker_read_growth"] == (2.4, "<= 1.2", False)
     assert rows["scale.index_moves_per_stream_minute"] == (0.2, "0", False)
-    assert rows["scale.kill9_p99"] == (37.0, "<= member lease + 5 s = 25 s", False)
+    assert rows["scale.kill9_p99"] == (37.0, "<= member lease + 5 s = 10 s", False)
+    # The report's copy of the worker's default member lease.
+    from loadtest.report import DEFAULT_MEMBER_LEASE_S
+    from streamlease.config import WorkerConfig
+    assert WorkerConfig.from_env({}).timings.lease_s == DEFAULT_MEMBER_LEASE_S
     assert rows["failover.kill9_defaults.p99"] == (24.0, "<= 10 s", False)
     assert rows["balance.during_startup.converge_s"] == (15.0, "<= 10 s", False)
     assert rows["balance.during_startup.moves"] == (27, "<= 25", False)
