@@ -388,8 +388,9 @@ async def _serve(runtime: Runtime) -> int:
           table=config.table, events_table=config.events_table,
           fleet_table=config.fleet_table, epoch=membership.epoch,
           leader_backend=config.leader_backend if isinstance(config.leader_backend, str)
-          else config.leader_backend.url, lease_s=t.lease_s,
-          heartbeat_s=t.heartbeat_s, skew_margin_s=t.skew_margin_s,
+          else config.leader_backend.url, lease_s=config.lease_s,
+          member_lease_s=t.lease_s, member_heartbeat_s=t.heartbeat_s,
+          skew_margin_s=t.skew_margin_s,
           safety_margin_s=t.safety_margin_s,
           self_fence_after_s=round(t.lease_s - t.safety_margin_s, 3),
           stream_lease_s=config.stream_lease_s, stream_renew_s=config.stream_renew_s,
