@@ -75,12 +75,19 @@ class Takeover:
     @tracing.takeover_span  # a root span: the dead member wrote nothing to link to
     async def _guarded_take(self, dead: MemberRecord, weights: dict[str, int] | None) -> None:
         try:
+            first = self.clock.monotonic()
             taken, weight = await self._take_dead_part(dead, weights)
             # A second look: the owner index lags, so a stream the dead member took just
-            # before it died may be listed only now; and survivors whose rows differed may
-            # have dealt a stream to nobody. Those are taken too, up to this worker's
-            # weight in the deal, before the fencer would release them.
-            await sleep_unless(self.settings.second_pass_s, self.stopping)
+            # before it died may be listed only now; survivors whose rows differed may have
+            # dealt a stream to nobody; and the deal's hashing may give a survivor more than
+            # its room (what it cannot take is left). Those are taken too, up to this
+            # worker's weight in the deal, before the fencer would release them. The look
+            # is timed from the first one's start, not its end: the fencer's deal window
+            # counts from the fence, and a survivor still taking a large part when the
+            # others are done would otherwise look only after the fencer released the
+            # leftovers to the slower orphan path.
+            wait = first + self.settings.second_pass_s - self.clock.monotonic()
+            await sleep_unless(max(0.0, wait), self.stopping)
             if not self.stopping.is_set():
                 await self._take_dead_part(dead, weights, leftovers=max(0, weight - taken))
         except StoreError as exc:

@@ -215,3 +215,38 @@ async def test_a_take_over_whose_output_is_still_starting_at_shutdown_is_handed_
     assert all(owner != "a" or fence is None for owner, fence in held.values()), held
     a.membership.stop()
     await asyncio.gather(*a.tasks, return_exceptions=True)
+
+
+@pytest.mark.parametrize(("first_look_s", "second_at_s"), [
+    (0.5, 2.0),  # a quick first look: the second one a second look's wait after its start
+    (3.0, 3.0),  # a large part still being taken then: the second look follows at once
+])
+async def test_the_second_look_is_timed_from_the_first_ones_start(
+        first_look_s: float, second_at_s: float) -> None:
+    """The fencer's deal window counts from the fence: a survivor still taking a large
+    part must not look for leftovers only a whole wait after it finished (by then the
+    fencer has released them to the slower orphan path)."""
+    from streamlease.core.membership import MemberRecord
+    from streamlease.takeover import Takeover, TakeoverSettings
+
+    clock = LoopClock()
+    looks: list[tuple[float, int]] = []
+
+    class Parts(Takeover):
+        async def _take_dead_part(self, dead: MemberRecord, weights: dict[str, int] | None,
+                                  leftovers: int = 0) -> tuple[int, int]:
+            looks.append((clock.monotonic(), leftovers))
+            if len(looks) == 1:
+                await asyncio.sleep(first_look_s)
+                return 7, 9  # took 7 of a weight of 9
+            return 0, 9
+
+    settings = TakeoverSettings(owner="a", max_streams=100, timings=STREAM, call_s=0.5,
+                                second_pass_s=2.0)
+    takeover = Parts(None, None, clock, Metrics(), settings,  # type: ignore[arg-type]
+                     None, asyncio.Event())  # type: ignore[arg-type]
+    dead = MemberRecord("dead", 5, 1, MemberStatus.DEAD, streams=40)
+    start = clock.monotonic()
+    await takeover._guarded_take(dead, {"a": 9})
+    assert [(round(at - start, 3), left) for at, left in looks] == \
+        [(0.0, 0), (second_at_s, 2)]
