@@ -21,7 +21,7 @@ from typing import Any
 
 from streamlease.core.backends import RedisTarget, parse_leader_backend
 from streamlease.core.frames import MAX_SEQ
-from streamlease.core.lease import LeaseTimings
+from streamlease.core.lease import LeaseTimings, heartbeat_problems
 from streamlease.core.profiles import (
     BUILTIN,
     BUILTIN_PROFILE,
@@ -335,10 +335,8 @@ class WorkerConfig:
         if problems:
             raise ConfigError(problems)
         lease, heartbeat = values["lease_s"], values.pop("heartbeat_s")
-        if heartbeat >= lease / 3:
-            problems.append(
-                f"STREAMLEASE_HEARTBEAT_SECONDS: must be under a third of the lease "
-                f"({lease:g}/3 = {lease / 3:g}), got {heartbeat:g}")
+        # The contract's rule on its own lease and heartbeat, which cap the member's.
+        problems.extend(heartbeat_problems(lease, heartbeat, "STREAMLEASE_HEARTBEAT_SECONDS"))
         member_lease, member_heartbeat = member_lease_and_heartbeat(
             lease, heartbeat, values.pop("member_lease_s"), values.pop("member_heartbeat_s"))
         safety = values.pop("safety_margin_s")

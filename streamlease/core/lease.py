@@ -67,11 +67,7 @@ class LeaseTimings:
                 positive = False
         if not positive:
             return found
-        if self.heartbeat_s >= self.lease_s / 3:
-            found.append(
-                f"{heartbeat_name}: must be under a third of the lease "
-                f"({self.lease_s:g}/3 = {self.lease_s / 3:g}), got {self.heartbeat_s:g}"
-            )
+        found.extend(heartbeat_problems(self.lease_s, self.heartbeat_s, heartbeat_name))
         if self.skew_margin_s >= self.lease_s:
             found.append(
                 f"STREAMLEASE_SKEW_MARGIN_SECONDS: must be smaller than the lease "
@@ -88,6 +84,14 @@ class LeaseTimings:
     @property
     def lease_ms(self) -> int:
         return round(self.lease_s * 1000)
+
+
+def heartbeat_problems(lease_s: float, heartbeat_s: float, heartbeat_name: str) -> list[str]:
+    """A heartbeat must be under a third of its lease: two renewals before the deadline."""
+    if heartbeat_s < lease_s / 3:
+        return []
+    return [f"{heartbeat_name}: must be under a third of the lease "
+            f"({lease_s:g}/3 = {lease_s / 3:g}), got {heartbeat_s:g}"]
 
 
 # --- conditions, evaluated on a record (the store expresses the same in DynamoDB) ----

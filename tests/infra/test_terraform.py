@@ -840,7 +840,7 @@ def test_task_environment_follows_the_inputs(module_plans: dict[str, Any]) -> No
     config = WorkerConfig.from_env(env)
     assert (config.timings.lease_s, config.timings.heartbeat_s,
             config.timings.safety_margin_s) == (12, 3, 1.5)
-    # Without the member settings the member lease is the smaller of 6 s and the lease.
+    # Without the member settings the member lease is the smaller of 5 s and the lease.
     assert environment(module_plans["defaults"]).keys().isdisjoint(
         {"STREAMLEASE_MEMBER_LEASE_SECONDS", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS"})
     assert [rule.entry for rule in config.allowed_urls] == ["wss://a.example/", "ws://b.example/"]
