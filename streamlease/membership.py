@@ -88,6 +88,11 @@ FEED_READ_S = 0.5
 HANDOFF_READ_S = 0.1
 HANDOFF_READS_FOR_S = 2.0
 HANDOFF_READS_PER_S = 250.0
+# After a member hands streams over, the leader names no donors for this many member
+# heartbeats: the streams in flight show in nobody's row and as no orphan yet (released,
+# the index not caught up, or taken and the taker's row not rewritten), so the takers look
+# short and a donor would give a stream the fleet does not need moved.
+DONOR_PAUSE_HEARTBEATS = 2.0
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,7 @@ class Membership(FleetKnowledge):
         self._gen = 0  # the generation of the bulletins this worker composes
         self._composed: Bulletin | None = None
         self._totals: list[tuple[float, int]] = []  # (when, total counted) while leading
+        self._handed_over_at = float("-inf")  # the last hand-over seen (monotonic)
         # The change feed's notices: the leader's board (posted by its feed duty), and on
         # every member the numbers of the notices in the last bulletin read.
         self.notices = NoticeBoard(secrets.randbits(40), self.notice_ttl_s)
@@ -377,6 +383,7 @@ class Membership(FleetKnowledge):
     def handed_off(self) -> None:
         """Streams were released for others to take: tell peers now, not next heartbeat."""
         self.handoffs += 1
+        self._handed_over_at = self.clock.monotonic()
         self._beat_now.set()
 
     def counts_changed(self) -> None:
@@ -671,6 +678,8 @@ class Membership(FleetKnowledge):
         if self.hooks.leading():
             if changed:
                 self._gen += 1
+            if _handed_over(before, self.view):
+                self._handed_over_at = received
             self._read_all_leading = True
             self.compose(received)
         else:
@@ -711,9 +720,11 @@ class Membership(FleetKnowledge):
         self._totals.append((now, counted))
         self._totals = [(at, n) for at, n in self._totals
                         if at >= now - 3 * self.timings.heartbeat_s]
+        settling = now < self._handed_over_at + DONOR_PAUSE_HEARTBEATS * self.timings.heartbeat_s
         news = bulletins.compose(self.view.members, self.view.observed_dead, self.me, held,
                                  self.accepting, orphans, self._gen,
-                                 total_at_least=max(n for _, n in self._totals))
+                                 total_at_least=max(n for _, n in self._totals),
+                                 name_donors=not settling)
         vouch = self._vouch if self._feed_up and not self.notices.overflowed(now) else 0
         news = dataclasses.replace(news, feed=vouch, notices=self.notices.current(now))
         before, self._composed = self._composed, news
@@ -909,6 +920,12 @@ class Membership(FleetKnowledge):
                   member=member.worker_id, error=str(exc))
         finally:
             self._working.discard(key)
+
+
+def _handed_over(before: FleetView, after: FleetView) -> bool:
+    """A member seen in both views handed streams over between them."""
+    was = {m.worker_id: m.handoffs for m in before.members}
+    return any(was.get(m.worker_id, m.handoffs) != m.handoffs for m in after.members)
 
 
 def _changed(before: FleetView, after: FleetView) -> bool:

@@ -109,6 +109,9 @@ class Reconciler:
         # The bulletin the last shed followed, and when: shed again on a newer one.
         self._shed_after: tuple[bulletin.Bulletin | None, float] = (None, 0.0)
         self._orphan_since: dict[str, float] = {}  # when this worker first saw each orphan
+        # Streams this worker handed over to even out the fleet, and when: it does not take
+        # them back itself before they wait three reconcile intervals (see _take_back).
+        self._handed_over: dict[str, float] = {}
         self._totals: deque[tuple[float, int]] = deque()  # (when, streams counted) lately
         self._release_by: float | None = None
         self._admitting = True
@@ -323,9 +326,10 @@ class Reconciler:
         want = self._balance(plan.servable, waited, now)
         budget = min(want, self.settings.acquire_per_cycle,
                      self.settings.max_streams - len(self.supervisors))
-        if budget > 0 and plan.acquire and not self._stop.is_set():
+        acquire = self._take_back(plan.acquire, waited, now)
+        if budget > 0 and acquire and not self._stop.is_set():
             async with asyncio.TaskGroup() as tg:
-                for record in plan.acquire[:budget]:
+                for record in acquire[:budget]:
                     tg.create_task(self._acquire(record))
             self.membership.counts_changed()
         if plan.acquire and len(self.supervisors) < self._share:
@@ -335,6 +339,24 @@ class Reconciler:
             self._fast_until = max(self._fast_until,
                                    self.clock.monotonic() + self.settings.reconcile_s)
         self.metrics.set_leases_held(len(self.supervisors))
+
+    def _take_back(self, acquirable: list[StreamRecord], waited: balance.Waited,
+                   now: float) -> list[StreamRecord]:
+        """``acquirable`` without the streams this worker handed over lately, until they
+        have waited three reconcile intervals (``abandoned``: anyone takes them then).
+
+        A hand-over follows counts that lag: the member that gave a stream may read, a
+        cycle later, a plan that still shows it short, and would take its own stream back
+        (two moves, nothing evened out). The members below their share take it instead.
+        """
+        keep_for = self.settings.supervisor.drain_timeout_s + 3 * self.settings.reconcile_s
+        for stream_id, at in list(self._handed_over.items()):
+            if now - at > keep_for:
+                del self._handed_over[stream_id]
+        if not self._handed_over:
+            return acquirable
+        return [r for r in acquirable if r.stream_id not in self._handed_over
+                or r.stream_id in waited.abandoned]
 
     async def _candidates(self, threshold_ms: int) -> list[StreamRecord]:
         """The orphan query's answer and, read beside it (not after it: an offered stream
@@ -464,6 +486,7 @@ class Reconciler:
         chosen = movable[:count]
         for supervisor in chosen:
             supervisor.request_drain(StopReason.REBALANCE)
+            self._handed_over[supervisor.stream] = now
         if chosen:
             self.metrics.rebalance_moved(len(chosen))
             event(logging.INFO, "balance.shed", "handing streams over to even out the fleet",

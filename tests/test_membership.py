@@ -20,7 +20,7 @@ from streamlease.core.model import OwnedStream
 from streamlease.core.urls import parse_allowed_urls
 from streamlease.errors import StoreUnavailable
 from streamlease.leadership import Leadership, LeadershipSettings
-from streamlease.membership import Hooks, Membership, MembershipSettings
+from streamlease.membership import DONOR_PAUSE_HEARTBEATS, Hooks, Membership, MembershipSettings
 from streamlease.metrics import Metrics
 from streamlease.pump import PumpSettings
 from streamlease.reconciler import Reconciler, ReconcilerSettings
@@ -514,6 +514,34 @@ async def test_the_bulletins_generation_moves_with_membership_not_with_counts() 
     await until(lambda: b.bulletin is not None and b.bulletin.active == 3)
     assert b.bulletin is not None and b.bulletin.gen > gen
     for m in (a, b):
+        m.stop()
+    await asyncio.gather(*tasks)
+
+
+async def test_the_leader_names_no_donors_while_a_hand_over_settles() -> None:
+    """12 streams on three members: c (2) sits below its band and nobody is above it, so
+    the largest holder, a, gives one. Once b hands streams over, its takers' rows lag the
+    hand-over: no donor is named for two heartbeats, then a is named again."""
+    memory = MemoryStore()
+    leader = ["a"]
+    pairs = {n: fleet_member(memory, n, leader, held=held)
+             for n, held in (("a", 5), ("b", 5), ("c", 2))}
+    for m, _ in pairs.values():
+        await m.register()
+    tasks = [asyncio.create_task(m.run()) for m, _ in pairs.values()]
+    a = pairs["a"][0]
+
+    def donors() -> tuple[str, ...] | None:
+        return None if a.bulletin is None else a.bulletin.donors
+    await until(lambda: donors() == ("a",))
+    pairs["b"][0].handed_off()
+    await until(lambda: donors() == ())
+    paused = asyncio.get_running_loop().time()
+    await until(lambda: donors() == ("a",))
+    waited = asyncio.get_running_loop().time() - paused
+    assert DONOR_PAUSE_HEARTBEATS * T.heartbeat_s - 0.1 <= waited
+    assert waited <= (DONOR_PAUSE_HEARTBEATS + 1) * T.heartbeat_s
+    for m, _ in pairs.values():
         m.stop()
     await asyncio.gather(*tasks)
 

@@ -524,6 +524,41 @@ async def test_a_member_reading_the_leaders_row_plans_from_its_bulletin(
     await fleet.stop()
 
 
+async def test_a_member_does_not_take_back_a_stream_it_just_handed_over(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Named a donor, w1 gives one of its three streams (the level is 3); the next plan,
+    from the same lagging bulletin, shows it one short. It leaves the stream to the
+    members below their share for three reconcile intervals, and only then (nobody came)
+    takes it back: balance never leaves a stream unserved."""
+    fleet = Fleet(min_hold_s=0.0)
+    await fleet.streams("a", "b", "c")
+    fleet.start()
+    async with asyncio.timeout(10):
+        while len(fleet.held()) < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=3,
+                          capacity=100)
+    fleet.member.view = FleetView((leader,))
+    fleet.member.bulletin = Bulletin(gen=1, level=3, total=7, deficit=1, below=1, active=3,
+                                     draining=False, donors=("w1",))
+    fleet.member.reading_all = False
+    async with asyncio.timeout(30):
+        while not events(caplog, "balance.shed"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    (shed,) = events(caplog, "balance.shed")
+    (given,) = shed.sl_fields["streams"]  # type: ignore[attr-defined]
+    async with asyncio.timeout(30):
+        while given in fleet.held():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    released = fleet.clock.monotonic()
+    async with asyncio.timeout(30):
+        while given not in fleet.held():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert fleet.clock.monotonic() - released >= 3 * 1.0  # three reconcile intervals
+    assert len(events(caplog, "balance.shed")) == 1
+    await fleet.stop()
+
+
 async def feed_live_fleet(news: Bulletin, *streams: str) -> Fleet:
     """One member planning from the leader's bulletin ``news`` (the leader, w9, holds
     the level) with the change feed live, holding ``streams``."""

@@ -21,7 +21,9 @@ give a member the same share and the same moves:
   A member at or above its share also gives one stream when some member sits below its
   band, nobody above the band is left to give and no orphan is already waiting to fill
   the gap — the largest holders first, ties by id, as many as the members below the band
-  need, so two members never both give for one gap.
+  need, so two members never both give for one gap. The member that gave a stream does
+  not take it back before it has waited three reconcile intervals (the reconciler keeps
+  what it handed over): the next plan may still show the giver short.
 * **Take.** A member below its share takes orphans up to its share: all of its gap at once
   when the orphans cover every member's gap (a hand-over), else the orphans are dealt out
   one at a time to whoever is furthest below. A draining member's streams are counted

@@ -85,8 +85,10 @@ class Bulletin:
 
 def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], leader: str,
             leader_held: int, leader_active: bool, servable_orphans: int, gen: int,
-            total_at_least: int = 0) -> Bulletin:
-    """The bulletin from every member row as the leader read them (its own count live)."""
+            total_at_least: int = 0, name_donors: bool = True) -> Bulletin:
+    """The bulletin from every member row as the leader read them (its own count live).
+    ``name_donors`` False: no donors now (a hand-over is still settling, so the rows
+    undercount its takers)."""
     rows = list(members)
     counts, active = counts_of(rows, leader, leader_held, observed_dead)
     if leader_active:
@@ -114,7 +116,8 @@ def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], lead
         below=sum(1 for g in gaps if g > 0), active=len(active),
         draining=any(m.status is MemberStatus.DRAINING and m.worker_id not in observed_dead
                      for m in rows),
-        donors=tuple(donors(counts, active, shares, servable_orphans)[:MAX_DONORS]),
+        donors=tuple(donors(counts, active, shares, servable_orphans)[:MAX_DONORS])
+        if name_donors else (),
         deals=deals, statuses=tuple(sorted(statuses.items())))
 
 

@@ -86,6 +86,14 @@ def test_draining_and_unresponsive_members_are_counted_and_shown() -> None:
     assert not compose(rows[:1], frozenset(), "a", 5, True, 0, gen=1).draining
 
 
+def test_donors_are_named_only_when_asked() -> None:
+    """c sits below its band (2 of a share of 4) and nobody is above it: the largest
+    holder gives one, unless a hand-over is still settling."""
+    rows = [row("a", 5), row("b", 5), row("c", 2)]
+    assert compose(rows, frozenset(), "a", 5, True, 0, gen=1).donors == ("a",)
+    assert compose(rows, frozenset(), "a", 5, True, 0, gen=1, name_donors=False).donors == ()
+
+
 def test_a_bulletin_reads_back_as_written() -> None:
     news = Bulletin(gen=9, level=12, total=40, deficit=3, below=2, active=4, draining=True,
                     donors=("a", "b"), deals=(Deal("d", 8, 20, (("a", 3), ("c", 1))),),
