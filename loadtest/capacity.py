@@ -431,11 +431,15 @@ KINDS: tuple[Kind, ...] = (
          "leader-row interval), with the change feed",
          per_s=lambda f: _handoff_reads_s(f),
          items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
-    # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: every ACTIVE
-    # worker that does not lead reads the lease (consistent GetItem) every observe_s.
+    # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: the
+    # successor the leader's bulletin names reads the lease (consistent GetItem) every
+    # observe_s, every other ACTIVE worker that does not lead once a lease
+    # (Membership.campaign_urgent), while the leader's row shows it alive.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
-         "get_item", FLEET, "LEADER (fleet)", "one", "(W - 1) / observe_s",
-         per_s=lambda f: (f.workers - 1) / f.settings.observe_s,
+         "get_item", FLEET, "LEADER (fleet)", "one",
+         "1 / observe_s + (W - 2) / (lease + observe_s)",
+         per_s=lambda f: min(1, f.workers - 1) / f.settings.observe_s
+         + max(0, f.workers - 2) / (f.settings.lease_s + f.settings.observe_s),
          items=_one, read_units=lambda f: read_units(f.sizes.leader, True)),
     # LeaderLease._renew -> DynamoLeaderBackend.renew: the leader, every heartbeat.
     Kind("leader renewal", "leader.py LeaderLease._renew", "update_item", FLEET,

@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -344,17 +345,22 @@ def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, s
                      clock: Clock, metrics: Metrics, reconciler: Reconciler,
                      membership: Membership, feed: ChangeFeed | None = None) -> Leadership:
     t = config.timings
+    # A slot due this long before a new leader took the lease still runs: a whole
+    # takeover by the successor the bulletin names (lease + 2 x heartbeat), and by any
+    # other member if the successor was lost with the leader (it campaigns at full pace
+    # once the leader's row has stood still for leader_still_s).
+    late_ms = math.ceil(1000 * (t.lease_s + membership.leader_still_s + 2 * t.heartbeat_s))
     # On SIGTERM a running job gets half the shutdown budget to finish, then a quarter
     # between SIGTERM and SIGKILL (at most STREAMLEASE_JOB_GRACE_SECONDS).
     runner = JobRunner(stores.jobs, clock, metrics, JobSettings(
-        owner=owner, grace_s=config.job_grace_s, late_ms=t.lease_ms,
+        owner=owner, grace_s=config.job_grace_s, late_ms=late_ms,
         refresh_s=t.heartbeat_s, shutdown_s=config.shutdown_s / 2,
         shutdown_grace_s=min(config.job_grace_s, config.shutdown_s / 4),
         env=dict(os.environ)))
     return Leadership(backend, clock, metrics,
                       LeadershipSettings(owner, t.lease_s, t.heartbeat_s, t.safety_margin_s),
                       [reconciler.sweep_duty, runner.run, *([feed.duty] if feed else [])],
-                      eligible=lambda: membership.accepting)
+                      eligible=lambda: membership.accepting, urgent=membership.campaign_urgent)
 
 
 async def _serve(runtime: Runtime) -> int:

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -114,16 +114,25 @@ class LeaderLease:
         return self._keepalive is not None and not self.lost.is_set() and \
             self._keepalive.may_write(self.clock.monotonic())
 
-    async def acquire(self, stop: asyncio.Event | None = None) -> bool:
-        """Wait until this owner holds the lease (True), or ``stop`` is set (False)."""
+    async def acquire(self, stop: asyncio.Event | None = None,
+                      urgent: Callable[[], bool] | None = None) -> bool:
+        """Wait until this owner holds the lease (True), or ``stop`` is set (False).
+
+        The lease is read every observation interval while ``urgent()`` (always, without
+        it), else once a lease: a candidate that is not next in line still learns who
+        leads, at a fraction of the reads."""
         observer = LeaderObserver(self.owner, self.timings.lease_s)
+        read_at = float("-inf")
         while stop is None or not stop.is_set():
-            try:
-                if await self._try(observer):
-                    return True
-            except StoreError as exc:
-                event(logging.WARNING, "leader.acquire_failed", "cannot read or take the lease",
-                      lease=self.name, error=str(exc))
+            now = self.clock.monotonic()
+            if urgent is None or urgent() or now - read_at >= self.timings.lease_s:
+                read_at = now
+                try:
+                    if await self._try(observer):
+                        return True
+                except StoreError as exc:
+                    event(logging.WARNING, "leader.acquire_failed",
+                          "cannot read or take the lease", lease=self.name, error=str(exc))
             delay = jittered(self.timings.observe_s, 0.1, self.rng)
             if stop is None:
                 await self.clock.sleep(delay)

@@ -47,13 +47,15 @@ class LeadershipSettings:
 class Leadership:
     def __init__(self, backend: LeaderBackend, clock: Clock, metrics: Metrics,
                  settings: LeadershipSettings, duties: list[Duty],
-                 eligible: Callable[[], bool], rng: random.Random | None = None) -> None:
+                 eligible: Callable[[], bool], rng: random.Random | None = None,
+                 urgent: Callable[[], bool] | None = None) -> None:
         self.backend = backend
         self.clock = clock
         self.metrics = metrics
         self.settings = settings
         self.duties = duties
         self.eligible = eligible
+        self.urgent = urgent  # campaign at full pace now (None: always)
         self.rng = rng or random.Random()
         self.lease: LeaderLease | None = None
         self._candidate: LeaderLease | None = None  # the campaign in progress, if any
@@ -85,7 +87,7 @@ class Leadership:
                                 heartbeat_s=s.heartbeat_s, safety_margin_s=s.safety_margin_s,
                                 clock=self.clock, rng=self.rng)
             self._candidate = lease
-            if not await lease.acquire(self._stop):
+            if not await lease.acquire(self._stop, self.urgent):
                 return
             self.lease = lease
             self.metrics.leader(True)

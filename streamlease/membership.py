@@ -289,6 +289,20 @@ class Membership(FleetKnowledge):
         # A leader that died leaves its row, and its vouching, behind: its counter stops.
         return self._hearing_feed(now) and now - self._leader_beat_at <= self.leader_still_s
 
+    def campaign_urgent(self) -> bool:
+        """Whether this worker campaigns for the leader lease at full pace (a read every
+        observation interval): it is the successor the leader's bulletin names, or it has
+        no such bulletin (no leader, or one that names no successor: it reads every row),
+        or the leader's heartbeat counter has stood still in its reads for
+        ``leader_still_s``. Otherwise the leader lives and its successor stands ready: a
+        read once a lease keeps the leader's identity known."""
+        if self.hooks.leading() or self.reading_all or self.bulletin is None:
+            return True
+        successor = self.bulletin.successor
+        if successor is None or successor == self.me:
+            return True
+        return self.clock.monotonic() - self._leader_beat_at > self.leader_still_s
+
     def _hearing_feed(self, now: float) -> bool:
         """The last bulletin read vouched for the feed, and was read lately enough that no
         notice can have come and gone unread."""

@@ -227,3 +227,48 @@ async def test_a_lease_left_after_its_renewal_task_crashed_does_not_raise() -> N
         assert isinstance(lease.keeper_error, RuntimeError) and not lease.may_write()
     record = await store.stores().leader.read("billing")
     assert record is None or record.resigned
+
+
+class CountedReads:
+    """A leader backend that counts the lease reads made through it."""
+
+    def __init__(self, backend: LeaderBackend) -> None:
+        self.backend = backend
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        return await self.backend.read(*args, **kwargs)
+
+
+async def test_a_candidate_not_next_in_line_reads_the_lease_once_a_lease(
+        store: MemoryStore, candidates: list[Candidate]) -> None:
+    """Not urgent, a candidate reads the lease once a lease (it still learns who leads);
+    urgent, every observation interval; and it takes over a leader that stopped."""
+    candidates.append(Candidate(store, "w0", [idle]))
+    await until(lambda: candidates[0].leadership.leading)
+    counted = CountedReads(store.stores().leader)
+    urgent = [False]
+    other = Leadership(counted, SYSTEM_CLOCK, Metrics(),  # type: ignore[arg-type]
+                       LeadershipSettings("w1", TTL, HEARTBEAT, SAFETY), [idle],
+                       eligible=lambda: True, urgent=lambda: urgent[0])
+    task = asyncio.create_task(other.run())
+    try:
+        window = 6 * TTL
+        await asyncio.sleep(window)  # the reads in a window, counted
+        calm = counted.reads
+        assert 1 <= calm <= window / TTL + 2
+        assert other.leader_seen() == "w0"
+        urgent[0] = True
+        counted.reads = 0
+        await asyncio.sleep(window)
+        assert counted.reads >= 4 * (window / TTL + 2)  # every observe interval (TTL / 12)
+        await candidates[0].stop()
+        await until(lambda: other.leading)
+    finally:
+        other.stop()
+        await asyncio.wait_for(task, 10)
+

@@ -546,6 +546,30 @@ async def test_the_leader_names_no_donors_while_a_hand_over_settles() -> None:
     await asyncio.gather(*tasks)
 
 
+async def test_only_the_named_successor_campaigns_at_full_pace_while_the_leader_lives(
+        ) -> None:
+    """The leader's bulletin names b (the first member taking streams by id, the leader
+    aside): b campaigns at full pace, c does not. Once the leader's heartbeats stop, c's
+    reads show its counter standing still and c campaigns at full pace too."""
+    memory = MemoryStore()
+    leader = ["a"]
+    pairs = {n: fleet_member(memory, n, leader) for n in "abc"}
+    for m, _ in pairs.values():
+        await m.register()
+    tasks = {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
+    b, c = pairs["b"][0], pairs["c"][0]
+    await until(lambda: all(m.bulletin is not None and not m.reading_all for m in (b, c)))
+    assert c.bulletin is not None and c.bulletin.successor == "b"
+    assert b.campaign_urgent() and not c.campaign_urgent()
+    tasks["a"].cancel()  # the leader stops heartbeating
+    stopped = asyncio.get_running_loop().time()
+    await until(c.campaign_urgent)
+    assert asyncio.get_running_loop().time() - stopped <= c.leader_still_s + 2 * T.heartbeat_s
+    for n in "bc":
+        pairs[n][0].stop()
+        await tasks[n]
+
+
 async def test_a_member_reads_the_leaders_row_faster_while_notices_flow() -> None:
     """While the feed is live a member reads the leader's row every FEED_READ_S (here the
     shorter observe interval); for HANDOFF_READS_FOR_S after a bulletin carried a notice

@@ -18,6 +18,9 @@ not grow with the fleet. The bulletin carries:
   was released, started draining or handed streams over; not when a count changes): a
   reconcile is worth it now;
 * ``statuses`` — the members by status, for every worker's gauges;
+* ``successor`` — the member that campaigns for the leader lease at full pace (the first
+  member taking streams by id, the leader aside): the others read the lease once a lease
+  while the leader's row shows it alive, so campaign reads do not grow with the fleet;
 * ``feed`` and ``notices`` — the leader tails the change feed and vouches that its
   notices are complete (members then stop polling for STOPPED flips and changed items),
   and the notices themselves (``streamlease.core.notices``). ``feed`` is 0 when the leader
@@ -78,6 +81,7 @@ class Bulletin:
     statuses: tuple[tuple[str, int], ...] = ()
     feed: int = 0  # 0: not vouched for; else the leader's vouching stretch
     notices: tuple[Notice, ...] = ()
+    successor: str | None = None  # None: every member campaigns at full pace
 
     def share_of(self, capacity: int) -> int:
         return max(0, min(capacity, self.level))
@@ -118,7 +122,8 @@ def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], lead
                      for m in rows),
         donors=tuple(donors(counts, active, shares, servable_orphans)[:MAX_DONORS])
         if name_donors else (),
-        deals=deals, statuses=tuple(sorted(statuses.items())))
+        deals=deals, statuses=tuple(sorted(statuses.items())),
+        successor=min((m for m in active if m != leader), default=None))
 
 
 def _heirs(survivors: dict[str, int], capacities: dict[str, int],
@@ -167,6 +172,7 @@ def encode(bulletin: Bulletin) -> str:
         "s": [[k, v] for k, v in bulletin.statuses],
         "f": int(bulletin.feed),
         "n": [[x.n, x.member, x.stream, x.kind.value] for x in bulletin.notices],
+        "su": bulletin.successor,
     }, separators=(",", ":"))
 
 
@@ -188,7 +194,9 @@ def decode(text: str | None) -> Bulletin | None:
             # A bulletin from a leader without a change feed has neither.
             feed=_int(raw.get("f", 0)),
             notices=tuple(Notice(_int(n), _str(m), _str(s), NoticeKind(_str(k)))
-                          for n, m, s, k in raw.get("n", []) if k in NOTICE_KINDS))
+                          for n, m, s, k in raw.get("n", []) if k in NOTICE_KINDS),
+            # A bulletin from a leader that names none: everyone campaigns at full pace.
+            successor=None if raw.get("su") is None else _str(raw["su"]))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     if len(news.notices) != len(raw.get("n", [])):

@@ -94,6 +94,11 @@ def takeover_grace_ms(lease_s: float, heartbeat_s: float) -> int:
     intervals (1.1 heartbeats) plus three calls. The other 0.9 heartbeat covers the calls
     and the clock skew between the two leaders (slots are wall-clock times). A slot the old
     leader did run is not run again: it left a run record, and a claim is conditional.
+
+    Only the successor the fleet leader's bulletin names reads every interval; the other
+    members read once a lease until the leader's row stands still (``Membership.
+    campaign_urgent``). The fleet's runner therefore allows that wait on top
+    (``streamlease/app.py``), for a successor lost with the leader.
     """
     return math.ceil(1000 * (lease_s + 2 * heartbeat_s))
 

@@ -3,6 +3,8 @@ the same shedding decision that member would compute from every row itself."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 
 import pytest
@@ -94,11 +96,22 @@ def test_donors_are_named_only_when_asked() -> None:
     assert compose(rows, frozenset(), "a", 5, True, 0, gen=1, name_donors=False).donors == ()
 
 
+def test_the_successor_is_the_first_member_taking_streams_by_id_the_leader_aside() -> None:
+    rows = [row("a", 5), row("b", 5, status=MemberStatus.DRAINING), row("c", 5), row("d", 1)]
+    assert compose(rows, frozenset(), "a", 5, True, 0, gen=1).successor == "c"
+    assert compose(rows, frozenset({"c"}), "a", 5, True, 0, gen=1).successor == "d"
+    assert compose(rows[:2], frozenset(), "a", 5, True, 0, gen=1).successor is None
+
+
 def test_a_bulletin_reads_back_as_written() -> None:
     news = Bulletin(gen=9, level=12, total=40, deficit=3, below=2, active=4, draining=True,
                     donors=("a", "b"), deals=(Deal("d", 8, 20, (("a", 3), ("c", 1))),),
-                    statuses=(("ACTIVE", 4), ("DEAD", 1)))
+                    statuses=(("ACTIVE", 4), ("DEAD", 1)), successor="c")
     assert bulletins.decode(bulletins.encode(news)) == news
+    # A bulletin written by a version that names no successor: every member campaigns.
+    older = json.loads(bulletins.encode(news))
+    del older["su"]
+    assert bulletins.decode(json.dumps(older)) == dataclasses.replace(news, successor=None)
 
 
 @pytest.mark.parametrize("text", [
