@@ -221,6 +221,14 @@ def test_the_scale_runs_measured_requests_agree_with_the_model() -> None:
     # model says so, and the measured section (no batch reads) is flagged.
     off = capacity_model(inputs_from_scale({**section, "change_feed": False}))
     assert off["measured_vs_model"]["per_1000_streams"]["batch_get_item"]["agrees"] is False
+    # The sweep's Scan pages come a few every 300 s with the feed: a 60 s window seeing
+    # none agrees (too rare to tell); a window long enough to expect ten does not.
+    shape = Shape(2000, 4, first_interval=True)
+    quiet = {k: v for k, v in per_1000.items() if k != "scan"}
+    assert compare_measured(quiet, shape, window_s=60.0)["per_1000_streams"]["scan"] == {
+        "measured": None, "model": 0.008, "model_with_fast_polling": 0.008, "ratio": None,
+        "agrees": True, "too_rare_for_the_window": True}
+    assert compare_measured(quiet, shape, window_s=600.0)["agrees"] is False
     # A measurement outside the range is flagged.
     wrong = compare_measured({"get_item": 40.0}, Shape(2000, 4, first_interval=True))
     assert wrong["per_1000_streams"]["get_item"]["agrees"] is False and \
