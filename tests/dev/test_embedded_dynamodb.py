@@ -533,9 +533,10 @@ async def test_memory_holds_the_current_tables_only() -> None:
 
 
 async def test_every_attribute_type_reads_back_as_written() -> None:
-    """Reads are answered in DynamoDB's JSON written directly (not by moto's generic
-    writer): every type, nested, must come back exactly as it was put, through GetItem,
-    Query, Scan, BatchGetItem and a lagged index read."""
+    """Reads and item writes are answered in DynamoDB's JSON written directly (not by
+    moto's generic writer): every type, nested, must come back exactly as it was put,
+    through GetItem, Query, Scan, BatchGetItem, a lagged index read and the attributes a
+    PutItem, UpdateItem or DeleteItem returns."""
     item = {**streams_item("t", lease_owner="w1", fence=3),
             "s": {"S": "ünïcode \\ \" quote"}, "n": {"N": "-12345678901234567890.125"},
             "b": {"B": b"\x00\xffbinary"}, "ss": {"SS": ["a", "b"]}, "ns": {"NS": ["1", "2.5"]},
@@ -565,6 +566,27 @@ async def test_every_attribute_type_reads_back_as_written() -> None:
         clock.now += 1.0001
         (indexed,) = await owner_rows(client, table, "w1")
         assert indexed["Pk"] == item["Pk"] and indexed["lease_owner"] == {"S": "w1"}
+        # Item writes answer the same way when asked for the item (ReturnValues).
+        same((await client.put_item(TableName=table, Item=item,
+                                    ReturnValues="ALL_OLD"))["Attributes"])
+        updated = await client.update_item(
+            TableName=table, Key=key, UpdateExpression="SET fence = :f",
+            ExpressionAttributeValues={":f": {"N": "4"}}, ReturnValues="ALL_OLD",
+            ReturnConsumedCapacity="TOTAL")
+        same(updated["Attributes"])
+        assert updated["ConsumedCapacity"]["TableName"] == table
+        item["fence"] = {"N": "4"}
+        same((await client.update_item(
+            TableName=table, Key=key, UpdateExpression="SET fence = :f",
+            ExpressionAttributeValues={":f": {"N": "4"}}, ReturnValues="ALL_NEW"))["Attributes"])
+        assert (await client.update_item(
+            TableName=table, Key=key, UpdateExpression="SET fence = :f",
+            ExpressionAttributeValues={":f": {"N": "5"}}, ReturnValues="UPDATED_NEW"))[
+            "Attributes"] == {"fence": {"N": "5"}}
+        item["fence"] = {"N": "5"}
+        same((await client.delete_item(TableName=table, Key=key,
+                                       ReturnValues="ALL_OLD"))["Attributes"])
+        assert "Attributes" not in await client.put_item(TableName=table, Item=item)
 
 
 def test_read_answers_carry_dynamodbs_content_type() -> None:
