@@ -347,9 +347,11 @@ def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, s
     t = config.timings
     # A slot due this long before a new leader took the lease still runs: a whole
     # takeover by the successor the bulletin names (lease + 2 x heartbeat), and by any
-    # other member if the successor was lost with the leader (it campaigns at full pace
-    # once the leader's row has stood still for leader_still_s).
-    late_ms = math.ceil(1000 * (t.lease_s + membership.leader_still_s + 2 * t.heartbeat_s))
+    # other member if the successor was lost with the leader: it campaigns at full pace
+    # once the leader's row has stood still for leader_still_s, the row's last heartbeat
+    # up to one heartbeat after the lease's last renewal, then waits out a lease of
+    # unchanged reads (a heartbeat more covers those reads, the calls and clock skew).
+    late_ms = math.ceil(1000 * (t.lease_s + membership.leader_still_s + 3 * t.heartbeat_s))
     # On SIGTERM a running job gets half the shutdown budget to finish, then a quarter
     # between SIGTERM and SIGKILL (at most STREAMLEASE_JOB_GRACE_SECONDS).
     runner = JobRunner(stores.jobs, clock, metrics, JobSettings(

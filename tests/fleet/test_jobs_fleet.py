@@ -1,6 +1,7 @@
 """Singleton jobs with real worker processes: the fleet leader runs each slot once, a
 paused leader's late write is refused by the fence, a rolling restart neither doubles nor
-skips a slot, and a killed leader is replaced within a lease — on DynamoDB and on Redis."""
+skips a slot, a killed leader is replaced within a lease — on DynamoDB and on Redis — and
+one killed with its successor skips no slot either."""
 
 from __future__ import annotations
 
@@ -223,6 +224,44 @@ async def test_kill_9_of_the_leader_a_new_leader_within_a_lease(
     # The figure is the load test's (jobs.leader_failover_s); this bounds the path: the
     # lease ran out and a reconcile took it, with 2 s for a loaded 2-core machine.
     assert time.monotonic() - killed <= LEASE + RECONCILE + 2.0
+
+
+async def test_kill_9_of_the_leader_and_its_successor_skips_and_doubles_no_slot(
+        make_fleet: FleetFactory, tmp_path: Path) -> None:
+    """The leader and the successor its bulletin names (the first other member by id) die
+    together. The other two read the leader lease only once a lease while the leader
+    lived; once its row stands still (or it is found dead) they campaign at full pace, one
+    of them leads, and the job's slots go on: none run twice, none left out (a catch-up
+    job: every slot due meanwhile runs, late). A lease of 4 s (heartbeat 1 s) outlasts the
+    leader's still time (2.5 s), so the others start campaigning before the leader is
+    found dead."""
+    env = {"STREAMLEASE_LEASE_SECONDS": "4", "STREAMLEASE_HEARTBEAT_SECONDS": "1"}
+    fleet = await make_fleet(streams=1, env=env).start(workers=4)
+    sink = await make_sink(fleet, {})
+    await put_job(fleet, "pair", writing_job(tmp_path, sink.name, delay_s=0.1),
+                  catch_up=True)
+
+    async def running() -> bool:
+        return sum(r.outcome is RunOutcome.SUCCEEDED for r in await runs(fleet, "pair")) >= 2
+    await wait_until(running, 30, "the job running")
+    old = leader(fleet)
+    assert old is not None
+    successor = min(name for name in fleet.workers if name != old)
+    for name in (old, successor):
+        fleet.workers[name].proc.kill()
+    took = await wait_until(
+        lambda: asyncio.sleep(0, result=leader(fleet, skip={old, successor}) is not None),
+        30, "a leader among the other two")
+    print(f"kill -9 of the leader and its successor: a new leader after {took:.2f} s")
+
+    async def new_leader_ran() -> bool:
+        return sum(r.outcome is RunOutcome.SUCCEEDED and r.runner not in (old, successor)
+                   for r in await runs(fleet, "pair")) >= 2
+    await wait_until(new_leader_ran, 30, "the new leader running slots")
+    done = await audit(fleet, "pair", sink)
+    slots = [slot_ms(r.slot) for r in done]
+    assert slots == list(range(slots[0], slots[-1] + 1, int(SLOT_S * 1000))), \
+        ("a slot was skipped", [(r.slot, r.runner, r.outcome) for r in done])
 
 
 async def test_a_rolling_restart_neither_doubles_nor_skips_a_slot(
