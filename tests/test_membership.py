@@ -417,6 +417,18 @@ def fleet_member(memory: MemoryStore, name: str, leader: list[str],
                       MembershipSettings(name, 10, timings), hooks), store
 
 
+Pairs = dict[str, tuple[Membership, FaultyStore]]
+
+
+async def running_fleet(held: dict[str, int]) -> tuple[Pairs, dict[str, asyncio.Task[None]]]:
+    """Members (name -> streams held) on one table, registered and running; "a" leads."""
+    memory = MemoryStore()
+    pairs = {n: fleet_member(memory, n, ["a"], held=h) for n, h in held.items()}
+    for m, _ in pairs.values():
+        await m.register()
+    return pairs, {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
+
+
 async def until(condition: Callable[[], bool], limit: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + limit
     while not condition():
@@ -425,13 +437,7 @@ async def until(condition: Callable[[], bool], limit: float = 30.0) -> None:
 
 
 async def test_members_other_than_the_leader_read_only_the_leaders_row() -> None:
-    memory = MemoryStore()
-    leader = ["a"]
-    pairs = {n: fleet_member(memory, n, leader, held=held)
-             for n, held in (("a", 9), ("b", 3), ("c", 0))}
-    for m, _ in pairs.values():
-        await m.register()
-    tasks = [asyncio.create_task(m.run()) for m, _ in pairs.values()]
+    pairs, tasks = await running_fleet({"a": 9, "b": 3, "c": 0})
     await until(lambda: all(m.bulletin is not None and not m.reading_all
                             for n, (m, _) in pairs.items() if n != "a"))
     for _, store in pairs.values():
@@ -448,7 +454,7 @@ async def test_members_other_than_the_leader_read_only_the_leaders_row() -> None
         "streamlease_members", {"status": "ACTIVE"}) == 3
     for m, _ in pairs.values():
         m.stop()
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*tasks.values())
 
 
 async def test_the_leaders_death_is_seen_by_the_others_who_read_every_row_again() -> None:
@@ -522,13 +528,7 @@ async def test_the_leader_names_no_donors_while_a_hand_over_settles() -> None:
     """12 streams on three members: c (2) sits below its band and nobody is above it, so
     the largest holder, a, gives one. Once b hands streams over, its takers' rows lag the
     hand-over: no donor is named for two heartbeats, then a is named again."""
-    memory = MemoryStore()
-    leader = ["a"]
-    pairs = {n: fleet_member(memory, n, leader, held=held)
-             for n, held in (("a", 5), ("b", 5), ("c", 2))}
-    for m, _ in pairs.values():
-        await m.register()
-    tasks = [asyncio.create_task(m.run()) for m, _ in pairs.values()]
+    pairs, tasks = await running_fleet({"a": 5, "b": 5, "c": 2})
     a = pairs["a"][0]
 
     def donors() -> tuple[str, ...] | None:
@@ -543,7 +543,7 @@ async def test_the_leader_names_no_donors_while_a_hand_over_settles() -> None:
     assert waited <= (DONOR_PAUSE_HEARTBEATS + 1) * T.heartbeat_s
     for m, _ in pairs.values():
         m.stop()
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*tasks.values())
 
 
 async def test_only_the_named_successor_campaigns_at_full_pace_while_the_leader_lives(
@@ -551,12 +551,7 @@ async def test_only_the_named_successor_campaigns_at_full_pace_while_the_leader_
     """The leader's bulletin names b (the first member taking streams by id, the leader
     aside): b campaigns at full pace, c does not. Once the leader's heartbeats stop, c's
     reads show its counter standing still and c campaigns at full pace too."""
-    memory = MemoryStore()
-    leader = ["a"]
-    pairs = {n: fleet_member(memory, n, leader) for n in "abc"}
-    for m, _ in pairs.values():
-        await m.register()
-    tasks = {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
+    pairs, tasks = await running_fleet({"a": 0, "b": 0, "c": 0})
     b, c = pairs["b"][0], pairs["c"][0]
     await until(lambda: all(m.bulletin is not None and not m.reading_all for m in (b, c)))
     assert c.bulletin is not None and c.bulletin.successor == "b"
