@@ -16,7 +16,6 @@ import dataclasses
 import importlib
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -29,6 +28,7 @@ from streamlease import __version__
 from streamlease import health as http
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
+from streamlease.core.jobs import takeover_grace_ms
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
 from streamlease.core.stream import BATCH_MAX_BYTES, sink_retry_cap
 from streamlease.core.upstream import Catalog
@@ -346,12 +346,8 @@ def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, s
                      membership: Membership, feed: ChangeFeed | None = None) -> Leadership:
     t = config.timings
     # A slot due this long before a new leader took the lease still runs: a whole
-    # takeover by the successor the bulletin names (lease + 2 x heartbeat), and by any
-    # other member if the successor was lost with the leader: it campaigns at full pace
-    # once the leader's row has stood still for leader_still_s, the row's last heartbeat
-    # up to one heartbeat after the lease's last renewal, then waits out a lease of
-    # unchanged reads (a heartbeat more covers those reads, the calls and clock skew).
-    late_ms = math.ceil(1000 * (t.lease_s + membership.leader_still_s + 3 * t.heartbeat_s))
+    # takeover, also by a member other than the successor the bulletin names.
+    late_ms = takeover_grace_ms(t.lease_s, t.heartbeat_s, membership.leader_still_s)
     # On SIGTERM a running job gets half the shutdown budget to finish, then a quarter
     # between SIGTERM and SIGKILL (at most STREAMLEASE_JOB_GRACE_SECONDS).
     runner = JobRunner(stores.jobs, clock, metrics, JobSettings(

@@ -287,7 +287,7 @@ class Membership(FleetKnowledge):
         if self.hooks.leading():
             return self._feed_up and not self.notices.overflowed(now)
         # A leader that died leaves its row, and its vouching, behind: its counter stops.
-        return self._hearing_feed(now) and now - self._leader_beat_at <= self.leader_still_s
+        return self._hearing_feed(now) and not self._leader_stood_still(now)
 
     def campaign_urgent(self) -> bool:
         """Whether this worker campaigns for the leader lease at full pace (a read every
@@ -301,7 +301,12 @@ class Membership(FleetKnowledge):
         successor = self.bulletin.successor
         if successor is None or successor == self.me:
             return True
-        return self.clock.monotonic() - self._leader_beat_at > self.leader_still_s
+        return self._leader_stood_still(self.clock.monotonic())
+
+    def _leader_stood_still(self, now: float) -> bool:
+        """The leader's heartbeat counter has not moved in this worker's reads for
+        ``leader_still_s``."""
+        return now - self._leader_beat_at > self.leader_still_s
 
     def _hearing_feed(self, now: float) -> bool:
         """The last bulletin read vouched for the feed, and was read lately enough that no

@@ -81,7 +81,7 @@ class JobRun:
     output: str = ""  # the tail of stdout and stderr
 
 
-def takeover_grace_ms(lease_s: float, heartbeat_s: float) -> int:
+def takeover_grace_ms(lease_s: float, heartbeat_s: float, leader_still_s: float = 0.0) -> int:
     """The longest a leader change can take after a leader dies, from its last renewal to
     the moment its successor holds the lease: ``lease + 2 x heartbeat`` (leader lease
     timings; the member timings for the fleet leader). A slot due that long before a new
@@ -95,11 +95,17 @@ def takeover_grace_ms(lease_s: float, heartbeat_s: float) -> int:
     and the clock skew between the two leaders (slots are wall-clock times). A slot the old
     leader did run is not run again: it left a run record, and a claim is conditional.
 
-    Only the successor the fleet leader's bulletin names reads every interval; the other
-    members read once a lease until the leader's row stands still (``Membership.
-    campaign_urgent``). The fleet's runner therefore allows that wait on top
-    (``streamlease/app.py``), for a successor lost with the leader.
+    The fleet leader's lease is read every interval only by the successor its bulletin
+    names; the other members read it once a lease until the leader's row has stood still
+    for ``leader_still_s`` (``Membership.campaign_urgent``). Given that time, the grace
+    covers a successor lost with the leader: the row's last heartbeat may come up to one
+    heartbeat after the lease's last renewal, the row is seen standing still
+    ``leader_still_s`` later, and then a lease of unchanged reads is waited out; a
+    heartbeat more covers those reads, the calls and the clock skew: ``lease +
+    leader_still_s + 3 x heartbeat``.
     """
+    if leader_still_s:
+        return math.ceil(1000 * (lease_s + leader_still_s + 3 * heartbeat_s))
     return math.ceil(1000 * (lease_s + 2 * heartbeat_s))
 
 

@@ -3,6 +3,7 @@ are read: a hand-edited item that cannot run says why instead of vanishing."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -141,6 +142,31 @@ def test_a_slot_due_just_after_a_dead_leaders_last_renewal_still_runs(
         assert (run, skipped) == ([slot], []), took_s
     # The rule keeps 0.9 heartbeat over that worst case for the calls and clock skew.
     assert grace / 1000 >= worst + 0.9 * timings.heartbeat_s - 1e-9
+
+
+@pytest.mark.parametrize("timings", [
+    MemberTimings(5, 1.25, 0.5),  # the defaults
+    MemberTimings(1, 0.25, 0.1),  # the fleet tests'
+    MemberTimings(20, 5, 2),
+], ids=["defaults", "short", "long"])
+def test_a_slot_due_just_after_the_last_renewal_runs_when_the_successor_died_too(
+        timings: MemberTimings) -> None:
+    """The leader and its successor died together. The leader's row beat last up to a
+    heartbeat after the lease's last renewal; another member, reading that row every
+    interval (+10 %), finds its counter standing still ``still`` later, then campaigns at
+    full pace: it receives the lease within a period and takes it a lease and a period
+    after that. The slot due just after the last renewal still runs."""
+    still = max(2 * timings.heartbeat_s, 2.5, 2 * timings.observe_s)  # leader_still_s
+    period = 1.1 * timings.observe_s
+    slot = BASE + 5 * MIN
+    last_renewal = slot - 1_000
+    worst = timings.heartbeat_s + period + still + timings.lease_s + 2 * period
+    grace = takeover_grace_ms(timings.lease_s, timings.heartbeat_s, still)
+    assert grace == math.ceil(1000 * (timings.lease_s + still + 3 * timings.heartbeat_s))
+    assert grace > takeover_grace_ms(timings.lease_s, timings.heartbeat_s)
+    leader_since = last_renewal + round(worst * 1000)
+    assert due_slots(every(300), leader_since + 50, slot - 5 * MIN, leader_since,
+                     grace) == ([slot], [])
 
 
 def test_a_grace_of_one_lease_skipped_the_slot_a_takeover_missed() -> None:
