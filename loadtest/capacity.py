@@ -50,7 +50,8 @@ TABLE_QUOTA = 40_000.0  # default read and write units/s per table or index (adj
 BUDGET = 0.5  # every key stays under half its limit
 INDEX_WRITES_PER_LEASE_WRITE = 2  # the range key moves: delete + put
 DEFAULT_MAX_STREAMS = int(DEFAULTS["STREAMLEASE_MAX_STREAMS"])
-DEFAULT_TIMINGS = WorkerConfig.from_env({}).timings
+DEFAULT_CONFIG = WorkerConfig.from_env({})
+DEFAULT_TIMINGS = DEFAULT_CONFIG.timings
 SCALES = (1_000, 10_000, 100_000, 1_000_000)
 READ_UNIT = 4096
 WRITE_UNIT = 1024
@@ -206,7 +207,7 @@ class Settings:
     contract_lease_s: float = float(DEFAULTS["STREAMLEASE_LEASE_SECONDS"])  # the audit's scale
     reconcile_s: float = float(DEFAULTS["STREAMLEASE_RECONCILE_SECONDS"])
     sweep_s: float = float(DEFAULTS["STREAMLEASE_SWEEP_SECONDS"])
-    stream_renew_s: float = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])
+    stream_renew_s: float = DEFAULT_CONFIG.stream_renew_s
     stream_check_s: float = float(DEFAULTS["STREAMLEASE_STREAM_CHECK_SECONDS"])
     max_streams: int = DEFAULT_MAX_STREAMS
     deploys_per_day: float = 1.0  # each moves every stream once: a release and an acquire
@@ -355,6 +356,23 @@ def _member_query(f: Shape) -> tuple[float, float]:
     return paged_read_units(f.workers + 1, f.sizes.member_row, consistent=True)
 
 
+def _campaign_reads(f: Shape) -> tuple[float, float]:
+    """Leader-lease reads a second: the successor's (consistent, every observe_s) and the
+    calm ones of the other members that do not lead (once a lease, eventually
+    consistent: ``LeaderLease.acquire``)."""
+    return (min(1, f.workers - 1) / f.settings.observe_s,
+            max(0, f.workers - 2) / (f.settings.lease_s + f.settings.observe_s))
+
+
+def _campaign_read_units(f: Shape) -> float:
+    """Read units per campaign read, averaged over the consistent and the calm ones."""
+    urgent, calm = _campaign_reads(f)
+    if not urgent + calm:
+        return 0.0
+    return (urgent * read_units(f.sizes.leader, True)
+            + calm * read_units(f.sizes.leader, False)) / (urgent + calm)
+
+
 def _audit(f: Shape) -> tuple[float, float]:
     return paged_read_units(f.per_worker, f.sizes.owner_entry, False, SCAN_PAGE)
 
@@ -433,14 +451,14 @@ KINDS: tuple[Kind, ...] = (
          items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: the
     # successor the leader's bulletin names reads the lease (consistent GetItem) every
-    # observe_s, every other ACTIVE worker that does not lead once a lease
+    # observe_s, every other ACTIVE worker that does not lead once a lease (eventually
+    # consistent)
     # (Membership.campaign_urgent), while the leader's row shows it alive.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
          "get_item", FLEET, "LEADER (fleet)", "one",
-         "1 / observe_s + (W - 2) / (lease + observe_s)",
-         per_s=lambda f: min(1, f.workers - 1) / f.settings.observe_s
-         + max(0, f.workers - 2) / (f.settings.lease_s + f.settings.observe_s),
-         items=_one, read_units=lambda f: read_units(f.sizes.leader, True)),
+         "1 / observe_s consistent + (W - 2) / (lease + observe_s) eventually consistent",
+         per_s=lambda f: sum(_campaign_reads(f)),
+         items=_one, read_units=_campaign_read_units),
     # LeaderLease._renew -> DynamoLeaderBackend.renew: the leader, every heartbeat.
     Kind("leader renewal", "leader.py LeaderLease._renew", "update_item", FLEET,
          "LEADER (fleet)", "one", "1 / heartbeat",
@@ -805,7 +823,7 @@ def renewal_rate(measured_per_stream_minute: float, window_s: float,
 def inputs_from_scale(section: Mapping[str, Any]) -> CapacityInputs:
     """The measured inputs from the scale scenario's section (``loadtest.scenarios``)."""
     rates = section.get("rates", {})
-    renew_s = float(DEFAULTS["STREAMLEASE_STREAM_RENEW_SECONDS"])
+    renew_s = DEFAULT_CONFIG.stream_renew_s
     measured = rates.get("renewals_per_stream_minute", 0.0)
     renewals, source = renewal_rate(measured, section.get("window_measured_s", 0.0), renew_s)
     held = section.get("held_streams_in_window") or section["streams"]

@@ -96,7 +96,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import change_feed_scenario, sinks_scenario, tracing_scenario, upstreams_scenario
+from loadtest import (
+    capacity,
+    change_feed_scenario,
+    sinks_scenario,
+    tracing_scenario,
+    upstreams_scenario,
+)
 from loadtest.common import Server, choose_names
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.otlp import Receiver
@@ -328,20 +334,18 @@ def summarise_chaos(fleet: Fleet, p: dict[str, Any], audit: dict[str, int], elap
         "sink": ops["transact_write_items"] / stream_minutes,
     }
     cost = _cost(per_min, p, batch_s=0.5)
-    # The same arithmetic at the worker's defaults, 100 streams a worker: a member
-    # heartbeat every 5 s per worker, each stream renewed every 600 s and read every 60 s,
-    # per worker the orphan and STOPPED queries every 5 s and a fleet read every 2.5 s,
-    # the sweep every 30 s, a flush whenever a batch reaches the message cap or its oldest
-    # message waited 4.5 s; and a rolling deploy a day, which moves
-    # each stream about twice (off the replaced task, then once more to even out): four
-    # acquire/release writes a day. The chaos run's own rate is a fault every few seconds,
-    # not a day in production.
-    defaults = {"member_heartbeat": 12.0 / 100, "stream_renewal": 0.1,
-                "acquire_release": 4 / (24 * 60),
-                "query": (12.0 + 12.0 + 24.0) / 100, "check": 1.0, "sweep_scan": 2.0 / 100,
-                "sink": 60 / default_flush_s(p["rate"])}
-    defaults["heartbeat"] = defaults["member_heartbeat"] + defaults["stream_renewal"]
-    cost_defaults = _cost(defaults, p, batch_s=default_flush_s(p["rate"]))
+    # The same at the worker's defaults: the sink at the default batching, and lease
+    # upkeep as the capacity model counts it from the code (every request kind, 1,000
+    # streams on 10 workers, a rolling deploy a day). The chaos run's own rate is a fault
+    # every few seconds, not a day in production.
+    flush_s = default_flush_s(p["rate"])
+    sink_defaults = _cost({"heartbeat": 0.0, "acquire_release": 0.0, "query": 0.0,
+                           "sweep_scan": 0.0, "sink": 60 / flush_s}, p, batch_s=flush_s)
+    upkeep = capacity.scale_figures(1000, capacity.Settings())["upkeep_usd_per_1000_streams_month"]
+    cost_defaults = {**sink_defaults, "lease_overhead": upkeep,
+                     "total": round(upkeep + sink_defaults["sink"], 2),
+                     "assumptions": f"{sink_defaults['assumptions']}; lease upkeep from the "
+                                    "capacity model (loadtest/capacity.py) at 1,000 streams"}
     ddb_rate = sum(ops.values()) / elapsed
     store_limited = fleet.dynamodb == "embedded" and ddb_rate > 200
     bound = {"kill9": p["lease"] + 1.2 * p["reconcile"] + 0.5, "sigterm": 1.0}

@@ -381,8 +381,8 @@ def chaos_md(r: dict[str, Any]) -> list[str]:
     lines += [
         f"Implied on-demand cost per 1,000 streams per month, at this run's settings: "
         f"**${cost['total']:,.2f}** (lease upkeep ${cost['lease_overhead']:,.2f}, sink "
-        f"${cost['sink']:,.2f}). At the default settings (5 s member heartbeat, 600 s stream "
-        f"renewal, 0.2 s batches, a rolling deploy a day): "
+        f"${cost['sink']:,.2f}). At the default settings (lease upkeep as the capacity "
+        f"model counts it at 1,000 streams, the default batching, a rolling deploy a day): "
         f"**${r['cost_at_defaults_usd']['total']:,.2f}** (lease "
         f"upkeep ${r['cost_at_defaults_usd']['lease_overhead']:,.2f}). Assumptions: "
         f"{cost['assumptions']}.",

@@ -28,7 +28,7 @@ from loadtest.capacity import (
     per_worker_read_growth,
 )
 from loadtest.fleet import Acquisition, Fault, Fleet, WorkerProc, faketime_library, pct
-from streamlease.config import DEFAULTS
+from streamlease.config import DEFAULTS, WorkerConfig
 from streamlease.core.stream import stream_buffer_bytes
 
 if TYPE_CHECKING:
@@ -583,9 +583,9 @@ LEASE_WRITES = {
 INDEX_WRITES_PER_MOVE = 2
 
 
-def _renew_interval_s() -> float | None:
-    value = DEFAULTS.get("STREAMLEASE_STREAM_RENEW_SECONDS")
-    return float(value) if value else None
+def _renew_interval_s() -> float:
+    """The workers' stream renewal interval: the scale run leaves it at its default."""
+    return WorkerConfig.from_env({}).stream_renew_s
 
 
 def index_moves(writes: dict[str, float], stream_minutes: float, window_s: float,

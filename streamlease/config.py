@@ -207,11 +207,12 @@ SETTINGS: tuple[Setting, ...] = (
             "largest upstream frame accepted", count(1024, 300_000)),
     Setting("STREAMLEASE_LOG_LEVEL", "log_level", "INFO", "DEBUG, INFO, WARNING or ERROR",
             choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True)),
-    Setting("STREAMLEASE_STREAM_LEASE_SECONDS", "stream_lease_s", "1800",
+    Setting("STREAMLEASE_STREAM_LEASE_SECONDS", "stream_lease_s", "14400",
             "time to live of each stream's own lease (the safety net under membership)",
             seconds(0.1, 86400)),
-    Setting("STREAMLEASE_STREAM_RENEW_SECONDS", "stream_renew_s", "600",
-            "how often a holder renews a stream's lease; at most a third of it",
+    Setting("STREAMLEASE_STREAM_RENEW_SECONDS", "stream_renew_s", "",
+            "how often a holder renews a stream's lease; at most a third of it "
+            "(default: a third of STREAMLEASE_STREAM_LEASE_SECONDS)",
             seconds(0.03, 28800)),
     Setting("STREAMLEASE_MIN_HOLD_SECONDS", "min_hold_s", "",
             "a stream is never handed over for balance sooner after it was acquired "
@@ -344,6 +345,8 @@ class WorkerConfig:
                                member_lease / 10 if safety is None else safety)
         if values["min_hold_s"] is None:
             values["min_hold_s"] = min_hold_for(member_lease)
+        if values["stream_renew_s"] is None:
+            values["stream_renew_s"] = stream_renew_for(values["stream_lease_s"])
         problems.extend(timings.problems("STREAMLEASE_MEMBER_LEASE_SECONDS",
                                          "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS"))
         # Both intervals are jittered up to +20 %; a hand-written item must start within 60 s.
@@ -383,6 +386,12 @@ def min_hold_for(lease_s: float) -> float:
     shed pauses), so with a short lease a new member gets streams seconds after it joins,
     not after a fixed half minute (docs/configuration.md, Defaults that follow the lease)."""
     return 1.5 * lease_s
+
+
+def stream_renew_for(stream_lease_s: float) -> float:
+    """The default stream renewal interval: a third of the stream lease, so a renewal can
+    fail twice and the third still lands before the lease lapses."""
+    return stream_lease_s / 3
 
 
 def stream_timing_problems(values: Mapping[str, Any], member: LeaseTimings) -> list[str]:

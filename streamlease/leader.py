@@ -125,10 +125,11 @@ class LeaderLease:
         read_at = float("-inf")
         while stop is None or not stop.is_set():
             now = self.clock.monotonic()
-            if urgent is None or urgent() or now - read_at >= self.timings.lease_s:
+            hurry = urgent is None or urgent()
+            if hurry or now - read_at >= self.timings.lease_s:
                 read_at = now
                 try:
-                    if await self._try(observer):
+                    if await self._try(observer, consistent=hurry):
                         return True
                 except StoreError as exc:
                     event(logging.WARNING, "leader.acquire_failed",
@@ -140,9 +141,13 @@ class LeaderLease:
                 await sleep_unless(delay, stop)
         return False
 
-    async def _try(self, observer: LeaderObserver) -> bool:
+    async def _try(self, observer: LeaderObserver, consistent: bool = True) -> bool:
         sent = self.clock.monotonic()
-        record = await self.backend.read(self.name, timeout=self.timings.heartbeat_s)
+        # A calm read (once a lease, the leader's successor standing ready) may be a moment
+        # stale: it only keeps the leader's identity known, and a lease it wrongly shows
+        # standing still is taken only through a write conditioned on the lease as seen.
+        record = await self.backend.read(self.name, timeout=self.timings.heartbeat_s,
+                                         consistent=consistent)
         received = self.clock.monotonic()
         self.seen_owner = None if record is None or record.resigned else record.owner
         if not observer.may_take(record, sent, received):

@@ -149,6 +149,28 @@ def test_the_minimum_hold_follows_the_lease(name: str, env: dict[str, str],
     assert WorkerConfig.from_env(env).min_hold_s == pytest.approx(min_hold)
 
 
+@pytest.mark.parametrize(("env", "lease", "renew"), [
+    ({}, 14400, 4800),  # 4 hours, renewed every 80 minutes
+    ({"STREAMLEASE_STREAM_LEASE_SECONDS": "1800"}, 1800, 600),  # the lease alone: still valid
+    ({"STREAMLEASE_STREAM_RENEW_SECONDS": "600"}, 14400, 600),
+    ({"STREAMLEASE_STREAM_LEASE_SECONDS": "1800", "STREAMLEASE_STREAM_RENEW_SECONDS": "300"},
+     1800, 300),
+], ids=["defaults", "lease-only", "renew-only", "both"])
+def test_the_stream_renewal_follows_the_stream_lease(env: dict[str, str], lease: float,
+                                                     renew: float) -> None:
+    config = WorkerConfig.from_env(env)
+    assert (config.stream_lease_s, config.stream_renew_s) == (lease, renew)
+    assert config.stream_timings.heartbeat_s == renew
+
+
+def test_a_renewal_longer_than_a_third_of_the_stream_lease_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({"STREAMLEASE_STREAM_LEASE_SECONDS": "1800",
+                               "STREAMLEASE_STREAM_RENEW_SECONDS": "4800"})
+    assert err.value.problems[0] == ("STREAMLEASE_STREAM_RENEW_SECONDS: must be at most a "
+                                     "third of the stream lease (1800/3 = 600), got 4800")
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e40", "thirty"])
 def test_a_bad_minimum_hold_is_refused_by_name(value: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -235,19 +235,22 @@ class CountedReads:
     def __init__(self, backend: LeaderBackend) -> None:
         self.backend = backend
         self.reads = 0
+        self.consistent: set[bool] = set()  # the consistency each read asked for
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
     async def read(self, *args: Any, **kwargs: Any) -> Any:
         self.reads += 1
+        self.consistent.add(kwargs.get("consistent", True))
         return await self.backend.read(*args, **kwargs)
 
 
 async def test_a_candidate_not_next_in_line_reads_the_lease_once_a_lease(
         store: MemoryStore, candidates: list[Candidate]) -> None:
-    """Not urgent, a candidate reads the lease once a lease (it still learns who leads);
-    urgent, every observation interval; and it takes over a leader that stopped."""
+    """Not urgent, a candidate reads the lease once a lease (it still learns who leads),
+    and may read it a moment stale (half the read units on DynamoDB); urgent, every
+    observation interval, consistently; and it takes over a leader that stopped."""
     candidates.append(Candidate(store, "w0", [idle]))
     await until(lambda: candidates[0].leadership.leading)
     counted = CountedReads(store.stores().leader)
@@ -261,11 +264,13 @@ async def test_a_candidate_not_next_in_line_reads_the_lease_once_a_lease(
         await asyncio.sleep(window)  # the reads in a window, counted
         calm = counted.reads
         assert 1 <= calm <= window / TTL + 2
+        assert counted.consistent == {False}
         assert other.leader_seen() == "w0"
         urgent[0] = True
-        counted.reads = 0
+        counted.reads, counted.consistent = 0, set()
         await asyncio.sleep(window)
         assert counted.reads >= 4 * (window / TTL + 2)  # every observe interval (TTL / 12)
+        assert counted.consistent == {True}
         await candidates[0].stop()
         await until(lambda: other.leading)
     finally:

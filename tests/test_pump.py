@@ -512,7 +512,7 @@ def default_pump(monkeypatch: pytest.MonkeyPatch, sink: FakeSink,
     settings = build_settings(config, "w1").supervisor
     tenure = Tenure("s001", "w1", 1, 0, 0)
     holding = Holding(tenure, "wss://feed.example/s001", clock.monotonic(), settings.timings)
-    assert holding.timings.heartbeat_s == 600  # the stream lease's renewal interval
+    assert holding.timings.heartbeat_s == 4800  # the stream lease's renewal interval
     pump = Pump(tenure, holding, sink, clock, Metrics(), settings.pump)
     sink.pump = pump
     return pump
@@ -522,7 +522,7 @@ def default_pump(monkeypatch: pytest.MonkeyPatch, sink: FakeSink,
 async def test_after_a_sink_outage_the_stream_writes_within_a_heartbeat(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A two-minute outage used to leave the stream backing off for up to the stream
-    lease's renewal interval (600 s at the defaults) before it tried again."""
+    lease's renewal interval (then 600 s at the defaults) before it tried again."""
     clock = SleepWatch()
     start = clock.monotonic()
     sink = OutageSink(heal_at=start + 120)

@@ -588,8 +588,9 @@ class MemoryLeader:
         self.store = store
 
 
-    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
-        self.store._called("leader_read")
+    async def read(self, name: str, timeout: float | None = None,
+                   consistent: bool = True) -> LeaderRecord | None:
+        self.store._called("leader_read" if consistent else "leader_read_eventual")
         return self.store.leaders.get(name)
 
     async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,

@@ -219,8 +219,11 @@ class LeaderBackend(Protocol):
     #: Redis, whose fenced writes are hash sets).
     conditional_puts: bool
 
-    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
-        """The lease as it is (a consistent read); None if absent or expired."""
+    async def read(self, name: str, timeout: float | None = None,
+                   consistent: bool = True) -> LeaderRecord | None:
+        """The lease as it is; None if absent or expired. ``consistent`` False allows a
+        read a moment stale where the backend offers one for less (DynamoDB: half the
+        read units); a backend without that reads consistently anyway."""
 
     async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
                       now_wall_ms: int, timeout: float | None = None) -> int | None:

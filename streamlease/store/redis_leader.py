@@ -210,7 +210,9 @@ class RedisLeaderBackend:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
+    async def read(self, name: str, timeout: float | None = None,
+                   consistent: bool = True) -> LeaderRecord | None:
+        del consistent  # one read path: the primary's own answer
         lease, _ = lease_keys(name, self.prefix)
         found = await self._run(self._read, [lease], [], timeout)
         if found is None:

@@ -767,12 +767,14 @@ def test_task_environment_carries_every_setting_at_its_default(
     # A variable whose default is null leaves its setting out, so the worker's default
     # applies: the member lease and heartbeat (from the lease and heartbeat), the safety
     # margin (a tenth of the member lease), the minimum hold (1.5 member leases), the
-    # dead letter (none), the profiles file (none: the built-in profile only), the python
-    # upstream (none); so does the change feed's switch while on (once the worker reads
-    # STREAMLEASE_CHANGE_FEED: on, where the table has a stream).
+    # stream renewal (a third of the stream lease), the dead letter (none), the profiles
+    # file (none: the built-in profile only), the python upstream (none); so does the
+    # change feed's switch while on (once the worker reads STREAMLEASE_CHANGE_FEED: on,
+    # where the table has a stream).
     unset = {name for name, variable in cases.variable_of.items()
              if worker_cases.env_text(cases.kind[variable], cases.defaults.get(variable)) is None}
     assert unset == {"STREAMLEASE_SAFETY_MARGIN_SECONDS", "STREAMLEASE_MIN_HOLD_SECONDS",
+                     "STREAMLEASE_STREAM_RENEW_SECONDS",
                      "STREAMLEASE_MEMBER_LEASE_SECONDS", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS",
                      "STREAMLEASE_DEAD_LETTER", "STREAMLEASE_PROFILES",
                      "STREAMLEASE_UPSTREAM"} | ({"STREAMLEASE_CHANGE_FEED"} & set(DEFAULTS)), unset

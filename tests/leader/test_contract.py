@@ -42,6 +42,20 @@ async def test_one_holder_and_fences_that_only_move_forward(backend: Backend) ->
     assert fences == sorted(set(fences)) and len(fences) == 5
 
 
+async def test_a_calm_read_shows_the_holder_and_fence_a_consistent_one_shows(
+        backend: Backend) -> None:
+    """``consistent=False`` (a candidate's calm read) is a read every backend answers: it
+    shows the holder and fence the consistent read shows."""
+    name = lease_name()
+    assert await backend.impl.read(name, consistent=False) is None
+    fence = await backend.impl.acquire(name, "a", 10, None, NOW)
+    assert fence is not None
+    consistent = await backend.impl.read(name)
+    calm = await backend.impl.read(name, consistent=False)
+    assert consistent is not None and calm is not None
+    assert (calm.owner, calm.fence) == (consistent.owner, consistent.fence) == ("a", fence)
+
+
 async def test_only_the_holder_renews_and_a_resigned_lease_is_taken_at_once(
         backend: Backend) -> None:
     name = lease_name()

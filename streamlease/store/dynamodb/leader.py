@@ -41,9 +41,10 @@ class DynamoLeaderBackend(DynamoTable):
         super().__init__(client)
         self.table = table
 
-    async def read(self, name: str, timeout: float | None = None) -> LeaderRecord | None:
+    async def read(self, name: str, timeout: float | None = None,
+                   consistent: bool = True) -> LeaderRecord | None:
         resp = await self._call("get_item", timeout, TableName=self.table,
-                                Key=fleetcodec.leader_key(name), ConsistentRead=True)
+                                Key=fleetcodec.leader_key(name), ConsistentRead=consistent)
         item = resp.get("Item")
         return fleetcodec.decode_leader(item) if item else None
 

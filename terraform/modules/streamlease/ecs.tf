@@ -8,6 +8,8 @@ locals {
   member_lease     = coalesce(var.member_lease_seconds, min(5, var.lease_seconds))
   member_heartbeat = coalesce(var.member_heartbeat_seconds, min(var.heartbeat_seconds, local.member_lease / 4))
   safety_margin    = coalesce(var.safety_margin_seconds, local.member_lease / 10)
+  # The stream renewal as the worker computes it (streamlease/config.py stream_renew_for).
+  stream_renew = coalesce(var.stream_renew_seconds, var.stream_lease_seconds / 3)
 
   # SIGTERM -> the worker drains for up to STREAMLEASE_SHUTDOWN_SECONDS, then exits; ECS
   # sends SIGKILL stopTimeout seconds after SIGTERM. The margin covers what happens
@@ -83,7 +85,7 @@ locals {
     STREAMLEASE_MAX_FRAME_BYTES          = tostring(var.max_frame_bytes)
     STREAMLEASE_LOG_LEVEL                = var.log_level
     STREAMLEASE_STREAM_LEASE_SECONDS     = tostring(var.stream_lease_seconds)
-    STREAMLEASE_STREAM_RENEW_SECONDS     = tostring(var.stream_renew_seconds)
+    STREAMLEASE_STREAM_RENEW_SECONDS     = var.stream_renew_seconds == null ? null : tostring(var.stream_renew_seconds)
     STREAMLEASE_STREAM_CHECK_SECONDS     = tostring(var.stream_check_seconds)
     STREAMLEASE_MIN_HOLD_SECONDS         = var.min_hold_seconds == null ? null : tostring(var.min_hold_seconds)
     STREAMLEASE_FLEET_VIEW               = var.fleet_view
@@ -246,15 +248,15 @@ resource "aws_ecs_task_definition" "worker" {
       error_message = "STREAMLEASE_STREAM_LEASE_SECONDS: stream_lease_seconds must be at least the member lease, so a live member's streams never expire under it."
     }
     precondition {
-      condition     = var.stream_renew_seconds <= var.stream_lease_seconds / 3
+      condition     = local.stream_renew <= var.stream_lease_seconds / 3
       error_message = "STREAMLEASE_STREAM_RENEW_SECONDS: stream_renew_seconds must be at most a third of stream_lease_seconds."
     }
     precondition {
-      condition     = var.stream_check_seconds <= var.stream_renew_seconds
+      condition     = var.stream_check_seconds <= local.stream_renew
       error_message = "STREAMLEASE_STREAM_CHECK_SECONDS: stream_check_seconds must be at most stream_renew_seconds."
     }
     precondition {
-      condition     = var.skew_margin_seconds + local.safety_margin < var.stream_lease_seconds - var.stream_renew_seconds
+      condition     = var.skew_margin_seconds + local.safety_margin < var.stream_lease_seconds - local.stream_renew
       error_message = "STREAMLEASE_STREAM_LEASE_SECONDS: stream_lease_seconds minus stream_renew_seconds must exceed the skew and safety margins, or a renewed stream could look expired to a peer."
     }
     precondition {

@@ -813,9 +813,9 @@ variable "log_level" {
 }
 
 variable "stream_lease_seconds" {
-  description = "STREAMLEASE_STREAM_LEASE_SECONDS: each stream's own lease, the safety net under membership; at least the member lease."
+  description = "STREAMLEASE_STREAM_LEASE_SECONDS: each stream's own lease (4 hours), the last safety net under membership; at least the member lease."
   type        = number
-  default     = 1800
+  default     = 14400
 
   validation {
     condition     = var.stream_lease_seconds >= 0.1 && var.stream_lease_seconds <= 86400
@@ -824,13 +824,13 @@ variable "stream_lease_seconds" {
 }
 
 variable "stream_renew_seconds" {
-  description = "STREAMLEASE_STREAM_RENEW_SECONDS: how often a holder renews a stream's lease; at most a third of stream_lease_seconds."
+  description = "STREAMLEASE_STREAM_RENEW_SECONDS: how often a holder renews a stream's lease; at most a third of stream_lease_seconds; null: a third of stream_lease_seconds."
   type        = number
-  default     = 600
+  default     = null
 
   validation {
-    condition     = var.stream_renew_seconds >= 0.03 && var.stream_renew_seconds <= 28800
-    error_message = "stream_renew_seconds: from 0.03 to 28800 seconds."
+    condition     = var.stream_renew_seconds == null ? true : var.stream_renew_seconds >= 0.03 && var.stream_renew_seconds <= 28800
+    error_message = "stream_renew_seconds: from 0.03 to 28800 seconds, or null."
   }
 }
 
