@@ -33,6 +33,7 @@ from streamlease.membership import FleetView
 from streamlease.metrics import Metrics
 from streamlease.store.protocols import Acquired, LeaseStore, Sink
 from streamlease.supervisor import (
+    RELEASES_IN_FLIGHT,
     LeaseHealth,
     PumpFactory,
     Supervisor,
@@ -109,6 +110,9 @@ class Holdings:
         # changes): supervisors make no periodic reads of their own.
         self.batched_checks = False
         self.supervisors: dict[str, Supervisor] = {}
+        # Every supervisor's releases share it: a drain of hundreds of streams keeps the
+        # member heartbeat out of a long queue.
+        self.release_gate = asyncio.Semaphore(RELEASES_IN_FLIGHT)
         self.tg: asyncio.TaskGroup | None = None  # the scope supervisors run in
         # Streams being acquired or taken over right now (not yet supervised).
         self.acquiring: set[str] = set()
@@ -210,7 +214,8 @@ class Holdings:
                                 self.clock, self.metrics, self.settings.supervisor, self.rng,
                                 self.on_delivered, self.health, self.lease_health,
                                 self.pump_factory, self.membership.may_write,
-                                lambda: self.batched_checks, self.membership.feed_live)
+                                lambda: self.batched_checks, self.membership.feed_live,
+                                self.release_gate)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.metrics.set_leases_held(len(self.supervisors))
         assert self.tg is not None

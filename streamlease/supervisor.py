@@ -53,6 +53,11 @@ from streamlease.upstream import BUILTIN_UPSTREAMS, Upstreams
 
 T = TypeVar("T")
 
+# A worker's own releases in flight at once (a drain, a rebalance): enough to release
+# hundreds of streams in well under a second on DynamoDB, few enough that the member
+# heartbeat never queues behind them.
+RELEASES_IN_FLIGHT = 16
+
 
 @dataclass(frozen=True)
 class SupervisorSettings:
@@ -120,8 +125,11 @@ class Supervisor:
                  pump_factory: PumpFactory | None = None,
                  member_alive: Callable[[float], bool] = always,
                  watched: Callable[[], bool] = lambda: False,
-                 told: Callable[[], bool] = lambda: False) -> None:
+                 told: Callable[[], bool] = lambda: False,
+                 release_gate: asyncio.Semaphore | None = None) -> None:
         self.tenure = tenure
+        # Shared by every supervisor of the worker (``Holdings``): releases in flight.
+        self.release_gate = release_gate or asyncio.Semaphore(RELEASES_IN_FLIGHT)
         self.leases = leases
         self.clock = clock
         self.metrics = metrics
@@ -489,38 +497,47 @@ class Supervisor:
 
     async def _release(self, reason: StopReason, fields: dict[str, Any], log: bool) -> None:
         """Release, retried with backoff until the budget: the shutdown deadline if one was
-        given, else the tenure's own deadline (after it the lease frees itself)."""
+        given, else the tenure's own deadline (after it the lease frees itself). Each
+        attempt waits its turn at the worker's release gate: a drain of hundreds of streams
+        would otherwise put every release in the store's queue at once, ahead of the
+        member heartbeat (which then times out, and the worker self-fences mid-drain)."""
         retry = Backoff(0.05, 1.0, self.rng)
         attempt = 0
         while True:
             attempt += 1
-            # Read each attempt: a shutdown that starts meanwhile brings its own budget.
-            by = self._release_by if self._release_by is not None else self.holding.deadline
-            remaining = by - self.clock.monotonic()
-            timeout = max(0.05, min(self.settings.call_timeout_s, remaining))
-            try:
-                # A trace of its own (linked to the acquisition's); its context goes on the
-                # item in the same write, for the next holder's acquisition to link to.
-                with tracing.span("release", root=True, stream=self.stream,
-                                  fence=self.tenure.fence, reason=reason.value,
-                                  attempt=attempt) as span:
-                    released = await shielded(
-                        self.leases.release(self.tenure, timeout,
-                                            trace_parent=tracing.traceparent_of(span)),
-                        timeout, f"release {self.stream}")
-                    tracing.set_attributes(span, released=released)
-                break
-            except (TimeoutError, StoreError) as exc:
-                delay = retry.next_delay()
-                if self.clock.monotonic() + delay >= by:
-                    event(logging.WARNING, "lease.release_failed",
-                          "release failed; the lease will expire", error=str(exc) or "timeout",
-                          attempts=attempt, **fields)
-                    return
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()  # a shutdown's budget cuts the wait short
+            async with self.release_gate:
+                # Read each attempt, once its turn came: a shutdown that starts meanwhile
+                # brings its own budget, and the wait for the gate spent some of it.
+                by = self._release_by if self._release_by is not None \
+                    else self.holding.deadline
+                remaining = by - self.clock.monotonic()
+                timeout = max(0.05, min(self.settings.call_timeout_s, remaining))
+                try:
+                    # A trace of its own (linked to the acquisition's); its context goes on
+                    # the item in the same write, for the next holder's acquisition to link
+                    # to.
+                    with tracing.span("release", root=True, stream=self.stream,
+                                      fence=self.tenure.fence, reason=reason.value,
+                                      attempt=attempt) as span:
+                        released = await shielded(
+                            self.leases.release(self.tenure, timeout,
+                                                trace_parent=tracing.traceparent_of(span)),
+                            timeout, f"release {self.stream}")
+                        tracing.set_attributes(span, released=released)
+                    break
+                except (TimeoutError, StoreError) as exc:
+                    failure = str(exc) or "timeout"
+            # Backing off outside the gate: a failed release does not hold up the others.
+            delay = retry.next_delay()
+            if self.clock.monotonic() + delay >= by:
+                event(logging.WARNING, "lease.release_failed",
+                      "release failed; the lease will expire", error=failure,
+                      attempts=attempt, **fields)
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()  # a shutdown's budget cuts the wait short
         self.holding.on_released()
         if released and log:
             self.metrics.lease_released(reason)

@@ -19,7 +19,7 @@ from streamlease.errors import StoreUnavailable
 from streamlease.metrics import Metrics
 from streamlease.pump import PumpSettings
 from streamlease.store.memory import MemoryStore
-from streamlease.supervisor import Supervisor, SupervisorSettings
+from streamlease.supervisor import RELEASES_IN_FLIGHT, Supervisor, SupervisorSettings
 from tests.fakes import FaultyStore, PumpScript
 from tests.virtual import LoopClock
 
@@ -166,6 +166,54 @@ async def test_drain_stops_reading_flushes_then_releases_in_that_order() -> None
     assert record.lease_expires_at_ms == 0 and record.last_seq == rig.script.pumps["a"].committed
     assert sup.holding.state is HolderState.RELEASED
     assert rig.metric("streamlease_lease_released_total", reason="shutdown") == 1
+
+
+class InFlight:
+    """A lease store whose releases take ``seconds`` each; counts those in flight."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner = inner
+        self.seconds = seconds
+        self.now = self.most = self.done = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def release(self, *args: Any, **kwargs: Any) -> Any:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(self.seconds)
+            return await self.inner.release(*args, **kwargs)
+        finally:
+            self.now -= 1
+            self.done += 1
+
+
+async def test_a_drain_of_many_streams_keeps_its_releases_in_flight_to_the_gate() -> None:
+    """A worker's supervisors share one release gate (``Holdings.release_gate``): a drain
+    of 50 streams has at most RELEASES_IN_FLIGHT releases in the store's queue at once,
+    and every stream is still released, each within its budget."""
+    rig = Rig()
+    slow = InFlight(rig.store, 0.2)
+    gate = asyncio.Semaphore(RELEASES_IN_FLIGHT)
+    sups = []
+    for i in range(50):
+        await rig.memory.put_started(f"s{i}", URL)
+        got = await rig.memory.acquire(f"s{i}", "w1", rig.clock.wall_ms(), T)
+        assert got is not None
+        sups.append(Supervisor(got.tenure, got.record, rig.clock.monotonic(), slow, rig.store,
+                               rig.clock, rig.metrics, rig.settings, random.Random(i),
+                               pump_factory=rig.script.factory(), release_gate=gate))
+    tasks = [asyncio.create_task(s.run()) for s in sups]
+    await asyncio.sleep(3)
+    deadline = asyncio.get_running_loop().time() + 20
+    for s in sups:
+        s.request_drain(StopReason.SHUTDOWN, release_by=deadline)
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert slow.most == RELEASES_IN_FLIGHT and slow.done == 50
+    assert all(s.holding.state is HolderState.RELEASED for s in sups)
+    assert rig.metric("streamlease_lease_released_total", reason="shutdown") == 50
 
 
 async def test_heartbeats_go_on_while_a_long_flush_drains() -> None:
