@@ -707,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--scale-rate", type=float, default=1e-6,
                    help="messages/s per scale stream (default 1e-6: idle)")
     g.add_argument("--scale-window", type=float, default=60.0,
-                   help="steady window for request rates (600+ s also sees stream renewals)")
+                   help="steady window for request rates (a window longer than "
+                        "STREAMLEASE_STREAM_RENEW_SECONDS also sees stream renewals)")
     g.add_argument("--scale-acquire-per-cycle", type=int, default=100,
                    help="STREAMLEASE_ACQUIRE_PER_CYCLE for the scale run (default 100)")
     return parser

@@ -146,8 +146,11 @@ class LeaderLease:
         # A calm read (once a lease, the leader's successor standing ready) may be a moment
         # stale: it only keeps the leader's identity known, and a lease it wrongly shows
         # standing still is taken only through a write conditioned on the lease as seen.
-        record = await self.backend.read(self.name, timeout=self.timings.heartbeat_s,
-                                         consistent=consistent)
+        if consistent:  # the keyword only when needed: a backend written before it still works
+            record = await self.backend.read(self.name, timeout=self.timings.heartbeat_s)
+        else:
+            record = await self.backend.read(self.name, timeout=self.timings.heartbeat_s,
+                                             consistent=False)
         received = self.clock.monotonic()
         self.seen_owner = None if record is None or record.resigned else record.owner
         if not observer.may_take(record, sent, received):

@@ -510,8 +510,8 @@ class Reconciler:
     async def _stopped_loop(self) -> None:
         """Every member heartbeat: STOPPED streams whose lease is still live (the index
         returns only those), so a holder releases within a heartbeat of the flip, though
-        it renews its own lease only every few minutes. While the leader's change feed is
-        live its notices say so instead, and the query rests."""
+        it renews its own lease only every 80 minutes (at the defaults). While the
+        leader's change feed is live its notices say so instead, and the query rests."""
         while not self._stop.is_set():
             asked = self._stopped_now.is_set()
             self._stopped_now.clear()

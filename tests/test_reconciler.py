@@ -91,6 +91,9 @@ async def test_takes_orphans_up_to_capacity_and_releases_all_on_stop() -> None:
     fleet.start()
     await asyncio.sleep(5)
     assert len(fleet.held()) == 3
+    # Every supervisor of the worker releases through the one gate its holdings keep.
+    gate = fleet.reconciler.holdings.release_gate
+    assert all(s.release_gate is gate for s in fleet.reconciler.supervisors.values())
     await fleet.stop()
     records = await fleet.memory.list_streams()
     assert all(r.lease_expires_at_ms == 0 for r in records)

@@ -191,9 +191,10 @@ class InFlight:
 
 
 async def test_a_drain_of_many_streams_keeps_its_releases_in_flight_to_the_gate() -> None:
-    """A worker's supervisors share one release gate (``Holdings.release_gate``): a drain
-    of 50 streams has at most RELEASES_IN_FLIGHT releases in the store's queue at once,
-    and every stream is still released, each within its budget."""
+    """A worker's supervisors share one release gate (``Holdings.release_gate``; the
+    reconciler tests check the wiring): a drain of 50 streams has at most
+    RELEASES_IN_FLIGHT releases in the store's queue at once, and every stream is still
+    released."""
     rig = Rig()
     slow = InFlight(rig.store, 0.2)
     gate = asyncio.Semaphore(RELEASES_IN_FLIGHT)

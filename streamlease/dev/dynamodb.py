@@ -1026,7 +1026,10 @@ class EmbeddedDynamoDB:
             app = SerializedApp(app)
         if self.latency_s and self.latency_mode == "parallel":
             app = DelayedApp(app, self.latency_s)
-        MotoRequestHandler.protocol_version = "HTTP/1.1"  # keep-alive for SDK clients
+        # HTTP/1.1 answers; werkzeug still closes each connection after its answer (it
+        # cannot tell whether a request body was read to its end), so every request
+        # costs a connection and a server thread.
+        MotoRequestHandler.protocol_version = "HTTP/1.1"
         self._server = make_server(self.host, self.requested_port, app, threaded=True,
                                    request_handler=MotoRequestHandler)
         self._server.daemon_threads = True  # type: ignore[attr-defined]

@@ -417,7 +417,7 @@ def test_backoff_delays_grow_to_the_cap() -> None:
 
 
 def test_sink_retry_waits_grow_to_the_heartbeat_cap_and_reset_after_a_write() -> None:
-    """The cap is the member heartbeat, never the stream renewal interval (600 s)."""
+    """The cap is the member heartbeat, never the stream renewal interval (80 minutes)."""
     rules_ = rules(sink_retry_base_s=0.05, sink_retry_cap_s=sink_retry_cap(5.0))
     m = machine(10, rules_)
     feed(m, [11])
