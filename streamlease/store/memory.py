@@ -16,8 +16,9 @@ Its eventually consistent reads are stale as DynamoDB's may be (``stale_reads_s`
 default, as the embedded server's ``--stale-reads-ms``): ``check_many`` sees each item as
 it was ``uniform(0, stale_reads_s)`` ago, drawn for each item (DynamoDB answers each from
 one of its replicas), so it can return an item's previous version, or none for an item
-created in that window. With 0 it returns every item as it is now. Every other read is
-current, as the DynamoDB store's consistent reads are.
+created in that window; so do a member row read without ``consistent`` and a leader
+lease's calm read (``consistent=False``). With 0 they return every item as it is now.
+Every other read is current, as the DynamoDB store's consistent reads are.
 
 It has no failure modes of its own: tests wrap it to inject throttling, timeouts and
 lost answers.
@@ -135,6 +136,7 @@ class MemoryStore:
         # The past, as far back as any lagging read may look.
         self._versions: VersionLog[str, Item] = VersionLog(max(self.index_lag.max_s, stale))
         self._member_versions: VersionLog[str, MemberRecord] = VersionLog(stale)
+        self._leader_versions: VersionLog[str, LeaderRecord] = VersionLog(stale)
         self.items: dict[str, Item] = {}  # Pk -> streams item
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.events_ttl_s = 0  # STREAMLEASE_EVENTS_TTL_SECONDS (items are kept, as DynamoDB
@@ -432,6 +434,23 @@ class MemoryStore:
         else:
             self.members_by_id[worker_id] = row
 
+    def _put_leader(self, name: str, record: LeaderRecord) -> None:
+        """Write a leader lease, keeping the version it replaces for eventually consistent
+        reads (``stale_reads_s``)."""
+        if self.stale_reads_s:
+            self._leader_versions.record(name, self.leaders.get(name), self.clock.monotonic())
+        self.leaders[name] = record
+
+    def _leader_as_read(self, name: str, consistent: bool) -> LeaderRecord | None:
+        current = self.leaders.get(name)
+        if consistent or not self.stale_reads_s:
+            return current
+        now = self.clock.monotonic()
+        self._leader_versions.prune(now)
+        older, before = self._leader_versions.version_at(
+            name, now - self.rng.uniform(0.0, self.stale_reads_s))
+        return before if older else current
+
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         self._called("members")
         return sorted(self.members_by_id.values(), key=lambda m: m.worker_id)
@@ -591,7 +610,7 @@ class MemoryLeader:
     async def read(self, name: str, timeout: float | None = None,
                    consistent: bool = True) -> LeaderRecord | None:
         self.store._called("leader_read" if consistent else "leader_read_eventual")
-        return self.store.leaders.get(name)
+        return self.store._leader_as_read(name, consistent)
 
     async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
                       now_wall_ms: int, timeout: float | None = None) -> int | None:
@@ -609,8 +628,8 @@ class MemoryLeader:
         # is raised to it in the same step.
         mark = self.store.leader_fence_marks.get(name, 0)
         fence = next_fence(old.fence if old is not None else None, mark, now_wall_ms)
-        self.store.leaders[name] = LeaderRecord(name, owner, fence, 0,
-                                          now_wall_ms + round(ttl_s * 1000))
+        self.store._put_leader(name, LeaderRecord(name, owner, fence, 0,
+                                                  now_wall_ms + round(ttl_s * 1000)))
         self.store.leader_fence_marks[name] = raised_fence_mark(mark, fence)
         return fence
 
@@ -619,8 +638,8 @@ class MemoryLeader:
         old = self.store.leaders.get(name)
         if old is None or old.owner != owner or old.fence != fence or old.resigned:
             return HeartbeatOutcome.FENCED
-        self.store.leaders[name] = dataclasses.replace(old, heartbeat=old.heartbeat + 1,
-                                                 expires_at_ms=now_wall_ms + round(ttl_s * 1000))
+        self.store._put_leader(name, dataclasses.replace(
+            old, heartbeat=old.heartbeat + 1, expires_at_ms=now_wall_ms + round(ttl_s * 1000)))
         return HeartbeatOutcome.RENEWED
 
     async def resign(self, name: str, owner: str, fence: int,
@@ -628,7 +647,7 @@ class MemoryLeader:
         old = self.store.leaders.get(name)
         if old is None or old.owner != owner or old.fence != fence:
             return False
-        self.store.leaders[name] = dataclasses.replace(old, expires_at_ms=0)
+        self.store._put_leader(name, dataclasses.replace(old, expires_at_ms=0))
         return True
 
     async def fenced_write(self, name: str, fence: int, write: Any,

@@ -101,6 +101,32 @@ async def test_an_eventually_consistent_read_may_see_the_previous_version() -> N
     assert await owners(1.0001) == {"w1"}
 
 
+async def test_a_calm_leader_lease_read_may_see_the_lease_as_it_was() -> None:
+    """As on DynamoDB: a leader lease read with ``consistent=False`` answers from up to
+    ``stale_reads_s`` ago (absent, if the lease is newer than that); a consistent one is
+    current."""
+    memory, clock = stale(1.0)
+    leader = memory.stores().leader
+    clock.advance(2.0)
+    fence = await leader.acquire("lease", "a", 10, None, NOW)
+    assert fence is not None
+    written = clock.now
+
+    async def owners(after: float) -> set[str | None]:
+        clock.now = written + after
+        seen = set()
+        for _ in range(50):
+            record = await leader.read("lease", consistent=False)
+            seen.add(None if record is None else record.owner)
+        return seen
+
+    assert await owners(0.0) == {None}  # up to a second old, and the lease is now
+    assert await owners(0.5) == {None, "a"}
+    current = await leader.read("lease")
+    assert current is not None and current.owner == "a"
+    assert await owners(1.0001) == {"a"}
+
+
 async def test_stale_reads_can_miss_a_new_item_and_show_a_deleted_one() -> None:
     memory, clock = stale(1.0)
     await memory.put_started("old", "wss://x/")
