@@ -31,7 +31,7 @@ import copy
 import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from streamlease.core.fenced import HashSet, PutItem, Transaction
 from streamlease.core.frames import Frame
@@ -72,6 +72,7 @@ from streamlease.store.protocols import (
 from streamlease.store.versions import MAX_LAG_S, IndexLag, VersionLog
 
 Item = dict[str, Any]
+V = TypeVar("V")
 FLEET_TABLE = "fleet"  # the name fenced writes use for the in-memory fleet table
 INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N", codec.LEASE_OWNER: "S",
               codec.FENCE: "N"}
@@ -414,13 +415,19 @@ class MemoryStore:
     async def member(self, worker_id: str, timeout: float | None = None,
                      consistent: bool = True) -> MemberRecord | None:
         self._called("member")
-        current = self.members_by_id.get(worker_id)
+        return self._as_read(self._member_versions, worker_id,
+                             self.members_by_id.get(worker_id), consistent)
+
+    def _as_read(self, versions: VersionLog[str, V], key: str, current: V | None,
+                 consistent: bool) -> V | None:
+        """``current``, or for an eventually consistent read (``stale_reads_s``) the
+        version ``key`` had ``uniform(0, stale_reads_s)`` ago."""
         if consistent or not self.stale_reads_s:
             return current
         now = self.clock.monotonic()
-        self._member_versions.prune(now)
-        older, before = self._member_versions.version_at(
-            worker_id, now - self.rng.uniform(0.0, self.stale_reads_s))
+        versions.prune(now)
+        older, before = versions.version_at(
+            key, now - self.rng.uniform(0.0, self.stale_reads_s))
         return before if older else current
 
     def _put_member(self, worker_id: str, row: MemberRecord | None) -> None:
@@ -440,16 +447,6 @@ class MemoryStore:
         if self.stale_reads_s:
             self._leader_versions.record(name, self.leaders.get(name), self.clock.monotonic())
         self.leaders[name] = record
-
-    def _leader_as_read(self, name: str, consistent: bool) -> LeaderRecord | None:
-        current = self.leaders.get(name)
-        if consistent or not self.stale_reads_s:
-            return current
-        now = self.clock.monotonic()
-        self._leader_versions.prune(now)
-        older, before = self._leader_versions.version_at(
-            name, now - self.rng.uniform(0.0, self.stale_reads_s))
-        return before if older else current
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         self._called("members")
@@ -610,7 +607,8 @@ class MemoryLeader:
     async def read(self, name: str, timeout: float | None = None,
                    consistent: bool = True) -> LeaderRecord | None:
         self.store._called("leader_read" if consistent else "leader_read_eventual")
-        return self.store._leader_as_read(name, consistent)
+        return self.store._as_read(self.store._leader_versions, name,
+                                   self.store.leaders.get(name), consistent)
 
     async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
                       now_wall_ms: int, timeout: float | None = None) -> int | None:
