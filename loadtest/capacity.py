@@ -451,9 +451,8 @@ KINDS: tuple[Kind, ...] = (
          items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: the
     # successor the leader's bulletin names reads the lease (consistent GetItem) every
-    # observe_s, every other ACTIVE worker that does not lead once a lease (eventually
-    # consistent)
-    # (Membership.campaign_urgent), while the leader's row shows it alive.
+    # observe_s, every other ACTIVE worker that does not lead once a lease, eventually
+    # consistent (Membership.campaign_urgent), while the leader's row shows it alive.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
          "get_item", FLEET, "LEADER (fleet)", "one",
          "1 / observe_s consistent + (W - 2) / (lease + observe_s) eventually consistent",
