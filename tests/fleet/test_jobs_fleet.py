@@ -105,6 +105,13 @@ async def runs(fleet: Fleet, job: str) -> list[JobRun]:
     return list(reversed(await fleet.stores.jobs.runs(job, 1000)))
 
 
+async def wait_for_two_runs(fleet: Fleet, job: str, what: str) -> None:
+    """Until two of ``job``'s slots have run to success."""
+    async def two_done() -> bool:
+        return sum(r.outcome is RunOutcome.SUCCEEDED for r in await runs(fleet, job)) >= 2
+    await wait_until(two_done, 30, what)
+
+
 def leader(fleet: Fleet, skip: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
     leaders = []
     for name, worker in fleet.workers.items():
@@ -165,9 +172,7 @@ async def test_a_paused_leaders_late_write_is_refused_and_no_slot_runs_twice(
     sink = await make_sink(fleet, backend)
     await put_job(fleet, "pausable", writing_job(tmp_path, sink.name, delay_s=0.7))
 
-    async def two_done() -> bool:
-        return sum(r.outcome is RunOutcome.SUCCEEDED for r in await runs(fleet, "pausable")) >= 2
-    await wait_until(two_done, 30, "two slots run")
+    await wait_for_two_runs(fleet, "pausable", "two slots run")
     old = leader(fleet)
     assert old is not None
 
@@ -241,9 +246,7 @@ async def test_kill_9_of_the_leader_and_its_successor_skips_and_doubles_no_slot(
     await put_job(fleet, "pair", writing_job(tmp_path, sink.name, delay_s=0.1),
                   catch_up=True)
 
-    async def running() -> bool:
-        return sum(r.outcome is RunOutcome.SUCCEEDED for r in await runs(fleet, "pair")) >= 2
-    await wait_until(running, 30, "the job running")
+    await wait_for_two_runs(fleet, "pair", "the job running")
     old = leader(fleet)
     assert old is not None
     successor = min(name for name in fleet.workers if name != old)
@@ -271,9 +274,7 @@ async def test_a_rolling_restart_neither_doubles_nor_skips_a_slot(
     await put_job(fleet, "rolling", writing_job(tmp_path, sink.name, delay_s=0.1),
                   catch_up=True)
 
-    async def started() -> bool:
-        return sum(r.outcome is RunOutcome.SUCCEEDED for r in await runs(fleet, "rolling")) >= 2
-    await wait_until(started, 30, "the job running")
+    await wait_for_two_runs(fleet, "rolling", "the job running")
     for i, name in enumerate(sorted(fleet.workers)):
         worker = fleet.workers[name]
         worker.drain(timeout=20)
@@ -307,9 +308,7 @@ async def test_a_redis_restart_with_aof_keeps_the_lease_and_doubles_no_slot(
     sink = await make_sink(fleet, env)
     await put_job(fleet, "survivor", writing_job(tmp_path, sink.name, delay_s=0.1))
 
-    async def two_done() -> bool:
-        return sum(r.outcome is RunOutcome.SUCCEEDED for r in await runs(fleet, "survivor")) >= 2
-    await wait_until(two_done, 30, "two slots run")
+    await wait_for_two_runs(fleet, "survivor", "two slots run")
     before = {r.slot for r in await runs(fleet, "survivor")}
     redis_server.stop(signal.SIGKILL)  # a crash: only what AOF (fsync always) kept survives
     redis_server.start()

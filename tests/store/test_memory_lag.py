@@ -4,6 +4,7 @@ version log under them (``streamlease.store.versions``)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -78,6 +79,14 @@ def stale(seconds: float) -> tuple[MemoryStore, ManualClock]:
                        stale_reads_s=seconds, rng=random.Random(3)), clock
 
 
+async def owners_seen(clock: ManualClock, at: float,
+                      owner_of: Callable[[], Awaitable[str | None]]) -> set[str | None]:
+    """The owners 50 eventually consistent reads show at ``at``: each draws its own
+    staleness."""
+    clock.now = at
+    return {await owner_of() for _ in range(50)}
+
+
 async def test_an_eventually_consistent_read_may_see_the_previous_version() -> None:
     memory, clock = stale(1.0)
     await memory.put_started("a", "wss://x/")
@@ -86,14 +95,13 @@ async def test_an_eventually_consistent_read_may_see_the_previous_version() -> N
     assert got is not None
     written = clock.now
 
+    async def owner() -> str | None:
+        (record,) = (await memory.check_many(["a"])).values()
+        assert record is not None
+        return record.lease_owner
+
     async def owners(after: float) -> set[str | None]:
-        clock.now = written + after
-        seen = set()
-        for _ in range(50):
-            (record,) = (await memory.check_many(["a"])).values()
-            assert record is not None
-            seen.add(record.lease_owner)
-        return seen
+        return await owners_seen(clock, written + after, owner)
 
     assert await owners(0.0) == {None}  # up to a second old, and the write is now
     assert await owners(0.5) == {None, "w1"}  # each read draws its own staleness
@@ -112,13 +120,12 @@ async def test_a_calm_leader_lease_read_may_see_the_lease_as_it_was() -> None:
     assert fence is not None
     written = clock.now
 
+    async def owner() -> str | None:
+        record = await leader.read("lease", consistent=False)
+        return None if record is None else record.owner
+
     async def owners(after: float) -> set[str | None]:
-        clock.now = written + after
-        seen = set()
-        for _ in range(50):
-            record = await leader.read("lease", consistent=False)
-            seen.add(None if record is None else record.owner)
-        return seen
+        return await owners_seen(clock, written + after, owner)
 
     assert await owners(0.0) == {None}  # up to a second old, and the lease is now
     assert await owners(0.5) == {None, "a"}
