@@ -236,7 +236,8 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
         # item, so the stream's next holder links to it (streamlease.tracing).
         stores.fleet, OnBehalfReleases(stores.leases), clock, metrics,
         MembershipSettings(owner, config.max_streams, member_timings(config),
-                           fleet_view=config.fleet_view),
+                           fleet_view=config.fleet_view,
+                           members_per_key=config.members_per_key),
         Hooks(held=held,
               fenced=on_reconciler(lambda r: r.member_lost(True)),
               self_fenced=on_reconciler(lambda r: r.member_lost(False)),
@@ -244,6 +245,7 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
               proven=member_proven, beat=member_beat,
               leading=lambda: bool(wired) and wired[0].leadership.leading,
               leader=lambda: wired[0].leadership.leader_seen() if wired else None,
+              leader_fence=lambda: wired[0].leadership.fence() if wired else 0,
               orphans=lambda: wired[0].reconciler.orphans_seen() if wired else 0,
               notice=lambda notice: wired[0].reconciler.notice(notice) if wired else None,
               feed_resumed=on_reconciler(lambda r: r.feed_resumed())))

@@ -21,6 +21,7 @@ from typing import Any
 
 from streamlease.core.backends import RedisTarget, parse_leader_backend
 from streamlease.core.frames import MAX_SEQ
+from streamlease.core.layout import MEMBERS_PER_KEY
 from streamlease.core.lease import LeaseTimings, heartbeat_problems
 from streamlease.core.profiles import (
     BUILTIN,
@@ -221,6 +222,10 @@ SETTINGS: tuple[Setting, ...] = (
             "leader: members read only the fleet leader's row and plan from its bulletin "
             "(reads flat in fleet size); all: every member reads every member row",
             choice("leader", "all")),
+    Setting("STREAMLEASE_MEMBERS_PER_KEY", "members_per_key", str(MEMBERS_PER_KEY),
+            "member rows per partition key before the fleet leader spreads them over more "
+            "keys (each key then also holds a copy of the leader's bulletin)",
+            count(1, 100_000)),
     Setting("STREAMLEASE_CHANGE_FEED", "change_feed", "on",
             "on: the fleet leader tails the streams table's DynamoDB stream (where the table "
             "has one) and tells holders of changes; off: the fleet polls for them",
@@ -304,6 +309,7 @@ class WorkerConfig:
     stream_check_s: float
     min_hold_s: float
     fleet_view: str  # "leader" (plan from the leader's bulletin) or "all" (read every row)
+    members_per_key: int  # member rows per key before the layout spreads (core.layout)
     change_feed: str  # "on" (the leader tails the streams table's stream) or "off"
     leader_backend: str | RedisTarget  # "dynamodb", or where the Redis server is
     job_grace_s: float

@@ -65,6 +65,10 @@ class Leadership:
     def leading(self) -> bool:
         return self.lease is not None and self.lease.may_write()
 
+    def fence(self) -> int:
+        """The fence of the lease this worker holds (0 while it does not lead)."""
+        return self.lease.fence if self.lease is not None else 0
+
     def leader_seen(self) -> str | None:
         """The fleet leader as this worker last knew it: itself while it leads, else the
         holder its campaign last read (None: nobody, or not known)."""

@@ -28,6 +28,12 @@ Two loops (the rules are in ``streamlease.core.membership``):
   later. A new leader starts observing afresh, so while leadership changes hands, deaths
   are seen up to one leader take-over later.
 
+A fleet too large for one key spreads its rows over several (``streamlease.core.layout``):
+the leader moves the layout up once every row says it can read it, reads every key, and
+after each heartbeat copies its bulletin, with its own counter, into a replica in each key
+(``_replica_loop``); a member then reads its own key's replica instead of the leader's
+row, and watches the leader's counter there.
+
 Lease upkeep is therefore O(workers): a member write every heartbeat per worker, however
 many streams it holds; each stream's own lease is renewed only every
 ``STREAM_RENEW_SECONDS``.
@@ -46,10 +52,12 @@ from typing import Any
 
 from streamlease.clock import Clock, sleep_unless
 from streamlease.core import bulletin as bulletins
+from streamlease.core import layout
 from streamlease.core.backoff import Backoff, jittered
 from streamlease.core.bulletin import Bulletin
 from streamlease.core.deal import deal_window_s
 from streamlease.core.keepalive import KeepOutcome, KeepState
+from streamlease.core.layout import MEMBERS_PER_KEY, Replica
 from streamlease.core.membership import (
     FenceCause,
     HeartbeatOutcome,
@@ -102,6 +110,8 @@ class MembershipSettings:
     timings: MemberTimings
     # "leader": read the leader's bulletin when there is one; "all": read every row
     fleet_view: str = "leader"
+    # members per key before the leader spreads the rows (``core.layout``)
+    members_per_key: int = MEMBERS_PER_KEY
 
 
 @dataclass
@@ -117,6 +127,7 @@ class Hooks:
     beat: Callable[[HeartbeatOutcome, float], None] = lambda outcome, seconds: None
     leading: Callable[[], bool] = lambda: True  # dead rows are deleted by the leader only
     leader: Callable[[], str | None] = lambda: None  # the fleet leader, as last seen
+    leader_fence: Callable[[], int] = lambda: 0  # this leader's lease fence (replicas)
     orphans: Callable[[], int] = lambda: 0  # servable orphans, as this worker last saw them
     # the leader's notice for this worker (streamlease.core.notices)
     notice: Callable[[Notice], None] = lambda notice: None
@@ -206,6 +217,13 @@ class Membership(FleetKnowledge):
         self.superseded: MemberRecord | None = None
         self.status = MemberStatus.ACTIVE
         self.handoffs = 0
+        self.shard = 0  # the key of this worker's row (``core.layout``), for life
+        self.shards = 1  # the layout as last read
+        self._layout_held = False  # said once that a row keeps the layout from spreading
+        # The bulletin (and the counter of the heartbeat that carried it) the leader's
+        # replicas are to show; the replica loop writes the newest.
+        self._replica_due: tuple[str, int, int] | None = None
+        self._replica_wake = asyncio.Event()
         # Nothing is proven before registration: may_write is false until then.
         self.liveness = Liveness(self.timings, deadline=float("-inf"))
         self.view = FleetView()
@@ -374,6 +392,7 @@ class Membership(FleetKnowledge):
                                            timeout=self.timings.lease_s,
                                            incarnation=self.incarnation)
         self.epoch = record.epoch
+        self.shard = record.shard
         self.liveness = Liveness.registered(sent, self.timings)
         if self.status is MemberStatus.DRAINING:
             self._beat_now.set()  # fenced while draining: say so again at once
@@ -413,7 +432,8 @@ class Membership(FleetKnowledge):
         """A clean exit (every stream released): remove this incarnation's row."""
         self._stop.set()
         try:
-            await self.fleet.leave(self.me, self.epoch, timeout=self.timings.heartbeat_s)
+            await self.fleet.leave(self.me, self.epoch, timeout=self.timings.heartbeat_s,
+                                   shard=self.shard)
         except StoreError as exc:
             event(logging.WARNING, "member.leave_failed",
                   "could not remove the member row; peers will declare it dead",
@@ -422,6 +442,7 @@ class Membership(FleetKnowledge):
     def stop(self) -> None:
         self._stop.set()
         self._beat_now.set()
+        self._replica_wake.set()
         for task in list(self._tasks):
             task.cancel()
 
@@ -430,6 +451,7 @@ class Membership(FleetKnowledge):
             self._tg = tg
             tg.create_task(self._heartbeat_loop(), name="member heartbeat")
             tg.create_task(self._observe_loop(), name="member observe")
+            tg.create_task(self._replica_loop(), name="member replicas")
             if self._leftovers_again:
                 self._leftovers_again = False
                 self._spawn(self._release_leftovers(min(SECOND_PASS_S, self.timings.lease_s)))
@@ -460,14 +482,20 @@ class Membership(FleetKnowledge):
         """One heartbeat: the row's counter moves on if the epoch is still ours."""
         sent = self._last_beat = self.clock.monotonic()
         composed = self._composed if self.hooks.leading() else None
+        text = bulletins.encode(composed) if composed is not None else None
         result = await self.fleet.heartbeat(
             self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
-            self.handoffs, self.clock.wall_ms(), timeout=timeout,
-            bulletin=bulletins.encode(composed) if composed is not None else None)
-        if composed is not None and composed.notices and \
+            self.handoffs, self.clock.wall_ms(), timeout=timeout, bulletin=text,
+            shard=self.shard)
+        if composed is not None and text is not None and \
                 result.outcome is HeartbeatOutcome.RENEWED:
-            self._published = max(self._published, composed.notices[-1].n)
-            self._published_changed.set()
+            newest = composed.notices[-1].n if composed.notices else 0
+            if composed.shards > 1 and result.heartbeat is not None:
+                # Members read the replicas: a notice is out once they carry it.
+                self._replica_due = (text, result.heartbeat, newest)
+                self._replica_wake.set()
+            elif newest:
+                self._mark_published(newest)
         now = self.clock.monotonic()
         label = heartbeat_label(result.outcome)
         event(logging.DEBUG, "member.beat", "heartbeat answered", seconds=round(now - sent, 3),
@@ -477,6 +505,41 @@ class Membership(FleetKnowledge):
         if heartbeat_strained(result.outcome, now - sent, self.timings.slow_heartbeat_s):
             self._strained_until = now + 2 * self.timings.heartbeat_s
         return result
+
+    def _mark_published(self, newest: int) -> None:
+        self._published = max(self._published, newest)
+        self._published_changed.set()
+
+    async def _replica_loop(self) -> None:
+        """While leading a spread layout: copy each bulletin the leader's heartbeat wrote,
+        with that heartbeat's counter, into every key (the newest one: a bulletin that a
+        newer one overtook while the keys were written is skipped)."""
+        while not self._stop.is_set():
+            await sleep_unless(self.timings.heartbeat_s, self._replica_wake, self._stop)
+            self._replica_wake.clear()
+            due, self._replica_due = self._replica_due, None
+            if due is None or not self.hooks.leading():
+                continue
+            text, counter, newest = due
+            replica = Replica(leader=self.me, shard=self.shard, epoch=self.epoch,
+                              heartbeat=counter, fence=self.hooks.leader_fence(),
+                              shards=self.shards, bulletin=text)
+            try:
+                await self.fleet.publish(replica, self.shards,
+                                         timeout=self.timings.heartbeat_s)
+            except StoreError as exc:
+                self.metrics.replica_failed()
+                event(logging.WARNING, "member.replica_failed",
+                      "could not copy the bulletin into every member key; the next "
+                      "heartbeat's copy retries", shards=self.shards, error=str(exc))
+                continue
+            except Exception:
+                self.metrics.task_crashed("membership")
+                event(logging.ERROR, "member.replica_crashed", "copying the bulletin crashed",
+                      exc_info=True)
+                continue
+            if newest:
+                self._mark_published(newest)
 
     def _on_step(self, step: Step[HeartbeatResult]) -> None:
         """A heartbeat or the deadline, as the liveness took it."""
@@ -616,8 +679,15 @@ class Membership(FleetKnowledge):
         # twice as often as a consistent read would costs the leader's key nothing more.
         # A read a moment old only delays a notice; a stale counter only delays finding
         # the leader dead (and fencing it is conditioned on the counter as seen).
-        row = await self.fleet.member(leader, timeout=self.timings.heartbeat_s,
-                                      consistent=False)
+        row: MemberRecord | None
+        if self.shards > 1:
+            # A spread layout: this worker's own key holds the leader's bulletin, copied.
+            replica = await self.fleet.replica(self.shard, timeout=self.timings.heartbeat_s)
+            row = replica.leader_row() \
+                if replica is not None and replica.leader == leader else None
+        else:
+            row = await self.fleet.member(leader, timeout=self.timings.heartbeat_s,
+                                          consistent=False)
         received = self.clock.monotonic()
         if row is not None and self._read_before(row):
             return True  # older than a row already read: nothing in it is news
@@ -635,6 +705,7 @@ class Membership(FleetKnowledge):
                       "the leader's row carries a bulletin this worker cannot read; "
                       "reading every member row instead", leader=leader)
             return False
+        self.shards = max(self.shards, news.shards)
         dead = self.observer.observe([row], sent, received)
         self._read_all_leading = False
         self._composed = None  # not leading: nothing of an earlier term is written
@@ -685,8 +756,9 @@ class Membership(FleetKnowledge):
 
     async def _observe_all(self) -> None:
         sent = self.clock.monotonic()
-        members = await self.fleet.members(timeout=self.timings.heartbeat_s)
+        members, self.shards = await self.fleet.roster(timeout=self.timings.heartbeat_s)
         received = self.clock.monotonic()
+        self.metrics.member_keys(self.shards)
         dead = self.observer.observe(members, sent, received)
         before = self.view
         self.view = FleetView(tuple(members), frozenset(m.worker_id for m in dead))
@@ -701,6 +773,7 @@ class Membership(FleetKnowledge):
                 self._handed_over_at = received
             self._read_all_leading = True
             self.compose(received)
+            await self._consider_spread(members)
         else:
             self.bulletin = self._composed = None
             self._read_all_leading = False
@@ -745,16 +818,53 @@ class Membership(FleetKnowledge):
                                  total_at_least=max(n for _, n in self._totals),
                                  name_donors=not settling)
         vouch = self._vouch if self._feed_up and not self.notices.overflowed(now) else 0
-        news = dataclasses.replace(news, feed=vouch, notices=self.notices.current(now))
+        news = dataclasses.replace(news, feed=vouch, notices=self.notices.current(now),
+                                   shards=self.shards)
         before, self._composed = self._composed, news
         self.bulletin = news
         if before is not None and \
-                (news.gen, news.draining, news.donors, news.deals, news.feed) == \
-                (before.gen, before.draining, before.donors, before.deals, before.feed) and \
+                (news.gen, news.draining, news.donors, news.deals, news.feed, news.shards) == \
+                (before.gen, before.draining, before.donors, before.deals, before.feed,
+                 before.shards) and \
                 {x.n for x in news.notices} <= {x.n for x in before.notices}:
             return  # counts only (or notices expired): the next heartbeat carries them
         self._publish_now.set()
         self._beat_now.set()
+
+    async def _consider_spread(self, members: list[MemberRecord]) -> None:
+        """The leader moves the layout up when its keys hold more rows than
+        ``members_per_key`` each (``layout.shards_for``), once every row may read it (one
+        conditional write, rarely: in the read's own step)."""
+        live = sum(1 for m in members if m.status is not MemberStatus.DEAD)
+        want = layout.shards_for(live, self.shards, self.settings.members_per_key)
+        if want <= self.shards:
+            return
+        if not layout.may_spread(members):
+            if not self._layout_held:
+                self._layout_held = True
+                older = sorted(m.worker_id for m in members if m.status is not
+                               MemberStatus.DEAD and not layout.reads_layout(m))
+                event(logging.WARNING, "member.layout_held",
+                      "member rows would spread over more keys, but some members run a "
+                      "release that cannot read a spread layout", shards=self.shards,
+                      want=want, members=live, older=older[:10], older_count=len(older))
+            return
+        self._layout_held = False
+        try:
+            if await self.fleet.spread(want, timeout=self.timings.heartbeat_s):
+                event(logging.WARNING, "member.layout_spread",
+                      "member rows spread over more keys (new rows take the new keys)",
+                      shards=want, was=self.shards, members=live)
+        except StoreError as exc:
+            event(logging.WARNING, "member.layout_failed",
+                  "could not spread member rows over more keys; the next read retries",
+                  shards=want, error=str(exc))
+            return
+        # From the next bulletin on, the heartbeat copies it into every key (the layout is
+        # that large now, whoever moved it).
+        self.shards = max(self.shards, want)
+        self.metrics.member_keys(self.shards)
+        self._recompose()
 
     def _my_turn(self, takeover: _Takeover, now: float) -> bool:
         """The leader, or else the first live member by id, fences at once; the others
@@ -850,7 +960,7 @@ class Membership(FleetKnowledge):
                   failed=failed_again)
             return
         await self.fleet.mark_released(fenced.worker_id, fenced.epoch,
-                                       timeout=self.timings.heartbeat_s)
+                                       timeout=self.timings.heartbeat_s, shard=fenced.shard)
         event(logging.INFO, "member.released", "released a dead member's streams",
               member=fenced.worker_id, epoch=fenced.epoch, streams=released)
 
@@ -922,7 +1032,7 @@ class Membership(FleetKnowledge):
     async def _forget(self, member: MemberRecord) -> None:
         try:
             await self.fleet.leave(member.worker_id, member.epoch,
-                                   timeout=self.timings.heartbeat_s)
+                                   timeout=self.timings.heartbeat_s, shard=member.shard)
         except StoreError as exc:
             event(logging.WARNING, "member.forget_failed", "could not delete a dead member's row",
                   member=member.worker_id, error=str(exc))

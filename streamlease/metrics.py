@@ -168,6 +168,13 @@ class Metrics:
             p + "bulletin_unreadable",
             "Reads of the leader's row whose bulletin could not be read (every member row "
             "was read instead)", registry=r)
+        self._replica_failed = Counter(
+            p + "bulletin_replica_failures",
+            "Copies of the leader's bulletin into the member keys of a spread layout that "
+            "failed (the next heartbeat's copy retries)", registry=r)
+        self._member_keys = Gauge(
+            p + "member_keys", "Partition keys the fleet's member rows spread over, as this "
+            "worker last read the layout", registry=r)
         self._declared_dead = Counter(p + "members_declared_dead",
                                       "Members this worker fenced after observing them dead",
                                       registry=r)
@@ -426,6 +433,12 @@ class Metrics:
 
     def bulletin_unreadable(self) -> None:
         self._bulletin_unreadable.inc()
+
+    def replica_failed(self) -> None:
+        self._replica_failed.inc()
+
+    def member_keys(self, shards: int) -> None:
+        self._member_keys.set(shards)
 
     def member_declared_dead(self) -> None:
         self._declared_dead.inc()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from streamlease.app import _run_until_drained
+from streamlease.core.layout import MEMBERS_PER_KEY
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberRecord, MemberStatus, MemberTimings
 from streamlease.core.model import OwnedStream
@@ -198,14 +199,14 @@ async def test_a_strained_store_is_read_once_a_heartbeat_instead_of_twice() -> N
     await m.register()
     task = asyncio.create_task(m.run())
     await asyncio.sleep(1.0)
-    before = store.count("members")
+    before = store.count("roster")
     await asyncio.sleep(5.0)
-    healthy = store.count("members") - before
+    healthy = store.count("roster") - before
     store.fail("heartbeat", times=-1, delay=T.heartbeat_s / 2)  # slow, then unanswered
     await asyncio.sleep(1.0)
-    before = store.count("members")
+    before = store.count("roster")
     await asyncio.sleep(5.0)
-    strained = store.count("members") - before
+    strained = store.count("roster") - before
     assert healthy >= 18 and strained <= 12, (healthy, strained)  # every 0.25 s vs 0.5 s
     m.stop()
     await asyncio.gather(task, return_exceptions=True)
@@ -407,14 +408,18 @@ async def test_a_failing_takeover_task_is_logged_counted_and_the_member_goes_on(
 
 
 def fleet_member(memory: MemoryStore, name: str, leader: list[str],
-                 held: int = 0, timings: MemberTimings = T) -> tuple[Membership, FaultyStore]:
-    """A member on its own call-counting view of one table; ``leader[0]`` leads."""
+                 held: int = 0, timings: MemberTimings = T,
+                 per_key: int = MEMBERS_PER_KEY) -> tuple[Membership, FaultyStore]:
+    """A member on its own call-counting view of one table; ``leader[0]`` leads (under a
+    leader-lease fence of its position in ``leader``'s history: 1 for the first)."""
     store = FaultyStore(memory)
     hooks = Hooks(held=lambda: held, fenced=lambda: None, self_fenced=lambda: None,
                   fleet_changed=lambda: None, leading=lambda: bool(leader) and leader[0] == name,
-                  leader=lambda: leader[0] if leader else None)
+                  leader=lambda: leader[0] if leader else None,
+                  leader_fence=lambda: len(leader))
     return Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
-                      MembershipSettings(name, 10, timings), hooks), store
+                      MembershipSettings(name, 10, timings, members_per_key=per_key),
+                      hooks), store
 
 
 Pairs = dict[str, tuple[Membership, FaultyStore]]
@@ -444,9 +449,9 @@ async def test_members_other_than_the_leader_read_only_the_leaders_row() -> None
         store.calls.clear()
     await asyncio.sleep(10 * T.heartbeat_s)
     a, b = pairs["a"], pairs["b"]
-    assert a[1].count("members") >= 10 and a[1].count("member") == 0
+    assert a[1].count("roster") >= 10 and a[1].count("member") == 0
     for m, store in (b, pairs["c"]):
-        assert store.count("members") == 0 and store.count("member") >= 10
+        assert store.count("roster") == 0 and store.count("member") >= 10
         assert m.bulletin == a[0].bulletin
     news = b[0].bulletin
     assert news is not None and (news.level, news.total, news.active) == (4, 12, 3)
@@ -490,7 +495,7 @@ async def test_an_unreadable_bulletin_is_counted_and_every_row_is_read_instead(
     await b._observe()
     assert b.reading_all and b.bulletin is None
     assert {m.worker_id for m in b.view.members} == {"a", "b"}
-    assert store.count("member") == 1 and store.count("members") == 1
+    assert store.count("member") == 1 and store.count("roster") == 1
     assert b.metrics.registry.get_sample_value("streamlease_bulletin_unreadable_total") == 1
     assert any(getattr(r, "sl_event", "") == "member.bulletin_unreadable"
                for r in caplog.records)

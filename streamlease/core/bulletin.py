@@ -25,7 +25,9 @@ not grow with the fleet. The bulletin carries:
   notices are complete (members then stop polling for STOPPED flips and changed items),
   and the notices themselves (``streamlease.core.notices``). ``feed`` is 0 when the leader
   does not vouch, else the number of its current stretch of vouching: it moves on whenever
-  vouching resumed after a gap, so a member that saw no gap still knows there was one.
+  vouching resumed after a gap, so a member that saw no gap still knows there was one;
+* ``shards`` — how many keys the member rows spread over (``streamlease.core.layout``):
+  above 1, the leader copies the bulletin into each key and a member reads its own.
 
 Everything here is pure: no I/O, no clock.
 """
@@ -82,6 +84,7 @@ class Bulletin:
     feed: int = 0  # 0: not vouched for; else the leader's vouching stretch
     notices: tuple[Notice, ...] = ()
     successor: str | None = None  # None: every member campaigns at full pace
+    shards: int = 1  # the member layout
 
     def share_of(self, capacity: int) -> int:
         return max(0, min(capacity, self.level))
@@ -163,6 +166,7 @@ def plan_from(bulletin: Bulletin, me: str, capacity: int, keeping: int, active: 
 
 
 def encode(bulletin: Bulletin) -> str:
+    layout = {"k": bulletin.shards} if bulletin.shards > 1 else {}
     return json.dumps({
         "g": bulletin.gen, "l": bulletin.level, "t": bulletin.total, "d": bulletin.deficit,
         "b": bulletin.below, "a": bulletin.active, "dr": int(bulletin.draining),
@@ -172,7 +176,7 @@ def encode(bulletin: Bulletin) -> str:
         "s": [[k, v] for k, v in bulletin.statuses],
         "f": int(bulletin.feed),
         "n": [[x.n, x.member, x.stream, x.kind.value] for x in bulletin.notices],
-        "su": bulletin.successor,
+        "su": bulletin.successor, **layout,
     }, separators=(",", ":"))
 
 
@@ -196,7 +200,9 @@ def decode(text: str | None) -> Bulletin | None:
             notices=tuple(Notice(_int(n), _str(m), _str(s), NoticeKind(_str(k)))
                           for n, m, s, k in raw.get("n", []) if k in NOTICE_KINDS),
             # A bulletin from a leader that names none: everyone campaigns at full pace.
-            successor=None if raw.get("su") is None else _str(raw["su"]))
+            successor=None if raw.get("su") is None else _str(raw["su"]),
+            # A bulletin from a leader of one key (or of an older release) names none.
+            shards=max(1, _int(raw.get("k", 1))))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     if len(news.notices) != len(raw.get("n", [])):

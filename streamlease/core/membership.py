@@ -61,6 +61,9 @@ class MemberRecord:
     incarnation: str | None = None  # a nonce per process, written by each registration
     fenced_by: str | None = None  # DEAD rows: the peer that fenced it
     bulletin: str | None = None  # the leader's row: its bulletin (``core.bulletin``)
+    shard: int = 0  # the key it lives under (``core.layout``)
+    # the incarnation nonce of a process that reads spread layouts (``core.layout``)
+    reads_layout: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:

@@ -7,6 +7,9 @@ says what an item is, so each kind is read with one Query:
 |---|---|---|
 | ``MEMBER`` | worker id | a member row: epoch, heartbeat counter, status, streams held |
 | ``MEMBER`` | ``HIGH_WATER_SK`` | the highest epoch any deleted member row carried |
+| ``MEMBER`` | ``LAYOUT_SK`` | how many keys member rows spread over (``core.layout``) |
+| ``MEMBER#<n>`` | worker id | a member row in key ``n`` of a spread layout |
+| ``MEMBER`` / ``MEMBER#<n>`` | ``REPLICA_SK`` | a spread layout: the leader's bulletin, copied |
 | ``LEADER`` | lease name | a leader lease: owner, fence, heartbeat counter, expiry |
 | ``LEADER`` | ``FENCE_MARK_SK`` + lease name | the highest fence that lease ever handed out |
 | ``JOB`` | job name | a singleton job: schedule, command, timeout, catch-up |
@@ -21,6 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from streamlease.core import layout
 from streamlease.core.jobs import MAX_TIMEOUT_S, Job, JobRun, RunOutcome, UnreadableJob
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.membership import MemberRecord, MemberStatus, next_epoch
@@ -46,16 +50,73 @@ FENCED_BY = "fenced_by"
 FENCED_AT = "fenced_at_ms"
 INCARNATION = "incarnation"  # S: a nonce per process, written by each registration
 BULLETIN = "bulletin"  # S: the leader's bulletin (JSON, ``core.bulletin``), leader's row only
-# The epoch high-water item shares the MEMBER partition (one Query and the same IAM scope
-# as the rows) under a sort key no worker id can take: worker ids are printable, and this
-# starts with a control character. It has no status, so it never decodes as a member.
+READS_LAYOUT = "reads_layout"  # S: the incarnation of a process that reads spread layouts
+# The layout item and the bulletin replicas.
+SHARDS = "shards"  # N: the layout (``core.layout``)
+LEADER = "leader"  # S: a replica's leader
+LEADER_SHARD = "leader_shard"  # N: the key of the leader's own row
+LEADER_FENCE = "leader_fence"  # N: the leader lease's fence when the replica was written
+# The epoch high-water item, the layout item and the replicas share the member partitions
+# (one Query and the same IAM scope as the rows) under sort keys no worker id can take:
+# worker ids are printable, and these start with a control character. They have no
+# status, so none decodes as a member.
 HIGH_WATER_SK = "\x7fepoch-high-water"
+LAYOUT_SK = "\x7flayout"
+REPLICA_SK = "\x7fbulletin"
 
 Item = dict[str, Any]
 
 
-def member_key(worker_id: str) -> Item:
-    return {PK: s(MEMBER_PK), SK: s(worker_id)}
+def member_key(worker_id: str, shard: int = 0) -> Item:
+    return {PK: s(layout.partition(shard)), SK: s(worker_id)}
+
+
+def layout_key() -> Item:
+    return {PK: s(MEMBER_PK), SK: s(LAYOUT_SK)}
+
+
+def replica_key(shard: int) -> Item:
+    return {PK: s(layout.partition(shard)), SK: s(REPLICA_SK)}
+
+
+def decode_layout(item: Mapping[str, Any] | None) -> int:
+    """The layout in the layout item (1 if it does not exist or is unreadable)."""
+    return layout.valid_shards(_int(item, SHARDS, 1)) if item else 1
+
+
+def spread_expr(shards: int) -> Expr:
+    """Move the layout up to ``shards``; never down (a layout already that large fails)."""
+    return Expr(condition="attribute_not_exists(#shards) OR #shards < :shards",
+                update="SET #shards = :shards", names={"#shards": SHARDS},
+                values={":shards": n(shards)})
+
+
+def encode_replica(shard: int, replica: layout.Replica) -> Item:
+    return {**replica_key(shard), LEADER: s(replica.leader), LEADER_SHARD: n(replica.shard),
+            EPOCH: n(replica.epoch), HEARTBEAT: n(replica.heartbeat),
+            LEADER_FENCE: n(replica.fence), SHARDS: n(replica.shards),
+            BULLETIN: s(replica.bulletin)}
+
+
+def replica_condition(fence: int) -> Expr:
+    """A replica is replaced only by a leader under the same or a newer lease fence: a
+    deposed leader's late write does not hide its successor's bulletin."""
+    return Expr(condition="attribute_not_exists(#fence) OR #fence <= :fence",
+                names={"#fence": LEADER_FENCE}, values={":fence": n(fence)})
+
+
+def decode_replica(item: Mapping[str, Any] | None) -> layout.Replica | None:
+    """A bulletin replica (None if absent or unreadable)."""
+    if not item or _str(item, SK) != REPLICA_SK:
+        return None
+    leader, bulletin = _str(item, LEADER), _str(item, BULLETIN)
+    shard = _int(item, LEADER_SHARD, -1)
+    if not leader or bulletin is None or not 0 <= shard < layout.MAX_SHARDS:
+        return None
+    return layout.Replica(leader=leader, shard=shard, epoch=_int(item, EPOCH),
+                          heartbeat=_int(item, HEARTBEAT), fence=_int(item, LEADER_FENCE),
+                          shards=layout.valid_shards(_int(item, SHARDS, 1)),
+                          bulletin=bulletin)
 
 
 def high_water_key() -> Item:
@@ -86,7 +147,8 @@ def _str(item: Mapping[str, Any], name: str) -> str | None:
 
 def decode_member(item: Mapping[str, Any]) -> MemberRecord | None:
     """A member row, or None if the item is not one (or is unreadable)."""
-    if _str(item, PK) != MEMBER_PK:
+    shard = layout.shard_of_partition(_str(item, PK) or "")
+    if shard is None:
         return None
     worker_id = _str(item, SK)
     status_text = _str(item, STATUS)
@@ -106,6 +168,8 @@ def decode_member(item: Mapping[str, Any]) -> MemberRecord | None:
         incarnation=_str(item, INCARNATION),
         fenced_by=_str(item, FENCED_BY),
         bulletin=_str(item, BULLETIN),
+        shard=shard,
+        reads_layout=_str(item, READS_LAYOUT),
     )
 
 
@@ -113,7 +177,7 @@ _NAMES = {
     "#epoch": EPOCH, "#hb": HEARTBEAT, "#status": STATUS, "#streams": STREAMS,
     "#cap": CAPACITY, "#hbat": HEARTBEAT_AT, "#started": STARTED_AT, "#released": RELEASED,
     "#handoffs": HANDOFFS, "#by": FENCED_BY, "#at": FENCED_AT, "#inc": INCARNATION,
-    "#bulletin": BULLETIN,
+    "#bulletin": BULLETIN, "#layout": READS_LAYOUT,
 }
 
 
@@ -146,10 +210,10 @@ def register_expr(capacity: int, now_ms: int, status: MemberStatus, incarnation:
         condition=condition,
         update=(f"SET {epoch}, #hb = :zero, "
                 "#status = :status, #streams = :zero, #cap = :cap, #hbat = :now, "
-                "#started = :now, #released = :zero, #handoffs = :zero, #inc = :inc "
-                "REMOVE #by, #at"),
+                "#started = :now, #released = :zero, #handoffs = :zero, #inc = :inc, "
+                "#layout = :inc REMOVE #by, #at"),
         names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#hbat", "#started",
-                     "#released", "#handoffs", "#by", "#at", "#inc"),
+                     "#released", "#handoffs", "#by", "#at", "#inc", "#layout"),
         values={**values, ":zero": n(0), ":status": s(status.value),
                 ":cap": n(capacity), ":now": n(now_ms), ":inc": s(incarnation)},
     )

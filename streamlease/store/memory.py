@@ -33,9 +33,11 @@ import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from streamlease.core import layout
 from streamlease.core.fenced import HashSet, PutItem, Transaction
 from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
+from streamlease.core.layout import Replica
 from streamlease.core.leadership import LeaderRecord, next_fence, raised_fence_mark
 from streamlease.core.lease import (
     LeaseTimings,
@@ -142,7 +144,10 @@ class MemoryStore:
         self.events: dict[str, dict[int, Item]] = {}  # Pk -> Sk -> events item
         self.events_ttl_s = 0  # STREAMLEASE_EVENTS_TTL_SECONDS (items are kept, as DynamoDB
         # keeps an expired item until its TTL sweep gets to it)
-        self.members_by_id: dict[str, MemberRecord] = {}
+        self.members_by_id: dict[str, MemberRecord] = {}  # one row per worker id, any key
+        self.shards = 1  # the member layout (``core.layout``)
+        self.replicas: dict[int, Replica] = {}  # key -> the leader's bulletin, copied
+        self._replica_versions: VersionLog[str, Replica] = VersionLog(stale)
         self.epoch_high_water = 0  # the highest epoch any deleted member row carried
         self.leaders: dict[str, LeaderRecord] = {}
         self.leader_fence_marks: dict[str, int] = {}  # lease name -> highest fence handed out
@@ -393,17 +398,25 @@ class MemoryStore:
         self._called("register")
         old = self.members_by_id.get(worker_id)
         epoch = next_epoch(old.epoch if old else None, self.epoch_high_water, now_wall_ms)
+        # An existing row is moved on under its key; a new one goes where the layout says.
+        shard = old.shard if old else layout.shard_of(worker_id, self.shards)
         record = MemberRecord(worker_id, epoch, 0, status, 0, capacity, now_wall_ms,
-                              incarnation=incarnation)
+                              incarnation=incarnation, shard=shard, reads_layout=incarnation)
         self._put_member(worker_id, record)
         return record
+
+    def _row(self, worker_id: str, shard: int) -> MemberRecord | None:
+        """The row of ``worker_id`` if it lives under ``shard`` (a write under another key
+        finds no row, as on DynamoDB)."""
+        row = self.members_by_id.get(worker_id)
+        return row if row is not None and row.shard == shard else None
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,
                         timeout: float | None = None,
-                        bulletin: str | None = None) -> HeartbeatResult:
+                        bulletin: str | None = None, shard: int = 0) -> HeartbeatResult:
         self._called("heartbeat")
-        old = self.members_by_id.get(worker_id)
+        old = self._row(worker_id, shard)
         if old is None or old.epoch != epoch:
             return HeartbeatResult(HeartbeatOutcome.FENCED)
         new = dataclasses.replace(old, heartbeat=old.heartbeat + 1, status=status,
@@ -413,10 +426,11 @@ class MemoryStore:
         return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat)
 
     async def member(self, worker_id: str, timeout: float | None = None,
-                     consistent: bool = True) -> MemberRecord | None:
+                     consistent: bool = True, shard: int = 0) -> MemberRecord | None:
         self._called("member")
-        return self._as_read(self._member_versions, worker_id,
-                             self.members_by_id.get(worker_id), consistent)
+        row = self._as_read(self._member_versions, worker_id,
+                            self.members_by_id.get(worker_id), consistent)
+        return row if row is not None and row.shard == shard else None
 
     def _as_read(self, versions: VersionLog[str, V], key: str, current: V | None,
                  consistent: bool) -> V | None:
@@ -449,13 +463,43 @@ class MemoryStore:
         self.leaders[name] = record
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
+        return (await self.roster(timeout))[0]
+
+    async def roster(self, timeout: float | None = None) -> tuple[list[MemberRecord], int]:
         self._called("members")
-        return sorted(self.members_by_id.values(), key=lambda m: m.worker_id)
+        return sorted(self.members_by_id.values(), key=lambda m: m.worker_id), self.shards
+
+    async def spread(self, shards: int, timeout: float | None = None) -> bool:
+        self._called("spread")
+        shards = layout.valid_shards(shards)
+        if shards <= self.shards:
+            return False
+        self.shards = shards
+        return True
+
+    async def publish(self, replica: Replica, shards: int,
+                      timeout: float | None = None) -> int:
+        self._called("publish")
+        written = 0
+        for shard in range(layout.valid_shards(shards)):
+            old = self.replicas.get(shard)
+            if old is not None and old.fence > replica.fence:
+                continue  # a newer leader's
+            if self.stale_reads_s:
+                self._replica_versions.record(str(shard), old, self.clock.monotonic())
+            self.replicas[shard] = replica
+            written += 1
+        return written
+
+    async def replica(self, shard: int, timeout: float | None = None) -> Replica | None:
+        self._called("replica")
+        return self._as_read(self._replica_versions, str(shard), self.replicas.get(shard),
+                             consistent=False)
 
     async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
                     timeout: float | None = None) -> MemberRecord | None:
         self._called("fence")
-        old = self.members_by_id.get(seen.worker_id)
+        old = self._row(seen.worker_id, seen.shard)
         if old is None or old.key != seen.key or old.status is MemberStatus.DEAD:
             return None
         new = dataclasses.replace(old, epoch=old.epoch + 1, status=MemberStatus.DEAD,
@@ -464,18 +508,19 @@ class MemoryStore:
         return new
 
     async def mark_released(self, worker_id: str, epoch: int,
-                            timeout: float | None = None) -> bool:
+                            timeout: float | None = None, shard: int = 0) -> bool:
         self._called("mark_released")
-        old = self.members_by_id.get(worker_id)
+        old = self._row(worker_id, shard)
         if old is None or old.epoch != epoch or old.status is not MemberStatus.DEAD:
             return False
         self._put_member(worker_id, dataclasses.replace(old, released=True))
         return True
 
-    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None,
+                    shard: int = 0) -> bool:
         self._called("leave")
         self.epoch_high_water = raised_high_water(self.epoch_high_water, epoch)
-        old = self.members_by_id.get(worker_id)
+        old = self._row(worker_id, shard)
         if old is None or old.epoch != epoch:
             return False
         self._put_member(worker_id, None)

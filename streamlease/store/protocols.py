@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from streamlease.core.fenced import PutItem
 from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, UnreadableJob
+from streamlease.core.layout import Replica
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.lease import LeaseTimings, RenewOutcome
 from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
@@ -174,29 +175,47 @@ class Sink(Protocol):
 
 
 class FleetStore(Protocol):
-    """Member rows in the fleet table."""
+    """Member rows in the fleet table, spread over one or more keys (``core.layout``)."""
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
                        status: MemberStatus = MemberStatus.ACTIVE,
                        timeout: float | None = None, incarnation: str = "") -> MemberRecord:
         """A new incarnation of this worker: a new epoch (above every earlier one, also
         if the row was deleted, whatever the wall clock says), counter 0, and the
-        registering process's ``incarnation`` nonce in the row."""
+        registering process's ``incarnation`` nonce in the row. An existing row of this
+        worker id is moved on under its key; a new one is created under the key the
+        layout gives it (the record's ``shard``)."""
 
     async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
                         capacity: int, handoffs: int, now_wall_ms: int,
                         timeout: float | None = None,
-                        bulletin: str | None = None) -> HeartbeatResult:
+                        bulletin: str | None = None, shard: int = 0) -> HeartbeatResult:
         """Counter + 1 under this epoch; FENCED if the epoch moved on. The row carries
         ``bulletin`` afterwards (None: no bulletin)."""
 
     async def member(self, worker_id: str, timeout: float | None = None,
-                     consistent: bool = True) -> MemberRecord | None:
+                     consistent: bool = True, shard: int = 0) -> MemberRecord | None:
         """One member row (None if it does not exist); ``consistent=False``: an eventually
         consistent read, half the read units, possibly a moment old."""
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
-        """Every member row, in one consistent Query."""
+        """Every member row under every key of the layout (``roster``), consistently."""
+
+    async def roster(self, timeout: float | None = None) -> tuple[list[MemberRecord], int]:
+        """Every member row, sorted by worker id, and the layout they were read under: one
+        consistent Query per key (the ``MEMBER`` key's answer carries the layout)."""
+
+    async def spread(self, shards: int, timeout: float | None = None) -> bool:
+        """Move the layout up to ``shards`` keys (False: it is already that large)."""
+
+    async def publish(self, replica: Replica, shards: int,
+                      timeout: float | None = None) -> int:
+        """Write ``replica`` into each of ``shards`` keys, except where a replica under a
+        newer leader fence is already; how many were written. Raises StoreError if any
+        write failed (after trying every key)."""
+
+    async def replica(self, shard: int, timeout: float | None = None) -> Replica | None:
+        """The bulletin replica in key ``shard`` (eventually consistent; None if none)."""
 
     async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
                     timeout: float | None = None) -> MemberRecord | None:
@@ -204,10 +223,11 @@ class FleetStore(Protocol):
         as fenced, or None if it changed (it lives, or another peer fenced it)."""
 
     async def mark_released(self, worker_id: str, epoch: int,
-                            timeout: float | None = None) -> bool:
+                            timeout: float | None = None, shard: int = 0) -> bool:
         """A DEAD member's streams are all released."""
 
-    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None) -> bool:
+    async def leave(self, worker_id: str, epoch: int, timeout: float | None = None,
+                    shard: int = 0) -> bool:
         """Remove this incarnation's row (a clean exit, every stream released)."""
 
 

@@ -583,6 +583,7 @@ def _string_value(where: str, node: ast.expr | None) -> str:
 # --- the codecs, called with sample arguments -------------------------------------------------
 
 PLACEHOLDER = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)>")
+NUMBERED = re.compile(r"#[0-9]+$")
 
 
 def bare_attribute_names(expression: str) -> set[str]:
@@ -613,7 +614,8 @@ def builder_attributes(module: str, name: str) -> frozenset[str]:
 
 def key_patterns(where: str, node: ast.expr) -> frozenset[str]:
     """The partition keys a ``Key=``/``Item=`` built by a codec function can hold, with
-    each placeholder argument read back as ``*`` (``RUN#<job>`` -> ``RUN#*``)."""
+    each placeholder argument read back as ``*`` (``RUN#<job>`` -> ``RUN#*``, ``MEMBER#1``
+    -> ``MEMBER#*``)."""
     found = _codec_call(node)
     if found is None:
         raise DiscoveryError(f"{where}: a fleet-table key or item not built by a codec "
@@ -627,7 +629,8 @@ def _pattern(item: dict[str, Any]) -> str:
     value = item.get(fleetcodec.PK, {})
     if not isinstance(value, dict) or not isinstance(value.get("S"), str):
         raise DiscoveryError(f"a fleet-table key without a string {fleetcodec.PK}: {item}")
-    return PLACEHOLDER.sub("*", value["S"])
+    # A number sampled into a key's suffix (``MEMBER#<shard>``) stands for any number.
+    return NUMBERED.sub("#*", PLACEHOLDER.sub("*", value["S"]))
 
 
 def _placeholder_param(value: Any) -> str | None:

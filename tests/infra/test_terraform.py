@@ -614,11 +614,13 @@ def test_task_role_grants_exactly_what_the_worker_calls(module_plans: dict[str, 
             "dynamodb:DescribeTable": NONE,  # check_tables
             "dynamodb:GetItem": NONE,  # the leader lease
             "dynamodb:Query": NONE,  # members, jobs, runs
-            "dynamodb:UpdateItem": frozenset({partitions_in("LEADER", "MEMBER", "RUN#*")}),
-            # slot claims; the change feed's checkpoints
-            "dynamodb:PutItem": frozenset({partitions_in("RUN#*", *feed)}),
+            "dynamodb:UpdateItem": frozenset({partitions_in("LEADER", "MEMBER", "MEMBER#*",
+                                                            "RUN#*")}),
+            # slot claims; the bulletin's replicas; the change feed's checkpoints
+            "dynamodb:PutItem": frozenset({partitions_in("MEMBER", "MEMBER#*", "RUN#*",
+                                                         *feed)}),
             # leave; forget a shard gone past retention
-            "dynamodb:DeleteItem": frozenset({partitions_in("MEMBER", *feed)}),
+            "dynamodb:DeleteItem": frozenset({partitions_in("MEMBER", "MEMBER#*", *feed)}),
             "dynamodb:ConditionCheckItem": frozenset({  # fenced writes
                 partitions_in("LEADER"), IN_TRANSACTIONS}),
         },

@@ -89,6 +89,7 @@ locals {
     STREAMLEASE_STREAM_CHECK_SECONDS     = tostring(var.stream_check_seconds)
     STREAMLEASE_MIN_HOLD_SECONDS         = var.min_hold_seconds == null ? null : tostring(var.min_hold_seconds)
     STREAMLEASE_FLEET_VIEW               = var.fleet_view
+    STREAMLEASE_MEMBERS_PER_KEY          = tostring(var.members_per_key)
     STREAMLEASE_CHANGE_FEED              = var.change_feed ? null : "off"
     STREAMLEASE_LEADER_BACKEND           = local.leader_backend_env
     STREAMLEASE_JOB_GRACE_SECONDS        = tostring(var.job_grace_seconds)

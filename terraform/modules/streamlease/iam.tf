@@ -100,9 +100,9 @@ locals {
   # credentials must not be able to write one. tests/infra/test_terraform.py reads these
   # from the codecs' key builders.
   change_feed_partitions = var.change_feed ? ["FEED"] : []
-  worker_fleet_updates   = ["LEADER", "MEMBER", "RUN#*"]
-  worker_fleet_puts      = concat(["RUN#*"], local.change_feed_partitions)
-  worker_fleet_deletes   = concat(["MEMBER"], local.change_feed_partitions)
+  worker_fleet_updates   = ["LEADER", "MEMBER", "MEMBER#*", "RUN#*"]
+  worker_fleet_puts      = concat(["MEMBER", "MEMBER#*", "RUN#*"], local.change_feed_partitions)
+  worker_fleet_deletes   = concat(["MEMBER", "MEMBER#*"], local.change_feed_partitions)
   worker_fleet_checks    = ["LEADER"]
 }
 
@@ -249,7 +249,8 @@ data "aws_iam_policy_document" "task" {
   # task's credentials could not do anyway; the partition is what separates the
   # operators' jobs from the worker's state.
   # UpdateItem: register, heartbeat, fence a dead member and mark its streams released
-  #   (MEMBER); acquire, renew, resign the leader lease (LEADER); finish or abandon a run
+  #   (MEMBER, or MEMBER#<n> once member rows spread over more keys); move the member
+  #   layout up (MEMBER); acquire, renew, resign the leader lease (LEADER); finish or abandon a run
   #   (RUN#<job>).
   statement {
     sid       = "FleetStateWrites"
@@ -268,9 +269,10 @@ data "aws_iam_policy_document" "task" {
   # item plus this Put), with a Redis leader backend as a plain conditional PutItem. So
   # no EnclosingOperation condition: that would refuse the Redis backend's claims. With
   # the change feed on, also a shard's checkpoint (FEED), a conditional PutItem refused
-  # when a higher leader fence wrote it.
+  # when a higher leader fence wrote it. Once member rows spread over more keys, the
+  # leader's copy of its bulletin in each (MEMBER, MEMBER#<n>), refused likewise.
   statement {
-    sid       = "FleetJobRunClaims"
+    sid       = "FleetPuts"
     actions   = ["dynamodb:PutItem"]
     resources = [aws_dynamodb_table.fleet.arn]
 
@@ -281,7 +283,8 @@ data "aws_iam_policy_document" "task" {
     }
   }
 
-  # DeleteItem: a member leaving cleanly deletes its own row (conditioned on its epoch);
+  # DeleteItem: a member leaving cleanly deletes its own row (conditioned on its epoch,
+  # under MEMBER or MEMBER#<n>);
   # with the change feed on, the leader forgets the checkpoint of a shard gone past the
   # stream's 24 h retention (FEED, conditioned on the fence, as the Put).
   statement {

@@ -867,6 +867,17 @@ variable "fleet_view" {
   }
 }
 
+variable "members_per_key" {
+  description = "STREAMLEASE_MEMBERS_PER_KEY: member rows per partition key of the fleet table before the fleet leader spreads them over more keys (twice as many each time; each key then also holds a copy of the leader's bulletin, which every member there reads instead of the leader's row). At the default a key carries about a sixth of DynamoDB's per-key write limit in heartbeats."
+  type        = number
+  default     = 200
+
+  validation {
+    condition     = floor(var.members_per_key) == var.members_per_key && var.members_per_key >= 1 && var.members_per_key <= 100000
+    error_message = "members_per_key: a whole number from 1 to 100000."
+  }
+}
+
 variable "change_feed" {
   description = "STREAMLEASE_CHANGE_FEED: the fleet leader's change feed. true: the streams table gets a DynamoDB stream (NEW_AND_OLD_IMAGES) that the leader alone tails, so hand-written items, STOPPED flips, ws_url changes and force releases are acted on within seconds instead of being polled for; the task role may read that stream and checkpoint its position in the fleet table (Pk FEED). false: no stream on the table, no such grant, and the task gets STREAMLEASE_CHANGE_FEED=off, so the workers poll as without a feed (README: The change feed)."
   type        = bool

@@ -43,8 +43,8 @@ run "on_by_default" {
 
   assert {
     condition = (
-      sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetJobRunClaims"])) == tolist(["FEED", "RUN#*"])
-      && sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetMemberLeaves"])) == tolist(["FEED", "MEMBER"])
+      sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetPuts"])) == tolist(["FEED", "MEMBER", "MEMBER#*", "RUN#*"])
+      && sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetMemberLeaves"])) == tolist(["FEED", "MEMBER", "MEMBER#*"])
     )
     error_message = "The task role may put and delete the change feed's checkpoints (Pk FEED) in the fleet table."
   }
@@ -75,8 +75,8 @@ run "off" {
 
   assert {
     condition = (
-      sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetJobRunClaims"])) == tolist(["RUN#*"])
-      && sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetMemberLeaves"])) == tolist(["MEMBER"])
+      sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetPuts"])) == tolist(["MEMBER", "MEMBER#*", "RUN#*"])
+      && sort(one([for s in data.aws_iam_policy_document.task.statement : one([for c in s.condition : c.values if c.variable == "dynamodb:LeadingKeys"]) if s.sid == "FleetMemberLeaves"])) == tolist(["MEMBER", "MEMBER#*"])
     )
     error_message = "With the change feed off the task role writes no checkpoint (Pk FEED)."
   }

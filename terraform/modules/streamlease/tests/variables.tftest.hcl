@@ -68,6 +68,7 @@ run "accepts_upper_and_other_edges" {
     allowed_urls             = ["ws://127.0.0.1", "wss://"]
     log_format               = "TEXT"
     fleet_view               = "ALL"
+    members_per_key          = 100000
     log_level                = "debug"
     acquire_per_cycle        = 10000
     batch_max_messages       = 1000
@@ -146,6 +147,7 @@ run "accepts_lower_edges" {
     log_retention_days         = 1
     table_name                 = "abc"
     fleet_table_name           = "abc"
+    members_per_key            = 1
     stream_lease_seconds       = 0.1
     stream_renew_seconds       = 0.03
     stream_check_seconds       = 0.01
@@ -237,6 +239,7 @@ run "refuses_values_below_range" {
     allowed_urls                      = ["http://x"]
     log_format                        = "xml"
     fleet_view                        = "some"
+    members_per_key                   = 0
     log_level                         = "TRACE"
     acquire_per_cycle                 = 0
     batch_max_messages                = 0
@@ -275,7 +278,7 @@ run "refuses_values_below_range" {
     var.member_lease_seconds, var.member_heartbeat_seconds,
     var.safety_margin_seconds, var.sweep_seconds, var.reconcile_seconds, var.shutdown_seconds,
     var.max_streams, var.metrics_port, var.allowed_urls, var.log_format, var.fleet_view,
-    var.log_level,
+    var.members_per_key, var.log_level,
     var.acquire_per_cycle, var.batch_max_messages, var.batch_max_seconds, var.max_frame_bytes,
     var.events_ttl_seconds,
   ]
@@ -316,6 +319,7 @@ run "refuses_values_above_range" {
     batch_max_seconds          = 60.1
     events_ttl_seconds         = 315360001
     max_frame_bytes            = 300001
+    members_per_key            = 100001
     fleet_table_name           = join("", [for i in range(256) : "f"])
     stream_lease_seconds       = 86400.1
     stream_renew_seconds       = 28800.1
@@ -342,6 +346,7 @@ run "refuses_values_above_range" {
     var.safety_margin_seconds, var.sweep_seconds, var.reconcile_seconds, var.shutdown_seconds,
     var.max_streams, var.metrics_port, var.allowed_urls, var.acquire_per_cycle,
     var.batch_max_messages, var.batch_max_seconds, var.max_frame_bytes, var.events_ttl_seconds,
+    var.members_per_key,
   ]
 }
 

@@ -1,0 +1,149 @@
+"""A fleet whose member rows spread over several keys (``streamlease.core.layout``), in
+virtual time on the in-memory store: the leader spreads them, copies its bulletin into
+every key, and members read their own key's copy; a row of an older release holds the
+layout; the leader's death is seen through the copies."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import pytest
+
+from streamlease.core import bulletin as bulletins
+from streamlease.core import layout
+from streamlease.core.membership import MemberStatus
+from streamlease.core.notices import NoticeKind
+from streamlease.store.memory import MemoryStore
+from tests.test_membership import Pairs, T, fleet_member, until
+
+pytestmark = pytest.mark.virtual_time
+
+PER_KEY = 2  # five members spread over four keys
+
+
+async def start(memory: MemoryStore, names: str, leader: list[str]) -> tuple[
+        Pairs, dict[str, asyncio.Task[None]]]:
+    pairs = {n: fleet_member(memory, n, leader, held=3, per_key=PER_KEY) for n in names}
+    for m, _ in pairs.values():
+        await m.register()
+    return pairs, {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
+
+
+async def stop(pairs: Pairs, tasks: dict[str, asyncio.Task[None]]) -> None:
+    for m, _ in pairs.values():
+        m.stop()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+def outside_member_key(shards: int) -> str:
+    return next(f"late{i}" for i in range(100) if layout.shard_of(f"late{i}", shards) != 0)
+
+
+async def test_a_growing_fleet_spreads_and_members_read_their_own_keys_copy() -> None:
+    memory = MemoryStore()
+    pairs, tasks = await start(memory, "abcde", ["a"])
+    await until(lambda: memory.shards == 4)
+    await until(lambda: all(r.leader == "a" for r in memory.replicas.values()) and
+                set(memory.replicas) == {0, 1, 2, 3})
+    # Rows registered before the spread stay under MEMBER, and read its copy.
+    await until(lambda: all(m.shards == 4 and m.bulletin is not None and not m.reading_all
+                            for n, (m, _) in pairs.items() if n != "a"))
+    for _, store in pairs.values():
+        store.calls.clear()
+    await asyncio.sleep(10 * T.heartbeat_s)
+    leader = pairs["a"][0]
+    for name in "bcde":
+        m, store = pairs[name]
+        assert store.count("replica") >= 10, name
+        assert store.count("member") == 0 and store.count("roster") == 0, name
+        assert m.bulletin is not None and m.bulletin.gen == leader.bulletin.gen  # type: ignore[union-attr]
+    assert pairs["a"][1].count("publish") >= 5
+    # A member that joins now gets a key of its own, and reads that key's copy.
+    late = outside_member_key(4)
+    joined, store = fleet_member(memory, late, ["a"], per_key=PER_KEY)
+    await joined.register()
+    assert joined.shard == layout.shard_of(late, 4) != 0
+    pairs[late] = (joined, store)
+    tasks[late] = asyncio.create_task(joined.run())
+    await until(lambda: joined.bulletin is not None and not joined.reading_all)
+    store.calls.clear()
+    await asyncio.sleep(4 * T.heartbeat_s)
+    assert store.count("replica") >= 3 and store.count("member") == 0
+    assert memory.members_by_id[late].heartbeat > 0
+    assert leader.metrics.registry.get_sample_value("streamlease_member_keys") == 4
+    await stop(pairs, tasks)
+
+
+async def test_a_row_of_an_older_release_holds_the_layout(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    memory = MemoryStore()
+    leader = ["a"]
+    pairs = {n: fleet_member(memory, n, leader, per_key=PER_KEY) for n in "abc"}
+    for m, _ in pairs.values():
+        await m.register()
+    # "c" as a process of an older release registers it: no mark of its incarnation.
+    memory.members_by_id["c"] = dataclasses.replace(memory.members_by_id["c"],
+                                                    reads_layout=None)
+    a = pairs["a"][0]
+    for _ in range(3):
+        await a._observe()
+        await asyncio.sleep(T.heartbeat_s)
+    assert memory.shards == 1 and a.shards == 1
+    held = [r for r in caplog.records if getattr(r, "sl_event", "") == "member.layout_held"]
+    assert len(held) == 1, "said once"
+    # The member runs this release again: the leader spreads at its next read.
+    await pairs["c"][0].register()
+    await a._observe()
+    await until(lambda: memory.shards == 2 and a.shards == 2)
+    assert any(getattr(r, "sl_event", "") == "member.layout_spread" for r in caplog.records)
+
+
+async def test_the_leaders_death_is_seen_through_the_copies() -> None:
+    memory = MemoryStore()
+    pairs, tasks = await start(memory, "abcde", ["a"])
+    await until(lambda: all(m.shards == 4 and not m.reading_all and m.bulletin is not None
+                            for n, (m, _) in pairs.items() if n != "a"))
+    tasks["a"].cancel()  # the leader stops heartbeating; its lease still names it
+    await until(lambda: memory.members_by_id["a"].status is MemberStatus.DEAD,
+                limit=T.lease_s + 10)
+    assert memory.members_by_id["a"].fenced_by in set("bcde")
+    del pairs["a"], tasks["a"]
+    await stop(pairs, tasks)
+
+
+async def test_a_notice_is_published_once_every_keys_copy_carries_it() -> None:
+    memory = MemoryStore()
+    pairs, tasks = await start(memory, "abcde", ["a"])
+    a = pairs["a"][0]
+    await until(lambda: memory.shards == 4 and set(memory.replicas) == {0, 1, 2, 3})
+    pairs["a"][1].fail("publish", times=2)  # the next two copies fail
+    n = a.post("d", "s-1", NoticeKind.CHECK)
+    assert await a.published(n, timeout=10 * T.heartbeat_s)
+    for replica in memory.replicas.values():
+        news = bulletins.decode(replica.bulletin)
+        assert news is not None and n in {x.n for x in news.notices}
+    assert a.metrics.registry.get_sample_value(
+        "streamlease_bulletin_replica_failures_total") == 2
+    await until(lambda: any(x.n == n for x in (pairs["d"][0].bulletin.notices  # type: ignore[union-attr]
+                                               if pairs["d"][0].bulletin else ())))
+    await stop(pairs, tasks)
+
+
+async def test_a_deposed_leaders_copies_do_not_replace_its_successors() -> None:
+    memory = MemoryStore()
+    history = ["a"]
+    pairs, tasks = await start(memory, "abcde", history)
+    await until(lambda: memory.shards == 4 and set(memory.replicas) == {0, 1, 2, 3})
+    # "b" takes over under a newer fence (2) and copies its bulletin everywhere; a late copy
+    # by "a" under its older fence (1) is refused in every key.
+    b = pairs["b"][0]
+    history.insert(0, "b")
+    await until(lambda: all(r.leader == "b" for r in memory.replicas.values()), limit=20)
+    await b._observe()
+    stale = layout.Replica(leader="a", shard=0, epoch=pairs["a"][0].epoch, heartbeat=10**6,
+                           fence=1, shards=4, bulletin="{}")
+    assert await memory.publish(stale, 4) == 0
+    await stop(pairs, tasks)
