@@ -39,7 +39,7 @@ from streamlease import membership as _membership
 from streamlease import reconciler as _reconciler
 from streamlease import sweep as _sweep_module
 from streamlease.config import DEFAULTS, WorkerConfig
-from streamlease.core import bulletin
+from streamlease.core import bulletin, layout
 from streamlease.core.membership import MemberTimings
 from streamlease.store import codec, fleetcodec
 from streamlease.store.dynamodb import leases as _leases
@@ -101,7 +101,8 @@ def member_row() -> dict[str, Any]:
     return {f.PK: _s(f.MEMBER_PK), f.SK: _s(WORKER_ID), f.EPOCH: _n(NOW_MS),
             f.HEARTBEAT: _n(17_280), f.STATUS: _s("ACTIVE"), f.STREAMS: _n(100),
             f.CAPACITY: _n(100), f.HEARTBEAT_AT: _n(NOW_MS), f.STARTED_AT: _n(NOW_MS),
-            f.RELEASED: _n(0), f.HANDOFFS: _n(12), f.INCARNATION: _s("0123456789abcdef")}
+            f.RELEASED: _n(0), f.HANDOFFS: _n(12), f.INCARNATION: _s("0123456789abcdef"),
+            f.READS_LAYOUT: _s("0123456789abcdef")}
 
 
 def leader_member_row() -> dict[str, Any]:
@@ -111,6 +112,14 @@ def leader_member_row() -> dict[str, Any]:
                              active=1_000, draining=False,
                              statuses=(("ACTIVE", 1_000),))
     return {**member_row(), fleetcodec.BULLETIN: _s(bulletin.encode(news))}
+
+
+def replica_item() -> dict[str, Any]:
+    """A spread layout's copy of the leader's bulletin in one member key."""
+    news = leader_member_row()[fleetcodec.BULLETIN]["S"]
+    return fleetcodec.encode_replica(1, layout.Replica(
+        leader=WORKER_ID, shard=0, epoch=NOW_MS, heartbeat=17_280, fence=1234, shards=64,
+        bulletin=news))
 
 
 def high_water_item() -> dict[str, Any]:
@@ -150,6 +159,7 @@ class Sizes:
 
     member_row: int
     leader_row: int
+    replica: int
     high_water: int
     leader: int
     stream: int
@@ -160,6 +170,7 @@ class Sizes:
     def from_codecs(cls) -> Sizes:
         return cls(member_row=item_bytes(member_row()),
                    leader_row=item_bytes(leader_member_row()),
+                   replica=item_bytes(replica_item()),
                    high_water=item_bytes(high_water_item()),
                    leader=item_bytes(leader_item()), stream=item_bytes(stream_item()),
                    orphan_entry=item_bytes(orphan_index_entry()),
@@ -215,6 +226,7 @@ class Settings:
     # terraform give it): the leader tails the stream and the polls it replaces rest.
     change_feed: bool = DEFAULTS["STREAMLEASE_CHANGE_FEED"] == "on"
     jobs: int = 0  # job definitions the leader lists (their runs depend on their schedules)
+    members_per_key: int = DEFAULT_CONFIG.members_per_key  # STREAMLEASE_MEMBERS_PER_KEY
 
     @property
     def observe_s(self) -> float:
@@ -280,6 +292,17 @@ class Shape:
         return self.streams / self.workers
 
     @property
+    def keys(self) -> int:
+        """The member keys the leader spreads the rows over (``layout.shards_for``)."""
+        return layout.shards_for(self.workers, 1, self.settings.members_per_key)
+
+    @property
+    def bulletin_bytes(self) -> int:
+        """The item a member reads for the bulletin: the leader's row in one key, else
+        its key's replica."""
+        return self.sizes.leader_row if self.keys == 1 else self.sizes.replica
+
+    @property
     def churn(self) -> float:
         """Acquisitions per second, fleet-wide (releases: as many)."""
         per = self.churn_per_stream_s if self.churn_per_stream_s is not None else \
@@ -300,6 +323,7 @@ FEED_POLL_S = _feed.FeedSettings().poll_s
 BATCH_GET_KEYS = _leases.BATCH_GET_KEYS
 
 FLEET = "fleet table"
+MEMBER_KEYS = "MEMBER keys"  # MEMBER, and MEMBER#<n> once the rows spread
 STREAMS = "streams table"
 STATE_INDEX = "streams: desired_state index"
 OWNER_INDEX = "streams: owner index"
@@ -333,7 +357,8 @@ class Kind:
     ``per_s``: how many a second, fleet-wide; per one: ``requests`` sent (pages; 0 for an
     index write, which is part of its table write's request), ``items`` read, read and
     write units. ``spread``: which partition-key values share the load — ``one`` (all on
-    ``key``), ``stream`` (each stream's own key), ``worker`` (each worker's own key)."""
+    ``key``), ``stream`` (each stream's own key), ``worker`` (each worker's own key),
+    ``member key`` (the member keys, evenly: ``Shape.keys``)."""
 
     name: str
     code: str
@@ -351,9 +376,21 @@ class Kind:
 
 
 def _member_query(f: Shape) -> tuple[float, float]:
-    # Every row, and the epoch high-water item that shares the partition (counted as one
-    # more row: it is smaller).
-    return paged_read_units(f.workers + 1, f.sizes.member_row, consistent=True)
+    """(requests, read units) of the leader's read of every member key: one Query per
+    key, each of W / keys rows, one more row (the epoch high-water and layout items in
+    ``MEMBER``, counted as a row each there: they are smaller) and, spread, the key's
+    replica."""
+    spread = f.keys > 1
+    rows = (f.workers + 1 + spread) / f.keys  # + the high-water item (and the layout item)
+    nbytes = rows * f.sizes.member_row + (f.sizes.replica if spread else 0)
+    pages, units = paged_read_units(rows + spread, nbytes / (rows + spread), consistent=True)
+    return f.keys * pages, f.keys * units
+
+
+def _replica_writes(f: Shape) -> float:
+    """The leader's copies of its bulletin into every key of a spread layout, after each
+    heartbeat (``Membership._replica_loop``)."""
+    return f.keys / f.settings.heartbeat_s if f.keys > 1 else 0.0
 
 
 def _campaign_reads(f: Shape) -> tuple[float, float]:
@@ -414,41 +451,50 @@ KINDS: tuple[Kind, ...] = (
     # worker's own row, conditioned on its epoch, every heartbeat (early beats that report
     # a changed count or a hand-over are coalesced; none at steady state).
     Kind("member heartbeat", "membership.py _beat; store/dynamodb/fleet.py heartbeat",
-         "update_item", FLEET, "MEMBER", "one", "W / heartbeat",
+         "update_item", FLEET, MEMBER_KEYS, "member key", "W / heartbeat",
          per_s=lambda f: f.workers / f.settings.heartbeat_s,
          write_units=lambda f: write_units(f.sizes.member_row)),
-    # Membership._observe_loop -> _observe -> _observe_all -> DynamoFleetStore.members: the
-    # leader's consistent Query of every row under Pk = MEMBER, twice every observe_s
-    # (jittered 10 %: it is the fleet's only watcher); it composes the bulletin from them.
+    # Membership._observe_loop -> _observe -> _observe_all -> DynamoFleetStore.roster: the
+    # leader's consistent Query of every member key (one key, Pk = MEMBER, until the fleet
+    # passes STREAMLEASE_MEMBERS_PER_KEY rows a key), twice every observe_s (jittered 10 %:
+    # it is the fleet's only watcher); it composes the bulletin from them.
     Kind("member read, leader (observe)",
-         "membership.py _observe_all; store/dynamodb/fleet.py members",
-         "query", FLEET, "MEMBER", "one", "2 / observe_s (leader); reads all W rows",
+         "membership.py _observe_all; store/dynamodb/fleet.py roster",
+         "query", FLEET, MEMBER_KEYS, "member key",
+         "2 / observe_s (leader) x keys; reads all W rows",
          per_s=lambda f: 2 / f.settings.observe_s,
          requests=lambda f: _member_query(f)[0],
-         items=lambda f: f.workers + 1.0,
+         items=lambda f: f.workers + 1.0 + (1 + f.keys if f.keys > 1 else 0),
          read_units=lambda f: _member_query(f)[1]),
-    # Membership._observe -> _observe_leader -> DynamoFleetStore.member: every other worker
-    # reads the leader's row (its bulletin) with an eventually consistent GetItem every
-    # observe_s (every FEED_READ_S while the change feed is live: its notices ride the
-    # bulletin).
+    # Membership._observe -> _observe_leader -> DynamoFleetStore.member (one key) or
+    # .replica (spread): every other worker reads the leader's row (its bulletin), or its
+    # own key's copy of it, with an eventually consistent GetItem every observe_s (every
+    # FEED_READ_S while the change feed is live: its notices ride the bulletin).
     Kind("member read, others (leader's row)",
-         "membership.py _observe_leader; store/dynamodb/fleet.py member",
-         "get_item", FLEET, "MEMBER", "one",
+         "membership.py _observe_leader; store/dynamodb/fleet.py member, replica",
+         "get_item", FLEET, MEMBER_KEYS, "member key",
          f"(W - 1) / min(observe_s, {FEED_READ_S:g} s) with the change feed, else / "
-         "observe_s; one row, eventually consistent",
+         "observe_s; one item (its key's replica once spread), eventually consistent",
          per_s=lambda f: (f.workers - 1) / f.settings.leader_row_s,
-         items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
+         items=_one, read_units=lambda f: read_units(f.bulletin_bytes, False)),
     # Membership._observe_loop (handoff_read_s): for HANDOFF_READS_FOR_S after a notice for
     # it (one per acquisition: the taker's offer) and while anyone drains (each worker once
     # a deploy: every other member), a member reads the leader's row every HANDOFF_READ_S,
     # spread so the fleet adds at most HANDOFF_READS_PER_S (none past a few hundred members).
     Kind("member read, hand-offs (leader's row)",
-         "membership.py _observe_loop, handoff_read_s", "get_item", FLEET, "MEMBER", "one",
+         "membership.py _observe_loop, handoff_read_s", "get_item", FLEET, MEMBER_KEYS,
+         "member key",
          f"({HANDOFF_READS_FOR_S:g} s x (acquisitions/s + W x drains/s x (W - 1))) x "
          f"(1 / max({HANDOFF_READ_S:g} s, (W - 1) / {HANDOFF_READS_PER_S:g}/s) - 1 / "
          "leader-row interval), with the change feed",
          per_s=lambda f: _handoff_reads_s(f),
-         items=_one, read_units=lambda f: read_units(f.sizes.leader_row, False)),
+         items=_one, read_units=lambda f: read_units(f.bulletin_bytes, False)),
+    # Membership._replica_loop -> DynamoFleetStore.publish: once the rows spread, the
+    # leader copies each heartbeat's bulletin into every member key (a conditional PutItem
+    # each; none while the fleet has one key).
+    Kind("bulletin replicas", "membership.py _replica_loop; store/dynamodb/fleet.py publish",
+         "put_item", FLEET, MEMBER_KEYS, "member key", "keys / heartbeat once spread (leader)",
+         per_s=_replica_writes, write_units=lambda f: write_units(f.sizes.replica)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: the
     # successor the leader's bulletin names reads the lease (consistent GetItem) every
     # observe_s, every other ACTIVE worker that does not lead once a lease, eventually
@@ -562,7 +608,8 @@ KINDS: tuple[Kind, ...] = (
 )
 
 SPREAD: dict[str, Rate] = {"one": _one, "stream": lambda f: max(1.0, f.streams),
-                           "worker": lambda f: max(1.0, f.workers)}
+                           "worker": lambda f: max(1.0, f.workers),
+                           "member key": lambda f: float(f.keys)}
 
 
 @dataclass(frozen=True)

@@ -706,6 +706,7 @@ class Membership(FleetKnowledge):
                       "reading every member row instead", leader=leader)
             return False
         self.shards = max(self.shards, news.shards)
+        self.metrics.member_keys(self.shards)
         dead = self.observer.observe([row], sent, received)
         self._read_all_leading = False
         self._composed = None  # not leading: nothing of an earlier term is written

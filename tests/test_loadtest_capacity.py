@@ -28,8 +28,8 @@ from loadtest.capacity import (
     streams_per_table,
 )
 
-MEMBER_READS = "fleet table / MEMBER / reads"
-MEMBER_WRITES = "fleet table / MEMBER / writes"
+MEMBER_READS = "fleet table / MEMBER keys / reads"
+MEMBER_WRITES = "fleet table / MEMBER keys / writes"
 LEADER_READS = "fleet table / LEADER (fleet) / reads"
 STARTED_WRITES = "streams: desired_state index / STARTED / writes"
 FLEET_QUOTA_READS = "fleet table / quota / reads"
@@ -49,7 +49,8 @@ def test_every_kind_cites_the_code_and_hits_a_known_key() -> None:
     names = [k.name for k in KINDS]
     assert len(names) == len(set(names))
     for k in KINDS:
-        assert k.code and k.rate and k.spread in ("one", "stream", "worker"), k.name
+        assert k.code and k.rate and k.spread in ("one", "stream", "worker", "member key"), \
+            k.name
     # The model's rates follow the code's settings, not copies of them.
     s = Settings()
     assert (s.heartbeat_s, s.lease_s, s.observe_s, s.stream_renew_s, s.stream_check_s) == \
@@ -83,29 +84,31 @@ def test_the_first_limit_at_each_scale() -> None:
     scales = model["scales"]
     assert [f["workers"] for f in scales.values()] == [10, 100, 1000, 10_000]
     # Up to 10k: the member rows' heartbeats (one key, a write every 1.25 s from each
-    # worker) are nearest, and within budget; at 100k they are past half the key's limit.
-    # The leader lease is read every 0.625 s by the leader's successor only (the others
-    # once a lease), so its key stays within budget up to 100k.
+    # worker) are nearest, and within budget. Past 200 members the leader spreads the rows
+    # (8 keys at 1,000 workers, 64 at 10,000), so at 100k each key carries a tenth of its
+    # write limit, and at 1M the orphan index's STARTED key (every renewal moves its entry)
+    # is nearest, still within budget, as is the leader lease's key (calm reads eventually
+    # consistent).
     for name in ("1k", "10k", "100k"):
         assert scales[name]["nearest_limit"] == MEMBER_WRITES
-    assert scales["1k"]["over_budget"] == scales["10k"]["over_budget"] == []
-    assert scales["100k"]["over_budget"] == [MEMBER_WRITES]
-    # 1M: the one-key loads of 10,000 workers (their heartbeats, their reads of the
-    # leader's row). The index key every renewal moves (a renewal every 80 minutes) and the
-    # leader lease's key (calm reads eventually consistent) stay within budget.
-    assert scales["1M"]["nearest_limit"] == MEMBER_WRITES
-    assert set(scales["1M"]["over_limit"]) == set(scales["1M"]["over_budget"]) == \
-        {MEMBER_READS, MEMBER_WRITES}
+    assert [Shape.at(n).keys for n in (1_000, 10_000, 100_000, 1_000_000)] == [1, 1, 8, 64]
+    for figures in scales.values():
+        assert figures["over_budget"] == figures["over_limit"] == []
+    assert scales["1M"]["nearest_limit"] == STARTED_WRITES
     first = model["first_limit"]
-    assert first["limit"] == MEMBER_WRITES
-    assert 100_000 <= first["streams_at_100_percent"] <= 200_000
-    # The change feed changes reads, not the heartbeats: without it they are first too.
-    assert capacity_model(settings=FEED_OFF)["first_limit"]["limit"] == MEMBER_WRITES
-    # With a 20 s member lease (heartbeat 5 s, reads every 2.5 s) the members' reads of the
-    # leader's row and the index key every renewal moves come first again.
+    assert first["limit"] == STARTED_WRITES
+    assert 2_000_000 <= first["streams_at_100_percent"] <= 2_500_000
+    # Without the change feed every worker queries the STOPPED key every heartbeat.
+    assert capacity_model(settings=FEED_OFF)["first_limit"]["limit"] == \
+        "streams: desired_state index / STOPPED / reads"
+    # With a 20 s member lease (heartbeat 5 s, reads every 2.5 s) the same.
     slow = capacity_model(settings=Settings(lease_s=20.0, heartbeat_s=5.0))
-    assert slow["first_limit"]["limit"] in (STARTED_WRITES, MEMBER_READS)
-    assert 250_000 <= slow["first_limit"]["streams_at_100_percent"] <= 350_000
+    assert slow["first_limit"]["limit"] == STARTED_WRITES
+    # One key for every member (a layout that never spreads, as before): its heartbeats
+    # pass half the key's write limit at 62,500 streams.
+    one_key = capacity_model(settings=Settings(members_per_key=10**9))
+    assert one_key["first_key_over_budget"] == MEMBER_WRITES
+    assert one_key["streams_per_table"] == 62_500
 
 
 def test_the_50_percent_rule() -> None:
@@ -113,7 +116,7 @@ def test_the_50_percent_rule() -> None:
     under half its limit: one stream more and a key is past it."""
     s = Settings()
     most, key = streams_per_table(s)
-    assert key == MEMBER_WRITES
+    assert key == STARTED_WRITES and most >= 1_000_000
 
     def keys(n: int) -> dict[str, float]:
         return {name: share for name, share in limits(Shape.at(n, s)) if "/ quota /" not in name}
@@ -123,7 +126,7 @@ def test_the_50_percent_rule() -> None:
     assert capacity_model()["streams_per_table"] == most
     # Table quotas are reported, not part of the rule (they can be raised).
     assert all("/ quota /" not in name for name in keys(most))
-    # The heartbeats grow linearly with the streams: half the budget, half the streams.
+    # The renewals grow linearly with the streams: half the budget, half the streams.
     assert most / capacity_model()["first_limit"]["streams_at_100_percent"] == \
         pytest.approx(0.5, abs=0.01)
 
@@ -135,22 +138,29 @@ def test_a_hand_computation_at_100k_streams() -> None:
     # significant digits), status ACTIVE (6 + 6), streams 100
     # (7 + 2: one significant digit), capacity 100 (8 + 2), heartbeat_at_ms (15 + 8),
     # started_at_ms (13 + 8), released 0 (8 + 2), handoffs 12 (8 + 2), incarnation 16
-    # characters (11 + 16).
-    row = 8 + 34 + 13 + 12 + 12 + 9 + 10 + 23 + 21 + 10 + 10 + 27
-    assert row == 189 == item_bytes(member_row()) == SIZES.member_row
+    # characters (11 + 16), reads_layout the same 16 (12 + 16).
+    row = 8 + 34 + 13 + 12 + 12 + 9 + 10 + 23 + 21 + 10 + 10 + 27 + 28
+    assert row == 217 == item_bytes(member_row()) == SIZES.member_row
     shape = Shape.at(100_000)
     assert shape.workers == 1000
-    # The leader reads 1,000 rows and the high-water item every 0.3125 s (twice a member
-    # read interval, min(1.25 / 2, 5 / 8)): 3.2 consistent Queries a second of
-    # 1,001 x 189 bytes = 47 read units each.
-    per_query = math.ceil(1001 * row / 4096)
-    assert per_query == 47
+    # 1,000 members at 200 a key: the rows spread over 8 keys (1 -> 2 -> 4 -> 8).
+    assert shape.keys == 8
+    # The leader reads every key every 0.3125 s (twice a member read interval,
+    # min(1.25 / 2, 5 / 8)): 8 consistent Queries each time, each of 125 rows (and a
+    # quarter: the high-water and layout items, in MEMBER, spread over the 8 here) and
+    # the key's replica of the bulletin.
+    per_key = 1002 / 8
+    per_query = math.ceil((per_key * row + SIZES.replica) / 4096)
+    assert per_query == 7
     queries = 2 / 0.625
     assert kind(shape, LEADER_READ) == pytest.approx(
-        (queries, queries * 1001, queries * per_query, 0))
-    # The 999 others read the leader's row (under 4 KB with its bulletin, eventually
-    # consistent: half a unit) every half second while the change feed is live (its
-    # notices), every 0.625 s without it.
+        (8 * queries, queries * (1002 + 8), 8 * queries * per_query, 0))
+    # ... and after each heartbeat copies the bulletin into every key (under 1 KB).
+    assert SIZES.replica < 1024
+    assert kind(shape, "bulletin replicas") == pytest.approx((8 / 1.25, 0, 0, 8 / 1.25))
+    # The 999 others read their key's replica (under 4 KB, eventually consistent: half a
+    # unit) every half second while the change feed is live (its notices), every 0.625 s
+    # without it.
     assert SIZES.leader_row < 4096
     assert kind(shape, OTHERS_READ) == pytest.approx((1998, 1998, 999, 0))
     off = Shape.at(100_000, FEED_OFF)
@@ -179,12 +189,14 @@ def test_a_hand_computation_at_100k_streams() -> None:
     assert loaded.write_units_s == pytest.approx(started)
     # Empty orphan queries, twelve times rarer with the feed: every freed stream is offered.
     assert loaded.read_units_s == pytest.approx(1000 / 60 * 0.5)
-    [member] = [k for k in key_loads(shape) if k.key == "MEMBER"]
-    assert member.read_units_s == pytest.approx(queries * 47 + 999)
-    assert member.write_units_s == pytest.approx(1000 / 1.25)  # one heartbeat each, 1 unit
+    # Each member key: an eighth of the heartbeats (1 unit each), the replica writes and
+    # the reads.
+    [member] = [k for k in key_loads(shape) if k.key == "MEMBER keys"]
+    assert member.read_units_s == pytest.approx((8 * queries * per_query + 999) / 8)
+    assert member.write_units_s == pytest.approx((1000 / 1.25 + 8 / 1.25) / 8)
     figures = scale_figures(100_000, Settings())
     assert figures["member_read_share_of_read_units"] == pytest.approx(
-        member.read_units_s / figures["read_units_per_s"], abs=0.001)
+        8 * member.read_units_s / figures["read_units_per_s"], abs=0.001)
     # With the per-stream reads gone and the campaign reads down to the successor's (and
     # the others' once a lease), the member reads are most of what is left.
     assert 0.75 < figures["member_read_share_of_read_units"] < 0.9
@@ -264,7 +276,7 @@ def test_the_text_names_every_kind_and_the_result() -> None:
         if k.code != "(none yet)":
             assert k.name in text
     assert f"**Streams per table at defaults: {model['streams_per_table']:,}**" in text
-    assert "| fleet table / MEMBER, reads |" in text
+    assert "| fleet table / MEMBER keys, reads |" in text
 
 
 def test_docs_show_the_model_as_it_is() -> None:

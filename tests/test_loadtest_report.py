@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from loadtest import chaos, otlp, scenarios, tracing_scenario
 from loadtest.capacity import (
     CapacityInputs,
+    Settings,
     capacity_model,
     model_text,
     per_worker_read_growth,
@@ -81,22 +82,25 @@ def sample_result() -> dict[str, Any]:
 
 
 # The STARTED key takes 1,000 write units a second; half of it goes at N streams when each
-# stream's renewal (every 600 s) and a deploy a day's acquisition and release each move
-# its index entry (a delete and a put, 1 unit each): N x (2 / 600 + 2 x 2 / 86,400) = 500.
-STARTED_AT_HALF = math.floor(500 / (2 / 600 + 4 / 86_400))
+# stream's renewal (every 4,800 s: a third of the 4-hour stream lease) and a deploy a
+# day's acquisition and release each move its index entry (a delete and a put, 1 unit
+# each): N x (2 / 4,800 + 2 x 2 / 86,400) = 500.
+STARTED_AT_HALF = math.floor(500 / (2 / 4800 + 4 / 86_400))
 
 
 def _member_reads(workers: int) -> float:
-    """The MEMBER key's read units a second with the change feed live: the other workers
-    read the leader's row (189 B + its bulletin, under 4 KB: 1 unit) every second, the
-    leader every row and the high-water item (189 B each) every 0.3125 s."""
-    return (workers - 1) + 2 / 0.625 * math.ceil((workers + 1) * 189 / 4096)
+    """One MEMBER key's read units a second with the change feed live, if every member
+    lived under it: the other workers read the leader's row (217 B + its bulletin, under
+    4 KB: 1 unit) every second, the leader every row and the high-water item (217 B each)
+    every 0.3125 s."""
+    return (workers - 1) + 2 / 0.625 * math.ceil((workers + 1) * 217 / 4096)
 
 
-# Those reads pass half the key's 3,000 units at about 1,300 workers.
+# In one key those reads would pass half the key's 3,000 units at about 1,300 workers ...
 MEMBER_READS_AT_HALF = 100 * max(w for w in range(1, 3000) if _member_reads(w) <= 1500)
-# The member rows' heartbeats (one 189 B row, 1 unit, every 1.25 s from each worker) pass
-# half the key's 1,000 write units first: at 625 workers of 100 streams.
+# ... and the member rows' heartbeats (one 217 B row, 1 unit, every 1.25 s from each
+# worker) half its 1,000 write units sooner: at 625 workers of 100 streams. Spread over
+# keys of 200 members, neither comes near.
 MEMBER_AT_HALF = 100 * max(w for w in range(1, 3000) if w / 1.25 <= 500)
 
 
@@ -189,7 +193,7 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
             assert part in value, key
             value = value[part]
     assert doc["balance"]["converge_s"] is None  # never converged: null, not a crash
-    assert doc["streams_per_table_at_defaults"] == MEMBER_AT_HALF
+    assert doc["streams_per_table_at_defaults"] == STARTED_AT_HALF
     md = Path(paths["md"]).read_text()
     for heading in ("## Targets", "## Clock skew", "## Slow store", "## Balance", "## Scale",
                     "## Capacity model"):
@@ -199,7 +203,7 @@ def test_the_new_scenarios_render_with_their_keys(tmp_path: Path) -> None:
     assert "| `slow_store.moves` | 29 | 0 | **no** |" in md
     assert "| `slow_store.stalled_streams` | 2 | 0 | **no** |" in md
     assert "streams that delivered nothing while observed: **2** (s001, s002)" in md
-    assert f"| `streams_per_table_at_defaults` | {MEMBER_AT_HALF:,} | >= 1,000,000 | **no** |" \
+    assert f"| `streams_per_table_at_defaults` | {STARTED_AT_HALF:,} | >= 1,000,000 | yes |" \
         in md
     assert "(acquired but not served): w2 1" in md
     assert "**modelled** from the code (`per_worker_read_growth_modelled`)" in md
@@ -238,15 +242,18 @@ def test_percentiles_and_cost_arithmetic() -> None:
 
 def test_capacity_model_arithmetic() -> None:
     m = model()
-    # Every request kind, every key at or under half its limit: the member rows' heartbeats
-    # first (every 1.25 s), ahead of the members' reads of the leader's row (every half
-    # second, for the change feed's notices) and the orphan index's STARTED key's writes.
-    assert m["streams_per_table"] == MEMBER_AT_HALF < MEMBER_READS_AT_HALF < STARTED_AT_HALF
-    assert m["first_key_over_budget"] == "fleet table / MEMBER / writes"
+    # Every request kind, every key at or under half its limit: the orphan index's STARTED
+    # key's writes first; the member rows spread over keys as the fleet grows.
+    assert m["streams_per_table"] == STARTED_AT_HALF
+    assert m["first_key_over_budget"] == "streams: desired_state index / STARTED / writes"
+    # Kept in one key, the member rows' heartbeats would come first, then their reads.
+    one_key = capacity_model(settings=Settings(members_per_key=10**9))
+    assert one_key["streams_per_table"] == MEMBER_AT_HALF < MEMBER_READS_AT_HALF
+    assert one_key["first_key_over_budget"] == "fleet table / MEMBER keys / writes"
     # 12 member heartbeats a minute over 500 streams + 0.1 renewals; over 100 at defaults.
     assert m["upkeep_writes_per_stream_minute"] == pytest.approx(0.124)
     assert m["upkeep_writes_per_stream_minute_full_workers"] == pytest.approx(0.22)
-    assert f"**Streams per table at defaults: {MEMBER_AT_HALF:,}**" in m["text"]
+    assert f"**Streams per table at defaults: {STARTED_AT_HALF:,}**" in m["text"]
     assert "measured_vs_model" not in m  # no shape or requests measured: nothing to compare
     assert renewal_rate(0.0, 60, 600)[0] == pytest.approx(0.1)  # window too short
     assert renewal_rate(0.098, 700, 600) == (0.098, "measured over 700 s")
