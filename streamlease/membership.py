@@ -523,7 +523,7 @@ class Membership(FleetKnowledge):
             text, counter, newest = due
             replica = Replica(leader=self.me, shard=self.shard, epoch=self.epoch,
                               heartbeat=counter, fence=self.hooks.leader_fence(),
-                              shards=self.shards, bulletin=text)
+                              shards=self.shards, bulletin=text, status=self.status)
             try:
                 await self.fleet.publish(replica, self.shards,
                                          timeout=self.timings.heartbeat_s)

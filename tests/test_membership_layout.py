@@ -147,3 +147,15 @@ async def test_a_deposed_leaders_copies_do_not_replace_its_successors() -> None:
                            fence=1, shards=4, bulletin="{}")
     assert await memory.publish(stale, 4) == 0
     await stop(pairs, tasks)
+
+
+async def test_a_draining_leaders_copies_send_members_to_every_row() -> None:
+    memory = MemoryStore()
+    pairs, tasks = await start(memory, "abcde", ["a"])
+    b = pairs["b"][0]
+    await until(lambda: b.shards == 4 and not b.reading_all and b.bulletin is not None)
+    pairs["a"][0].drain()  # it hands its streams (and soon its leadership) over
+    await until(lambda: all(r.status is MemberStatus.DRAINING
+                            for r in memory.replicas.values()))
+    await until(lambda: b.reading_all, limit=5 * T.heartbeat_s)
+    await stop(pairs, tasks)

@@ -119,8 +119,9 @@ class Replica:
     fence: int  # the leader lease's fence: a replica never goes back to an older leader
     shards: int  # the layout the leader wrote it under
     bulletin: str
+    status: MemberStatus = MemberStatus.ACTIVE  # the leader's (DRAINING: it hands over)
 
     def leader_row(self) -> MemberRecord:
         """The leader's row as the replica shows it (what a member reads instead)."""
-        return MemberRecord(self.leader, self.epoch, self.heartbeat, MemberStatus.ACTIVE,
+        return MemberRecord(self.leader, self.epoch, self.heartbeat, self.status,
                             bulletin=self.bulletin, shard=self.shard)

@@ -56,6 +56,8 @@ SHARDS = "shards"  # N: the layout (``core.layout``)
 LEADER = "leader"  # S: a replica's leader
 LEADER_SHARD = "leader_shard"  # N: the key of the leader's own row
 LEADER_FENCE = "leader_fence"  # N: the leader lease's fence when the replica was written
+# S: the leader's status (not ``status``: a replica must never decode as a member row)
+LEADER_STATUS = "leader_status"
 # The epoch high-water item, the layout item and the replicas share the member partitions
 # (one Query and the same IAM scope as the rows) under sort keys no worker id can take:
 # worker ids are printable, and these start with a control character. They have no
@@ -95,7 +97,7 @@ def encode_replica(shard: int, replica: layout.Replica) -> Item:
     return {**replica_key(shard), LEADER: s(replica.leader), LEADER_SHARD: n(replica.shard),
             EPOCH: n(replica.epoch), HEARTBEAT: n(replica.heartbeat),
             LEADER_FENCE: n(replica.fence), SHARDS: n(replica.shards),
-            BULLETIN: s(replica.bulletin)}
+            BULLETIN: s(replica.bulletin), LEADER_STATUS: s(replica.status.value)}
 
 
 def replica_condition(fence: int) -> Expr:
@@ -111,12 +113,14 @@ def decode_replica(item: Mapping[str, Any] | None) -> layout.Replica | None:
         return None
     leader, bulletin = _str(item, LEADER), _str(item, BULLETIN)
     shard = _int(item, LEADER_SHARD, -1)
-    if not leader or bulletin is None or not 0 <= shard < layout.MAX_SHARDS:
+    status = _str(item, LEADER_STATUS)
+    if not leader or bulletin is None or not 0 <= shard < layout.MAX_SHARDS or \
+            status is None or status not in MemberStatus.__members__:
         return None
     return layout.Replica(leader=leader, shard=shard, epoch=_int(item, EPOCH),
                           heartbeat=_int(item, HEARTBEAT), fence=_int(item, LEADER_FENCE),
                           shards=layout.valid_shards(_int(item, SHARDS, 1)),
-                          bulletin=bulletin)
+                          bulletin=bulletin, status=MemberStatus(status))
 
 
 def high_water_key() -> Item:

@@ -119,3 +119,24 @@ async def _eventually_replica(stores: Stores, shard: int, want: Replica) -> bool
     found = await eventually(stores, lambda: stores.fleet.replica(shard),
                              lambda got: got == want)
     return bool(found == want)
+
+
+def test_a_replica_round_trips_and_a_damaged_one_is_none() -> None:
+    from streamlease.store import fleetcodec
+
+    replica = Replica(leader="a", shard=2, epoch=7, heartbeat=3, fence=5, shards=4,
+                      bulletin='{"g":1}', status=MemberStatus.DRAINING)
+    item = fleetcodec.encode_replica(3, replica)
+    assert fleetcodec.decode_replica(item) == replica
+    assert fleetcodec.decode_member(item) is None, "a replica is never a member row"
+    for name, value in ((fleetcodec.LEADER, None), (fleetcodec.BULLETIN, None),
+                        (fleetcodec.LEADER_SHARD, {"N": "-1"}),
+                        (fleetcodec.LEADER_STATUS, {"S": "ASLEEP"})):
+        damaged = {k: v for k, v in item.items() if k != name}
+        if value is not None:
+            damaged[name] = value
+        assert fleetcodec.decode_replica(damaged) is None, name
+    # A layout edited by hand counts as the power of two at or below it; junk as one key.
+    assert fleetcodec.decode_layout({fleetcodec.SHARDS: {"N": "6"}}) == 4
+    assert fleetcodec.decode_layout({fleetcodec.SHARDS: {"N": "x"}}) == 1
+    assert fleetcodec.decode_layout(None) == 1
