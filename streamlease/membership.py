@@ -224,6 +224,9 @@ class Membership(FleetKnowledge):
         # replicas are to show; the replica loop writes the newest.
         self._replica_due: tuple[str, int, int] | None = None
         self._replica_wake = asyncio.Event()
+        # (leader, epoch, counter) of a copy that stood still for a lease: every row is
+        # read until the leader's own row says whether it lives (``_clear_suspect``).
+        self._suspect: tuple[str, int, int] | None = None
         # Nothing is proven before registration: may_write is false until then.
         self.liveness = Liveness(self.timings, deadline=float("-inf"))
         self.view = FleetView()
@@ -667,7 +670,10 @@ class Membership(FleetKnowledge):
     async def _observe(self) -> None:
         if self.settings.fleet_view == "leader" and not self.hooks.leading():
             leader = self.hooks.leader()
-            if leader is not None and leader != self.me and await self._observe_leader(leader):
+            if self._suspect is not None and self._suspect[0] != leader:
+                self._suspect = None  # another leader now
+            if leader is not None and leader != self.me and self._suspect is None and \
+                    await self._observe_leader(leader):
                 return
         await self._observe_all()
 
@@ -680,7 +686,8 @@ class Membership(FleetKnowledge):
         # A read a moment old only delays a notice; a stale counter only delays finding
         # the leader dead (and fencing it is conditioned on the counter as seen).
         row: MemberRecord | None
-        if self.shards > 1:
+        copied = self.shards > 1
+        if copied:
             # A spread layout: this worker's own key holds the leader's bulletin, copied.
             replica = await self.fleet.replica(self.shard, timeout=self.timings.heartbeat_s)
             row = replica.leader_row() \
@@ -708,6 +715,12 @@ class Membership(FleetKnowledge):
         self.shards = max(self.shards, news.shards)
         self.metrics.member_keys(self.shards)
         dead = self.observer.observe([row], sent, received)
+        if dead and copied:
+            # A copy lags the leader's row by up to a heartbeat (the leader may have died
+            # between the two), so its counter cannot fence: the rows decide, read as the
+            # leader reads them, until the leader's row moves on or is fenced.
+            self._suspect = (row.worker_id, row.epoch, row.heartbeat)
+            return False
         self._read_all_leading = False
         self._composed = None  # not leading: nothing of an earlier term is written
         self._hear(news, received, row.worker_id, row.heartbeat)
@@ -724,6 +737,16 @@ class Membership(FleetKnowledge):
         if dead:
             self._spawn(self._take_over(row))  # the leader is watched like any member
         return True
+
+    def _clear_suspect(self, members: list[MemberRecord]) -> None:
+        """The leader whose copy stood still is fenced, gone, or alive after all (its row
+        moved two heartbeats past the copy): its copies are read again."""
+        if self._suspect is None:
+            return
+        name, epoch, beat = self._suspect
+        row = next((m for m in members if m.worker_id == name), None)
+        if row is None or not row.live_status or row.epoch != epoch or row.heartbeat >= beat + 2:
+            self._suspect = None
 
     def _read_before(self, row: MemberRecord) -> bool:
         """An eventually consistent read older than one already read (the same leader and
@@ -760,6 +783,7 @@ class Membership(FleetKnowledge):
         members, self.shards = await self.fleet.roster(timeout=self.timings.heartbeat_s)
         received = self.clock.monotonic()
         self.metrics.member_keys(self.shards)
+        self._clear_suspect(members)
         dead = self.observer.observe(members, sent, received)
         before = self.view
         self.view = FleetView(tuple(members), frozenset(m.worker_id for m in dead))

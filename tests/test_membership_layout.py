@@ -159,3 +159,24 @@ async def test_a_draining_leaders_copies_send_members_to_every_row() -> None:
                             for r in memory.replicas.values()))
     await until(lambda: b.reading_all, limit=5 * T.heartbeat_s)
     await stop(pairs, tasks)
+
+
+async def test_a_leader_that_dies_between_its_heartbeat_and_its_copies_is_still_fenced() -> None:
+    """The copies then show the counter before the last heartbeat, which no fence
+    conditioned on it can match: the members read the rows, see the last counter stand
+    still for a lease, and fence on that."""
+    memory = MemoryStore()
+    pairs, tasks = await start(memory, "abcde", ["a"])
+    await until(lambda: all(m.shards == 4 and not m.reading_all and m.bulletin is not None
+                            for n, (m, _) in pairs.items() if n != "a"))
+    pairs["a"][1].fail("publish", times=-1)  # every copy from now on fails
+    copied = max(r.heartbeat for r in memory.replicas.values())
+    await until(lambda: memory.members_by_id["a"].heartbeat >= copied + 1)
+    tasks["a"].cancel()
+    last = memory.members_by_id["a"].heartbeat
+    assert last > copied
+    await until(lambda: memory.members_by_id["a"].status is MemberStatus.DEAD,
+                limit=3 * T.lease_s + 10)
+    assert memory.members_by_id["a"].fenced_by in set("bcde")
+    del pairs["a"], tasks["a"]
+    await stop(pairs, tasks)
