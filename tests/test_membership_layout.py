@@ -58,7 +58,8 @@ async def test_a_growing_fleet_spreads_and_members_read_their_own_keys_copy() ->
         m, store = pairs[name]
         assert store.count("replica") >= 10, name
         assert store.count("member") == 0 and store.count("roster") == 0, name
-        assert m.bulletin is not None and m.bulletin.gen == leader.bulletin.gen  # type: ignore[union-attr]
+        assert m.bulletin is not None and leader.bulletin is not None
+        assert m.bulletin.gen == leader.bulletin.gen
     assert pairs["a"][1].count("publish") >= 5
     # A member that joins now gets a key of its own, and reads that key's copy.
     late = outside_member_key(4)
@@ -127,8 +128,8 @@ async def test_a_notice_is_published_once_every_keys_copy_carries_it() -> None:
         assert news is not None and n in {x.n for x in news.notices}
     assert a.metrics.registry.get_sample_value(
         "streamlease_bulletin_replica_failures_total") == 2
-    await until(lambda: any(x.n == n for x in (pairs["d"][0].bulletin.notices  # type: ignore[union-attr]
-                                               if pairs["d"][0].bulletin else ())))
+    d = pairs["d"][0]
+    await until(lambda: d.bulletin is not None and any(x.n == n for x in d.bulletin.notices))
     await stop(pairs, tasks)
 
 
