@@ -96,6 +96,10 @@ FEED_READ_S = 0.5
 HANDOFF_READ_S = 0.1
 HANDOFF_READS_FOR_S = 2.0
 HANDOFF_READS_PER_S = 250.0
+# A member of a spread fleet with no usable copy of the leader's bulletin reads every
+# member row only once copies have been missing this long, up to twice as long at random,
+# and then once in such an interval (``Membership._waiting_for_copies``).
+SPREAD_FULL_READ_S = 60.0
 # After a member hands streams over, the leader names no donors for this many member
 # heartbeats: the streams in flight show in nobody's row and as no orphan yet (released,
 # the index not caught up, or taken and the taker's row not rewritten), so the takers look
@@ -220,13 +224,22 @@ class Membership(FleetKnowledge):
         self.shard = 0  # the key of this worker's row (``core.layout``), for life
         self.shards = 1  # the layout as last read
         self._layout_held = False  # said once that a row keeps the layout from spreading
-        # The bulletin (and the counter of the heartbeat that carried it) the leader's
-        # replicas are to show; the replica loop writes the newest.
-        self._replica_due: tuple[str, int, int] | None = None
+        # The copy of the bulletin the leader's replicas are to show (built from the
+        # heartbeat that carried it), and the newest notice in it; the replica loop writes
+        # the newest.
+        self._replica_due: tuple[Replica, int] | None = None
         self._replica_wake = asyncio.Event()
-        # (leader, epoch, counter) of a copy that stood still for a lease: every row is
-        # read until the leader's own row says whether it lives (``_clear_suspect``).
-        self._suspect: tuple[str, int, int] | None = None
+        # The leader's row as a copy showed it standing still for a lease: its own row is
+        # read instead until it says whether the leader lives (``_observe_suspect``); and
+        # the counter that row showed at the last such read.
+        self._suspect: MemberRecord | None = None
+        self._suspect_beat: int | None = None
+        # (leader, epoch) of copies left by a leader row since fenced or gone: as its DEAD
+        # row would, they send this member to every row.
+        self._stale_copies: tuple[str, int] | None = None
+        self._full_read_at = float("-inf")  # monotonic: the last read of every member row
+        self._no_copy_since: float | None = None  # no usable copy of the bulletin since
+        self._no_copy_wait = SPREAD_FULL_READ_S
         # Nothing is proven before registration: may_write is false until then.
         self.liveness = Liveness(self.timings, deadline=float("-inf"))
         self.view = FleetView()
@@ -396,6 +409,7 @@ class Membership(FleetKnowledge):
                                            incarnation=self.incarnation)
         self.epoch = record.epoch
         self.shard = record.shard
+        self._replica_due = None  # a copy of the last incarnation's heartbeat: never written
         self.liveness = Liveness.registered(sent, self.timings)
         if self.status is MemberStatus.DRAINING:
             self._beat_now.set()  # fenced while draining: say so again at once
@@ -486,16 +500,20 @@ class Membership(FleetKnowledge):
         sent = self._last_beat = self.clock.monotonic()
         composed = self._composed if self.hooks.leading() else None
         text = bulletins.encode(composed) if composed is not None else None
+        epoch, shard, status, handoffs = self.epoch, self.shard, self.status, self.handoffs
         result = await self.fleet.heartbeat(
-            self.me, self.epoch, self.status, self.hooks.held(), self.settings.capacity,
-            self.handoffs, self.clock.wall_ms(), timeout=timeout, bulletin=text,
-            shard=self.shard)
+            self.me, epoch, status, self.hooks.held(), self.settings.capacity, handoffs,
+            self.clock.wall_ms(), timeout=timeout, bulletin=text, shard=shard)
         if composed is not None and text is not None and \
                 result.outcome is HeartbeatOutcome.RENEWED:
             newest = composed.notices[-1].n if composed.notices else 0
             if composed.shards > 1 and result.heartbeat is not None:
-                # Members read the replicas: a notice is out once they carry it.
-                self._replica_due = (text, result.heartbeat, newest)
+                # Members read the replicas: a notice is out once they carry it. The copy
+                # shows the row exactly as this heartbeat left it.
+                self._replica_due = (Replica(
+                    leader=self.me, shard=shard, epoch=epoch, heartbeat=result.heartbeat,
+                    fence=self.hooks.leader_fence(), shards=composed.shards, bulletin=text,
+                    status=status, handoffs=handoffs), newest)
                 self._replica_wake.set()
             elif newest:
                 self._mark_published(newest)
@@ -523,13 +541,12 @@ class Membership(FleetKnowledge):
             due, self._replica_due = self._replica_due, None
             if due is None or not self.hooks.leading():
                 continue
-            text, counter, newest = due
-            replica = Replica(leader=self.me, shard=self.shard, epoch=self.epoch,
-                              heartbeat=counter, fence=self.hooks.leader_fence(),
-                              shards=self.shards, bulletin=text, status=self.status)
+            replica, newest = due
+            if replica.epoch != self.epoch:
+                continue  # fenced and registered again since: that row is gone
             try:
-                await self.fleet.publish(replica, self.shards,
-                                         timeout=self.timings.heartbeat_s)
+                written = await self.fleet.publish(replica, replica.shards,
+                                                   timeout=self.timings.heartbeat_s)
             except StoreError as exc:
                 self.metrics.replica_failed()
                 event(logging.WARNING, "member.replica_failed",
@@ -540,6 +557,15 @@ class Membership(FleetKnowledge):
                 self.metrics.task_crashed("membership")
                 event(logging.ERROR, "member.replica_crashed", "copying the bulletin crashed",
                       exc_info=True)
+                continue
+            if written < replica.shards:
+                # A copy under a higher leader fence is there: this worker no longer leads
+                # (or the leader backend was changed and its fences start lower).
+                self.metrics.replica_failed()
+                event(logging.WARNING, "member.replica_refused",
+                      "keys hold a copy of a newer leader's bulletin; this one was not "
+                      "written there", shards=replica.shards, written=written,
+                      fence=replica.fence)
                 continue
             if newest:
                 self._mark_published(newest)
@@ -670,12 +696,58 @@ class Membership(FleetKnowledge):
     async def _observe(self) -> None:
         if self.settings.fleet_view == "leader" and not self.hooks.leading():
             leader = self.hooks.leader()
-            if self._suspect is not None and self._suspect[0] != leader:
-                self._suspect = None  # another leader now
-            if leader is not None and leader != self.me and self._suspect is None and \
-                    await self._observe_leader(leader):
+            if self._suspect is not None and self._suspect.worker_id != leader:
+                self._suspect = self._suspect_beat = None  # another leader now
+            if leader is not None and leader != self.me:
+                if self._suspect is not None:
+                    if await self._observe_suspect(self._suspect):
+                        self._no_copy_since = None
+                        return
+                elif await self._observe_leader(leader):
+                    self._no_copy_since = None
+                    return
+            if self.shards > 1 and self._waiting_for_copies():
                 return
         await self._observe_all()
+
+    def _waiting_for_copies(self) -> bool:
+        """No usable copy of the bulletin in a spread fleet (a leader change, a leader
+        fenced): wait for the next leader's copies, planning from the last bulletin, rather
+        than every member reading every key each interval (many times the keys' read
+        limits in a large fleet, the new leader's own reads throttled with them). Deaths
+        wait for the next leader meanwhile. Only copies missing for one to two minutes
+        (at random, so members spread out) make a member read every key, and then once
+        in such an interval."""
+        now = self.clock.monotonic()
+        if self._no_copy_since is None:
+            self._no_copy_since = now
+            self._no_copy_wait = SPREAD_FULL_READ_S * (1 + self.rng.random())
+        return now - max(self._no_copy_since, self._full_read_at) < self._no_copy_wait
+
+    async def _observe_suspect(self, copied: MemberRecord) -> bool:
+        """The leader's copy stood still for a lease, but a copy is written after the
+        heartbeat, so a leader that died between the two left its row a counter ahead, and
+        a fence conditioned on the copy's counter could never match. Its own row decides
+        (one consistent read, watched like any row): moved on, the leader lives and its
+        copies are read again; fenced or gone, every row is read (False); standing still
+        for a lease, it is fenced."""
+        sent = self.clock.monotonic()
+        row = await self.fleet.member(copied.worker_id, timeout=self.timings.heartbeat_s,
+                                      shard=copied.shard)
+        received = self.clock.monotonic()
+        if row is None or not row.live_status or row.epoch != copied.epoch:
+            self._suspect = self._suspect_beat = None
+            self._stale_copies = (copied.worker_id, copied.epoch)
+            return False
+        if self._suspect_beat is not None and row.heartbeat > self._suspect_beat:
+            # It moved between two reads: alive, its copies lag (failing or refused).
+            self._suspect = self._suspect_beat = None
+            return True
+        self._suspect_beat = row.heartbeat
+        self.metrics.member_rows_read(1)
+        if self.observer.observe([row], sent, received):
+            self._spawn(self._take_over(row))
+        return True
 
     async def _observe_leader(self, leader: str) -> bool:
         """Read the leader's row only: its bulletin, and whether the leader lives. False
@@ -690,8 +762,8 @@ class Membership(FleetKnowledge):
         if copied:
             # A spread layout: this worker's own key holds the leader's bulletin, copied.
             replica = await self.fleet.replica(self.shard, timeout=self.timings.heartbeat_s)
-            row = replica.leader_row() \
-                if replica is not None and replica.leader == leader else None
+            row = replica.leader_row() if replica is not None and replica.leader == leader \
+                and (replica.leader, replica.epoch) != self._stale_copies else None
         else:
             row = await self.fleet.member(leader, timeout=self.timings.heartbeat_s,
                                           consistent=False)
@@ -701,9 +773,16 @@ class Membership(FleetKnowledge):
         self._newest_leader_row = (row.worker_id, row.epoch, row.heartbeat) \
             if row is not None else None
         # A draining leader is handing its streams and its leadership over: its bulletin
-        # does not count what it releases, so the members read every row meanwhile.
+        # does not count what it releases, so the members read every row meanwhile. In a
+        # spread fleet that would be every member reading every key each interval: they
+        # plan from its copy instead, told that someone drains (they poll the orphans
+        # fast, and what their shares leave is taken by the waiting tiers).
+        trusted = (MemberStatus.ACTIVE, MemberStatus.DRAINING) if copied \
+            else (MemberStatus.ACTIVE,)
         news = bulletins.decode(row.bulletin) \
-            if row is not None and row.status is MemberStatus.ACTIVE else None
+            if row is not None and row.status in trusted else None
+        if news is not None and row is not None and row.status is MemberStatus.DRAINING:
+            news = dataclasses.replace(news, draining=True)
         if row is None or news is None:
             if row is not None and row.bulletin is not None and \
                     row.status is MemberStatus.ACTIVE:
@@ -716,11 +795,9 @@ class Membership(FleetKnowledge):
         self.metrics.member_keys(self.shards)
         dead = self.observer.observe([row], sent, received)
         if dead and copied:
-            # A copy lags the leader's row by up to a heartbeat (the leader may have died
-            # between the two), so its counter cannot fence: the rows decide, read as the
-            # leader reads them, until the leader's row moves on or is fenced.
-            self._suspect = (row.worker_id, row.epoch, row.heartbeat)
-            return False
+            # Its own row decides (``_observe_suspect``), from now.
+            self._suspect, self._suspect_beat = row, None
+            return await self._observe_suspect(row)
         self._read_all_leading = False
         self._composed = None  # not leading: nothing of an earlier term is written
         self._hear(news, received, row.worker_id, row.heartbeat)
@@ -737,16 +814,6 @@ class Membership(FleetKnowledge):
         if dead:
             self._spawn(self._take_over(row))  # the leader is watched like any member
         return True
-
-    def _clear_suspect(self, members: list[MemberRecord]) -> None:
-        """The leader whose copy stood still is fenced, gone, or alive after all (its row
-        moved two heartbeats past the copy): its copies are read again."""
-        if self._suspect is None:
-            return
-        name, epoch, beat = self._suspect
-        row = next((m for m in members if m.worker_id == name), None)
-        if row is None or not row.live_status or row.epoch != epoch or row.heartbeat >= beat + 2:
-            self._suspect = None
 
     def _read_before(self, row: MemberRecord) -> bool:
         """An eventually consistent read older than one already read (the same leader and
@@ -780,10 +847,13 @@ class Membership(FleetKnowledge):
 
     async def _observe_all(self) -> None:
         sent = self.clock.monotonic()
-        members, self.shards = await self.fleet.roster(timeout=self.timings.heartbeat_s)
-        received = self.clock.monotonic()
+        rows, self.shards = await self.fleet.roster(timeout=self.timings.heartbeat_s)
+        received = self._full_read_at = self.clock.monotonic()
         self.metrics.member_keys(self.shards)
-        self._clear_suspect(members)
+        members, older = layout.one_row_each(rows)
+        if older and self.hooks.leading():
+            for extra in older:
+                self._spawn(self._forget_duplicate(extra))
         dead = self.observer.observe(members, sent, received)
         before = self.view
         self.view = FleetView(tuple(members), frozenset(m.worker_id for m in dead))
@@ -859,31 +929,43 @@ class Membership(FleetKnowledge):
     async def _consider_spread(self, members: list[MemberRecord]) -> None:
         """The leader moves the layout up when its keys hold more rows than
         ``members_per_key`` each (``layout.shards_for``), once every row may read it (one
-        conditional write, rarely: in the read's own step)."""
-        live = sum(1 for m in members if m.status is not MemberStatus.DEAD)
-        want = layout.shards_for(live, self.shards, self.settings.members_per_key)
-        if want <= self.shards:
-            return
-        if not layout.may_spread(members):
+        conditional write, rarely: in the read's own step). First it writes a copy of its
+        bulletin into every key of the new layout: members that learn of it find their
+        copy at once, and a task role not allowed to write there (``MEMBER#*``) keeps the
+        layout where it is instead of shutting new members out."""
+        live = [m for m in members if m.status is not MemberStatus.DEAD]
+        want = layout.shards_for(len(live), self.shards, self.settings.members_per_key)
+        older = sorted(m.worker_id for m in live if not layout.reads_layout(m))
+        if older and (want > self.shards or self.shards > 1):
             if not self._layout_held:
                 self._layout_held = True
-                older = sorted(m.worker_id for m in members if m.status is not
-                               MemberStatus.DEAD and not layout.reads_layout(m))
                 event(logging.WARNING, "member.layout_held",
-                      "member rows would spread over more keys, but some members run a "
-                      "release that cannot read a spread layout", shards=self.shards,
-                      want=want, members=live, older=older[:10], older_count=len(older))
+                      "some members run a release that cannot read a spread layout: the "
+                      "member rows do not spread further, and those members see only part "
+                      "of a spread fleet", shards=self.shards, want=want, members=len(live),
+                      older=older[:10], older_count=len(older))
+        elif not older:
+            self._layout_held = False
+        mine = next((m for m in live if m.worker_id == self.me), None)
+        if want <= self.shards or older or mine is None or self._composed is None:
             return
-        self._layout_held = False
+        copy = Replica(leader=self.me, shard=mine.shard, epoch=mine.epoch,
+                       heartbeat=mine.heartbeat, fence=self.hooks.leader_fence(), shards=want,
+                       bulletin=bulletins.encode(dataclasses.replace(self._composed,
+                                                                     shards=want)),
+                       status=mine.status, handoffs=mine.handoffs)
         try:
+            if await self.fleet.publish(copy, want, timeout=self.timings.heartbeat_s) < want:
+                return  # a newer leader's copies are there: this worker no longer leads
             if await self.fleet.spread(want, timeout=self.timings.heartbeat_s):
                 event(logging.WARNING, "member.layout_spread",
                       "member rows spread over more keys (new rows take the new keys)",
-                      shards=want, was=self.shards, members=live)
+                      shards=want, was=self.shards, members=len(live))
         except StoreError as exc:
             event(logging.WARNING, "member.layout_failed",
-                  "could not spread member rows over more keys; the next read retries",
-                  shards=want, error=str(exc))
+                  "could not spread member rows over more keys (the task role must be "
+                  "allowed to write MEMBER#*); the next read retries", shards=want,
+                  error=str(exc))
             return
         # From the next bulletin on, the heartbeat copies it into every key (the layout is
         # that large now, whoever moved it).
@@ -1053,6 +1135,13 @@ class Membership(FleetKnowledge):
                 self._spawn(self._forget(member))
         for key in set(self._unreleased_since) - keys:
             del self._unreleased_since[key]
+
+    async def _forget_duplicate(self, row: MemberRecord) -> None:
+        """A second, older row of a worker id (``layout.one_row_each``): never used."""
+        event(logging.WARNING, "member.duplicate_row",
+              "a worker id has a second, older row under another key; deleting it",
+              member=row.worker_id, epoch=row.epoch, shard=row.shard)
+        await self._forget(row)
 
     async def _forget(self, member: MemberRecord) -> None:
         try:

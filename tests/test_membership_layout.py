@@ -134,33 +134,48 @@ async def test_a_notice_is_published_once_every_keys_copy_carries_it() -> None:
 
 
 async def test_a_deposed_leaders_copies_do_not_replace_its_successors() -> None:
+    """"a" still believes it leads under the lease's first fence; "b" leads under the
+    second. Both copy their bulletins after every heartbeat: every key keeps "b"'s, and
+    "a" counts its refused copies (its notices are not published)."""
     memory = MemoryStore()
-    history = ["a"]
-    pairs, tasks = await start(memory, "abcde", history)
-    await until(lambda: memory.shards == 4 and set(memory.replicas) == {0, 1, 2, 3})
-    # "b" takes over under a newer fence (2) and copies its bulletin everywhere; a late copy
-    # by "a" under its older fence (1) is refused in every key.
-    b = pairs["b"][0]
-    history.insert(0, "b")
-    await until(lambda: all(r.leader == "b" for r in memory.replicas.values()), limit=20)
-    await b._observe()
-    stale = layout.Replica(leader="a", shard=0, epoch=pairs["a"][0].epoch, heartbeat=10**6,
-                           fence=1, shards=4, bulletin="{}")
-    assert await memory.publish(stale, 4) == 0
+    deposed, current = ["a"], ["b", "a"]
+    pairs = {n: fleet_member(memory, n, deposed if n == "a" else current, held=3,
+                             per_key=PER_KEY) for n in "abcde"}
+    for m, _ in pairs.values():
+        await m.register()
+    await memory.spread(4)
+    tasks = {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
+    await until(lambda: set(memory.replicas) == {0, 1, 2, 3} and
+                all(r.leader == "b" for r in memory.replicas.values()))
+    a = pairs["a"][0]
+    await until(lambda: (a.metrics.registry.get_sample_value(
+        "streamlease_bulletin_replica_failures_total") or 0) >= 3)
+    for _ in range(8):
+        await asyncio.sleep(T.heartbeat_s / 2)
+        assert all(r.leader == "b" and r.fence == 2 for r in memory.replicas.values())
+    n = a.post("c", "s-1", NoticeKind.CHECK)
+    assert not await a.published(n, timeout=4 * T.heartbeat_s)
     await stop(pairs, tasks)
 
 
-async def test_a_draining_leaders_copies_send_members_to_every_row() -> None:
+async def test_a_draining_leaders_copies_tell_members_someone_drains() -> None:
+    """With one key, members read every row while the leader drains; in a spread fleet
+    they plan from its copy, told that someone drains, without reading every key."""
     memory = MemoryStore()
     pairs, tasks = await start(memory, "abcde", ["a"])
-    b = pairs["b"][0]
-    await until(lambda: b.shards == 4 and not b.reading_all and b.bulletin is not None)
+    others = [pairs[n] for n in "bcde"]
+    await until(lambda: all(m.shards == 4 and not m.reading_all and m.bulletin is not None
+                            for m, _ in others))
+    for _, store in others:
+        store.calls.clear()
     pairs["a"][0].drain()  # it hands its streams (and soon its leadership) over
     await until(lambda: all(r.status is MemberStatus.DRAINING
                             for r in memory.replicas.values()))
-    await until(lambda: b.reading_all, limit=5 * T.heartbeat_s)
+    await until(lambda: all(m.draining_seen() for m, _ in others), limit=5 * T.heartbeat_s)
+    await asyncio.sleep(4 * T.heartbeat_s)
+    assert all(store.count("roster") == 0 for _, store in others)
+    assert all(not m.reading_all for m, _ in others)
     await stop(pairs, tasks)
-
 
 async def test_a_leader_that_dies_between_its_heartbeat_and_its_copies_is_still_fenced() -> None:
     """The copies then show the counter before the last heartbeat, which no fence
@@ -174,10 +189,95 @@ async def test_a_leader_that_dies_between_its_heartbeat_and_its_copies_is_still_
     copied = max(r.heartbeat for r in memory.replicas.values())
     await until(lambda: memory.members_by_id["a"].heartbeat >= copied + 1)
     tasks["a"].cancel()
-    last = memory.members_by_id["a"].heartbeat
+    last, last_epoch = memory.members_by_id["a"].heartbeat, memory.members_by_id["a"].epoch
     assert last > copied
     await until(lambda: memory.members_by_id["a"].status is MemberStatus.DEAD,
                 limit=3 * T.lease_s + 10)
     assert memory.members_by_id["a"].fenced_by in set("bcde")
+    # Its copies still say ACTIVE; a member that saw its row fenced no longer plans from
+    # them, and waits for the next leader's copies without reading every key meanwhile.
+    await until(lambda: any(pairs[n][0]._stale_copies == ("a", last_epoch) for n in "bcde"))
+    for n in "bcde":
+        pairs[n][1].calls.clear()
+    await asyncio.sleep(4 * T.heartbeat_s)
+    assert all(pairs[n][1].count("roster") == 0 for n in "bcde"
+               if pairs[n][0]._stale_copies == ("a", last_epoch))
+    del pairs["a"], tasks["a"]
+    await stop(pairs, tasks)
+
+
+async def test_a_live_leader_whose_copies_fail_is_never_fenced() -> None:
+    """Its copies stand still, so members read its row, see it move, and read the copies
+    again: a lease later the same, never a fence."""
+    memory = MemoryStore()
+    pairs, tasks = await start(memory, "abcde", ["a"])
+    await until(lambda: all(m.shards == 4 and not m.reading_all and m.bulletin is not None
+                            for n, (m, _) in pairs.items() if n != "a"))
+    pairs["a"][1].fail("publish", times=-1)
+    epoch = memory.members_by_id["a"].epoch
+    await asyncio.sleep(6 * T.lease_s)
+    row = memory.members_by_id["a"]
+    assert row.status is MemberStatus.ACTIVE and row.epoch == epoch
+    assert all(pairs[n][1].count("fence") == 0 for n in "bcde")
+    assert sum(pairs[n][1].count("member") for n in "bcde") > 0, "their rows were read"
+    await stop(pairs, tasks)
+
+
+async def test_a_copy_never_pairs_a_new_epoch_with_an_old_counter() -> None:
+    """The leader registers again (fenced, or its id taken back) while a copy of its last
+    heartbeat waits: that copy is dropped, never written under the new epoch (whose
+    counter restarts at 0, so the copy would read as the newest row for hours)."""
+    from tests.fakes import Fault
+
+    memory = MemoryStore()
+    pairs, tasks = await start(memory, "abcde", ["a"])
+    a, store = pairs["a"]
+    await until(lambda: memory.shards == 4 and set(memory.replicas) == {0, 1, 2, 3})
+    store.faults["publish"] = [Fault(1, None, delay=4 * T.heartbeat_s)]  # one slow copy
+    await until(lambda: store.count("publish") >= 1 and a._replica_due is not None)
+    store.fail("heartbeat", times=-1)  # no newer copy is queued meanwhile
+    await a.register()
+    assert a._replica_due is None
+    await asyncio.sleep(6 * T.heartbeat_s)  # the slow copy is done; the queue was dropped
+    row = memory.members_by_id["a"]
+    assert all(r.epoch < row.epoch for r in memory.replicas.values()), \
+        "nothing written under the new epoch before a heartbeat under it"
+    store.heal()
+    await stop(pairs, tasks)
+
+
+async def test_a_leader_change_does_not_send_every_member_to_every_key() -> None:
+    """The leader dies; until the next one's copies appear the others plan from the last
+    bulletin and read only their copy (and the dead leader's row), not every key; copies
+    missing for minutes make each read every key once in a while."""
+    from streamlease.membership import SPREAD_FULL_READ_S
+
+    memory = MemoryStore()
+    leader = ["a"]
+    pairs, tasks = await start(memory, "abcde", leader)
+    await until(lambda: all(m.shards == 4 and not m.reading_all and m.bulletin is not None
+                            for n, (m, _) in pairs.items() if n != "a"))
+    for n in "bcde":
+        pairs[n][1].calls.clear()
+    tasks["a"].cancel()
+    await until(lambda: memory.members_by_id["a"].status is MemberStatus.DEAD,
+                limit=3 * T.lease_s + 10)
+    await asyncio.sleep(20.0)
+    # The fencer reads every key once after its fence (it deals from the rows); the rest
+    # did not read them at all.
+    assert sum(pairs[n][1].count("roster") for n in "bcde") <= 1
+    assert all(pairs[n][0].bulletin is not None or pairs[n][0].reading_all for n in "bcde")
+    # Copies missing for two minutes: each reads every key once in a while.
+    await asyncio.sleep(2 * SPREAD_FULL_READ_S)
+    assert all(pairs[n][1].count("roster") >= 1 for n in "bcde")
+    # The next leader's copies: back to one item a read.
+    leader[0] = "b"
+    await until(lambda: all(r.leader == "b" for r in memory.replicas.values()))
+    await until(lambda: all(not pairs[n][0].reading_all for n in "cde"))
+    for n in "cde":
+        pairs[n][1].calls.clear()
+    await asyncio.sleep(4 * T.heartbeat_s)
+    assert all(pairs[n][1].count("roster") == 0 and pairs[n][1].count("replica") >= 4
+               for n in "cde")
     del pairs["a"], tasks["a"]
     await stop(pairs, tasks)

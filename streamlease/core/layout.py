@@ -120,8 +120,27 @@ class Replica:
     shards: int  # the layout the leader wrote it under
     bulletin: str
     status: MemberStatus = MemberStatus.ACTIVE  # the leader's (DRAINING: it hands over)
+    handoffs: int = 0  # the leader's hand-over counter (a member reconciles when it moves)
 
     def leader_row(self) -> MemberRecord:
         """The leader's row as the replica shows it (what a member reads instead)."""
         return MemberRecord(self.leader, self.epoch, self.heartbeat, self.status,
-                            bulletin=self.bulletin, shard=self.shard)
+                            handoffs=self.handoffs, bulletin=self.bulletin, shard=self.shard)
+
+
+def one_row_each(rows: Iterable[MemberRecord]) -> tuple[list[MemberRecord], list[MemberRecord]]:
+    """(the newest row of each worker id, the others). A worker id has one row, but a
+    registration whose create was answered too late to count can land under one key after
+    its retry created the row under another (the layout doubled in between): the older
+    row was never used, and the leader deletes it."""
+    newest: dict[str, MemberRecord] = {}
+    older: list[MemberRecord] = []
+    for row in rows:
+        seen = newest.get(row.worker_id)
+        if seen is None or row.epoch > seen.epoch:
+            newest[row.worker_id] = row
+            if seen is not None:
+                older.append(seen)
+        else:
+            older.append(row)
+    return sorted(newest.values(), key=lambda m: m.worker_id), older

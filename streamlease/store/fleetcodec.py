@@ -97,7 +97,8 @@ def encode_replica(shard: int, replica: layout.Replica) -> Item:
     return {**replica_key(shard), LEADER: s(replica.leader), LEADER_SHARD: n(replica.shard),
             EPOCH: n(replica.epoch), HEARTBEAT: n(replica.heartbeat),
             LEADER_FENCE: n(replica.fence), SHARDS: n(replica.shards),
-            BULLETIN: s(replica.bulletin), LEADER_STATUS: s(replica.status.value)}
+            BULLETIN: s(replica.bulletin), LEADER_STATUS: s(replica.status.value),
+            HANDOFFS: n(replica.handoffs)}
 
 
 def replica_condition(fence: int) -> Expr:
@@ -120,7 +121,8 @@ def decode_replica(item: Mapping[str, Any] | None) -> layout.Replica | None:
     return layout.Replica(leader=leader, shard=shard, epoch=_int(item, EPOCH),
                           heartbeat=_int(item, HEARTBEAT), fence=_int(item, LEADER_FENCE),
                           shards=layout.valid_shards(_int(item, SHARDS, 1)),
-                          bulletin=bulletin, status=MemberStatus(status))
+                          bulletin=bulletin, status=MemberStatus(status),
+                          handoffs=_int(item, HANDOFFS))
 
 
 def high_water_key() -> Item:

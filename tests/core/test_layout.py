@@ -82,3 +82,14 @@ def test_a_replica_reads_as_the_leaders_row() -> None:
     assert (seen.worker_id, seen.shard, seen.epoch, seen.heartbeat, seen.bulletin) == \
         ("l", 3, 9, 41, "{}")
     assert seen.status is MemberStatus.ACTIVE
+
+
+def test_one_row_each_keeps_the_newest_row_of_a_worker_id() -> None:
+    old = dataclasses.replace(row("a"), epoch=5, shard=0)
+    new = dataclasses.replace(row("a"), epoch=9, shard=1)
+    other = row("b")
+    kept, extra = layout.one_row_each([new, other, old])
+    assert kept == [new, other] and extra == [old]
+    kept, extra = layout.one_row_each([old, new, other])
+    assert kept == [new, other] and extra == [old]
+    assert layout.one_row_each([other]) == ([other], [])
