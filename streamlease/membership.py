@@ -728,9 +728,9 @@ class Membership(FleetKnowledge):
         """The leader's copy stood still for a lease, but a copy is written after the
         heartbeat, so a leader that died between the two left its row a counter ahead, and
         a fence conditioned on the copy's counter could never match. Its own row decides
-        (one consistent read, watched like any row): moved on, the leader lives and its
-        copies are read again; fenced or gone, every row is read (False); standing still
-        for a lease, it is fenced."""
+        (one consistent read, watched like any row): moved on between two reads, the
+        leader lives and its copies are read again; fenced or gone, its copies count as
+        its DEAD row would (False); standing still for a lease, it is fenced."""
         sent = self.clock.monotonic()
         row = await self.fleet.member(copied.worker_id, timeout=self.timings.heartbeat_s,
                                       shard=copied.shard)
