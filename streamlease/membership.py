@@ -791,7 +791,7 @@ class Membership(FleetKnowledge):
                       "the leader's row carries a bulletin this worker cannot read; "
                       "reading every member row instead", leader=leader)
             return False
-        self.shards = max(self.shards, news.shards)
+        self.shards = max(self.shards, layout.valid_shards(news.shards))
         self.metrics.member_keys(self.shards)
         dead = self.observer.observe([row], sent, received)
         if dead and copied:
