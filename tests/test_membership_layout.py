@@ -15,7 +15,9 @@ from streamlease.core import bulletin as bulletins
 from streamlease.core import layout
 from streamlease.core.membership import MemberStatus
 from streamlease.core.notices import NoticeKind
+from streamlease.membership import SPREAD_FULL_READ_S
 from streamlease.store.memory import MemoryStore
+from tests.fakes import Fault
 from tests.test_membership import Pairs, T, fleet_member, until
 
 pytestmark = pytest.mark.virtual_time
@@ -227,8 +229,6 @@ async def test_a_copy_never_pairs_a_new_epoch_with_an_old_counter() -> None:
     """The leader registers again (fenced, or its id taken back) while a copy of its last
     heartbeat waits: that copy is dropped, never written under the new epoch (whose
     counter restarts at 0, so the copy would read as the newest row for hours)."""
-    from tests.fakes import Fault
-
     memory = MemoryStore()
     pairs, tasks = await start(memory, "abcde", ["a"])
     a, store = pairs["a"]
@@ -250,8 +250,6 @@ async def test_a_leader_change_does_not_send_every_member_to_every_key() -> None
     """The leader dies; until the next one's copies appear the others plan from the last
     bulletin and read only their copy (and the dead leader's row), not every key; copies
     missing for minutes make each read every key once in a while."""
-    from streamlease.membership import SPREAD_FULL_READ_S
-
     memory = MemoryStore()
     leader = ["a"]
     pairs, tasks = await start(memory, "abcde", leader)

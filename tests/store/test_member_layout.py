@@ -6,6 +6,7 @@ from __future__ import annotations
 from streamlease.core import layout
 from streamlease.core.layout import Replica
 from streamlease.core.membership import HeartbeatOutcome, MemberStatus
+from streamlease.store import fleetcodec
 from streamlease.store.protocols import Stores
 from tests.store.lag import eventually
 
@@ -122,8 +123,6 @@ async def _eventually_replica(stores: Stores, shard: int, want: Replica) -> bool
 
 
 def test_a_replica_round_trips_and_a_damaged_one_is_none() -> None:
-    from streamlease.store import fleetcodec
-
     replica = Replica(leader="a", shard=2, epoch=7, heartbeat=3, fence=5, shards=4,
                       bulletin='{"g":1}', status=MemberStatus.DRAINING)
     item = fleetcodec.encode_replica(3, replica)
