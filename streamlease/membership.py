@@ -935,7 +935,7 @@ class Membership(FleetKnowledge):
         layout where it is instead of shutting new members out."""
         live = [m for m in members if m.status is not MemberStatus.DEAD]
         want = layout.shards_for(len(live), self.shards, self.settings.members_per_key)
-        older = sorted(m.worker_id for m in live if not layout.reads_layout(m))
+        older = [m.worker_id for m in live if not layout.reads_layout(m)]
         if older and (want > self.shards or self.shards > 1):
             if not self._layout_held:
                 self._layout_held = True
@@ -943,7 +943,7 @@ class Membership(FleetKnowledge):
                       "some members run a release that cannot read a spread layout: the "
                       "member rows do not spread further, and those members see only part "
                       "of a spread fleet", shards=self.shards, want=want, members=len(live),
-                      older=older[:10], older_count=len(older))
+                      older=sorted(older)[:10], older_count=len(older))
         elif not older:
             self._layout_held = False
         mine = next((m for m in live if m.worker_id == self.me), None)

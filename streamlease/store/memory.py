@@ -74,6 +74,7 @@ from streamlease.store.protocols import (
 from streamlease.store.versions import MAX_LAG_S, IndexLag, VersionLog
 
 Item = dict[str, Any]
+K = TypeVar("K")
 V = TypeVar("V")
 FLEET_TABLE = "fleet"  # the name fenced writes use for the in-memory fleet table
 INDEX_KEYS = {codec.DESIRED_STATE: "S", codec.LEASE_EXPIRES: "N", codec.LEASE_OWNER: "S",
@@ -147,7 +148,7 @@ class MemoryStore:
         self.members_by_id: dict[str, MemberRecord] = {}  # one row per worker id, any key
         self.shards = 1  # the member layout (``core.layout``)
         self.replicas: dict[int, Replica] = {}  # key -> the leader's bulletin, copied
-        self._replica_versions: VersionLog[str, Replica] = VersionLog(stale)
+        self._replica_versions: VersionLog[int, Replica] = VersionLog(stale)
         self.epoch_high_water = 0  # the highest epoch any deleted member row carried
         self.leaders: dict[str, LeaderRecord] = {}
         self.leader_fence_marks: dict[str, int] = {}  # lease name -> highest fence handed out
@@ -428,14 +429,14 @@ class MemoryStore:
     async def member(self, worker_id: str, timeout: float | None = None,
                      consistent: bool = True, shard: int = 0) -> MemberRecord | None:
         self._called("member")
-        row = self._as_read(self._member_versions, worker_id,
-                            self.members_by_id.get(worker_id), consistent)
+        row = self._read(self._member_versions, self.members_by_id, worker_id, consistent)
         return row if row is not None and row.shard == shard else None
 
-    def _as_read(self, versions: VersionLog[str, V], key: str, current: V | None,
-                 consistent: bool) -> V | None:
-        """``current``, or for an eventually consistent read (``stale_reads_s``) the
-        version ``key`` had ``uniform(0, stale_reads_s)`` ago."""
+    def _read(self, versions: VersionLog[K, V], table: dict[K, V], key: K,
+              consistent: bool) -> V | None:
+        """``table[key]``, or for an eventually consistent read (``stale_reads_s``) the
+        version it had ``uniform(0, stale_reads_s)`` ago (kept by ``_write``)."""
+        current = table.get(key)
         if consistent or not self.stale_reads_s:
             return current
         now = self.clock.monotonic()
@@ -444,23 +445,22 @@ class MemoryStore:
             key, now - self.rng.uniform(0.0, self.stale_reads_s))
         return before if older else current
 
-    def _put_member(self, worker_id: str, row: MemberRecord | None) -> None:
-        """Write (None: delete) a member row, keeping the version it replaces for
+    def _write(self, versions: VersionLog[K, V], table: dict[K, V], key: K,
+               value: V | None) -> None:
+        """Write (None: delete) ``table[key]``, keeping the version it replaces for
         eventually consistent reads (``stale_reads_s``)."""
         if self.stale_reads_s:
-            self._member_versions.record(worker_id, self.members_by_id.get(worker_id),
-                                         self.clock.monotonic())
-        if row is None:
-            self.members_by_id.pop(worker_id, None)
+            versions.record(key, table.get(key), self.clock.monotonic())
+        if value is None:
+            table.pop(key, None)
         else:
-            self.members_by_id[worker_id] = row
+            table[key] = value
+
+    def _put_member(self, worker_id: str, row: MemberRecord | None) -> None:
+        self._write(self._member_versions, self.members_by_id, worker_id, row)
 
     def _put_leader(self, name: str, record: LeaderRecord) -> None:
-        """Write a leader lease, keeping the version it replaces for eventually consistent
-        reads (``stale_reads_s``)."""
-        if self.stale_reads_s:
-            self._leader_versions.record(name, self.leaders.get(name), self.clock.monotonic())
-        self.leaders[name] = record
+        self._write(self._leader_versions, self.leaders, name, record)
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         return (await self.roster(timeout))[0]
@@ -485,16 +485,13 @@ class MemoryStore:
             old = self.replicas.get(shard)
             if old is not None and old.fence > replica.fence:
                 continue  # a newer leader's
-            if self.stale_reads_s:
-                self._replica_versions.record(str(shard), old, self.clock.monotonic())
-            self.replicas[shard] = replica
+            self._write(self._replica_versions, self.replicas, shard, replica)
             written += 1
         return written
 
     async def replica(self, shard: int, timeout: float | None = None) -> Replica | None:
         self._called("replica")
-        return self._as_read(self._replica_versions, str(shard), self.replicas.get(shard),
-                             consistent=False)
+        return self._read(self._replica_versions, self.replicas, shard, consistent=False)
 
     async def fence(self, seen: MemberRecord, by: str, now_wall_ms: int,
                     timeout: float | None = None) -> MemberRecord | None:
@@ -652,8 +649,8 @@ class MemoryLeader:
     async def read(self, name: str, timeout: float | None = None,
                    consistent: bool = True) -> LeaderRecord | None:
         self.store._called("leader_read" if consistent else "leader_read_eventual")
-        return self.store._as_read(self.store._leader_versions, name,
-                                   self.store.leaders.get(name), consistent)
+        return self.store._read(self.store._leader_versions, self.store.leaders, name,
+                                consistent)
 
     async def acquire(self, name: str, owner: str, ttl_s: float, seen: LeaderRecord | None,
                       now_wall_ms: int, timeout: float | None = None) -> int | None:
