@@ -43,8 +43,10 @@ def outside_member_key(shards: int) -> str:
     return next(f"late{i}" for i in range(100) if layout.shard_of(f"late{i}", shards) != 0)
 
 
-async def test_a_growing_fleet_spreads_and_members_read_their_own_keys_copy() -> None:
-    memory = MemoryStore()
+@pytest.mark.parametrize("stale_reads_s", [0.0, 0.4])
+async def test_a_growing_fleet_spreads_and_members_read_their_own_keys_copy(
+        stale_reads_s: float) -> None:
+    memory = MemoryStore(stale_reads_s=stale_reads_s)
     pairs, tasks = await start(memory, "abcde", ["a"])
     await until(lambda: memory.shards == 4)
     await until(lambda: all(r.leader == "a" for r in memory.replicas.values()) and
@@ -104,8 +106,10 @@ async def test_a_row_of_an_older_release_holds_the_layout(
     assert any(getattr(r, "sl_event", "") == "member.layout_spread" for r in caplog.records)
 
 
-async def test_the_leaders_death_is_seen_through_the_copies() -> None:
-    memory = MemoryStore()
+@pytest.mark.parametrize("stale_reads_s", [0.0, 0.4])
+async def test_the_leaders_death_is_seen_through_the_copies(stale_reads_s: float) -> None:
+    """Also with copies read as they were up to 0.4 s ago (eventually consistent)."""
+    memory = MemoryStore(stale_reads_s=stale_reads_s)
     pairs, tasks = await start(memory, "abcde", ["a"])
     await until(lambda: all(m.shards == 4 and not m.reading_all and m.bulletin is not None
                             for n, (m, _) in pairs.items() if n != "a"))
