@@ -29,6 +29,9 @@ class KeepAliveHandler(MotoRequestHandler):
     """``MotoRequestHandler`` whose connections stay open between requests."""
 
     protocol_version = "HTTP/1.1"
+    # The head and the body go out as two writes: with Nagle's algorithm the second would
+    # wait for the client's delayed acknowledgement of the first (40 ms a request).
+    disable_nagle_algorithm = True
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         # werkzeug formats a line (and a timestamp) for every request before its logger
@@ -54,19 +57,22 @@ class KeepAliveHandler(MotoRequestHandler):
         environ["wsgi.input_terminated"] = True
         self.environ = environ
         answer: dict[str, Any] = {}
+        written: list[bytes] = []  # what the application gave WSGI's legacy write()
 
         def start_response(status: str, headers: list[tuple[str, str]],
                            exc_info: Any = None) -> Any:
             answer["status"], answer["headers"] = status, headers
-            return lambda data: None  # the legacy write(): unused by the apps served here
+            return written.append
 
         try:
             chunks = self.server.app(environ, start_response)
             try:
-                data = b"".join(chunks)
+                data = b"".join(written) + b"".join(chunks)
             finally:
                 if hasattr(chunks, "close"):
                     chunks.close()
+            if "status" not in answer:
+                raise RuntimeError("the application answered without start_response")
         except Exception:
             logging.getLogger(__name__).exception("error on request %s %s", self.command,
                                                   self.path)
@@ -81,10 +87,8 @@ class KeepAliveHandler(MotoRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         if self.close_connection:
             self.send_header("Connection", "close")
-        # Head and body in one write: two small writes on a kept-alive connection meet
-        # Nagle's algorithm and the client's delayed acknowledgement (40 ms a request).
-        self._headers_buffer.append(b"\r\n" + data)
-        self.flush_headers()
+        self.end_headers()
+        self.wfile.write(data)
 
 
 def _content_length(text: str | None) -> int | None:

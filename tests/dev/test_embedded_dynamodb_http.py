@@ -6,14 +6,16 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from werkzeug.serving import make_server
 
 from streamlease.dev import parsecache
 from streamlease.dev.dynamodb import EmbeddedDynamoDB
-from streamlease.dev.keepalive import MAX_BODY_BYTES, _content_length
+from streamlease.dev.keepalive import MAX_BODY_BYTES, KeepAliveHandler, _content_length
 
 AUTH = ("AWS4-HMAC-SHA256 Credential=local/20260101/us-east-1/dynamodb/aws4_request, "
         "SignedHeaders=host, Signature=0")
@@ -117,6 +119,44 @@ def test_a_request_without_a_length_is_served_and_its_connection_closed(
     answer = conn.getresponse()
     answer.read()
     assert answer.getheader("Connection") == "close"
+
+
+def serving(app: Callable[..., Any]) -> Iterator[int]:
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=KeepAliveHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_application_that_fails_gets_a_500_and_a_closed_connection() -> None:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        raise RuntimeError("boom")
+
+    for port in serving(app):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/", body=b"{}")
+        answer = conn.getresponse()
+        answer.read()
+        assert (answer.status, answer.getheader("Connection")) == (500, "close")
+
+
+def test_what_an_application_writes_comes_before_what_it_returns() -> None:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Type", "text/plain")])(b"written:")
+        return [b"returned:", body]
+
+    for port in serving(app):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for body in (b"one", b"two"):
+            conn.request("POST", "/", body=body)
+            answer = conn.getresponse()
+            assert answer.read() == b"written:returned:" + body
+        conn.close()
 
 
 @pytest.mark.parametrize("text,expected", [
