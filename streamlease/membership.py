@@ -54,7 +54,7 @@ from streamlease.clock import Clock, sleep_unless
 from streamlease.core import bulletin as bulletins
 from streamlease.core import layout
 from streamlease.core.backoff import Backoff, jittered
-from streamlease.core.bulletin import Bulletin
+from streamlease.core.bulletin import Bulletin, newly_donor
 from streamlease.core.deal import deal_window_s
 from streamlease.core.keepalive import KeepOutcome, KeepState
 from streamlease.core.layout import MEMBERS_PER_KEY, Replica
@@ -808,7 +808,8 @@ class Membership(FleetKnowledge):
         self.metrics.member_counts(dict(news.statuses))
         self.metrics.member_rows_read(1)
         if before is None or before.gen != news.gen or before_row is None or \
-                (before_row.worker_id, before_row.handoffs) != (row.worker_id, row.handoffs):
+                (before_row.worker_id, before_row.handoffs) != (row.worker_id, row.handoffs) \
+                or newly_donor(self.me, before, news):
             self.hooks.fleet_changed()
         self._pending.clear()
         if dead:
@@ -917,6 +918,8 @@ class Membership(FleetKnowledge):
                                    shards=self.shards)
         before, self._composed = self._composed, news
         self.bulletin = news
+        if newly_donor(self.me, before, news):
+            self.hooks.fleet_changed()  # its own reconciler sheds now, not at a quiet cycle
         if before is not None and \
                 (news.gen, news.draining, news.donors, news.deals, news.feed, news.shards) == \
                 (before.gen, before.draining, before.donors, before.deals, before.feed,

@@ -208,7 +208,14 @@ class Reconciler:
         second, not at the next random cycle)."""
         if self.membership.draining_seen() or self.clock.monotonic() < self._fast_until:
             return max(0.02, min(self.settings.reconcile_s, self.settings.stopped_check_s) / 5)
-        inside_band = self._share - balance.TOLERANCE <= len(self.supervisors) <= self._share
+        # Planning from the leader's bulletin, one above its share gives only when the
+        # leader names it a donor, and a bulletin that newly does pokes a cycle at once
+        # (``Membership``): until then it has nothing to give. Planning from every row,
+        # its own plan decides at each cycle, so it keeps the regular cadence.
+        over = balance.TOLERANCE if self.membership.bulletin is not None and \
+            not self.membership.reading_all else 0
+        held = len(self.supervisors)
+        inside_band = self._share - balance.TOLERANCE <= held <= self._share + over
         if self.membership.feed_live() and not self._orphan_since and not self._donor() \
                 and inside_band and not self.holdings.unsure and self._admitting:
             # Nothing to take or give, and the leader's change feed offers every freed or
@@ -220,8 +227,7 @@ class Reconciler:
 
     def _donor(self) -> bool:
         """The leader's bulletin asks this worker to give a stream (its cycle sheds it), or
-        a hand-over of its own is still in flight. (One above its share may be named a
-        donor at any bulletin: the caller keeps its regular cadence as well.)"""
+        a hand-over of its own is still in flight."""
         news = self.membership.bulletin
         return (news is not None and self.settings.owner in news.donors) or any(
             s.holding.reason is StopReason.REBALANCE for s in self.supervisors.values())

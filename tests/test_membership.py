@@ -10,6 +10,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -761,3 +762,49 @@ async def test_a_notice_is_published_at_once_even_just_after_a_count_change() ->
     assert store.count("heartbeat") == beats + 1  # one heartbeat carried both
     a.stop()
     await task
+
+
+@pytest.mark.parametrize("donor", ["a", "b"])  # the leader itself, or a member
+async def test_a_member_newly_named_a_donor_is_poked_at_once(donor: str) -> None:
+    """The donor, one above its share, names nobody to give while everyone sits in band
+    (its reconciler may then rest, its cycles quiet). Counts alone change (no new
+    generation) so that the donor is named: the bulletin that names it pokes its
+    reconciler at once, once, so it sheds now and not at its next quiet cycle."""
+    memory = MemoryStore()
+    leader = ["a"]
+    held = {"a": 4, "b": 4, "c": 3}
+    held[donor] = 5
+    pokes = dict.fromkeys(held, 0)
+
+    def make(name: str) -> Membership:
+        store = FaultyStore(memory)
+        hooks = Hooks(held=lambda: held[name], fenced=lambda: None, self_fenced=lambda: None,
+                      fleet_changed=lambda: pokes.__setitem__(name, pokes[name] + 1),
+                      leading=lambda: leader[0] == name, leader=lambda: leader[0],
+                      leader_fence=lambda: len(leader))
+        return Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
+                          MembershipSettings(name, 10, T), hooks)
+
+    members = {n: make(n) for n in held}
+    for m in members.values():
+        await m.register()
+    tasks = [asyncio.create_task(m.run()) for m in members.values()]
+    named = members[donor]
+
+    def bulletin() -> Any:
+        return named.bulletin
+    await until(lambda: bulletin() is not None and bulletin().total == 12
+                and bulletin().active == 3)
+    assert bulletin().donors == () and bulletin().level == 4
+    gen = bulletin().gen
+    await asyncio.sleep(4 * T.heartbeat_s)
+    before = pokes[donor]
+    held["c"] = 1  # c falls below its band: the largest holder gives
+    await until(lambda: donor in bulletin().donors)
+    assert bulletin().gen == gen, "counts alone moved"
+    assert pokes[donor] == before + 1
+    await asyncio.sleep(4 * T.heartbeat_s)
+    assert pokes[donor] == before + 1, "poked once, not at every bulletin that names it"
+    for m in members.values():
+        m.stop()
+    await asyncio.gather(*tasks)

@@ -594,6 +594,36 @@ async def test_a_member_below_its_share_keeps_looking_while_the_change_feed_is_l
     await fleet.stop()
 
 
+@pytest.mark.parametrize("reading_all", [False, True])
+async def test_one_above_its_share_rests_while_the_feed_is_live_if_the_leader_plans(
+        reading_all: bool) -> None:
+    """Planning from the leader's bulletin, a member one above its share gives only when
+    the bulletin names it a donor (and such a bulletin pokes a cycle): meanwhile it polls
+    the orphan index no more often than one inside its band. Planning from every row, its
+    own plan decides at each cycle: it keeps the regular cadence."""
+    fleet = await feed_live_fleet(Bulletin(gen=1, level=2, total=5, deficit=0, below=0,
+                                           active=2, draining=False), "a", "b", "c")
+    fleet.member.reading_all = reading_all
+    # The rows as read: the leader holds 1, so a share of 2 whichever way it is planned.
+    fleet.member.view = FleetView((MemberRecord("w9", epoch=1, heartbeat=1, streams=1,
+                                                status=MemberStatus.ACTIVE, capacity=100),))
+    queries: list[float] = []
+    query = fleet.store.orphans
+
+    async def orphans(*args: Any, **kwargs: Any) -> Any:
+        queries.append(fleet.clock.monotonic())
+        return await query(*args, **kwargs)
+
+    fleet.store.orphans = orphans  # type: ignore[method-assign]
+    await asyncio.sleep(4 * 1.2)  # four regular cycles at most
+    assert fleet.held() == {"a", "b", "c"}
+    if reading_all:
+        assert len(queries) >= 3, queries
+    else:
+        assert len(queries) <= 2, queries
+    await fleet.stop()
+
+
 async def test_an_offered_stream_is_read_while_the_orphan_query_is_in_flight() -> None:
     """The offered stream's consistent read goes out beside the cycle's orphan query, not
     after it: a hand-off is taken one round trip sooner. (The query is held until the

@@ -141,6 +141,12 @@ def _heirs(survivors: dict[str, int], capacities: dict[str, int],
     return tuple(sorted(best))
 
 
+def newly_donor(me: str, before: Bulletin | None, news: Bulletin) -> bool:
+    """``news`` names ``me`` a donor and the bulletin before it did not: its reconciler
+    should shed now rather than at its next cycle, which may be a quiet one."""
+    return me in news.donors and (before is None or me not in before.donors)
+
+
 def plan_from(bulletin: Bulletin, me: str, capacity: int, keeping: int, active: bool,
               servable_orphans: int) -> Balance:
     """A member's balance plan from the leader's bulletin and its own live count.

@@ -11,7 +11,7 @@ import pytest
 
 from streamlease.core import bulletin as bulletins
 from streamlease.core.balance import counts_of, plan
-from streamlease.core.bulletin import Bulletin, Deal, compose, plan_from
+from streamlease.core.bulletin import Bulletin, Deal, compose, newly_donor, plan_from
 from streamlease.core.deal import deal_weights
 from streamlease.core.membership import MemberRecord, MemberStatus
 
@@ -141,3 +141,13 @@ def test_a_bulletin_stays_small_however_many_members_die_at_once() -> None:
         assert "w0005" in deal.weights()
         assert deal.weights()["w0005"] == max(deal.weights().values())
     assert len(bulletins.encode(news).encode()) < 40_000
+
+
+def test_newly_donor_only_when_the_bulletin_before_did_not_name_it() -> None:
+    quiet = Bulletin(gen=3, level=4, total=12, deficit=0, below=0, active=3, draining=False)
+    asks_b = dataclasses.replace(quiet, donors=("b",))
+    assert newly_donor("b", quiet, asks_b)
+    assert newly_donor("b", None, asks_b)
+    assert not newly_donor("b", asks_b, asks_b)  # still named: told once already
+    assert not newly_donor("a", quiet, asks_b)
+    assert not newly_donor("b", asks_b, quiet)
