@@ -7,7 +7,9 @@ import http.client
 import json
 import socket
 import threading
+import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -33,16 +35,23 @@ def raw_request(target: str, body: dict[str, Any], port: int) -> bytes:
             f"Content-Length: {len(data)}\r\n\r\n").encode() + data
 
 
+@dataclass(frozen=True)
+class Served:
+    port: int
+    table: str  # a table of its own: moto's backend outlives a server in one process
+
+
 @pytest.fixture
-def server() -> Iterator[EmbeddedDynamoDB]:
+def server() -> Iterator[Served]:
+    table = f"t-{uuid.uuid4().hex[:8]}"
     with EmbeddedDynamoDB() as embedded:
         conn = http.client.HTTPConnection("127.0.0.1", embedded.port, timeout=10)
         call(conn, "CreateTable", {
-            "TableName": "t", "BillingMode": "PAY_PER_REQUEST",
+            "TableName": table, "BillingMode": "PAY_PER_REQUEST",
             "KeySchema": [{"AttributeName": "k", "KeyType": "HASH"}],
             "AttributeDefinitions": [{"AttributeName": "k", "AttributeType": "S"}]})
         conn.close()
-        yield embedded
+        yield Served(embedded.port, table)
 
 
 def call(conn: http.client.HTTPConnection, target: str, body: dict[str, Any],
@@ -53,27 +62,30 @@ def call(conn: http.client.HTTPConnection, target: str, body: dict[str, Any],
     return answer, json.loads(data) if data else {}
 
 
-def test_a_connection_serves_request_after_request(server: EmbeddedDynamoDB) -> None:
+def test_a_connection_serves_request_after_request(server: Served) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     ports = set()
     for i in range(5):
-        answer, body = call(conn, "PutItem", {"TableName": "t", "Item": {"k": {"S": f"a{i}"}}})
+        answer, body = call(conn, "PutItem",
+                            {"TableName": server.table, "Item": {"k": {"S": f"a{i}"}}})
         assert answer.status == 200, body
         assert answer.getheader("Connection") is None
         assert answer.getheader("Content-Length") is not None
         assert conn.sock is not None, "the server closed the connection"
         ports.add(conn.sock.getsockname()[1])
     assert len(ports) == 1
-    answer, body = call(conn, "Scan", {"TableName": "t"})
+    answer, body = call(conn, "Scan", {"TableName": server.table})
     assert body["Count"] == 5
     conn.close()
 
 
-def test_pipelined_requests_are_answered_in_order(server: EmbeddedDynamoDB) -> None:
+def test_pipelined_requests_are_answered_in_order(server: Served) -> None:
     """Each body is read to exactly its Content-Length, so the next request line is found
     where it starts, even when both requests arrive in one packet."""
-    first = raw_request("PutItem", {"TableName": "t", "Item": {"k": {"S": "p"}}}, server.port)
-    second = raw_request("GetItem", {"TableName": "t", "Key": {"k": {"S": "p"}}}, server.port)
+    first = raw_request("PutItem", {"TableName": server.table, "Item": {"k": {"S": "p"}}},
+                        server.port)
+    second = raw_request("GetItem", {"TableName": server.table, "Key": {"k": {"S": "p"}}},
+                         server.port)
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(first + second)
         reader = sock.makefile("rb")
@@ -90,8 +102,8 @@ def test_pipelined_requests_are_answered_in_order(server: EmbeddedDynamoDB) -> N
     assert answers[1][1]["Item"] == {"k": {"S": "p"}}
 
 
-def test_a_body_sent_in_pieces_is_read_whole(server: EmbeddedDynamoDB) -> None:
-    request = raw_request("PutItem", {"TableName": "t", "Item": {"k": {"S": "split"}}},
+def test_a_body_sent_in_pieces_is_read_whole(server: Served) -> None:
+    request = raw_request("PutItem", {"TableName": server.table, "Item": {"k": {"S": "split"}}},
                           server.port)
     cut = request.index(b"\r\n\r\n") + 10
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
@@ -99,12 +111,12 @@ def test_a_body_sent_in_pieces_is_read_whole(server: EmbeddedDynamoDB) -> None:
         sock.sendall(request[cut:])
         assert sock.recv(65536).split(b" ")[1] == b"200"
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    _, body = call(conn, "GetItem", {"TableName": "t", "Key": {"k": {"S": "split"}}})
+    _, body = call(conn, "GetItem", {"TableName": server.table, "Key": {"k": {"S": "split"}}})
     assert body["Item"] == {"k": {"S": "split"}}
     conn.close()
 
 
-def test_a_client_that_asks_to_close_is_closed(server: EmbeddedDynamoDB) -> None:
+def test_a_client_that_asks_to_close_is_closed(server: Served) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     answer, _ = call(conn, "ListTables", {}, Connection="close")
     assert answer.status == 200
@@ -113,7 +125,7 @@ def test_a_client_that_asks_to_close_is_closed(server: EmbeddedDynamoDB) -> None
 
 
 def test_a_request_without_a_length_is_served_and_its_connection_closed(
-        server: EmbeddedDynamoDB) -> None:
+        server: Served) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     conn.request("GET", "/")
     answer = conn.getresponse()
@@ -173,10 +185,10 @@ UPDATE = "SET #v = :v, #n = if_not_exists(#n, :zero) + :one"
 CONDITION = "attribute_not_exists(#v) OR #v < :v"
 
 
-def conditional_update(conn: http.client.HTTPConnection, key: str,
+def conditional_update(conn: http.client.HTTPConnection, table: str, key: str,
                        value: int) -> tuple[int, dict[str, Any]]:
     answer, body = call(conn, "UpdateItem", {
-        "TableName": "t", "Key": {"k": {"S": key}}, "UpdateExpression": UPDATE,
+        "TableName": table, "Key": {"k": {"S": key}}, "UpdateExpression": UPDATE,
         "ConditionExpression": CONDITION, "ReturnValues": "ALL_NEW",
         "ExpressionAttributeNames": {"#v": "v", "#n": "n"},
         "ExpressionAttributeValues": {":v": {"N": str(value)}, ":zero": {"N": "0"},
@@ -185,11 +197,11 @@ def conditional_update(conn: http.client.HTTPConnection, key: str,
 
 
 def test_one_expression_text_answers_each_request_with_its_own_values(
-        server: EmbeddedDynamoDB) -> None:
+        server: Served) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     before = parsecache._update_tree.cache_info()
     lexed = parsecache._condition_tokens.cache_info().hits
-    outcomes = [conditional_update(conn, key, value)
+    outcomes = [conditional_update(conn, server.table, key, value)
                 for key, value in (("a", 5), ("a", 7), ("a", 6), ("b", 1), ("a", 9))]
     statuses = [status for status, _ in outcomes]
     assert statuses == [200, 200, 400, 200, 200]
@@ -210,16 +222,16 @@ def test_one_expression_text_answers_each_request_with_its_own_values(
     ("ConditionExpression", "#v = :v ~"),  # moto's lexer raises
 ])
 def test_an_expression_that_does_not_parse_is_refused_every_time(
-        server: EmbeddedDynamoDB, field: str, text: str) -> None:
+        server: Served, field: str, text: str) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     request: dict[str, Any] = {
-        "TableName": "t", "Key": {"k": {"S": "bad"}}, "UpdateExpression": "SET #v = :v",
+        "TableName": server.table, "Key": {"k": {"S": "bad"}}, "UpdateExpression": "SET #v = :v",
         "ExpressionAttributeNames": {"#v": "v"},
         "ExpressionAttributeValues": {":v": {"N": "1"}}, field: text}
     for _ in range(2):
         answer, body = call(conn, "UpdateItem", request)
         assert answer.status == 400, body
         assert "ValidationException" in body["__type"]
-    _, got = call(conn, "GetItem", {"TableName": "t", "Key": {"k": {"S": "bad"}}})
+    _, got = call(conn, "GetItem", {"TableName": server.table, "Key": {"k": {"S": "bad"}}})
     assert "Item" not in got
     conn.close()
