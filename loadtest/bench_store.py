@@ -3,14 +3,17 @@
     python -m loadtest.bench_store [--runs 5] [--ops 300]
 
 Acquire (a conditional update on a free item), renew (conditional on owner and fence)
-and one sink transaction of 10 messages, each issued one at a time from one client,
-median of several runs. The embedded server handles one request at a time, so these are
-its limits, not DynamoDB's.
+and one sink transaction of 10 messages, each issued one at a time from one client; and
+take-overs as a survivor makes them after a death (the conditional write from the dead
+incarnation, then the sink's resume read), ``TAKEOVER_CONCURRENCY`` in flight. Median of
+several runs. The embedded server handles one request at a time, so these are its
+limits, not DynamoDB's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 import uuid
@@ -21,6 +24,8 @@ from loadtest.common import Server, use_local_dynamodb
 from streamlease.core.frames import Frame
 from streamlease.core.lease import LeaseTimings
 from streamlease.store import dynamodb
+from streamlease.store.protocols import Stores
+from streamlease.takeover import TAKEOVER_CONCURRENCY
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 
@@ -53,7 +58,27 @@ async def one_run(ops: int) -> dict[str, float]:
             await stores.sink.write_batch(tenure, prev, batch, now)
             prev = batch[-1].seq
         sink = ops / (time.perf_counter() - started)
-    return {"acquire": acquire, "renew": renew, "sink_tx_10_msgs": sink}
+        takeover = await take_overs(stores, ops, now)
+    return {"acquire": acquire, "renew": renew, "sink_tx_10_msgs": sink, "takeover": takeover}
+
+
+async def take_overs(stores: Stores, ops: int, now: int) -> float:
+    """Take-overs a second of ``ops`` streams a dead member (epoch 1, fenced at 2) held."""
+    dead = [f"d{i}" for i in range(ops)]
+    for sid in dead:
+        await stores.admin.put_started(sid, "wss://bench/")
+        assert await stores.leases.acquire(sid, "dead", now, T, epoch=1) is not None
+    gate = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
+
+    async def take(sid: str) -> None:
+        async with gate:
+            got = await stores.leases.take_over(sid, "dead", 2, "bench", now, T, epoch=3)
+            assert got is not None
+            await stores.sink.newest_event(sid)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(take(sid) for sid in dead))
+    return ops / (time.perf_counter() - started)
 
 
 def main() -> None:
