@@ -34,13 +34,15 @@ RUN python -m pip download --require-hashes --no-deps --dest /wheels -r requirem
 
 COPY pyproject.toml README.md LICENSE ./
 COPY streamlease ./streamlease
-# With the redis extra: the image serves either leader backend (STREAMLEASE_LEADER_BACKEND);
+# With the redis and mongodb extras: the image serves every leader backend
+# (STREAMLEASE_LEADER_BACKEND) and the mongodb:// sink; the lock's test-only wheels stay in
+# this stage's wheelhouse and never reach /opt/venv;
 # with the tracing extra it exports spans once an OTEL_EXPORTER_OTLP_*ENDPOINT is set.
 RUN python -m pip wheel --no-deps --no-index --find-links /wheels --wheel-dir /dist . \
  && python -m venv --without-pip /opt/venv \
  && wheel=$(echo /dist/streamlease-*.whl) \
  && python -m pip --python /opt/venv/bin/python install --no-index --find-links /wheels \
-        "${wheel}[redis,tracing]" \
+        "${wheel}[redis,mongodb,tracing]" \
  && /opt/venv/bin/streamlease --help >/dev/null
 
 

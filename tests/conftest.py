@@ -24,6 +24,7 @@ from streamlease.store.memory import MemoryStore
 from streamlease.store.protocols import Stores
 from streamlease.store.versions import IndexLag
 from tests.fleet.harness import INDEX_LAG_JITTER_MS, INDEX_LAG_MS, Fleet, dynamodb_server
+from tests.mongoserver import MongoServer
 from tests.store.lag import ManualClock
 from tests.virtual import VirtualTimeLoop
 
@@ -58,6 +59,18 @@ def dynamodb_endpoint() -> Iterator[str]:
                 os.environ[k] = v
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def mongo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MongoServer]:
+    """A MongoDB wire server (SecantusDB) on a free loopback port, for the whole session;
+    each test uses a database of its own."""
+    server = MongoServer(tmp_path_factory.mktemp("mongodb"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")
