@@ -28,6 +28,7 @@ from streamlease import __version__
 from streamlease import health as http
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
+from streamlease.core.backends import LeaderBackendChoice, MongoTarget
 from streamlease.core.jobs import takeover_grace_ms
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
 from streamlease.core.stream import BATCH_MAX_BYTES, sink_retry_cap
@@ -304,9 +305,15 @@ async def worker_upstreams(config: WorkerConfig) -> AsyncIterator[Upstreams]:
 @contextlib.asynccontextmanager
 async def leader_backend(config: WorkerConfig, stores: Stores,
                          metrics: Metrics) -> AsyncIterator[LeaderBackend]:
-    """The fleet table's leader backend, or Redis (STREAMLEASE_LEADER_BACKEND)."""
+    """The fleet table's leader backend, Redis or MongoDB (STREAMLEASE_LEADER_BACKEND)."""
     if config.leader_backend == "dynamodb":
         yield stores.leader
+        return
+    if isinstance(config.leader_backend, MongoTarget):
+        require_mongodb()
+        from streamlease.store.mongo_leader import mongo_backend
+        async with mongo_backend(config.leader_backend) as mongo:
+            yield mongo
         return
     require_redis()
     from streamlease.store.redis_leader import redis_backend
@@ -508,6 +515,30 @@ REDIS_EXTRA_MISSING = ("STREAMLEASE_LEADER_BACKEND: a redis:// backend needs the
                        "which is not installed (pip install 'streamlease[redis]')")
 
 
+MONGODB_EXTRA_MISSING = ("STREAMLEASE_LEADER_BACKEND: a mongodb:// backend needs the pymongo "
+                         "package, which is not installed (pip install 'streamlease[mongodb]')")
+
+
+def require_mongodb() -> None:
+    """Import ``pymongo`` (the ``mongodb`` extra) for the MongoDB leader backend;
+    ConfigError (exit 2, one line naming the setting) when it is not installed. Nothing
+    imports ``pymongo`` unless that backend (or the mongodb:// sink) is chosen."""
+    try:
+        importlib.import_module("pymongo")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("pymongo", "bson"):
+            raise
+        raise ConfigError([MONGODB_EXTRA_MISSING]) from None
+
+
+def require_backend(choice: LeaderBackendChoice) -> None:
+    """The extra the chosen leader backend needs is installed; ConfigError if not."""
+    if isinstance(choice, MongoTarget):
+        require_mongodb()
+    elif choice != "dynamodb":
+        require_redis()
+
+
 def require_redis() -> None:
     """Import the ``redis`` package (the ``redis`` extra) for the Redis leader backend;
     ConfigError (exit 2, one line naming the setting) when it is not installed. Nothing
@@ -534,8 +565,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def run_worker() -> int:
     try:
         config = WorkerConfig.from_env()
-        if config.leader_backend != "dynamodb":
-            require_redis()
+        require_backend(config.leader_backend)
     except ConfigError as exc:
         print(f"streamlease: {exc}", file=sys.stderr)
         return 2

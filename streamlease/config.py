@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamlease.core.backends import RedisTarget, parse_leader_backend
+from streamlease.core.backends import LeaderBackendChoice, parse_leader_backend
 from streamlease.core.frames import MAX_SEQ
 from streamlease.core.layout import MEMBERS_PER_KEY
 from streamlease.core.lease import LeaseTimings, heartbeat_problems
@@ -231,8 +231,8 @@ SETTINGS: tuple[Setting, ...] = (
             "has one) and tells holders of changes; off: the fleet polls for them",
             choice("on", "off")),
     Setting("STREAMLEASE_LEADER_BACKEND", "leader_backend", "dynamodb",
-            "where the fleet leader lease lives: dynamodb (the fleet table) or "
-            "redis://host:port/db", parse_leader_backend, secret=True),
+            "where the fleet leader lease lives: dynamodb (the fleet table), "
+            "redis://host:port/db or mongodb://HOST/DB", parse_leader_backend, secret=True),
     Setting("STREAMLEASE_JOB_GRACE_SECONDS", "job_grace_s", "10",
             "a job stopped for its timeout, a lost lease or a shutdown gets SIGTERM, then "
             "SIGKILL this long after", seconds(0.1, 600)),
@@ -311,7 +311,7 @@ class WorkerConfig:
     fleet_view: str  # "leader" (plan from the leader's bulletin) or "all" (read every row)
     members_per_key: int  # member rows per key before the layout spreads (core.layout)
     change_feed: str  # "on" (the leader tails the streams table's stream) or "off"
-    leader_backend: str | RedisTarget  # "dynamodb", or where the Redis server is
+    leader_backend: LeaderBackendChoice  # "dynamodb", or where Redis or MongoDB is
     job_grace_s: float
     max_seq_jump: int
     stall_s: float

@@ -19,6 +19,7 @@ from typing import Any
 
 from streamlease.clock import SYSTEM_CLOCK
 from streamlease.config import setting_value
+from streamlease.core.backends import MongoTarget
 from streamlease.core.jobs import Job, JobRun
 from streamlease.core.schedule import Schedule, parse_cron, parse_every, slot_name
 from streamlease.errors import ConfigError, StaleFence
@@ -207,15 +208,11 @@ async def write(args: argparse.Namespace) -> int:
         raise JobUsage("streamlease job write: --item must be an object of DynamoDB JSON "
                        'attributes, such as {"Pk": {"S": "day#1"}, "n": {"N": "3"}}')
     fence = int(fence_text)
-    async with leader_backend() as (backend, redis):
-        if redis:
-            from streamlease.store.redis_leader import hash_set_for_item
-            try:
-                request: Any = hash_set_for_item(args.table, item)
-            except ValueError as exc:
-                raise JobUsage(f"streamlease job write: {exc}") from None
-        else:
-            request = PutItem(args.table, item)
+    async with leader_backend() as (backend, kind):
+        try:
+            request: Any = _request(kind, args.table, item)
+        except ValueError as exc:
+            raise JobUsage(f"streamlease job write: {exc}") from None
         try:
             await backend.fenced_write(FLEET_LEASE, fence, request)
         except StaleFence:
@@ -228,22 +225,39 @@ async def write(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _request(kind: str, table: str, item: dict[str, Any]) -> Any:
+    """The write ``job write`` hands the backend of ``kind``; ValueError for an item
+    that backend cannot store."""
+    if kind == "redis":
+        from streamlease.store.redis_leader import hash_set_for_item
+        return hash_set_for_item(table, item)
+    if kind == "mongodb":
+        from streamlease.store.mongo_leader import upsert_for_item
+        return upsert_for_item(table, item)
+    return PutItem(table, item)
+
+
 @contextlib.asynccontextmanager
-async def leader_backend() -> AsyncIterator[tuple[LeaderBackend, bool]]:
-    """The leader backend the workers use (STREAMLEASE_LEADER_BACKEND), and whether it
-    is Redis."""
+async def leader_backend() -> AsyncIterator[tuple[LeaderBackend, str]]:
+    """The leader backend the workers use (STREAMLEASE_LEADER_BACKEND), and its kind:
+    ``dynamodb``, ``redis`` or ``mongodb``."""
     choice = setting_value("STREAMLEASE_LEADER_BACKEND")
     if choice == "dynamodb":
         from streamlease.store.dynamodb import connect_admin
         fleet = setting_value("STREAMLEASE_FLEET_TABLE")
         async with connect_admin("unused-streams", "unused-events", fleet) as stores:
-            yield stores.leader, False
+            yield stores.leader, "dynamodb"
         return
-    from streamlease.app import require_redis
-    require_redis()
+    from streamlease.app import require_backend
+    require_backend(choice)
+    if isinstance(choice, MongoTarget):
+        from streamlease.store.mongo_leader import mongo_backend
+        async with mongo_backend(choice) as mongo:
+            yield mongo, "mongodb"
+        return
     from streamlease.store.redis_leader import redis_backend
     async with redis_backend(choice) as backend:
-        yield backend, True
+        yield backend, "redis"
 
 
 def _iso(ms: int | None) -> str | None:

@@ -38,7 +38,7 @@ from typing import Any
 from streamlease import tracing
 from streamlease.clock import SYSTEM_CLOCK, Clock, sleep_unless
 from streamlease.core.backoff import jittered
-from streamlease.core.fenced import HashSet, PutItem, Transaction
+from streamlease.core.fenced import HashSet, PutItem, Transaction, Upsert
 from streamlease.core.keepalive import Keeper, KeepState
 from streamlease.core.leadership import LeaderObserver, LeaderRecord
 from streamlease.core.membership import MemberTimings
@@ -58,6 +58,7 @@ __all__ = [
     "LeaderRecord",
     "PutItem",
     "Transaction",
+    "Upsert",
     "WriteRefused",
     "dynamodb_backend",
 ]
@@ -242,6 +243,7 @@ class LeaderLease:
 
     async def fenced_write(self, write: Any, timeout: float | None = None) -> None:
         """Apply ``write`` (``PutItem``/``Transaction`` on DynamoDB, ``HashSet`` on
-        Redis) only if the lease still carries this holder's fence. StaleFence if not."""
+        Redis, ``Upsert`` on MongoDB) only if the lease still carries this holder's
+        fence. StaleFence if not."""
         await self.backend.fenced_write(self.name, self.fence, write,
                                         timeout=timeout or self.timings.heartbeat_s)

@@ -70,6 +70,35 @@ def test_a_redis_backend_without_the_redis_package_exits_2_naming_the_setting_an
     assert REDIS_URL not in lines[0]  # the setting is secret: named, never quoted
 
 
+MONGODB_URL = "mongodb://127.0.0.1:1/streamlease"  # never dialled, as REDIS_URL
+
+
+@pytest.mark.parametrize("args", [
+    ["run"],
+    ["job", "write", "--table", "ledger", "--item", '{"Pk": {"S": "day#1"}}'],
+], ids=["run", "job-write"])
+def test_a_mongodb_backend_without_pymongo_exits_2_naming_the_setting_and_extra(
+        args: list[str]) -> None:
+    result = python_with(
+        "pymongo", f"from streamlease.cli import main; raise SystemExit(main({args!r}))",
+        env={"STREAMLEASE_LEADER_BACKEND": MONGODB_URL, "STREAMLEASE_FENCE": "7",
+             "STREAMLEASE_METRICS_PORT": "0", **local_aws_env("http://127.0.0.1:9")})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "STREAMLEASE_LEADER_BACKEND" in lines[0]
+    assert "pip install 'streamlease[mongodb]'" in lines[0]
+    assert MONGODB_URL not in lines[0]
+
+
+def test_starting_imports_no_mongodb_driver() -> None:
+    result = python_with("", "import sys, streamlease.app, streamlease.cli, streamlease.jobcli\n"
+                             "print(sorted(m for m in sys.modules if m.startswith(("
+                             "'pymongo', 'bson', 'streamlease.store.mongo'))))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_require_redis_passes_where_the_package_is_installed_and_refuses_without(
         monkeypatch: pytest.MonkeyPatch) -> None:
     app.require_redis()

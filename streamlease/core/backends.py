@@ -1,6 +1,9 @@
 """Where leader leases live: the ``STREAMLEASE_LEADER_BACKEND`` value, parsed (pure).
 
-``dynamodb`` (the default) keeps them in the fleet table. ``redis://host[:port][/db]``
+``dynamodb`` (the default) keeps them in the fleet table. ``mongodb://HOST[:PORT][,HOST...]/DB``
+or ``mongodb+srv://HOST/DB`` keeps them in one MongoDB database (``MongoTarget``: the URL goes
+to the driver as written, every option of the MongoDB connection string with it; here it is
+only checked for its shape and the database it names). ``redis://host[:port][/db]``
 or ``rediss://...`` (TLS) keeps them in one Redis server (a primary; not Redis Cluster,
 whose slots cannot hold a fenced write to an arbitrary key). The port defaults to 6379,
 the database to 0. User info (``redis://user:password@host``, percent-encoded) is the
@@ -31,7 +34,11 @@ DEFAULT_WAIT_MS = 500
 MAX_REPLICAS = 1000
 MAX_WAIT_MS = 60_000
 QUERY_KEYS = ("min_replicas", "wait_ms")
-USAGE = "must be dynamodb, redis://host:port/db or rediss://host:port/db"
+USAGE = ("must be dynamodb, redis://host:port/db, rediss://host:port/db, mongodb://HOST/DB "
+         "or mongodb+srv://HOST/DB")
+MONGO_SCHEMES = ("mongodb", "mongodb+srv")
+#: What MongoDB refuses in a database name (and the name may not be empty or over 63 bytes).
+MONGO_DB_FORBIDDEN = frozenset('/\\. "$*<>:|?')
 
 _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
 
@@ -63,12 +70,42 @@ class RedisTarget:
         return f"{'rediss' if self.tls else 'redis'}://{user}{host}:{self.port}/{self.db}{tail}"
 
 
-def parse_leader_backend(text: str) -> Literal["dynamodb"] | RedisTarget:
-    """``dynamodb`` or a ``RedisTarget``; ValueError with a one-line reason otherwise."""
+@dataclass(frozen=True)
+class MongoTarget:
+    """One MongoDB deployment and the database the leases live in. ``uri`` is the URL as
+    written (credentials and options included), for the driver alone."""
+
+    uri: str = field(repr=False)
+    database: str
+    hosts: tuple[str, ...]
+    srv: bool = False
+    credentials: bool = False
+    #: The connection-string options the URL sets, by lower-cased name (without values):
+    #: the backend applies its defaults (majority writes, journaled, majority reads)
+    #: only where the URL is silent.
+    options: frozenset[str] = frozenset()
+
+    @property
+    def url(self) -> str:
+        """The URL without credentials or option values, for logs and messages."""
+        user = "***@" if self.credentials else ""
+        scheme = "mongodb+srv" if self.srv else "mongodb"
+        query = "?" + "&".join(sorted(self.options)) if self.options else ""
+        return f"{scheme}://{user}{','.join(self.hosts)}/{self.database}{query}"
+
+
+LeaderBackendChoice = Literal["dynamodb"] | RedisTarget | MongoTarget
+
+
+def parse_leader_backend(text: str) -> LeaderBackendChoice:
+    """``dynamodb``, a ``RedisTarget`` or a ``MongoTarget``; ValueError with a one-line
+    reason otherwise."""
     text = text.strip()
     if text.lower() == DYNAMODB:
         return DYNAMODB
     scheme, sep, _ = text.partition("://")
+    if sep and scheme.lower() in MONGO_SCHEMES:
+        return parse_mongo_url(text, "MongoDB URL")
     if not sep or scheme.lower() not in ("redis", "rediss"):
         raise ValueError(USAGE)
     if any(c.isspace() or not c.isprintable() for c in text) or "\\" in text:
@@ -141,3 +178,69 @@ def _db(path: str) -> int:
     if not (number.isascii() and number.isdigit()) or not 0 <= int(number) <= MAX_DB:
         raise ValueError("the Redis URL's path must be a database number, e.g. /0")
     return int(number)
+
+
+def parse_mongo_url(text: str, what: str) -> MongoTarget:
+    """A ``mongodb://`` or ``mongodb+srv://`` URL that names a database, as a
+    ``MongoTarget``; ValueError with a one-line reason (never quoting the text) otherwise.
+    Hosts are checked for their shape (``mongodb+srv``: one host name, no port); option
+    names and values are the driver's to judge when it is built."""
+    text = text.strip()
+    scheme, _, rest = text.partition("://")
+    srv = scheme.lower() == "mongodb+srv"
+    if any(c.isspace() or not c.isprintable() for c in text) or "\\" in text:
+        raise ValueError(f"a {what} may not contain spaces, control characters or "
+                         "backslashes")
+    if "#" in rest:
+        raise ValueError(f"a {what} takes no fragment")
+    authority, slash, tail = rest.partition("/")
+    path, question, query = tail.partition("?")
+    if question and not query:
+        raise ValueError(f"the {what} has an empty query")
+    userinfo, at, hostlist = authority.rpartition("@")
+    if at and not userinfo:
+        raise ValueError(f"empty user info before '@' in the {what}")
+    hosts = tuple(_mongo_host(h, what) for h in hostlist.split(",")) if hostlist else ()
+    if not hosts:
+        raise ValueError(f"the {what} names no host")
+    if srv and (len(hosts) != 1 or ":" in hosts[0].rsplit("]", 1)[-1]):
+        raise ValueError(f"a mongodb+srv:// {what} names one host, without a port")
+    if not slash or not path:
+        raise ValueError(f"the {what} names no database: mongodb://HOST/DB")
+    database = unquote(path)
+    if len(database.encode()) > 63 or MONGO_DB_FORBIDDEN.intersection(database) or \
+            "\0" in database:
+        raise ValueError(f"the {what}'s database must be a MongoDB database name (at most "
+                         "63 bytes, none of / \\ . space \" $ * < > : | ?)")
+    options = set()
+    for pair in query.split("&") if query else []:
+        name, eq, _ = pair.partition("=")
+        if not name or not eq:
+            raise ValueError(f"the {what}'s query must be name=value pairs joined by &")
+        options.add(name.lower())
+    return MongoTarget(text, database, hosts, srv, bool(at), frozenset(options))
+
+
+def _mongo_host(text: str, what: str) -> str:
+    """``host``, ``host:port`` or ``[v6]:port``, lower-cased; ValueError otherwise."""
+    if text.startswith("["):
+        address, _, port = text[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            raise ValueError(f"the {what}'s [host] is not an IPv6 address") from None
+        if port and not port.startswith(":"):
+            raise ValueError(f"the {what}'s [host] is not an IPv6 address")
+        host, port = f"[{address.lower()}]", port[1:] if port else ""
+        colon = bool(port) or text.endswith(":")
+    else:
+        host, colon_sep, port = text.partition(":")
+        colon = bool(colon_sep)
+        host = host.lower()
+        if not host or not all(_LABEL.fullmatch(label) for label in host.split(".")):
+            raise ValueError(f"the {what}'s host must be an IP address or a DNS name")
+    if colon:
+        if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+            raise ValueError(f"the {what}'s port must be a number from 1 to 65535")
+        return f"{host}:{int(port)}"
+    return host

@@ -2,7 +2,8 @@
 
 ``LeaderLease.fenced_write`` hands one of these to its backend, which applies it only
 while the lease still carries the holder's fence, in the same atomic step as that check:
-``PutItem`` and ``Transaction`` on DynamoDB (and the in-memory store), ``HashSet`` on Redis.
+``PutItem`` and ``Transaction`` on DynamoDB (and the in-memory store), ``HashSet`` on Redis,
+``Upsert`` on MongoDB.
 They live here, below both the stores that apply them and the lease that sends them, so
 that no store module imports the runtime.
 """
@@ -39,3 +40,13 @@ class HashSet:
     key: str
     field: str
     value: str
+
+
+@dataclass(frozen=True)
+class Upsert:
+    """MongoDB: set ``document``'s fields on the document ``_id = key`` of ``collection``
+    (inserting it if missing), unless a higher fence has written that document."""
+
+    collection: str
+    key: Any
+    document: dict[str, Any]

@@ -1,5 +1,5 @@
-"""``STREAMLEASE_LEADER_BACKEND`` parsing: ``dynamodb`` or a Redis URL. Pure and
-table-driven; nothing is resolved or dialled."""
+"""``STREAMLEASE_LEADER_BACKEND`` parsing: ``dynamodb``, a Redis URL or a MongoDB URL.
+Pure and table-driven; nothing is resolved or dialled."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from streamlease.core.backends import RedisTarget, parse_leader_backend
+from streamlease.core.backends import MongoTarget, RedisTarget, parse_leader_backend
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -101,3 +101,59 @@ def test_the_replication_settings_show_in_the_url_for_logs() -> None:
     assert target.url == "redis://***@10.0.0.5:6379/1?min_replicas=1&wait_ms=250"
     assert parse_leader_backend(target.url.replace("***@", "")) == RedisTarget(
         "10.0.0.5", 6379, 1, min_replicas=1, wait_ms=250)
+
+
+@pytest.mark.parametrize(("text", "database", "hosts", "srv", "options"), [
+    ("mongodb://127.0.0.1:27017/streamlease", "streamlease", ("127.0.0.1:27017",), False, ()),
+    ("mongodb://Db1.Internal,db2.internal:27018/app", "app",
+     ("db1.internal", "db2.internal:27018"), False, ()),
+    ("MONGODB://[::1]:27017/app", "app", ("[::1]:27017",), False, ()),
+    ("mongodb+srv://cluster0.example.net/app?retryWrites=true&w=majority", "app",
+     ("cluster0.example.net",), True, ("retrywrites", "w")),
+    ("mongodb://svc:p%40ss@127.0.0.1/app?authSource=admin", "app", ("127.0.0.1",), False,
+     ("authsource",)),
+])
+def test_mongodb_urls_accepted(text: str, database: str, hosts: tuple[str, ...], srv: bool,
+                               options: tuple[str, ...]) -> None:
+    target = parse_leader_backend(text)
+    assert isinstance(target, MongoTarget)
+    assert (target.database, target.hosts, target.srv, target.options) == (
+        database, hosts, srv, frozenset(options))
+    assert target.uri == text.strip()  # the driver gets the URL as written
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("mongodb://127.0.0.1:27017", "names no database"),
+    ("mongodb://127.0.0.1:27017/", "names no database"),
+    ("mongodb://127.0.0.1/db.collection", "database must be a MongoDB database name"),
+    ("mongodb://127.0.0.1/a$b", "database must be a MongoDB database name"),
+    ("mongodb://127.0.0.1/" + "d" * 64, "database must be a MongoDB database name"),
+    ("mongodb:///db", "names no host"),
+    ("mongodb://127.0.0.1:0/db", "port must be"),
+    ("mongodb://127.0.0.1:70000/db", "port must be"),
+    ("mongodb://127.0.0.1:x/db", "port must be"),
+    ("mongodb://-bad.example/db", "IP address or a DNS name"),
+    ("mongodb://[not-v6]:1/db", "not an IPv6 address"),
+    ("mongodb+srv://a.example,b.example/db", "one host, without a port"),
+    ("mongodb+srv://a.example:27017/db", "one host, without a port"),
+    ("mongodb://127.0.0.1/db?", "empty query"),
+    ("mongodb://127.0.0.1/db?w", "name=value pairs"),
+    ("mongodb://127.0.0.1/db#x", "no fragment"),
+    ("mongodb://127.0.0.1 /db", "spaces"),
+    ("mongodb://@127.0.0.1/db", "empty user info"),
+])
+def test_mongodb_urls_refused_with_a_one_line_reason(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_leader_backend(text)
+    message = str(caught.value)
+    assert re.search(fragment, message) and "\n" not in message
+
+
+def test_a_mongodb_password_never_shows() -> None:
+    target = parse_leader_backend("mongodb://svc:hunter2@db.internal:27017/app?w=1")
+    assert isinstance(target, MongoTarget) and target.credentials
+    assert "hunter2" not in repr(target) and "hunter2" not in target.url
+    assert target.url == "mongodb://***@db.internal:27017/app?w"
+    with pytest.raises(ValueError) as caught:
+        parse_leader_backend("mongodb://svc:hunter2@127.0.0.1:99999/app")
+    assert "hunter2" not in str(caught.value)

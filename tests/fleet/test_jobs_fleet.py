@@ -1,6 +1,7 @@
 """Singleton jobs with real worker processes: the fleet leader runs each slot once, a
 paused leader's late write is refused by the fence, a rolling restart neither doubles nor
-skips a slot, a killed leader is replaced within a lease — on DynamoDB and on Redis — and
+skips a slot, a killed leader is replaced within a lease — on DynamoDB, Redis and
+MongoDB — and
 one killed with its successor skips no slot either."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +22,10 @@ import pytest
 
 from streamlease.core.jobs import Job, JobRun, RunOutcome
 from streamlease.core.schedule import Schedule, slot_ms
+from streamlease.dev import local_aws_env
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import FAST_ENV, Fleet, Worker, wait_until
+from tests.mongoserver import MongoServer
 from tests.redisserver import RedisServer
 
 pytestmark = pytest.mark.fleet
@@ -39,11 +43,15 @@ class Sink:
     items: Callable[[], object]  # async () -> list of (slot, fence)
 
 
-@pytest.fixture(params=["dynamodb", "redis"])
+@pytest.fixture(params=["dynamodb", "redis", "mongodb"])
 def backend(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Worker settings for the leader backend (Redis: a real server, with AOF)."""
+    """Worker settings for the leader backend (Redis: a real server, with AOF; MongoDB:
+    the session's wire server, a database of the test's own)."""
     if request.param == "dynamodb":
         return {}
+    if request.param == "mongodb":
+        mongo: MongoServer = request.getfixturevalue("mongo_server")
+        return {"STREAMLEASE_LEADER_BACKEND": mongo.url(f"jobs-{uuid.uuid4().hex[:8]}")}
     server: RedisServer = request.getfixturevalue("redis_server")
     return {"STREAMLEASE_LEADER_BACKEND": server.url}
 
@@ -58,6 +66,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> object:
 
 async def make_sink(fleet: Fleet, env: dict[str, str]) -> Sink:
     name = f"{fleet.table}-side"
+    if env.get("STREAMLEASE_LEADER_BACKEND", "").startswith("mongodb://"):
+        from streamlease.store.mongo_leader import mongo_backend
+
+        async def from_mongodb() -> list[tuple[str, int]]:
+            async with mongo_backend(env["STREAMLEASE_LEADER_BACKEND"]) as mongo:
+                found = await mongo.db[name].find({}).to_list(None)
+            return [(d["Pk"], int(d["fence"])) for d in found]
+        return Sink(name, from_mongodb)
     if "STREAMLEASE_LEADER_BACKEND" in env:
         from streamlease.store.redis_leader import redis_backend
 
@@ -193,6 +209,18 @@ async def test_a_paused_leaders_late_write_is_refused_and_no_slot_runs_twice(
                      and r.outcome is RunOutcome.SUCCEEDED]
             return len(later) >= 2
         await wait_until(taken_over, 30, "a new leader running the next slots")
+        # What the paused job does when it wakes, run now as its own process: its write,
+        # under the fence it was started with, is refused by the backend (exit 3).
+        late = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "streamlease", "job", "write", "--table", sink.name,
+            "--item", json.dumps({"Pk": {"S": "late"}, "fence": {"N": str(paused.fence)}}),
+            env={**os.environ, **local_aws_env(fleet.dynamodb), **backend,
+                 "STREAMLEASE_FLEET_TABLE": fleet.fleet_table,
+                 "STREAMLEASE_FENCE": str(paused.fence)},
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _, err = await late.communicate()
+        assert late.returncode == 3, err.decode()
+        assert "late" not in [slot for slot, _ in await sink.items()]  # type: ignore[operator]
     finally:
         fleet.workers[old].proc.signal(signal.SIGCONT)
         os.killpg(group, signal.SIGCONT)

@@ -1,6 +1,7 @@
 """Leader backends for the contract suite: each with a way to write a value, to read it
 back, and to make a held lease lapse. Redis runs on a real ``redis-server`` (with AOF,
-``appendfsync always``) that the session starts on a free loopback port."""
+``appendfsync always``) that the session starts on a free loopback port; MongoDB on the
+session's MongoDB wire server (tests/mongoserver.py), a database of its own per test."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Any
 import aioboto3
 import pytest
 
-from streamlease.leader import HashSet, LeaderBackend, PutItem
+from streamlease.leader import HashSet, LeaderBackend, PutItem, Upsert
 from streamlease.store import dynamodb, fleetcodec
 from streamlease.store.memory import MemoryStore
+from streamlease.store.mongo_leader import LEASES, mongo_backend
 from streamlease.store.redis_leader import client_for, lease_keys, redis_backend, redis_target
+from tests.mongoserver import MongoServer
 from tests.redisserver import RedisServer
 
 SIDE_TABLE_KEY = "Pk"
@@ -147,12 +150,42 @@ async def _redis(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         await raw.aclose()
 
 
-@pytest.fixture(params=["memory", "dynamodb", "redis"])
+async def _mongodb(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    server: MongoServer = request.getfixturevalue("mongo_server")
+    url = server.url(f"leader-{uuid.uuid4().hex[:8]}")
+    side = "side"
+
+    def write(key: str, value: str, unique: bool = False) -> Upsert:
+        assert not unique, "Upsert carries no condition of its own"
+        return Upsert(side, key, {"value": value})
+
+    async with mongo_backend(url) as impl:
+        async def written(key: str) -> str | None:
+            found = await impl.db[side].find_one({"_id": key})
+            return None if found is None else str(found["value"])
+
+        async def expire(name: str) -> None:
+            # What a silent holder's lease is once the server's clock passes its expiry.
+            lapsed = await impl.leases.update_one({"_id": name, "holder": {"$ne": None}},
+                                                  {"$set": {"expires_at_ms": 1}})
+            assert lapsed.matched_count == 1, "no held lease to lapse"
+
+        async def forget(name: str) -> None:
+            assert (await impl.db[LEASES].delete_one({"_id": name})).deleted_count == 1
+
+        async def rewind(name: str, fence: int) -> None:
+            await impl.leases.update_one({"_id": name}, {"$set": {"fence": fence}})
+
+        yield Backend(impl, write, written, expire, forget, False, False, rewind)
+
+
+@pytest.fixture(params=["memory", "dynamodb", "redis", "mongodb"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     makers: dict[str, Callable[[], AsyncIterator[Backend]]] = {
         "memory": _memory,
         "dynamodb": lambda: _dynamodb(request),
         "redis": lambda: _redis(request),
+        "mongodb": lambda: _mongodb(request),
     }
     async for made in makers[request.param]():
         yield made
