@@ -26,9 +26,11 @@ $(CHECKOV_STAMP): requirements-checkov.lock
 
 # `make run SINK=file:///tmp/out` delivers to that sink instead of the events table;
 # `make run FEED=gateway` (subscribe, gateway, live, binary) serves the streams from that test
-# feed of the upstream, through its profile in examples/profiles.toml.
+# feed of the upstream, through its profile in examples/profiles.toml; `make run LEADER=mongodb`
+# keeps the fleet leader lease on a MongoDB wire server it starts (or LEADER=mongodb://... or
+# redis://..., a server already running).
 run: $(STAMP)
-	$(BIN)/python -m streamlease.dev.demo $(if $(SINK),--sink '$(SINK)') $(if $(FEED),--feed '$(FEED)') $(ARGS)
+	$(BIN)/python -m streamlease.dev.demo $(if $(SINK),--sink '$(SINK)') $(if $(FEED),--feed '$(FEED)') $(if $(LEADER),--leader '$(LEADER)') $(ARGS)
 
 test: $(STAMP) lint typecheck pytest
 

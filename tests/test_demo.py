@@ -198,6 +198,41 @@ def test_make_run_headless(demos: Start) -> None:
                                                         "worker-1.log", "demo.log"}
 
 
+def test_make_run_with_the_leader_lease_on_mongodb(demos: Start) -> None:
+    """``make run LEADER=mongodb``: the demo starts a MongoDB wire server, the workers keep
+    the leader lease there (the lease document names the leader the view shows), and the
+    server stops with everything else."""
+    demo = demos("--leader", "mongodb", "--headless")
+    demo.owned()
+    url = demo.env_file()["STREAMLEASE_LEADER_BACKEND"]
+    assert url.startswith("mongodb://127.0.0.1:"), url
+    demo.read_until(r"leader worker-\d")
+    shown = re.findall(r"leader (worker-\d)", demo.out)[-1]
+    done = subprocess.run([sys.executable, "-c", (
+        "import asyncio, sys\n"
+        "from streamlease.store.mongo_leader import mongo_backend\n"
+        "async def main():\n"
+        "    async with mongo_backend(sys.argv[1]) as b:\n"
+        "        doc = await b.leases.find_one({'_id': 'fleet'})\n"
+        "        print(doc['holder'], doc['fence'])\n"
+        "asyncio.run(main())\n"), url], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    holder, fence = done.stdout.split()
+    assert holder in (shown, "None") and int(fence) > 0  # None: resigned since the read
+    demo.popen.send_signal(signal.SIGTERM)
+    assert demo.finish(90) == 0, demo.stderr()[-2000:]
+    assert "mongodb" in demo.children()
+    assert_nothing_left(demo)
+
+
+def test_a_leader_backend_the_demo_cannot_use_is_refused_before_anything_starts(
+        demos: Start) -> None:
+    demo = demos("--leader", "mongodb://127.0.0.1:9")  # no database
+    assert demo.finish(30) == 2
+    assert "--leader" in demo.stderr() and "names no database" in demo.stderr()
+    assert not (demo.log_dir / "demo.log").exists()  # refused before any child started
+
+
 def test_make_run_with_the_stdout_sink_keeps_delivering(demos: Start) -> None:
     """A worker's stdout goes to its log: with the stdout sink it writes far more than a
     pipe holds (64 KiB), and nobody reads a pipe, so it must not be one."""

@@ -11,7 +11,10 @@ random stream, ``r`` restart every stopped stream, ``q`` quit. ``--feed NAME`` s
 streams from one of the upstream's test feeds instead of its default protocol (``subscribe``,
 ``gateway``, ``live`` or ``binary``): the upstream then requires a token, and the workers speak
 the feed's profile from ``examples/profiles.toml`` of the source checkout, with the token in
-``FEED_TOKEN``.
+``FEED_TOKEN``. ``--leader mongodb`` keeps the fleet leader lease on MongoDB instead of the
+fleet table: the demo starts a MongoDB wire server (SecantusDB, from the lock's test
+dependencies) on loopback and shows the leader and its fence as that server has them;
+``--leader URL`` (``mongodb://...`` or ``redis://...``) uses a server already running.
 
 Every way out stops the workers with SIGTERM first, so they release their leases, waits
 for them (at most the workers' shutdown budget plus a margin, then SIGKILL), and only then
@@ -33,12 +36,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import os
 import random
 import secrets
 import shlex
+import shutil
 import signal
+import socket
 import sys
 import termios
 import time
@@ -48,12 +54,13 @@ from pathlib import Path
 from types import FrameType
 
 from streamlease.config import read_profiles
+from streamlease.core.backends import parse_leader_backend
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.model import StreamRecord
 from streamlease.core.roster import FleetRead, MemberReport, report
 from streamlease.core.sinks import parse_sink
 from streamlease.dev import local_aws_env
-from streamlease.dev.procs import Child, Interrupted, stop_all
+from streamlease.dev.procs import Child, Interrupted, free_port, stop_all
 from streamlease.dev.upstream import DEFAULT_MODE, MODES
 from streamlease.errors import StreamleaseError
 from streamlease.leadership import FLEET_LEASE
@@ -208,8 +215,32 @@ class Demo:
         self.servers.append(up)
         upstream = up.listening_url(stop=stopping)
         feed = {"DEMO_FEED": self.args.feed} if self.args.feed else {}
-        self.write_env({**local, "DEMO_UPSTREAM": upstream, **feed})
+        leader = self.start_leader_backend(stopping)
+        self.write_env({**local, "DEMO_UPSTREAM": upstream, **feed, **leader})
         return upstream
+
+    def start_leader_backend(self, stopping: Callable[[], bool]) -> dict[str, str]:
+        """For ``--leader mongodb``, a MongoDB wire server on a free loopback port (its data
+        anew in the log directory); the setting that points the workers (and ``ctl``,
+        ``job``) at the leader backend, if not the fleet table."""
+        choice = self.args.leader
+        if choice == "dynamodb":
+            return {}
+        if choice == "mongodb":
+            port = free_port()
+            data = self.logs / "mongodb-data"
+            shutil.rmtree(data, ignore_errors=True)
+            server = self.child("mongodb", [
+                sys.executable, "-m", "secantus", "--host", "127.0.0.1", "--port", str(port),
+                "--storage-path", str(data), "--log-level", "WARNING"], self.env,
+                capture=False)
+            self.servers.append(server)
+            wait_accepting(server, port, stopping)
+            choice = f"mongodb://127.0.0.1:{port}/streamlease"
+        self.env["STREAMLEASE_LEADER_BACKEND"] = choice
+        os.environ["STREAMLEASE_LEADER_BACKEND"] = choice  # for this process's own reads
+        self.note(f"leader lease on {choice}")
+        return {"STREAMLEASE_LEADER_BACKEND": choice}
 
     def write_env(self, local: dict[str, str]) -> None:
         """``env`` in the log directory, for ``. .run/env`` in another shell: the settings
@@ -399,7 +430,11 @@ class Demo:
         members = await stores.fleet.members()
         reads.append(FleetRead(tuple(members), sent, time.monotonic()))
         del reads[:-4]
-        return report(reads, started), await stores.leader.read(FLEET_LEASE)
+        if self.args.leader == "dynamodb":
+            return report(reads, started), await stores.leader.read(FLEET_LEASE)
+        from streamlease.jobcli import leader_backend  # the backend the workers use
+        async with leader_backend() as (backend, _):
+            return report(reads, started), await backend.read(FLEET_LEASE)
 
     async def _watch(self, stores: Stores) -> None:
         store = stores.admin
@@ -532,6 +567,39 @@ class Demo:
                           pid=server.pid, code=server.popen.returncode)
 
 
+def wait_accepting(server: Child, port: int, stop: Callable[[], bool],
+                   timeout: float = 30.0) -> None:
+    """Return once ``server`` accepts connections on ``port``; RuntimeError if it exits or
+    does not within ``timeout``, Interrupted as soon as ``stop()`` is true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stop():
+            raise Interrupted(f"{server.name}: stopped while starting")
+        if not server.alive():
+            break
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)  # a server still starting: poll with a deadline
+    raise RuntimeError(f"{server.name} did not start; see {server.log_path}")
+
+
+def leader_choice(text: str) -> str:
+    """``--leader``: dynamodb, mongodb (a server the demo starts) or a backend URL."""
+    if text in ("dynamodb", "mongodb"):
+        if text == "mongodb" and importlib.util.find_spec("secantus") is None:
+            raise argparse.ArgumentTypeError(
+                "mongodb needs the secantusdb package, which `make run` installs from "
+                "requirements.lock")
+        return text
+    try:
+        parse_leader_backend(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make run", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
@@ -550,6 +618,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where the workers deliver (STREAMLEASE_SINK): dynamodb (the "
                              "events table), file:///DIR, stdout (into each worker's log), "
                              "python:MODULE:ATTR, ...")
+    parser.add_argument("--leader", type=leader_choice, default="dynamodb",
+                        help="where the fleet leader lease lives: dynamodb (the fleet table, "
+                             "default), mongodb (a MongoDB wire server the demo starts), or "
+                             "a mongodb:// or redis:// URL of a running server")
     parser.add_argument("--feed", choices=FEEDS,
                         help="serve the streams from this test feed of the upstream, through "
                              "its profile in examples/profiles.toml (default: the built-in "
