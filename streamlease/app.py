@@ -515,20 +515,22 @@ REDIS_EXTRA_MISSING = ("STREAMLEASE_LEADER_BACKEND: a redis:// backend needs the
                        "which is not installed (pip install 'streamlease[redis]')")
 
 
-MONGODB_EXTRA_MISSING = ("STREAMLEASE_LEADER_BACKEND: a mongodb:// backend needs the pymongo "
-                         "package, which is not installed (pip install 'streamlease[mongodb]')")
+MONGODB_EXTRA_MISSING = ("{setting}: a mongodb:// {what} needs the pymongo package, which is "
+                         "not installed (pip install 'streamlease[mongodb]')")
 
 
-def require_mongodb() -> None:
-    """Import ``pymongo`` (the ``mongodb`` extra) for the MongoDB leader backend;
-    ConfigError (exit 2, one line naming the setting) when it is not installed. Nothing
-    imports ``pymongo`` unless that backend (or the mongodb:// sink) is chosen."""
+def require_mongodb(setting: str = "STREAMLEASE_LEADER_BACKEND") -> None:
+    """Import ``pymongo`` (the ``mongodb`` extra) for the MongoDB leader backend or sink;
+    ConfigError (exit 2, one line naming ``setting``) when it is not installed. Nothing
+    imports ``pymongo`` unless one of them is chosen."""
     try:
         importlib.import_module("pymongo")
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] not in ("pymongo", "bson"):
             raise
-        raise ConfigError([MONGODB_EXTRA_MISSING]) from None
+        what = "sink" if setting == "STREAMLEASE_SINK" else "backend"
+        raise ConfigError([MONGODB_EXTRA_MISSING.format(setting=setting, what=what)]) \
+            from None
 
 
 def require_backend(choice: LeaderBackendChoice) -> None:
@@ -566,6 +568,8 @@ def run_worker() -> int:
     try:
         config = WorkerConfig.from_env()
         require_backend(config.leader_backend)
+        if config.sink.kind == "mongodb":
+            require_mongodb("STREAMLEASE_SINK")  # before any store is dialled
     except ConfigError as exc:
         print(f"streamlease: {exc}", file=sys.stderr)
         return 2

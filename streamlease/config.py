@@ -254,9 +254,10 @@ SETTINGS: tuple[Setting, ...] = (
     # Half the default 1 GiB task: the rest is the interpreter, the DynamoDB client and
     # requests in flight (an idle worker is about 65 MB resident).
     Setting("STREAMLEASE_SINK", "sink", "dynamodb",
-            "where messages go: dynamodb (the events table), postgres://..., kinesis://NAME, "
-            "sqs://NAME, s3://BUCKET/PREFIX, http(s)://..., file:///DIR, stdout or "
-            "python:MODULE:ATTR", parse_sink, secret=True),
+            "where messages go: dynamodb (the events table), postgres://..., "
+            "mongodb://HOST/DB.COLLECTION, kinesis://NAME, sqs://NAME, s3://BUCKET/PREFIX, "
+            "http(s)://..., file:///DIR, stdout or python:MODULE:ATTR", parse_sink,
+            secret=True),
     Setting("STREAMLEASE_PROCESS_MAX_ATTEMPTS", "process_max_attempts", "5",
             "attempts at one batch before it goes to the dead-letter sink (or, without one, "
             "the stream stops here with last_error set)", count(1, 1000)),

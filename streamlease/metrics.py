@@ -28,6 +28,7 @@ from streamlease.core.jobs import RunOutcome
 from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
 from streamlease.core.membership import MemberRecord
 from streamlease.core.notices import NOTICE_KINDS
+from streamlease.core.sinks import MONGODB_BAD_INPUT
 
 RECONNECT_REASONS = ("connect_failed", "closed", "error", "url_changed", "too_big",
                      "setup_failed", "expect_timeout", "opening_failed")
@@ -53,7 +54,8 @@ FLEET_LEASES = ("live", "expired", "none")
 TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbeat", "pump",
          "membership", "leader", "jobs", "takeover")
 INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
-SINK_KINDS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "stdout", "python")
+SINK_KINDS = ("dynamodb", "postgres", "mongodb", "kinesis", "sqs", "s3", "http", "file", "stdout",
+              "python")
 UNREPLICATED_OPERATIONS = ("acquire", "renew", "write")  # redis_leader.WAITED_OPERATIONS
 CHANGE_FEED_ERROR_KINDS = ("trimmed", "expired_iterator", "throttled", "no_stream",
                            "other")  # store.dynamodb.changefeed.FAULT_KINDS
@@ -266,6 +268,11 @@ class Metrics:
         self._dead_lettered = Counter(p + "dead_lettered_messages",
                                       "Messages sent to the dead-letter sink, by sink",
                                       ["sink"], registry=r)
+        self._mongodb_bad_input = Counter(
+            p + "mongodb_bad_input", "Messages the mongodb sink could not store as they came, "
+            "by kind: not_a_document (stored wrapped), too_large and unstorable (the batch is "
+            "refused), foreign_duplicate (another writer's document left alone)", ["kind"],
+            registry=r)
         self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
 
@@ -290,6 +297,8 @@ class Metrics:
             self._sink_seconds.labels(name)
         for name in INDEX_HINT_OUTCOMES:
             self._hints.labels(name)
+        for name in MONGODB_BAD_INPUT:
+            self._mongodb_bad_input.labels(name)
         for name in SINK_FAILURE_OUTCOMES:
             self._sink_failures.labels(name)
         for name in JOB_OUTCOMES:
@@ -511,6 +520,10 @@ class Metrics:
 
     def dead_lettered(self, sink: str, messages: int) -> None:
         self._dead_lettered.labels(sink).inc(messages)
+
+    def mongodb_bad_input(self, kind: str, count: int = 1) -> None:
+        """Messages of one ``MONGODB_BAD_INPUT`` kind met by the mongodb sink."""
+        self._mongodb_bad_input.labels(kind).inc(count)
 
     def unserved_released(self, count: int = 1) -> None:
         self._unserved.inc(count)

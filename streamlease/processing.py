@@ -12,13 +12,20 @@ A batch whose ``process`` raises is retried: the first failures raise ``Processo
 (retriable: the pump backs off, interruptibly, and sends the same batch again); after
 ``max_attempts`` it goes to the dead-letter output, if there is one, and is checkpointed
 past; otherwise ``SinkGaveUp`` stops the stream here with ``last_error`` set. A batch is
-never skipped silently.
+never skipped silently. A processor that commits its own checkpoint and has a
+``dead_lettered(batch, ctx)`` method is told once its batch went to the dead-letter output,
+so that its checkpoint moves past the batch as the stream item's does (without it, the next
+batch would find that checkpoint behind: ``SinkConflict``).
+
+A built-in output that counts events of its own (``Metered``: the MongoDB output's bad
+input) is handed the worker's ``Metrics`` before ``start``.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
 
 from streamlease.core.frames import Frame
 from streamlease.core.model import EventMark, StreamRecord, Tenure
@@ -40,6 +47,13 @@ class _Open:
     # processed again, so a duplicate can only come from another tenure.
     processed: int = 0
     dead_letter: _Open | None = None
+
+
+@runtime_checkable
+class Metered(Protocol):
+    """A processor that counts what happens inside it in the worker's metrics."""
+
+    def use_metrics(self, metrics: Metrics) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,8 @@ class ProcessorSink:
         ctx = Context(stream_id=tenure.stream_id, fence=tenure.fence, owner=tenure.owner,
                       item=dict(record.attributes), resume_after=after, checkpoint=after)
         processor = self.factory()
+        if isinstance(processor, Metered):
+            processor.use_metrics(self.metrics)
         await processor.start(ctx)
         # Started: from here on ``close`` stops it, whatever fails next.
         self._open[(tenure.stream_id, tenure.fence)] = _Open(processor, ctx)
@@ -158,4 +174,9 @@ class ProcessorSink:
               "a batch failed every attempt; sent to the dead-letter sink and skipped",
               stream=tenure.stream_id, fence=tenure.fence, first_seq=first, last_seq=last,
               attempts=entry.attempts, error=error)
+        skipped = getattr(entry.processor, "dead_lettered", None)
+        if getattr(entry.processor, "commits_checkpoint", False) and skipped is not None:
+            # Its own checkpoint moves past the batch too (a failure here is retried: the
+            # batch fails again and is dead-lettered again, at least once).
+            await skipped(batch, entry.ctx)
 

@@ -29,7 +29,10 @@ has seen for the stream and on ``ctx.checkpoint`` being the last seq it holds (t
 expected previous checkpoint), and reports that record's ``last_seq`` from
 ``committed(ctx)``: a new holder resumes after it (Kafka Connect's exactly-once sources,
 zombies fenced by epoch). The worker still moves ``last_seq`` on the stream item after each
-batch, so ``ctl list`` and a resume read it.
+batch, so ``ctl list`` and a resume read it. Such a processor may also define
+``dead_lettered(batch, ctx)``: called once a batch that failed every attempt went to the
+dead-letter output, it moves its own record's ``last_seq`` past the batch (under the fence),
+as the worker does on the stream item.
 
 A minimal processor::
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS
+from streamlease.core.sinks import MONGODB_BAD_INPUT
 from streamlease.metrics import (
     DYNAMODB_READ_OPERATIONS,
     JOB_OUTCOMES,
@@ -161,3 +162,19 @@ def test_items_read_are_counted_per_operation_from_zero() -> None:
     s = samples(m)
     assert s["streamlease_dynamodb_items_read_total{operation=query}"] == 7
     assert s["streamlease_dynamodb_items_read_total{operation=get_item}"] == 1
+
+
+def test_the_mongodb_sink_counts_bad_input_by_kind_from_zero() -> None:
+    m = Metrics()
+    s = samples(m)
+    assert set(MONGODB_BAD_INPUT) == {"not_a_document", "too_large", "unstorable",
+                                      "foreign_duplicate"}
+    for kind in MONGODB_BAD_INPUT:
+        assert s[f"streamlease_mongodb_bad_input_total{{kind={kind}}}"] == 0
+    assert s["streamlease_sink_batches_total{sink=mongodb}"] == 0
+    m.mongodb_bad_input("not_a_document", 3)
+    m.mongodb_bad_input("foreign_duplicate")
+    s = samples(m)
+    assert s["streamlease_mongodb_bad_input_total{kind=not_a_document}"] == 3
+    assert s["streamlease_mongodb_bad_input_total{kind=foreign_duplicate}"] == 1
+    assert s["streamlease_mongodb_bad_input_total{kind=too_large}"] == 0

@@ -91,6 +91,18 @@ def test_a_mongodb_backend_without_pymongo_exits_2_naming_the_setting_and_extra(
     assert MONGODB_URL not in lines[0]
 
 
+def test_a_mongodb_sink_without_pymongo_exits_2_before_any_store_is_dialled() -> None:
+    result = python_with(
+        "pymongo", "from streamlease.cli import main; raise SystemExit(main(['run']))",
+        env={"STREAMLEASE_SINK": "mongodb://u:s3cret@127.0.0.1:1/db.messages",
+             "STREAMLEASE_METRICS_PORT": "0", **local_aws_env("http://127.0.0.1:9")})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("streamlease: STREAMLEASE_SINK: a mongodb:// sink needs")
+    assert "pip install 'streamlease[mongodb]'" in lines[0] and "s3cret" not in lines[0]
+
+
 def test_starting_imports_no_mongodb_driver() -> None:
     result = python_with("", "import sys, streamlease.app, streamlease.cli, streamlease.jobcli\n"
                              "print(sorted(m for m in sys.modules if m.startswith(("

@@ -212,6 +212,53 @@ async def test_a_transactional_processor_resumes_after_its_own_checkpoint() -> N
     assert await out.open(got.tenure, got.record) == 42
 
 
+async def test_a_transactional_processor_hears_of_its_dead_lettered_batch() -> None:
+    """Its own checkpoint must move past the batch the worker skipped, as the stream item's
+    does; a processor without its own checkpoint is not asked."""
+    store = MemoryStore()
+    got = await held(store)
+    calls: list[tuple[Any, ...]] = []
+
+    class Own(Recorder):
+        commits_checkpoint = True
+
+        async def committed(self, ctx: Context) -> int:
+            return 0
+
+        async def dead_lettered(self, batch: Sequence[Message], ctx: Context) -> None:
+            self.calls.append((self.name, "dead_lettered", [m.seq for m in batch],
+                               ctx.checkpoint))
+
+    out = ProcessorSink(lambda: Own(calls, fail=2), store, Metrics(),
+                        ProcessingSettings("mongodb", 2), lambda: Recorder(calls, name="dlq"))
+    await out.open(got.tenure, got.record)
+    with pytest.raises(ProcessorFailed):
+        await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+    await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+    assert [c[:3] for c in calls if c[1] != "start"] == [
+        ("dlq", "process", "a"), ("p", "dead_lettered", [1, 2])]
+    assert calls[-1] == ("p", "dead_lettered", [1, 2], 0)
+    assert (await store.get("a")).last_seq == 2  # type: ignore[union-attr]
+
+
+async def test_a_metered_processor_gets_the_workers_metrics_before_start() -> None:
+    store = MemoryStore()
+    got = await held(store)
+    metrics = Metrics()
+    seen: list[object] = []
+
+    class Counting(Recorder):
+        def use_metrics(self, given: Metrics) -> None:
+            seen.append(given)
+
+        async def start(self, ctx: Context) -> None:
+            seen.append("start")
+
+    out = ProcessorSink(lambda: Counting([]), store, metrics, ProcessingSettings("mongodb"))
+    await out.open(got.tenure, got.record)
+    assert seen == [metrics, "start"]
+
+
 # --- through the reconciler: the reasons a processor's stop hears ----------------------
 
 

@@ -59,13 +59,15 @@ async def open_output(spec: SinkSpec) -> AsyncIterator[ProcessorFactory]:
         async with files.output(spec) as factory:
             yield factory
         return
-    module_name = {"postgres": "postgres", "kinesis": "aws", "sqs": "aws", "s3": "aws",
-                   "http": "webhook"}.get(spec.kind)
+    module_name = {"postgres": "postgres", "mongodb": "mongodb", "kinesis": "aws", "sqs": "aws",
+                   "s3": "aws", "http": "webhook"}.get(spec.kind)
     if module_name is None:
         raise ConfigError([f"STREAMLEASE_SINK: no output for {spec.describe()}"])
     try:
         module = importlib.import_module(f"streamlease.sinks.{module_name}")
     except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "streamlease":
+            raise  # a module of this package is broken: not a missing extra
         raise ConfigError([f"STREAMLEASE_SINK: the {spec.kind} sink needs an optional "
                            f"dependency: {exc} (pip install 'streamlease[{spec.kind}]')"]) \
             from exc
