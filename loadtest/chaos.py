@@ -91,7 +91,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,7 +103,7 @@ from loadtest import (
     tracing_scenario,
     upstreams_scenario,
 )
-from loadtest.common import Server, choose_names
+from loadtest.common import STOP, Server, choose_names, stop_children
 from loadtest.fleet import CORRECTNESS, LOGS, Fleet, get, pct
 from loadtest.otlp import Receiver
 from loadtest.report import write_reports
@@ -714,8 +714,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def until_stopped(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """``run``, cancelled as soon as ``STOP`` is requested (SIGTERM, SIGINT, SIGHUP): the
+    cancellation unwinds through every fleet's and server's cleanup."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+
+    def cancel() -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    STOP.notify = cancel
+    try:
+        if STOP.requested:
+            run.close()
+            raise asyncio.CancelledError
+        return await run
+    finally:
+        STOP.notify = None
+
+
+def stopped_status() -> int:
+    """The exit status of a run stopped by a signal: 128 + its number."""
+    print(f"make loadtest: stopped by {STOP.reason}; every child stopped, no results written",
+          file=sys.stderr, flush=True)
+    return 128 + signal.Signals[STOP.reason or "SIGTERM"].value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Before any child exists: SIGTERM (a CI timeout), SIGINT (Ctrl-C) and SIGHUP (a closed
+    # terminal) stop the run in order instead of killing this process alone.
+    STOP.install()
     profile = dict(PROFILES[args.profile])
     for key in ("streams", "rate", "workers"):
         if getattr(args, key) is not None:
@@ -727,7 +757,16 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(args, profile, LOGS / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     import uvloop
 
-    result = uvloop.run(run_scenarios(ctx, args.scenarios, previous))
+    try:
+        result = uvloop.run(until_stopped(run_scenarios(ctx, args.scenarios, previous)))
+    except asyncio.CancelledError:
+        if not STOP.requested:
+            raise
+        return stopped_status()
+    finally:
+        stop_children()  # whatever a scenario's own cleanup left running
+    if STOP.requested:  # after the last scenario: its figures may be cut short
+        return stopped_status()
     paths = write_reports(result, out)
     print(Path(paths["md"]).read_text())
     print("reports: " + ", ".join(str(v) for v in paths.values()))

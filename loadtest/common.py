@@ -1,16 +1,52 @@
-"""Shared plumbing for the benchmarks: local servers as child processes."""
+"""Shared plumbing for the benchmarks: local servers and workers as child processes.
+
+Every child the load test starts goes through here (``Server``, ``worker_child``,
+``death_signal`` for ``asyncio.create_subprocess_exec``), the way ``make run`` starts its
+own (``streamlease.dev.procs``): in a session of its own, and, on Linux, with
+``PR_SET_PDEATHSIG``, so a load test killed outright (SIGKILL, a crash) takes its children
+with it: the servers get SIGTERM, the workers SIGKILL. ``STOP`` turns SIGTERM, SIGINT and
+SIGHUP into an orderly stop (``loadtest.chaos.main``), and ``stop_children`` stops
+whatever is still running at the end, workers first, then the servers.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from streamlease.dev import local_aws_env
-from streamlease.dev.procs import Child
+from streamlease.dev.demo import StopRequest
+from streamlease.dev.procs import Child, _death_signal, stop_all
 
 DEV_COMMAND = ("-m", "streamlease", "dev")
+SERVER_DEATH_SIGNAL = signal.SIGTERM
+# The leases live in the embedded DynamoDB, which stops at the same moment: a draining
+# worker would only retry against a closed port (as in ``make run``).
+WORKER_DEATH_SIGNAL = signal.SIGKILL
+WORKER_STOP_S = 15.0  # the scenarios' STREAMLEASE_SHUTDOWN_SECONDS (10) plus a margin
+SERVER_STOP_S = 5.0
+
+STOP = StopRequest()
+"""Why this load test stops early; ``loadtest.chaos.main`` installs it for SIGTERM, SIGINT
+and SIGHUP."""
+
+_children: list[tuple[Child, bool]] = []  # (child, is a server), in start order
+
+
+def _track(child: Child, *, server: bool) -> None:
+    _children[:] = [(c, s) for c, s in _children if c.alive()]
+    _children.append((child, server))
+
+
+def death_signal(sig: int = WORKER_DEATH_SIGNAL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for children started otherwise (``asyncio.create_subprocess_exec``):
+    ``sig`` to the child when this process dies (Linux; None elsewhere). Start them from
+    the main thread (the event loop's)."""
+    return _death_signal(sig)
 
 
 class Server(Child):
@@ -18,8 +54,29 @@ class Server(Child):
     runs another module with the same arguments (``loadtest.request_count``)."""
 
     def __init__(self, *args: str, command: Sequence[str] = DEV_COMMAND) -> None:
-        super().__init__(f"dev {args[0]}", [sys.executable, *command, *args], os.environ)
-        self.url = self.listening_url()
+        super().__init__(f"dev {args[0]}", [sys.executable, *command, *args], os.environ,
+                         death_signal=SERVER_DEATH_SIGNAL)
+        _track(self, server=True)  # stopped at the end even if it never says where it listens
+        self.url = self.listening_url(stop=lambda: STOP.requested)
+
+
+def worker_child(name: str, argv: list[str], env: Mapping[str, str], log: Path) -> Child:
+    """A worker process, stdout and stderr into ``log``."""
+    child = Child(name, argv, env, log, death_signal=WORKER_DEATH_SIGNAL, capture=False)
+    child.close()  # the worker has its own descriptor of the log
+    _track(child, server=False)
+    return child
+
+
+def stop_children() -> None:
+    """Stop every child still running: the workers (SIGTERM, SIGKILL after
+    WORKER_STOP_S), then the servers, last started first. Safe to call more than once."""
+    alive = [(c, s) for c, s in _children if c.alive()]
+    _children.clear()
+    try:
+        stop_all([c for c, s in alive if not s], signal.SIGTERM, WORKER_STOP_S)
+    finally:
+        stop_all([c for c, s in reversed(alive) if s], signal.SIGTERM, SERVER_STOP_S)
 
 
 def dynamodb_args(*, latency_ms: float = 0.0, latency_mode: str = "serial",

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import request_count
-from loadtest.common import Server, dynamodb_args
+from loadtest.common import Server, dynamodb_args, worker_child
 from streamlease.core.model import StreamRecord
 from streamlease.dev import local_aws_env
 from streamlease.dev.procs import free_port
@@ -257,21 +257,30 @@ class Fleet:
         self._sampler = asyncio.ensure_future(self._sample_loop())
 
     async def close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
-            await asyncio.gather(self._sampler, return_exceptions=True)
-            self._sampler = None
-        for w in list(self.workers.values()) + self.retired:
-            if w.popen.poll() is None:
-                w.popen.send_signal(signal.SIGCONT)
-                w.popen.kill()
-                await asyncio.to_thread(_wait, w.popen, 10)
-        if self._admin_cm is not None:
-            await self._admin_cm.__aexit__(None, None, None)
-            self._admin_cm = None
-        for server in reversed(self.servers):
-            server.stop()
-        self.servers = []
+        """Workers first, then the servers; the servers stop even if this is cut short (a
+        cancellation: the load test was asked to stop)."""
+        try:
+            if self._sampler is not None:
+                self._sampler.cancel()
+                await asyncio.gather(self._sampler, return_exceptions=True)
+                self._sampler = None
+            for w in list(self.workers.values()) + self.retired:
+                if w.popen.poll() is None:
+                    w.popen.send_signal(signal.SIGCONT)
+                    w.popen.kill()
+                    await asyncio.to_thread(_wait, w.popen, 10)
+            if self._admin_cm is not None:
+                admin, self._admin_cm = self._admin_cm, None
+                await admin.__aexit__(None, None, None)
+        finally:
+            for w in list(self.workers.values()) + self.retired:
+                if w.popen.poll() is None:
+                    w.popen.send_signal(signal.SIGCONT)
+                    w.popen.kill()
+                    _wait(w.popen, 10)
+            servers, self.servers = self.servers, []
+            for server in reversed(servers):
+                server.stop()
 
     # -- workers ----------------------------------------------------------------------------
 
@@ -304,9 +313,7 @@ class Fleet:
             env.update(LD_PRELOAD=f"{lib} {preload}" if preload else lib, FAKETIME=skew,
                        **FAKETIME_ENV)
         log = self.log_dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(argv, env=env, stdout=out, stderr=out,
-                                     start_new_session=True)
+        popen = worker_child(name, argv, env, log).popen
         worker = WorkerProc(name, popen, port, log, skew, started_at=self.now())
         self.workers[name] = worker
         self.events_log.append((self.now(), f"+{name}"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,11 @@ def write_reports(result: dict[str, Any], out: Path) -> dict[str, str]:
     paths: dict[str, str] = {}
     body = json.dumps(result, indent=2)
     for name in ("latest.json", f"{stamp}.json"):
-        (out / name).write_text(body)
+        _write(out / name, body)
     paths["json"] = str(out / "latest.json")
     md = markdown(result)
-    (out / "latest.md").write_text(md)
-    (out / f"{stamp}.md").write_text(md)
+    _write(out / "latest.md", md)
+    _write(out / f"{stamp}.md", md)
     paths["md"] = str(out / "latest.md")
     png = out / "latest.png"
     timeline_png(result, png)
@@ -37,6 +38,14 @@ def write_reports(result: dict[str, Any], out: Path) -> dict[str, str]:
 
 
 TRACE_PNG = "latest-trace.png"
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: a run killed while writing leaves the
+    previous file (a stray ``.tmp`` at worst), never a truncated one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _s(value: float | None) -> str:

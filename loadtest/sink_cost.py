@@ -37,7 +37,7 @@ from typing import Any
 
 import aioboto3
 
-from loadtest.common import Server
+from loadtest.common import Server, worker_child
 from loadtest.fleet import free_port, parse_metrics, pct
 from streamlease.config import DEFAULTS
 from streamlease.dev import local_aws_env
@@ -96,10 +96,9 @@ class _Run:
             "STREAMLEASE_RECONCILE_SECONDS": "0.5", "STREAMLEASE_SHUTDOWN_SECONDS": "10",
             "STREAMLEASE_BATCH_MAX_SECONDS": repr(self.window),
         }
-        with log.open("ab") as out:
-            self.popen = subprocess.Popen([sys.executable, "-m", "streamlease", "run"],
-                                          env=worker_env, stdout=out, stderr=out,
-                                          start_new_session=True)
+        self.popen = worker_child(f"cost-{self.window}",
+                                  [sys.executable, "-m", "streamlease", "run"],
+                                  worker_env, log).popen
 
     def scrape(self) -> None:
         try:

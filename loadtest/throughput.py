@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadtest.common import Server
+from loadtest.common import Server, death_signal
 from streamlease.store.dynamodb import connect_admin
 
 BACKLOG = 400_000
@@ -100,7 +100,7 @@ def _scrape(port: int, name: str) -> float:
 async def _child(mode: str, urls: list[str], seconds: float) -> float:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "loadtest.reader", mode, str(seconds), *urls,
-        stdout=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, preexec_fn=death_signal())
     out, _ = await proc.communicate()
     return float(json.loads(out)["msgs_per_s"])
 
@@ -124,7 +124,7 @@ async def _worker_phase(env: dict[str, str], upstream: str, streams: int, second
                       "STREAMLEASE_LOG_LEVEL": "WARNING",
                       "STREAMLEASE_ACQUIRE_PER_CYCLE": str(max(10, streams)), **extra}
         worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "streamlease", "run",
-                                                      env=worker_env)
+                                                      env=worker_env, preexec_fn=death_signal())
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -169,7 +169,8 @@ async def _idle_phase(env: dict[str, str], upstream: str, streams: int, settle_s
                       "STREAMLEASE_BUFFER_BUDGET_BYTES": str(max(1, streams) * 4 * 2**20),
                       "STREAMLEASE_ACQUIRE_PER_CYCLE": str(max(10, streams))}
         worker = await asyncio.create_subprocess_exec(
-            *(command or [sys.executable, "-m", "streamlease", "run"]), env=worker_env)
+            *(command or [sys.executable, "-m", "streamlease", "run"]), env=worker_env,
+            preexec_fn=death_signal())
         try:
             deadline = time.monotonic() + 120
             while True:
