@@ -103,6 +103,19 @@ DynamoDB. moto's stream is made to keep DynamoDB's promises where the fleet reli
 moto keeps one shard per table, never split or closed: shard lineage (parent and child
 shards) cannot be exercised here.
 
+**Store faults, set live** (``--faults``; for tests and load tests only, never a
+deployment): the server answers ``GET /_faults`` (the active faults and, per kind, the
+requests they affected) and ``PUT /_faults`` (a JSON object replacing the fault set; ``{}``
+clears it; a bad body gets HTTP 400 and a one-line reason, and nothing changes) on its own
+port, so a fault generator can change them while workers use the store: latency (serial
+or parallel, as above, but adjustable), throttling with DynamoDB's errors (seeded:
+``--seed``), one client's access key cut off (its requests stalled or their connections
+reset), Streams unavailable or trimmed, a table's writes refused, and the lags above. The
+schema and each fault's answer: ``streamlease.dev.faults``. The latency and lags given on
+the command line are the initial set. With the control the consistency machinery is
+always in place, and at lag 0 it only checks ``Consistency.enabled``; without
+``--faults``, ``/_faults`` is a path like any other (moto's).
+
 Loopback only, no persistence: state lives as long as the process.
 """
 
@@ -110,12 +123,17 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import copy
 import functools
+import io
 import json
 import logging
 import random
+import select
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -124,8 +142,21 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
+from streamlease.dev.faults import (
+    CONTROL_PATH,
+    FaultControl,
+    FaultRequest,
+    FaultSet,
+    Pass,
+    Refuse,
+    Reset,
+    Stall,
+    access_key,
+    control_answer,
+)
 from streamlease.store.versions import IndexLag, VersionLog
 
 try:
@@ -518,6 +549,17 @@ class ReplicaLag:
         self._lock = threading.Lock()
         self._histories: dict[tuple[str, str, str], _History] = {}
 
+    def set_consistency(self, consistency: Consistency) -> None:
+        """Lag reads by ``consistency`` from the next request on (a fault control changes
+        it live): the history kept follows the new window; none is kept while no read
+        lags (the writes meanwhile are not recorded, so an older one must not stand)."""
+        with self._lock:
+            self.consistency = consistency
+            if not consistency.enabled:
+                self._histories.clear()
+            for history in self._histories.values():
+                history.log.window_s = consistency.window_s
+
     def index_lag(self) -> float:
         return self.consistency.index_lag.draw(self.rng)
 
@@ -639,6 +681,10 @@ class ConsistencyApp:
         self.lag = lag
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if not self.lag.consistency.enabled:
+            # No read lags (a fault control set every lag to 0): the patched paths see no
+            # request, so nothing is recorded and no view is built.
+            return list(self.app(environ, start_response))
         _local.request = _Request(self.lag, self.lag.clock())
         try:
             return list(self.app(environ, start_response))
@@ -980,6 +1026,167 @@ def install_streams() -> None:
         _streams_installed = True
 
 
+# -- Injected faults (--faults) -----------------------------------------------------------
+
+STALL_POLL_S = 0.25  # how often a stalled request looks whether its client gave up
+
+
+def _answer(start_response: Callable[..., Any], status: int, content_type: str,
+            body: bytes) -> list[bytes]:
+    start_response(f"{status} {HTTPStatus(status).phrase}",
+                   [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _request_body(environ: dict[str, Any]) -> bytes:
+    """The request's body, read once and put back for the app behind."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length <= 0:
+        return b""
+    body: bytes = environ["wsgi.input"].read(length)
+    environ["wsgi.input"] = io.BytesIO(body)
+    return body
+
+
+def _peer_gone(environ: dict[str, Any]) -> bool:
+    """Whether the client closed the connection (it gave up waiting for its answer)."""
+    sock = environ.get("werkzeug.socket")
+    if not isinstance(sock, socket.socket):
+        return False
+    try:
+        poller = select.poll()  # not select(): a busy server's descriptors pass 1024
+        poller.register(sock, select.POLLIN)
+        events = poller.poll(0)
+        if not events:
+            return False
+        if events[0][1] & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            return True
+        return sock.recv(1, socket.MSG_PEEK) == b""  # readable: the end of the stream?
+    except (OSError, ValueError):
+        return True
+
+
+def _drop_connection(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """Close the connection without an answer: shut down at once (the client reads the
+    end of the stream), reset when the handler closes it. The handler's own answer then
+    meets a broken pipe, which werkzeug takes for a dropped connection."""
+    sock = environ.get("werkzeug.socket")
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.shutdown(socket.SHUT_RDWR)
+    start_response("500 Internal Server Error", [("Connection", "close")])
+    return []
+
+
+class FaultsApp:
+    """WSGI middleware, outermost (before the request lock): the ``/_faults`` control,
+    and the faults a request meets when it arrives (see ``streamlease.dev.faults``)."""
+
+    def __init__(self, app: WSGIApp, control: FaultControl) -> None:
+        self.app = app
+        self.control = control
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO") == CONTROL_PATH:
+            status, content_type, body = control_answer(
+                self.control, str(environ.get("REQUEST_METHOD")), _request_body(environ))
+            return _answer(start_response, status, content_type, body)
+        if not self.control.current.active:
+            return list(self.app(environ, start_response))
+        request = FaultRequest(str(environ.get("HTTP_X_AMZ_TARGET", "")),
+                               access_key(str(environ.get("HTTP_AUTHORIZATION", ""))),
+                               _request_body(environ))
+        action = self._wait_out_cut(environ, request)
+        started = time.monotonic()  # a request let through a cut travels the network then
+        if isinstance(action, Reset):
+            return _drop_connection(environ, start_response)
+        if action.counter is not None:
+            self.control.count(action.counter)
+        self.control.hold("parallel", started)
+        if isinstance(action, Refuse):
+            return _answer(start_response, action.status, "application/x-amz-json-1.0",
+                           action.body())
+        return list(self.app(environ, start_response))
+
+    def _wait_out_cut(self, environ: dict[str, Any],
+                      request: FaultRequest) -> Pass | Refuse | Reset:
+        """The request's action once no cut stalls it: a stalled request is decided anew
+        whenever the set changes; one whose client gave up is dropped."""
+        stalled = False
+        while True:
+            decision = self.control.decide(request)
+            if isinstance(decision.action, Reset):
+                self.control.count(Reset.counter)
+            if not isinstance(decision.action, Stall):
+                return decision.action
+            if not stalled:
+                stalled = True
+                self.control.count(Stall.counter)
+            self.control.wait_change(decision.generation, STALL_POLL_S)
+            if self.control.closed or _peer_gone(environ):
+                return Reset()
+
+
+class ServedFaultsApp:
+    """WSGI middleware under the request lock: what the current fault set changes in how
+    requests are served (serial latency, the eventual consistency, a stream trim)."""
+
+    def __init__(self, app: WSGIApp, control: FaultControl, lag: ReplicaLag,
+                 retention: StreamRetention) -> None:
+        self.app = app
+        self.control = control
+        self.lag = lag
+        self.retention = retention
+        self._applied: FaultSet | None = None
+        self._trims = 0
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        faults = self.control.current
+        if faults is not self._applied:
+            self._apply(faults)
+        self.control.hold("serial", time.monotonic())
+        return list(self.app(environ, start_response))
+
+    def _apply(self, faults: FaultSet) -> None:
+        consistency = Consistency(IndexLag(faults.index_lag_ms / 1000,
+                                           faults.index_lag_jitter_ms / 1000),
+                                  faults.stale_reads_ms / 1000)
+        if consistency != self.lag.consistency:
+            self.lag.set_consistency(consistency)
+        trims = self.control.trims
+        if trims != self._trims:
+            self._trims = trims
+            dropped = _drop_stream_records(self.retention.clock())
+            self.control.count("stream_records_dropped", dropped)
+        self._applied = faults
+
+
+def _drop_stream_records(now: float) -> int:
+    """Trim every table's stream to its end (every account and region of this process);
+    the records dropped. Iterators below the new horizon get TrimmedDataAccessException."""
+    dropped = 0
+    for table in _all_tables():
+        shard = table.stream_shard
+        if shard is not None:
+            _stamp(shard, now)
+            dropped += len(shard.items)
+            shard.starting_sequence_number += len(shard.items)
+            del shard.items[:]
+            del shard.__dict__["streamlease_stamps"][:]
+    return dropped
+
+
+def _all_tables() -> Iterator[Any]:
+    """Every DynamoDB table moto holds in this process (every account and region)."""
+    for account in list(dict.values(get_backend("dynamodb"))):
+        for backend in list(dict.values(account)):
+            yield from list(backend.tables.values())
+
+
 class EmbeddedDynamoDB:
     """A DynamoDB-compatible HTTP server on loopback, in a background thread."""
 
@@ -990,12 +1197,16 @@ class EmbeddedDynamoDB:
                  stream_retention_s: float = DEFAULT_STREAM_RETENTION_S,
                  stream_records_max: int = DEFAULT_STREAM_RECORDS_MAX,
                  clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, faults: bool = False,
+                 seed: int | None = None) -> None:
         """``index_lag_s``/``index_lag_jitter_s``/``stale_reads_s``: see the module doc
         (all 0: every read is current). ``stream_retention_s``/``stream_records_max``: how
         long, and how many, DynamoDB Streams records a table's stream keeps. ``clock``
         (monotonic seconds) and ``rng`` decide which past a lagged read sees, and when
-        stream records and shard iterators expire; tests inject them to step time by hand."""
+        stream records and shard iterators expire; tests inject them to step time by hand.
+        ``faults``: serve the ``/_faults`` control (``fault_control``), the latency and
+        lags given here its initial fault set. ``seed`` seeds the throttle draws and, without
+        ``rng``, the lag draws."""
         if stream_retention_s <= 0 or stream_records_max < 1:
             raise ValueError("stream_retention_s and stream_records_max must be positive")
         if latency_mode not in LATENCY_MODES:
@@ -1009,7 +1220,13 @@ class EmbeddedDynamoDB:
         self.latency_s = latency_s
         self.latency_mode = latency_mode
         self.consistency = Consistency(IndexLag(index_lag_s, index_lag_jitter_s), stale_reads_s)
-        self.replica_lag = ReplicaLag(self.consistency, clock, rng or random.Random())
+        self.replica_lag = ReplicaLag(self.consistency, clock, rng or random.Random(seed))
+        self.fault_control: FaultControl | None = None
+        if faults:
+            self.fault_control = FaultControl(FaultSet(
+                latency_ms=latency_s * 1000, latency_mode=latency_mode,
+                index_lag_ms=index_lag_s * 1000, index_lag_jitter_ms=index_lag_jitter_s * 1000,
+                stale_reads_ms=stale_reads_s * 1000), seed)
         self.stream_retention = StreamRetention(stream_retention_s, stream_records_max,
                                                 clock=clock)
         self._server: BaseWSGIServer | None = None
@@ -1025,12 +1242,28 @@ class EmbeddedDynamoDB:
             install_fast_transactions()
         install_streams()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        # Connections stay open between requests, as DynamoDB's do (see keepalive.py).
+        self._server = make_server(self.host, self.requested_port, self._app(), threaded=True,
+                                   request_handler=KeepAliveHandler)
+        self._server.daemon_threads = True  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="embedded-dynamodb", daemon=True)
+        self._thread.start()
+        return self
+
+    def _app(self) -> WSGIApp:
         app: WSGIApp = StreamsRoutingApp(create_backend_app("dynamodb"),
                                          create_backend_app("dynamodbstreams"))
         app = StreamRecordsApp(app, self.stream_retention)
-        if self.consistency.enabled:
+        control = self.fault_control
+        if self.consistency.enabled or control is not None:
+            # With a fault control the lags may be set at any moment; at 0 the app only
+            # checks ``consistency.enabled`` (see ConsistencyApp).
             install_replica_lag()
             app = ConsistencyApp(app, self.replica_lag)
+        if control is not None:
+            app = ServedFaultsApp(app, control, self.replica_lag, self.stream_retention)
+            return FaultsApp(SerializedApp(app) if self.serialize else app, control)
         # Serial latency is served under the lock (a saturated server), parallel latency
         # before it (a slow path to a server with capacity to spare); see the module doc.
         if self.latency_s and self.latency_mode == "serial":
@@ -1039,14 +1272,7 @@ class EmbeddedDynamoDB:
             app = SerializedApp(app)
         if self.latency_s and self.latency_mode == "parallel":
             app = DelayedApp(app, self.latency_s)
-        # Connections stay open between requests, as DynamoDB's do (see keepalive.py).
-        self._server = make_server(self.host, self.requested_port, app, threaded=True,
-                                   request_handler=KeepAliveHandler)
-        self._server.daemon_threads = True  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="embedded-dynamodb", daemon=True)
-        self._thread.start()
-        return self
+        return app
 
     @property
     def port(self) -> int:
@@ -1062,6 +1288,8 @@ class EmbeddedDynamoDB:
         return get_backend("dynamodb")[account][region]
 
     def stop(self) -> None:
+        if self.fault_control is not None:
+            self.fault_control.close()  # stalled and delayed requests let go
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -1095,6 +1323,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stale-reads-ms", type=float, default=0.0,
                         help="base-table reads without ConsistentRead see the table as it "
                              "was up to this long ago; default 0")
+    parser.add_argument("--faults", action="store_true",
+                        help="serve a fault control on /_faults (GET: the active faults and "
+                             "counters; PUT: a JSON object replacing them) for tests and load "
+                             "tests: latency, throttling, cut clients, stream and write outages, "
+                             "lags; see streamlease/dev/faults.py")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the throttle and lag draws (a fault schedule replays)")
     # Test-only knobs: a tiny thread switch interval makes races likely, and --no-lock
     # serves plain moto, so the tests can show the race they guard against is real.
     parser.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
@@ -1117,7 +1352,8 @@ def main(argv: list[str] | None = None) -> int:
                               latency_s=args.latency_ms / 1000, latency_mode=args.latency_mode,
                               index_lag_s=args.index_lag_ms / 1000,
                               index_lag_jitter_s=args.index_lag_jitter_ms / 1000,
-                              stale_reads_s=args.stale_reads_ms / 1000)
+                              stale_reads_s=args.stale_reads_ms / 1000,
+                              faults=args.faults, seed=args.seed)
     try:
         server.start()
     except OSError as exc:
