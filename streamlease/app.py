@@ -20,7 +20,8 @@ import os
 import signal
 import sys
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import aioboto3
 
@@ -192,7 +193,7 @@ async def _start(config: WorkerConfig, owner: str, clock: Clock) -> int:
                 settings.supervisor, upstreams=upstreams))
             runtime = build_runtime(config, owner, clock, metrics, health, stores, sink,
                                     backend, settings, streams)
-            await runtime.membership.register()
+            await register(runtime.membership)
             health.renewed(MEMBER_HEALTH_KEY, clock.monotonic())
             return await _serve(runtime)
 
@@ -594,20 +595,34 @@ def run_worker() -> int:
         shutdown_tracing()  # what is still queued goes out before the process exits
 
 
-START_ATTEMPTS = 5  # start-up table checks on a slow or throttling store: 1+2+4+8 s apart
+START_ATTEMPTS = 5  # start-up store calls on a slow or throttling store: 1+2+4+8 s apart
+T = TypeVar("T")
 
 
 async def check_tables(admin: AdminStore) -> list[str]:
     """``admin.check_tables()``, retried with backoff while the store is unavailable or
     throttling (a deploy onto a struggling table should wait, not crash-loop)."""
+    return await retried_at_start(admin.check_tables, "worker.tables_unreachable",
+                                  "cannot check the tables yet; trying again")
+
+
+async def register(membership: Membership) -> None:
+    """Join the fleet, retried with backoff while the store is unavailable or throttling,
+    as the table check is. A retry registers the same incarnation again: an attempt
+    whose answer was lost only moved the row's epoch on once more."""
+    await retried_at_start(membership.register, "worker.register_retried",
+                           "cannot join the fleet yet; trying again")
+
+
+async def retried_at_start(call: Callable[[], Awaitable[T]], name: str, message: str) -> T:
+    """``call()``, again after 1, 2, 4 and 8 s while it raises ``StoreUnavailable`` or
+    ``StoreThrottled`` (each retry logged as ``name``); the last failure raised."""
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            return await admin.check_tables()
+            return await call()
         except (StoreUnavailable, StoreThrottled) as exc:
             if attempt == START_ATTEMPTS:
                 raise
-            event(logging.WARNING, "worker.tables_unreachable",
-                  "cannot check the tables yet; trying again", attempt=attempt,
-                  error=str(exc))
+            event(logging.WARNING, name, message, attempt=attempt, error=str(exc))
             await asyncio.sleep(2 ** (attempt - 1))
     raise AssertionError("unreachable")

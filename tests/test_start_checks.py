@@ -1,5 +1,5 @@
-"""Start-up table checks: a slow or throttling store is given a few attempts; a missing
-table or index stops the worker at once (virtual time)."""
+"""Start-up table checks and registration: a slow or throttling store is given a few
+attempts; a missing table or index stops the worker at once (virtual time)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from streamlease.app import START_ATTEMPTS, check_tables
-from streamlease.errors import StoreThrottled, StoreUnavailable, TableMissing
+from streamlease.app import START_ATTEMPTS, check_tables, register
+from streamlease.errors import StoreError, StoreThrottled, StoreUnavailable, TableMissing
 
 pytestmark = pytest.mark.virtual_time
 
@@ -46,3 +46,38 @@ async def test_a_missing_table_stops_at_once() -> None:
     with pytest.raises(TableMissing):
         await check_tables(admin)  # type: ignore[arg-type]
     assert len(admin.calls) == 1
+
+
+class Joining:
+    """A membership whose registrations fail as listed, then succeed."""
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures = list(failures)
+        self.calls: list[float] = []
+
+    async def register(self) -> None:
+        self.calls.append(asyncio.get_running_loop().time())
+        if self.failures:
+            raise self.failures.pop(0)
+
+
+async def test_joining_a_throttling_fleet_table_is_tried_again_with_backoff() -> None:
+    """Found by the nemesis (a worker started while the store throttled exited 1 instead
+    of waiting): registration is retried as the table check is."""
+    joining = Joining(StoreThrottled("ProvisionedThroughputExceededException"),
+                      StoreUnavailable("update_item timed out"))
+    await register(joining)  # type: ignore[arg-type]
+    gaps = [b - a for a, b in zip(joining.calls, joining.calls[1:], strict=False)]
+    assert gaps == pytest.approx([1.0, 2.0])
+
+
+async def test_joining_gives_up_after_the_same_bounded_attempts_and_errors_stop_at_once(
+        ) -> None:
+    joining = Joining(*[StoreThrottled("slow down")] * START_ATTEMPTS)
+    with pytest.raises(StoreThrottled):
+        await register(joining)  # type: ignore[arg-type]
+    assert len(joining.calls) == START_ATTEMPTS
+    broken = Joining(StoreError("registering w1: its row kept changing"))
+    with pytest.raises(StoreError, match="kept changing"):
+        await register(broken)  # type: ignore[arg-type]
+    assert len(broken.calls) == 1
