@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: run test lint typecheck pytest promtool faketime redis postgres bench loadtest lock clean
+.PHONY: run test lint typecheck pytest promtool faketime redis postgres bench loadtest nemesis lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -93,6 +93,11 @@ bench: $(STAMP)
 
 loadtest: $(STAMP) faketime
 	$(BIN)/python -m loadtest.chaos $(ARGS)
+
+# Random fault schedules, each audited (loadtest/nemesis.py): SEED=N SCHEDULES=K MINUTES=M,
+# or SCHEDULE='...' to replay the line a failure printed.
+nemesis: $(STAMP) faketime
+	$(BIN)/python -m loadtest.nemesis $(if $(SEED),--seed $(SEED)) $(if $(SCHEDULES),--schedules $(SCHEDULES)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(SCHEDULE),--schedule '$(SCHEDULE)') $(ARGS)
 
 # Re-resolve the lock after changing dependencies in pyproject.toml. The lock holds exact
 # versions and hashes, and nothing of the machine it was made on (no index URLs, no

@@ -133,8 +133,10 @@ class Fleet:
                  log_root: Path | None = None, seed: int | None = None,
                  stream_ids: list[str] | None = None, feed: str = "streams",
                  profile: str | None = None, upstream_args: tuple[str, ...] = (),
-                 count_requests: bool = False, log_level: str = "INFO") -> None:
+                 count_requests: bool = False, log_level: str = "INFO",
+                 dynamodb_flags: tuple[str, ...] = ()) -> None:
         self.scenario = scenario
+        self.dynamodb_flags = dynamodb_flags  # more `dev dynamodb` flags (`--faults`)
         self.log_level = log_level  # the workers' STREAMLEASE_LOG_LEVEL
         # Each stream is the upstream's ``/<feed>/<id>`` (the test feeds of
         # streamlease.dev.upstream), its item naming ``profile`` when given.
@@ -221,9 +223,10 @@ class Fleet:
 
     async def _start(self) -> None:
         if self.dynamodb == "embedded":
-            args = dynamodb_args(latency_ms=self.latency_ms, latency_mode=self.latency_mode,
-                                 index_lag_ms=self.index_lag_ms,
-                                 index_lag_jitter_ms=self.index_lag_jitter_ms)
+            args = [*dynamodb_args(latency_ms=self.latency_ms, latency_mode=self.latency_mode,
+                                   index_lag_ms=self.index_lag_ms,
+                                   index_lag_jitter_ms=self.index_lag_jitter_ms),
+                    *self.dynamodb_flags]
             ddb = Server(*args, command=request_count.COMMAND) if self.count_requests \
                 else Server(*args)
             self.servers.append(ddb)
