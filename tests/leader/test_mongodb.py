@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bson.decimal128 import Decimal128
@@ -26,7 +27,7 @@ from loadtest.fleet import FAKETIME_ENV, faketime_library
 from streamlease.core.backends import parse_leader_backend
 from streamlease.core.fenced import PutItem, Upsert
 from streamlease.core.membership import HeartbeatOutcome
-from streamlease.errors import ConfigError, StaleFence, StoreUnavailable
+from streamlease.errors import ConfigError, StaleFence, StoreError, StoreUnavailable, WriteRefused
 from streamlease.store.mongo_leader import (
     FENCE_FIELD,
     FENCES,
@@ -371,8 +372,9 @@ async def test_a_candidates_clock_two_seconds_off_changes_nothing(
     held = await impl.acquire(lease, "holder", 1.5, None, NOW)
     assert held is not None
     # Ahead by 2 s: by its own clock the 1.5 s lease ran out already. The server's says no.
+    before = time.time()
     ahead = await asyncio.to_thread(candidate, url, lease, "+2s", lib)
-    assert float(ahead["now"]) - time.time() >= 1.5  # type: ignore[arg-type]
+    assert float(ahead["now"]) - before >= 1.5  # type: ignore[arg-type]
     assert ahead["seen"] is True and ahead["fence"] is None
     record = await impl.read(lease)
     assert record is not None and (record.owner, record.fence) == ("holder", held)
@@ -383,7 +385,7 @@ async def test_a_candidates_clock_two_seconds_off_changes_nothing(
         assert time.monotonic() < deadline, "the lease never ran out on the server"
         await asyncio.sleep(0.05)  # waiting out a 1.5 s lease on the server's clock
     behind = await asyncio.to_thread(candidate, url, lease, "-2s", lib)
-    assert time.time() - float(behind["now"]) >= 1.5  # type: ignore[arg-type]
+    assert time.time() - float(behind["now"]) >= 1.5  # type: ignore[arg-type]  # after it
     assert behind["seen"] is False and behind["fence"] == held + 1
     assert await impl.renew(lease, "holder", held, 1.5, NOW) is HeartbeatOutcome.FENCED
 
@@ -392,3 +394,167 @@ async def test_the_lease_collections_are_the_documented_ones(impl: MongoLeaderBa
     lease = name()
     assert await impl.acquire(lease, "a", 10, None, NOW) is not None
     assert {LEASES, FENCES} <= set(await impl.db.list_collection_names())
+
+
+class Recorded:
+    """A collection whose calls are recorded (method, filter, upsert), then made."""
+
+    def __init__(self, inner: Any, calls: list[tuple[str, Any, bool]]) -> None:
+        self.inner, self.calls = inner, calls
+
+    def __getattr__(self, method: str) -> Any:
+        real = getattr(self.inner, method)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((method, args[0] if args else None, bool(kwargs.get("upsert"))))
+            return await real(*args, **kwargs)
+        return call
+
+
+async def test_no_upsert_filter_holds_expr_which_mongodb_refuses(
+        impl: MongoLeaderBackend) -> None:
+    """MongoDB refuses ``$expr`` in the filter of an upsert (error 224) though the test
+    server takes it: every upsert's condition is in its pipeline or plain fields."""
+    calls: list[tuple[str, Any, bool]] = []
+    impl.leases = Recorded(impl.leases, calls)  # type: ignore[assignment]
+    impl.fences = Recorded(impl.fences, calls)  # type: ignore[assignment]
+    lease = name()
+    fence = await impl.acquire(lease, "a", 10, None, NOW)
+    assert fence is not None
+    assert await impl.acquire(lease, "b", 10, None, NOW) is None
+    assert await impl.renew(lease, "a", fence, 10, NOW) is HeartbeatOutcome.RENEWED
+    await impl.fenced_write(lease, fence, Upsert("out", "k", {"v": 1}))
+    assert await impl.resign(lease, "a", fence)
+    upserts = [(method, where) for method, where, upsert in calls if upsert]
+    assert upserts, calls
+    assert all("$expr" not in json.dumps(where) for _, where in upserts), upserts
+
+
+class Paused:
+    """A collection whose ``method`` stops, on its first call, after the call is made,
+    until ``go`` is set; ``reached`` is set once it got there."""
+
+    def __init__(self, inner: Any, method: str) -> None:
+        self.inner, self.method = inner, method
+        self.reached, self.go = asyncio.Event(), asyncio.Event()
+
+    def __getattr__(self, method: str) -> Any:
+        real = getattr(self.inner, method)
+        if method != self.method or self.reached.is_set():
+            return real
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            result = await real(*args, **kwargs)
+            self.reached.set()
+            await self.go.wait()
+            return result
+        return call
+
+
+async def test_a_deposed_leaders_write_never_commits_after_a_newer_acquisition_returned(
+        url: str, impl: MongoLeaderBackend) -> None:
+    """The deposed leader's transaction has passed its lease check when a newer leader
+    acquires: either the acquisition waits for the transaction (the write is ordered
+    before it) or the write is refused; never a write landing after the new fence was
+    handed out."""
+    lease = name()
+    old = await impl.acquire(lease, "old", 10, None, NOW)
+    assert old is not None
+    await lapse(impl, lease)
+    paused = Paused(impl.leases, "find_one_and_update")
+    impl.leases = paused  # type: ignore[assignment]
+    finished: dict[str, float] = {}
+
+    async def deposed_write() -> None:
+        try:
+            await impl.fenced_write(lease, old, Upsert("out", "late", {"by": "old"}), 20)
+        finally:
+            finished["write"] = time.monotonic()
+
+    writing = asyncio.ensure_future(deposed_write())
+    await asyncio.wait_for(paused.reached.wait(), 10)
+    async with mongo_backend(url) as other:
+        acquiring = asyncio.ensure_future(other.acquire(lease, "new", 10, None, NOW, 20))
+        done, _ = await asyncio.wait({acquiring}, timeout=1.0)
+        paused.go.set()
+        results = await asyncio.gather(writing, acquiring, return_exceptions=True)
+    new_fence = results[1]
+    assert not done or isinstance(results[0], StaleFence), results
+    if not isinstance(results[0], BaseException):
+        assert new_fence is not None and not isinstance(new_fence, BaseException)
+        written = await impl.db.out.find_one({"_id": "late"})
+        assert written is not None and written[FENCE_FIELD] == old < new_fence
+
+
+async def test_a_fence_is_never_handed_out_twice_when_the_lease_is_lost_mid_acquisition(
+        url: str, impl: MongoLeaderBackend) -> None:
+    """A reads the mark; meanwhile B acquires and the lease document is deleted; A's
+    update then computes B's fence again from the mark it read: A is refused."""
+    lease = name()
+    first = await impl.acquire(lease, "x", 10, None, NOW)
+    assert first is not None and await impl.resign(lease, "x", first)
+    paused = Paused(impl.fences, "find_one")
+    impl.fences = paused  # type: ignore[assignment]
+    a = asyncio.ensure_future(impl.acquire(lease, "a", 10, None, NOW))
+    await asyncio.wait_for(paused.reached.wait(), 10)
+    async with mongo_backend(url) as other:
+        b = await other.acquire(lease, "b", 10, None, NOW)
+        assert b == first + 1
+        await other.leases.delete_one({"_id": lease})
+    paused.go.set()
+    assert await a is None  # its fence would have been b's
+    async with mongo_backend(url) as other:
+        assert await other.renew(lease, "b", b, 10, NOW) is HeartbeatOutcome.FENCED
+        again = await other.acquire(lease, "c", 10, None, NOW)
+        assert again is not None and again > b
+
+
+async def test_a_lease_restored_from_an_older_snapshot_deposes_nobody_and_revives_nobody(
+        impl: MongoLeaderBackend) -> None:
+    lease = name()
+    old = await impl.acquire(lease, "x", 10, None, NOW)
+    assert old is not None
+    snapshot = await impl.leases.find_one({"_id": lease})
+    await lapse(impl, lease)
+    new = await impl.acquire(lease, "y", 10, None, NOW)
+    assert new is not None and snapshot is not None
+    await impl.leases.replace_one({"_id": lease}, snapshot)  # the old holder, unexpired
+    assert await impl.renew(lease, "x", old, 10, NOW) is HeartbeatOutcome.FENCED
+    with pytest.raises(StaleFence):
+        await impl.fenced_write(lease, old, Upsert("out", "k", {"by": "x"}))
+    assert await impl.db.out.find_one({"_id": "k"}) is None
+    taken = await impl.acquire(lease, "z", 10, None, NOW)  # below the mark: free at once
+    assert taken == new + 1
+
+
+async def test_a_lease_document_edited_into_nonsense_is_a_store_error_not_a_crash(
+        impl: MongoLeaderBackend) -> None:
+    lease = name()
+    await impl.leases.insert_one({"_id": lease, "holder": "a", "fence": "seven",
+                                  "expires_at_ms": 1})
+    with pytest.raises(StoreError, match="fence is not a whole number"):
+        await impl.read(lease)
+    await impl.fences.insert_one({"_id": lease, "fence": [1]})
+    with pytest.raises(StoreError, match="fence is not a whole number"):
+        await impl.acquire(lease, "b", 10, None, NOW)
+
+
+async def test_what_mongodb_cannot_store_or_a_users_unique_index_refuses_is_write_refused(
+        impl: MongoLeaderBackend) -> None:
+    lease = name()
+    fence = await impl.acquire(lease, "a", 10, None, NOW)
+    assert fence is not None
+    with pytest.raises(WriteRefused, match="cannot store"):
+        await impl.fenced_write(lease, fence, PutItem("out", {"Pk": {"S": "k"},
+                                                              "n": {"N": "1e30"}}))
+    await impl.db.out.create_index("email", unique=True)
+    await impl.fenced_write(lease, fence, Upsert("out", "k1", {"email": "a@example.com"}))
+    with pytest.raises(WriteRefused, match="unique index"):
+        await impl.fenced_write(lease, fence, Upsert("out", "k2", {"email": "a@example.com"}))
+    assert await impl.db.out.count_documents({}) == 1
+
+
+async def test_the_leases_own_collections_are_not_a_job_writes_table() -> None:
+    for table in (LEASES, FENCES):
+        with pytest.raises(ValueError, match="collection name"):
+            upsert_for_item(table, {"Pk": {"S": "fleet"}})
