@@ -3,7 +3,7 @@
 - ``module_report``: the module's committed tests (terraform/modules/streamlease/tests/)
   and the runs worker_cases.py generates from streamlease/config.py;
 - ``module_plans``: plans of the module (defaults, every input changed, the fleet's
-  options, a Redis leader backend, sinks, profiles, tracing), printed with ``-verbose``
+  options, Redis and MongoDB leader backends, sinks, profiles, tracing), printed with ``-verbose``
   so the tests can read what terraform would create;
 - ``example_report``: the example root's tests with terraform.tfvars.example, verbose.
 
@@ -67,10 +67,27 @@ PLAN_RUNS: dict[str, dict[str, Any]] = {
     },
     # A Redis URL in the variable (no credentials): sensitive in the plan.
     "redis": {"leader_backend": "rediss://cache.internal:6380/2"},
+    # MongoDB URLs in the variable (no credentials), sensitive in the plan too: a replica
+    # set's members with its options, and the egress to them on 27017; ...
+    "mongodb": {
+        "leader_backend": "mongodb://db1.internal:27017,db2.internal:27017,10.0.3.7:27017/"
+                          "streamlease?replicaSet=rs0&authSource=admin&tls=true",
+        "leader_backend_egress": {"cidr_blocks": ["10.0.3.0/24", "10.0.4.0/24"],
+                                  "port": 27017},
+    },
+    # ... and a cluster named by its DNS SRV record.
+    "mongodb_srv": {"leader_backend": "mongodb+srv://cluster0.ab1cd.mongodb.net/streamlease"
+                                      "?retryWrites=true&w=majority"},
     # Sinks (tests/infra/sink_calls.py): AWS outputs named by URL, ...
     "kinesis": {"sink": "kinesis://orders", "dead_letter": "s3://acme-dlq/streamlease/failed/"},
     "sqs": {"sink": "SQS://orders.fifo", "dead_letter": "https://hooks.example.com/dead",
             "process_max_attempts": 3},
+    # ... a MongoDB sink, which calls no AWS API, with its egress, ...
+    "mongodb_sink": {
+        "sink": "mongodb://db1.internal:27017,db2.internal:27017/app.events?replicaSet=rs0",
+        "sink_egress": [{"description": "MongoDB sink", "cidr_blocks": ["10.0.5.0/24"],
+                         "from_port": 27017, "to_port": 27017}],
+    },
     # ... and held in secrets, their kind and resources stated.
     "sink_secrets": {
         "sink_secret_arn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"

@@ -13,7 +13,9 @@ The forms this reader relies on (anything else raises ``DiscoveryError``):
   ``stdout`` through ``streamlease.sinks.files``;
 - an AWS output calls its service through a receiver named ``client`` (``client.x(...)``,
   ``self.client.x(...)``), made by ``session.client(spec.kind, ...)``: the service is the
-  sink's kind.
+  sink's kind;
+- an output that is not an AWS service imports no AWS SDK (``AWS_SDKS``), so that a
+  ``client`` of its own (pymongo's, say) cannot be an AWS client.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ SINKS = ROOT / "streamlease" / "sinks"
 KIND_ACTIONS: dict[str, frozenset[str]] = {
     "dynamodb": frozenset(),
     "postgres": frozenset(),
+    "mongodb": frozenset(),
     "http": frozenset(),
     "file": frozenset(),
     "stdout": frozenset(),
@@ -52,6 +55,8 @@ AUTHORISED_AS = {
     "sqs:DeleteMessageBatch": "sqs:DeleteMessage",
     "sqs:ChangeMessageVisibilityBatch": "sqs:ChangeMessageVisibility",
 }
+# The packages an output needs to call an AWS API.
+AWS_SDKS = frozenset({"aioboto3", "aiobotocore", "boto3", "botocore"})
 # What the modules import for the kinds open_output does not list in its dict.
 FIXED_MODULES = {"file": "files", "stdout": "files"}
 
@@ -102,6 +107,18 @@ def client_calls(path: Path) -> set[str]:
             if name == "client":
                 calls.add(node.func.attr)
     return calls
+
+
+def aws_sdk_imports(path: Path) -> set[str]:
+    """The AWS SDK packages (``AWS_SDKS``) one module imports, at any depth."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found & AWS_SDKS
 
 
 @functools.cache

@@ -81,8 +81,10 @@ RUNTIME_TABLES: dict[tuple[str, str], tuple[str, ...]] = {
     ("ChangeFeedReader", "self.table"): (STREAMS,),
     ("DynamoFeedCheckpoints", "self.table"): (FLEET,),
 }
-# PutItem(...) built outside the store, by its table expression: which tables it names.
-SOURCE_PUT_TABLES = {"args.table": JOB_WRITE}
+# PutItem(...) built outside the store, by the top-level function that builds it and its
+# table expression: which tables it names. `job write` hands its --table T (args.table) to
+# jobcli._request, which builds the DynamoDB backend's PutItem.
+SOURCE_PUT_TABLES = {("_request", "table"): JOB_WRITE}
 
 TRANSACTION_KINDS = {
     "Update": "update_item",
@@ -760,19 +762,35 @@ def calls_in(sources: Iterable[Source], stores: Stores | None = None,
                     called |= {(c, n) for c, n in stores.methods
                                if c == built_class and not n.startswith("_")}
                 elif isinstance(func, ast.Attribute):
-                    role = ROLES.get(_receiver_name(func.value) or "")
-                    method = stores.of_role(role, func.attr) \
-                        if role and role not in skip_roles else None
+                    method = _store_method(stores, func, skip_roles)
                     if method is not None:
                         called.add((method.cls, method.name))
                 elif isinstance(func, ast.Name) and func.id == "PutItem":
                     table = ast.unparse(node.args[0]) if node.args else ""
-                    if table not in SOURCE_PUT_TABLES:
+                    key = (str(getattr(top, "name", "")), table)
+                    if key not in SOURCE_PUT_TABLES:
                         raise DiscoveryError(f"{_where(source.path, node)}: a PutItem into "
                                              f"{table or '?'}: which tables can that be?")
-                    puts.append(Request("dynamodb:PutItem", SOURCE_PUT_TABLES[table], None,
+                    puts.append(Request("dynamodb:PutItem", SOURCE_PUT_TABLES[key], None,
                                         True, _where(source.path, node)))
+                # A store method handed over for another function to call
+                # (retried_at_start(admin.check_tables, ...)) is called too.
+                for arg in [*node.args, *(k.value for k in node.keywords)]:
+                    method = _store_method(stores, arg, skip_roles) \
+                        if isinstance(arg, ast.Attribute) else None
+                    if method is not None:
+                        called.add((method.cls, method.name))
     return called, puts
+
+
+def _store_method(stores: Stores, attribute: ast.Attribute, skip_roles: frozenset[str]
+                  ) -> Method | None:
+    """The store method ``receiver.name`` names, through a receiver named after its store
+    (ROLES) other than ``skip_roles``; None for anything else."""
+    role = ROLES.get(_receiver_name(attribute.value) or "")
+    if not role or role in skip_roles:
+        return None
+    return stores.of_role(role, attribute.attr)
 
 
 def reachable(called: Iterable[tuple[str, str]], stores: Stores | None = None
@@ -832,6 +850,9 @@ def needs(called: Iterable[tuple[str, str]], puts: Iterable[Request] = (),
     return Needs(tuple(dict.fromkeys(out)))
 
 
+JOB_WRITE_FUNCTIONS = frozenset({"write", "_request"})  # jobcli.py: `job write`
+
+
 def worker_run_files() -> list[Path]:
     """The code ``streamlease run`` executes outside the store: not the commands, not
     dev/."""
@@ -841,14 +862,15 @@ def worker_run_files() -> list[Path]:
 
 
 def task_sources() -> list[Source]:
-    """What runs with the task role: ``streamlease run``, and ``streamlease job write``,
-    which jobs (the worker's subprocesses) call."""
+    """What runs with the task role: ``streamlease run``, and ``streamlease job write``
+    (``write`` and the request it builds, ``_request``), which jobs (the worker's
+    subprocesses) call."""
     return [Source(p) for p in worker_run_files()] + [
-        Source(WORKER / "jobcli.py", only=frozenset({"write"}))]
+        Source(WORKER / "jobcli.py", only=JOB_WRITE_FUNCTIONS)]
 
 
 def operator_sources() -> list[Source]:
     """The code behind ``streamlease table create``, ``ctl`` and ``job put|list|remove|
     runs`` (not ``job write``: that runs inside jobs, with the task role)."""
     return [Source(WORKER / "cli.py"),
-            Source(WORKER / "jobcli.py", skip=frozenset({"write"}))]
+            Source(WORKER / "jobcli.py", skip=JOB_WRITE_FUNCTIONS)]

@@ -13,6 +13,8 @@ Where the checks live:
 - here, worker_cases.py: generated runs compare each worker setting's bounds with its
   variable's validation, and each committed run's expectation is checked against the
   worker's verdict on its inputs;
+- here, without terraform: the MongoDB URL patterns of the leader backend's and the
+  sink's validations, run with Python's re against the worker's parsers;
 - here, statically: the terraform block, variable descriptions, references between
   blocks, the READMEs.
 """
@@ -21,14 +23,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from streamlease.config import DEFAULTS, SETTINGS, WorkerConfig
+from streamlease.core.backends import MongoTarget, RedisTarget, parse_leader_backend
 from streamlease.core.sinks import parse_sink
 from streamlease.core.stream import stream_buffer_bytes
 from streamlease.store import feedcheckpoints, fleetcodec, schema
@@ -200,6 +205,178 @@ def test_every_worker_setting_is_a_variable_with_the_workers_default(
         assert text == (setting.default or None), (
             f"variable {variable} defaults to {text!r}, {setting.name} to {setting.default!r}")
     assert not any("worker_id" in v for v in module.variables)
+
+
+# --- MongoDB URLs: the module's patterns against the worker's parsers, without terraform ---
+#
+# The committed and generated runs above put MongoDB URLs through terraform where it is
+# installed. These read the patterns out of variables.tf and run them with Python's re
+# (the patterns use only what RE2 and re read alike), so that the shape terraform lets
+# through is checked against the worker's own parser everywhere: listed URLs both ways,
+# and a seeded stream of mutated ones, of which terraform may accept only what the
+# worker accepts.
+
+CAN_REGEX = re.compile(r'(!?)can\(regex\("((?:[^"\\]|\\.)*)", var\.(\w+)\)\)')
+
+
+def mongodb_rule(module: StaticModule, variable: str) -> Callable[[str], bool]:
+    """What the variable's validations decide about a MongoDB URL's shape: it matches one
+    of the patterns starting ^(?i:mongodb that a `can(regex(...))` tests (the forms,
+    alternatives of one condition) and none of those a `!can(regex(...))` refuses (a
+    sink's collection rules). Credentials are the committed runs' (STRICTER)."""
+    shapes, refusals = [], []
+    for block in iter_blocks(module.variables[variable], "validation"):
+        for negated, text, name in CAN_REGEX.findall(str(block["condition"])):
+            pattern = json.loads(f'"{text}"')  # HCL's escapes here are JSON's
+            if name != variable or not pattern.startswith("^(?i:mongodb"):
+                continue
+            # RE2's $ is the end of the text; re's $ also matches before a final newline.
+            compiled = re.compile(re.sub(r"\$$", r"\\Z", pattern))
+            (refusals if negated else shapes).append(compiled)
+    assert len(shapes) == 2, f"var.{variable}: mongodb:// and mongodb+srv:// patterns, " \
+                             f"found {len(shapes)}"
+
+    def accepts(url: str) -> bool:
+        return any(p.search(url) for p in shapes) and not any(p.search(url) for p in refusals)
+    return accepts
+
+
+def worker_takes_leader(url: str) -> bool:
+    try:
+        return isinstance(parse_leader_backend(url), MongoTarget)
+    except ValueError:
+        return False
+
+
+def worker_takes_sink(url: str) -> bool:
+    try:
+        return parse_sink(url).kind == "mongodb"
+    except ValueError:
+        return False
+
+
+# variable: (the worker's parser, URLs both take, URLs both refuse, URLs only the worker
+# takes: where terraform is narrower on purpose).
+MONGODB_URLS: dict[str, tuple[Callable[[str], bool], list[str], list[str], list[str]]] = {
+    "leader_backend": (worker_takes_leader, [
+        "mongodb://db1.internal:27017,db2.internal:27017,db3.internal:27017/streamlease"
+        "?replicaSet=rs0&authSource=admin&tls=true",
+        "mongodb+srv://cluster0.ab1cd.mongodb.net/streamlease?retryWrites=true&w=majority",
+        "MONGODB://10.0.3.7/app",
+        "Mongodb+SRV://c.example.net/app",
+        "mongodb://db.internal:027017/A-z_9",
+        "mongodb://db.internal:1,db.internal:65535/" + "d" * 63,
+        "mongodb://db.internal/app?readPreferenceTags=dc:eu,rack:1&readPreferenceTags="
+        "&authSource=$external&tlsCAFile=/etc/ssl/ca.pem&appName=a%20b",
+    ], [
+        "mongodb://db.internal:27017", "mongodb://db.internal/", "mongodb://db.internal/a.b",
+        "mongodb://db.internal/" + "d" * 64, "mongodb://db.internal/a$b",
+        "mongodb://db.internal:0/app", "mongodb://db.internal:65536/app",
+        "mongodb://db.internal:/app", "mongodb://db.internal:x/app",
+        "mongodb://db1.internal,,db2.internal/app", "mongodb://db1.internal,/app",
+        "mongodb:///app", "mongodb://-db.internal/app", "mongodb://db..internal/app",
+        "mongodb://db.internal./app",
+        "mongodb+srv://cluster0.example.net:27017/app",
+        "mongodb+srv://a.example.net,b.example.net/app",
+        "mongodb://db.internal/app?", "mongodb://db.internal/app?tls",
+        "mongodb://db.internal/app?=x", "mongodb://db.internal/app?a=1&&b=2",
+        "mongodb://db.internal/app?a=1&", "mongodb://db.internal/app#x",
+        "mongodb://db.internal/app?a=1#x", "mongodb://db .internal/app",
+        "mongodb://db.internal/app?a= b", "mongodb://db.internal/a\nb",
+        "mongodb://[::1::2]/app", "mongodb://@db.internal/app",
+    ], [
+        "mongodb://[2001:db8::7]:27017/app",  # IPv6: the egress rule takes IPv4 CIDRs
+        "mongodb://svc:s3cret@db.internal/app",  # credentials: leader_backend_secret_arn
+        "mongodb://db.internal/my+db", "mongodb://db.internal/my%41db",  # the database
+        "mongodb://db.internal/app?[x]=1",  # option names: letters, digits, _ . -
+        "mongodb://db.internal/app\n",  # the worker strips surrounding space
+    ]),
+    "sink": (worker_takes_sink, [
+        "mongodb://db1.internal:27017,db2.internal/app.events"
+        "?replicaSet=rs0&checkpoints=streamlease_checkpoints&transactions=on",
+        "mongodb+srv://cluster0.ab1cd.mongodb.net/app.events.v2",
+        "mongodb://10.0.3.7/app.System.x",
+        "mongodb://10.0.0.5/" + "d" * 63 + "." + "c" * 191,
+        "mongodb://db.internal/a." + "c" * 253,
+    ], [
+        "mongodb://db.internal/app", "mongodb://db.internal/app.",
+        "mongodb://db.internal/.events", "mongodb://db.internal/app.system.users",
+        "mongodb://db.internal/app.ev$nts", "mongodb://db.internal/a." + "c" * 254,
+        "mongodb://10.0.0.5/" + "d" * 63 + "." + "c" * 192,
+        "mongodb://db.internal/" + "d" * 64 + ".events",
+        "mongodb+srv://a.example.net,b.example.net/app.events",
+        "mongodb+srv://cluster0.example.net:27017/app.events",
+        "mongodb://db.internal:0/app.events", "mongodb:///app.events",
+        "mongodb://db.internal/app.events#x", "mongodb://db.internal/app events",
+    ], [
+        "mongodb://[2001:db8::7]/app.events",
+        "mongodb://%2Ftmp%2Fmongodb-27017.sock/app.events",  # a socket: not on ECS
+        "mongodb://db.internal/app.a/b", "mongodb://db.internal/app.ev%41",
+        "mongodb://svc:s3cret@db.internal/app.events",  # credentials: sink_secret_arn
+    ]),
+}
+
+
+@pytest.mark.parametrize("variable", sorted(MONGODB_URLS))
+def test_the_mongodb_patterns_decide_as_the_worker(module: StaticModule, variable: str) -> None:
+    accepts = mongodb_rule(module, variable)
+    worker, both, neither, narrower = MONGODB_URLS[variable]
+    for url in both:
+        assert accepts(url) and worker(url), (url, accepts(url), worker(url))
+    for url in neither:
+        assert not accepts(url) and not worker(url), (url, accepts(url), worker(url))
+    for url in narrower:  # terraform refuses on purpose what the worker would take
+        assert not accepts(url) and worker(url), (url, accepts(url), worker(url))
+
+
+def mutated_mongodb_urls(seed: int, count: int, collection: bool) -> list[str]:
+    """MongoDB URLs put together from parts, each valid or (one time in six) broken:
+    scheme, hosts with ports, the separator, database (and collection), query."""
+    rng = random.Random(seed)
+    parts: dict[str, tuple[list[str], list[str]]] = {
+        "scheme": (["mongodb", "MongoDB", "mongodb+srv", "mongodb+SRV"],
+                   ["mongo", "mongodb+srv2", "mongodb "]),
+        "host": (["db.internal", "10.0.3.7", "a", "A-1.b_2", "x" * 63],
+                 ["-a", "a-", "a..b", ".a", "a.", "", "[::1]", "[2001:db8::7]", "[::1",
+                  "::1", "x" * 64, "d b", "u:p@h", "@h", "h%2F", "h/x"]),
+        "port": (["", "", ":27017", ":027017", ":1", ":65535", ":" + "0" * 8 + "1"],
+                 [":65536", ":0", ":", ":x", ":-1", ":1e3"]),
+        "slash": (["/"], ["", "//", "/?"]),
+        "name": (["app", "a-b_C9", "d" * 63], ["", "d" * 64, "a.b", "a$b", "a b", "a%41",
+                                               "a/b", "a\\b", "é", "a*", "a:b", "a#b"]),
+        "collection": (["events", "a.b", "System.x", "c" * 191],
+                       ["", "system.users", "e$v", "c" * 192, "a/b", "e v", "e#v", "e\x00v"]),
+        "query": (["", "?a=1", "?a=1&b=2", "?a=$x:y,z/1", "?a=b=c", "?a=%20", "?a=",
+                   "?replicaSet=rs0&tls=true"],
+                  ["?", "?a", "?=1", "?a=1&", "?a=1&&b=2", "#f", "?a=1#f", "?a= b", "?a=\t",
+                   "?a=é"]),
+    }
+
+    def pick(part: str) -> str:
+        good, bad = parts[part]
+        return rng.choice(bad if rng.random() < 1 / 6 else good)
+
+    urls = []
+    for _ in range(count):
+        hosts = ",".join(pick("host") + pick("port") for _ in range(rng.choice([1, 1, 2, 3])))
+        path = pick("name") + ("." + pick("collection") if collection else "")
+        urls.append(f"{pick('scheme')}://{hosts}{pick('slash')}{path}{pick('query')}")
+    return urls
+
+
+@pytest.mark.parametrize("variable", sorted(MONGODB_URLS))
+def test_the_mongodb_patterns_take_nothing_the_worker_refuses(module: StaticModule,
+                                                              variable: str) -> None:
+    accepts = mongodb_rule(module, variable)
+    worker = MONGODB_URLS[variable][0]
+    urls = mutated_mongodb_urls(20261205, 6000, collection=variable == "sink")
+    taken = [u for u in urls if accepts(u)]
+    wrong = [u for u in taken if not worker(u)]
+    assert not wrong, f"terraform would let through what the worker refuses: {wrong[:5]}"
+    # Both outcomes occur often enough for the check to mean something.
+    refused_by_worker = sum(not worker(u) for u in urls)
+    assert len(taken) >= len(urls) // 10 and refused_by_worker >= len(urls) // 4, \
+        (len(taken), refused_by_worker)
 
 
 # --- tables -----------------------------------------------------------------------------
@@ -577,7 +754,8 @@ def test_the_change_feed_writes_only_its_checkpoints() -> None:
     assert not streams & worker_needs(change_feed=False).iam_actions()
 
 
-@pytest.mark.parametrize("plan_name", ["defaults", "fleet", "no_change_feed"])
+# (mongodb: a MongoDB leader backend adds no AWS grant.)
+@pytest.mark.parametrize("plan_name", ["defaults", "fleet", "no_change_feed", "mongodb"])
 def test_task_role_grants_exactly_what_the_worker_calls(module_plans: dict[str, Any],
                                                         plan_name: str) -> None:
     plan = module_plans[plan_name]
@@ -804,18 +982,52 @@ def test_leader_backend_from_a_secret_never_enters_the_environment(
     assert environment(module_plans["defaults"])["STREAMLEASE_LEADER_BACKEND"] == "dynamodb"
 
 
-def test_a_redis_url_is_sensitive_in_the_plan(module_plans: dict[str, Any]) -> None:
+LEADER_URL_PLANS = {"redis": RedisTarget, "mongodb": MongoTarget, "mongodb_srv": MongoTarget}
+
+
+@pytest.mark.parametrize("plan_name", sorted(LEADER_URL_PLANS))
+def test_a_leader_backend_url_is_sensitive_in_the_plan(module_plans: dict[str, Any],
+                                                       plan_name: str) -> None:
     """A plan shows the task definition's containers as (sensitive value) once the
-    variable holds a Redis URL, and in full for the default backend."""
+    variable holds a Redis or MongoDB URL, and in full for the default backend. The URL
+    reaches the environment as written, no secret, and the worker reads it as that
+    backend's target."""
     def sensitive(plan: dict[str, Any]) -> Any:
         (change,) = [rc["change"] for rc in plan["resource_changes"]
                      if rc["address"] == TASK_DEFINITION]
         return (change.get("after_sensitive") or {}).get("container_definitions", False)
 
-    assert sensitive(module_plans["redis"]) is True
+    plan = module_plans[plan_name]
+    assert sensitive(plan) is True
     assert not sensitive(module_plans["defaults"])
-    assert environment(module_plans["redis"])["STREAMLEASE_LEADER_BACKEND"] == \
-        PLAN_RUNS["redis"]["leader_backend"]
+    env = environment(plan)
+    assert env["STREAMLEASE_LEADER_BACKEND"] == PLAN_RUNS[plan_name]["leader_backend"]
+    assert container(plan)["secrets"] == []
+    backend = WorkerConfig.from_env(env).leader_backend
+    assert isinstance(backend, LEADER_URL_PLANS[plan_name]), backend
+
+
+def egress_rules(plan: dict[str, Any]) -> dict[str, tuple[str, int, int, str]]:
+    """The planned worker egress rules: key -> (CIDR, from port, to port, description)."""
+    prefix = "aws_vpc_security_group_egress_rule.worker["
+    return {address: (v["cidr_ipv4"], v["from_port"], v["to_port"], v["description"])
+            for address, v in planned(plan).items() if address.startswith(prefix)}
+
+
+def test_leader_backend_egress_opens_the_members_port(module_plans: dict[str, Any]) -> None:
+    """leader_backend_egress adds one rule per CIDR on the backend's port, described as
+    the leader backend's (Redis or MongoDB), to the rules the module has without it; the
+    port is the one the worker dials (every host of the URL names it here)."""
+    values = PLAN_RUNS["mongodb"]["leader_backend_egress"]
+    added = set(egress_rules(module_plans["mongodb"]).values()) - set(
+        egress_rules(module_plans["defaults"]).values())
+    assert added == {(cidr, 27017, 27017, "Leader backend, Redis or MongoDB "
+                      "(STREAMLEASE_LEADER_BACKEND)") for cidr in values["cidr_blocks"]}
+    target = WorkerConfig.from_env(environment(module_plans["mongodb"])).leader_backend
+    assert isinstance(target, MongoTarget)
+    assert {h.rsplit(":", 1)[1] for h in target.hosts} == {str(values["port"])}
+    assert set(egress_rules(module_plans["mongodb_srv"]).values()) == set(
+        egress_rules(module_plans["defaults"]).values())  # no egress given, no rule added
 
 
 def test_buffer_rule_is_the_worker_s(module: StaticModule) -> None:
@@ -894,7 +1106,7 @@ def test_container_uses_the_workers_defaults(module_plans: dict[str, Any]) -> No
 
 # --- sinks: the task role's grants for each kind, the secrets ---------------------------------
 
-SINK_PLANS = ["defaults", "kinesis", "sqs", "sink_secrets"]
+SINK_PLANS = ["defaults", "kinesis", "sqs", "mongodb_sink", "sink_secrets"]
 
 
 def test_sink_kinds_table_is_the_module_s() -> None:
@@ -912,7 +1124,8 @@ def test_sink_kinds_table_is_the_module_s() -> None:
 @pytest.mark.parametrize("kind", sorted(sink_calls.KIND_ACTIONS))
 def test_sink_kinds_table_is_what_the_outputs_call(kind: str) -> None:
     """Each output module's AWS client calls, by botocore's model of the kind's service,
-    are the table's actions for that kind; outputs that are not AWS services call none."""
+    are the table's actions for that kind; outputs that are not AWS services call none:
+    they import no AWS SDK (a `client` of theirs, such as pymongo's, is not an AWS one)."""
     if kind in ("dynamodb", "python"):  # the events table (store_calls); the user's code
         assert sink_calls.module_path(kind) is None and not sink_calls.KIND_ACTIONS[kind]
         return
@@ -921,10 +1134,10 @@ def test_sink_kinds_table_is_what_the_outputs_call(kind: str) -> None:
         pytest.skip(f"the {kind} output ({sink_calls.output_modules()[kind]}.py) is not in "
                     "this tree")
     if kind in sink_calls.AWS_KINDS:
+        assert sink_calls.aws_sdk_imports(path)  # what the other kinds' check looks for
         assert sink_calls.aws_actions(path)[kind] == sink_calls.KIND_ACTIONS[kind]
     else:
-        assert not sink_calls.client_calls(path), sink_calls.client_calls(path)
-        assert "aioboto3" not in path.read_text() and "botocore" not in path.read_text()
+        assert not sink_calls.aws_sdk_imports(path), sink_calls.aws_sdk_imports(path)
 
 
 def test_only_the_dynamodb_sink_is_the_events_table() -> None:

@@ -75,11 +75,22 @@ STRICTER: list[tuple[dict[str, Any], str]] = [
      "the worker takes Redis credentials in the URL; terraform refuses them in the "
      "variable, whose value lands in the task definition's environment (readable with "
      "ecs:DescribeTaskDefinition): they belong in leader_backend_secret_arn"),
+    ({"leader_backend": "mongodb+srv://streamlease:s3cret@cluster0.ab1cd.mongodb.net/streamlease"},
+     "MongoDB credentials in the URL likewise: leader_backend_secret_arn"),
+    ({"leader_backend": "mongodb://db.internal:27017/streamlease?tls=true"
+                        "&tlsCertificateKeyFilePassword=s3cret"},
+     "the password of the client certificate's key is a credential too: "
+     "leader_backend_secret_arn"),
+    ({"leader_backend": "mongodb://[2001:db8::7]:27017/streamlease"},
+     "the worker takes an [IPv6] MongoDB host; terraform takes DNS names and IPv4 addresses, "
+     "which leader_backend_egress (IPv4 CIDRs) can open the way to"),
     ({"sink": "postgres://streamlease:s3cret@db.internal:5432/streams"},
      "the worker takes credentials in a sink URL; terraform refuses them in the variable "
      "(the task definition's environment): they belong in sink_secret_arn"),
     ({"sink": "postgres://db.internal/streams?sslmode=require&password=s3cret"},
      "a password parameter is a credential too: sink_secret_arn"),
+    ({"sink": "mongodb+srv://streamlease:s3cret@cluster0.ab1cd.mongodb.net/app.events"},
+     "credentials in a MongoDB sink's URL: sink_secret_arn"),
     ({"dead_letter": "https://streamlease:token@hooks.example.com/dead"},
      "credentials in the dead-letter URL: dead_letter_secret_arn"),
     ({"sink": "kinesis://streams/orders"},
@@ -107,6 +118,41 @@ URL_LISTS: list[list[str]] = [
 ]
 # Settings whose parser says nothing about its values' bounds, given their values.
 LISTED_VALUES: dict[str, list[str]] = {
+    # URLs without credentials (with them terraform is STRICTER): MongoDB's forms at their
+    # edges, each way, and a Redis one.
+    "STREAMLEASE_LEADER_BACKEND": [
+        "mongodb://db1.internal:27017,db2.internal:27017,10.0.3.7:027017/streamlease"
+        "?replicaSet=rs0&authSource=admin&tls=true",
+        "MongoDB+SRV://cluster0.ab1cd.mongodb.net/streamlease_leader-1"
+        "?retryWrites=true&w=majority&readPreferenceTags=dc:eu,rack:1",
+        "mongodb://10.0.0.5:65535/" + "d" * 63,
+        "rediss://cache.internal:6380/2",
+        "mongodb://db.internal:27017",  # no database
+        "mongodb+srv://cluster0.ab1cd.mongodb.net:27017/streamlease",  # SRV: no port
+        "mongodb+srv://a.example.net,b.example.net/streamlease",  # SRV: one host
+        "mongodb://db1.internal:27017,db2.internal:65536/streamlease",
+        "mongodb://db.internal/stream.lease",  # a database name has no dot
+        "mongodb://db.internal/" + "d" * 64,
+        "mongodb://db.internal/streamlease?replicaSet",  # an option without =
+        "mongodb://db1.internal,,db2.internal/streamlease",
+    ],
+    "STREAMLEASE_SINK": [
+        "mongodb://db1.internal:27017,db2.internal/app.events"
+        "?replicaSet=rs0&checkpoints=streamlease_checkpoints&transactions=on",
+        "mongodb+srv://cluster0.ab1cd.mongodb.net/app.events.v2",
+        "mongodb://10.0.0.5/" + "d" * 63 + "." + "c" * 191,  # DB.COLLECTION: 255 bytes
+        "mongodb://db.internal/app",  # no collection
+        "mongodb://db.internal/app.system.users",
+        "mongodb://db.internal/app.ev$nts",
+        "mongodb://10.0.0.5/" + "d" * 63 + "." + "c" * 192,
+        "mongodb+srv://a.example.net,b.example.net/app.events",
+        "mongodb://db.internal:0/app.events",
+        "mongodb://db.internal/.events",
+    ],
+    # The exactly-once sinks take only delivered messages: never a dead letter.
+    "STREAMLEASE_DEAD_LETTER": ["stdout", "https://hooks.example.com/dead",
+                                "mongodb://db.internal/app.dead", "postgres://db.internal/dead",
+                                "dynamodb"],
     # as many accepted paths as accepted profile names, so each name comes with a file
     "STREAMLEASE_PROFILES": ["/etc/streamlease/profiles.toml", "/opt/acme/Profiles.JSON",
                              "/profiles.json", "/etc/streamlease/feeds.v2.toml",

@@ -279,7 +279,7 @@ resource "aws_ecs_task_definition" "worker" {
     }
     precondition {
       condition     = local.leader_backend_default || var.leader_backend_secret_arn == null
-      error_message = "leader_backend and leader_backend_secret_arn both set: give the Redis URL in one place (the secret, if it holds credentials)."
+      error_message = "leader_backend and leader_backend_secret_arn both set: give the leader backend's URL in one place (the secret, if it holds credentials)."
     }
     precondition {
       condition     = local.sink_default || var.sink_secret_arn == null

@@ -266,10 +266,10 @@ data "aws_iam_policy_document" "task" {
 
   # PutItem: claim a job's slot (a run record, RUN#<job>): with the DynamoDB leader
   # backend inside the leader's fenced TransactWriteItems (a ConditionCheck on the leader
-  # item plus this Put), with a Redis leader backend as a plain conditional PutItem. So
-  # no EnclosingOperation condition: that would refuse the Redis backend's claims. With
-  # the change feed on, also a shard's checkpoint (FEED), a conditional PutItem refused
-  # when a higher leader fence wrote it. Once member rows spread over more keys, the
+  # item plus this Put), with a Redis or MongoDB leader backend as a plain conditional
+  # PutItem. So no EnclosingOperation condition: that would refuse those backends'
+  # claims. With the change feed on, also a shard's checkpoint (FEED), a conditional
+  # PutItem refused when a higher leader fence wrote it. Once member rows spread over more keys, the
   # leader's copy of its bulletin in each (MEMBER, MEMBER#<n>), refused likewise.
   statement {
     sid       = "FleetPuts"

@@ -5,12 +5,13 @@
 #     serve DynamoDB Streams: with narrowed CIDRs, its interface endpoint must be inside
 #     them);
 #   - the upstream WebSocket servers (var.upstream_egress; default 443 anywhere);
-#   - a Redis leader backend (var.leader_backend_egress; default none);
-#   - a postgres or http(s) sink or dead-letter destination (var.sink_egress; default
-#     none: the 443-anywhere default already reaches a public https webhook). Kinesis,
-#     SQS and S3 outputs are AWS APIs on 443, like DynamoDB: the first rule; with narrowed
-#     aws_api_egress_cidr_blocks, their interface endpoints must be inside those CIDRs
-#     (S3 already is where the tasks pull their image).
+#   - an external leader backend, Redis or MongoDB (var.leader_backend_egress; default
+#     none): its one port to CIDRs that cover every member of a MongoDB replica set;
+#   - a postgres, mongodb or http(s) sink or dead-letter destination (var.sink_egress;
+#     default none: the 443-anywhere default already reaches a public https webhook).
+#     Kinesis, SQS and S3 outputs are AWS APIs on 443, like DynamoDB: the first rule; with
+#     narrowed aws_api_egress_cidr_blocks, their interface endpoints must be inside those
+#     CIDRs (S3 already is where the tasks pull their image).
 # DNS, the task metadata and credentials endpoints (169.254.170.2) and NTP are not
 # filtered by security groups, so they need no rule.
 # Ingress: the metrics port (/metrics, /healthz, /readyz), from the scraper's group only.
@@ -39,7 +40,7 @@ locals {
       cidr        = cidr
       from_port   = var.leader_backend_egress.port
       to_port     = var.leader_backend_egress.port
-      description = "Redis leader backend (STREAMLEASE_LEADER_BACKEND)"
+      description = "Leader backend, Redis or MongoDB (STREAMLEASE_LEADER_BACKEND)"
     }],
   )
 

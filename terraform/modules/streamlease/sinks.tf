@@ -11,9 +11,9 @@
 # streamlease/sinks/ make, and the planned grants with the worker's own parse of the URL.
 
 locals {
-  # What each kind of output calls with the task role. The others (postgres, http,
-  # file, stdout) call no AWS API; a python processor's own calls are the operator's to
-  # grant (extra_task_policy_json). dynamodb is the events table (iam.tf).
+  # What each kind of output calls with the task role. The others (postgres, mongodb,
+  # http, file, stdout) call no AWS API; a python processor's own calls are the
+  # operator's to grant (extra_task_policy_json). dynamodb is the events table (iam.tf).
   #   kinesis: PutRecords (a stream name or ARN in the request; nothing is described).
   #   sqs: GetQueueUrl (the queue's URL from its name, once) and SendMessageBatch, which
   #     IAM authorises as sqs:SendMessage (there is no SendMessageBatch action).
@@ -25,7 +25,8 @@ locals {
   }
   sink_schemes = {
     postgres = "postgres", postgresql = "postgres", http = "http", https = "http",
-    kinesis  = "kinesis", sqs = "sqs", s3 = "s3", file = "file"
+    kinesis  = "kinesis", sqs = "sqs", s3 = "s3", file = "file",
+    mongodb  = "mongodb", "mongodb+srv" = "mongodb"
   }
 
   # The URL variables are sensitive (a webhook's path can be its token). What is read

@@ -133,7 +133,7 @@ variable "upstream_egress" {
 }
 
 variable "leader_backend_egress" {
-  description = "Where a Redis leader backend is (STREAMLEASE_LEADER_BACKEND=redis://...): IPv4 CIDRs and the port the tasks may reach; null (the default, for the DynamoDB backend): no rule."
+  description = "Where an external leader backend is (STREAMLEASE_LEADER_BACKEND=redis://, rediss://, mongodb:// or mongodb+srv://): the IPv4 CIDRs of every host the tasks connect to and the port they listen on (Redis 6379, MongoDB 27017). A MongoDB client connects to every member of the replica set, not only the hosts in the URL, and a mongodb+srv:// URL's hosts come from DNS SRV records: the CIDRs must cover every member. null (the default, for the DynamoDB backend): no rule."
   type = object({
     cidr_blocks = list(string)
     port        = number
@@ -306,7 +306,7 @@ variable "job_write_table_arns" {
 # --- the leader backend's secret -----------------------------------------------------------
 
 variable "leader_backend_secret_arn" {
-  description = "A Secrets Manager secret (its ARN, the whole secret a string) or an SSM parameter (SecureString) holding STREAMLEASE_LEADER_BACKEND, e.g. rediss://user:password@host:6380/0. ECS injects it into the container (`secrets`); the execution role may read this one secret. It never passes through terraform. null: leader_backend applies."
+  description = "A Secrets Manager secret (its ARN, the whole secret a string) or an SSM parameter (SecureString) holding STREAMLEASE_LEADER_BACKEND, e.g. rediss://user:password@host:6380/0 or mongodb+srv://user:password@cluster0.example.net/streamlease. ECS injects it into the container (`secrets`); the execution role may read this one secret. It never passes through terraform. null: leader_backend applies."
   type        = string
   default     = null
 
@@ -334,7 +334,7 @@ variable "leader_backend_secret_kms_key_arn" {
 # sink_kind and sink_resource_arns (dead_letter_kind, dead_letter_resource_arns).
 
 variable "sink_secret_arn" {
-  description = "A Secrets Manager secret (its ARN, the whole secret a string) or an SSM parameter (SecureString) holding STREAMLEASE_SINK: a URL with credentials (postgres://user:password@host/db, https://user:token@host/path, a webhook whose URL is itself a token). ECS injects it into the container (`secrets`); the execution role may read this one secret. Give sink_kind (and, for kinesis, sqs or s3, sink_resource_arns) with it. null: the `sink` variable applies."
+  description = "A Secrets Manager secret (its ARN, the whole secret a string) or an SSM parameter (SecureString) holding STREAMLEASE_SINK: a URL with credentials (postgres://user:password@host/db, mongodb+srv://user:password@host/db.collection, https://user:token@host/path, a webhook whose URL is itself a token). ECS injects it into the container (`secrets`); the execution role may read this one secret. Give sink_kind (and, for kinesis, sqs or s3, sink_resource_arns) with it. null: the `sink` variable applies."
   type        = string
   default     = null
 
@@ -345,13 +345,13 @@ variable "sink_secret_arn" {
 }
 
 variable "sink_kind" {
-  description = "The kind of the sink held in sink_secret_arn, which terraform cannot read: postgres, http, kinesis, sqs, s3, file, stdout or python. It decides the task role's grants, as the URL's scheme does for the `sink` variable. Required with sink_secret_arn, null without it."
+  description = "The kind of the sink held in sink_secret_arn, which terraform cannot read: postgres, mongodb, http, kinesis, sqs, s3, file, stdout or python. It decides the task role's grants, as the URL's scheme does for the `sink` variable. Required with sink_secret_arn, null without it."
   type        = string
   default     = null
 
   validation {
-    condition     = var.sink_kind == null ? true : contains(["postgres", "http", "kinesis", "sqs", "s3", "file", "stdout", "python"], var.sink_kind)
-    error_message = "sink_kind: postgres, http, kinesis, sqs, s3, file, stdout or python (or null)."
+    condition     = var.sink_kind == null ? true : contains(["postgres", "mongodb", "http", "kinesis", "sqs", "s3", "file", "stdout", "python"], var.sink_kind)
+    error_message = "sink_kind: postgres, mongodb, http, kinesis, sqs, s3, file, stdout or python (or null)."
   }
 }
 
@@ -380,13 +380,13 @@ variable "dead_letter_secret_arn" {
 }
 
 variable "dead_letter_kind" {
-  description = "The kind of the dead-letter destination held in dead_letter_secret_arn: postgres, http, kinesis, sqs, s3, file, stdout or python. Required with dead_letter_secret_arn, null without it."
+  description = "The kind of the dead-letter destination held in dead_letter_secret_arn: http, kinesis, sqs, s3, file, stdout or python (not postgres or mongodb, which the worker refuses as a dead letter). Required with dead_letter_secret_arn, null without it."
   type        = string
   default     = null
 
   validation {
-    condition     = var.dead_letter_kind == null ? true : contains(["postgres", "http", "kinesis", "sqs", "s3", "file", "stdout", "python"], var.dead_letter_kind)
-    error_message = "dead_letter_kind: postgres, http, kinesis, sqs, s3, file, stdout or python (or null)."
+    condition     = var.dead_letter_kind == null ? true : contains(["http", "kinesis", "sqs", "s3", "file", "stdout", "python"], var.dead_letter_kind)
+    error_message = "dead_letter_kind: http, kinesis, sqs, s3, file, stdout or python (or null): the exactly-once sinks cannot be a dead letter."
   }
 }
 
@@ -415,7 +415,7 @@ variable "sink_secrets_kms_key_arn" {
 }
 
 variable "sink_egress" {
-  description = "Where a postgres or http(s) sink or dead-letter destination is: IPv4 CIDRs and a port range each (PostgreSQL 5432, a webhook on 443 or 80). Kinesis, SQS and S3 are AWS APIs, reached through aws_api_egress_cidr_blocks on 443. Default: none (the default 443-anywhere rule already reaches a public https webhook)."
+  description = "Where a postgres, mongodb or http(s) sink or dead-letter destination is: IPv4 CIDRs and a port range each (PostgreSQL 5432, MongoDB 27017 on every member of the replica set, a webhook on 443 or 80). Kinesis, SQS and S3 are AWS APIs, reached through aws_api_egress_cidr_blocks on 443. Default: none (the default 443-anywhere rule already reaches a public https webhook)."
   type = list(object({
     description = string
     cidr_blocks = list(string)
@@ -885,24 +885,34 @@ variable "change_feed" {
 }
 
 variable "leader_backend" {
-  description = "STREAMLEASE_LEADER_BACKEND: where the fleet leader lease lives: dynamodb (the fleet table) or redis://host:port/db (rediss:// for TLS), without credentials (a URL with user info belongs in leader_backend_secret_arn). Sensitive: plans show it as (sensitive value)."
+  description = "STREAMLEASE_LEADER_BACKEND: where the fleet leader lease lives: dynamodb (the fleet table), redis://host:port/db (rediss:// for TLS), or mongodb://HOST[:PORT][,HOST[:PORT]...]/DB or mongodb+srv://HOST/DB with MongoDB connection-string options in the query (?replicaSet=rs0&tls=true), without credentials (a URL with user info belongs in leader_backend_secret_arn). Sensitive: plans show it as (sensitive value)."
   type        = string
   default     = "dynamodb"
   sensitive   = true
 
   validation {
-    condition     = !strcontains(var.leader_backend, "@")
-    error_message = "leader_backend: no user info here: the task definition's environment is readable with ecs:DescribeTaskDefinition. Put a Redis URL with credentials in a secret and pass leader_backend_secret_arn."
+    condition     = !strcontains(var.leader_backend, "@") && !can(regex("(?i)[?&](password|tlsCertificateKeyFilePassword)=|AWS_SESSION_TOKEN", var.leader_backend))
+    error_message = "leader_backend: no credentials here (user info, a password= or tlsCertificateKeyFilePassword= option, an AWS_SESSION_TOKEN): the task definition's environment is readable with ecs:DescribeTaskDefinition. Put a Redis or MongoDB URL with credentials in a secret and pass leader_backend_secret_arn."
   }
 
+  # MongoDB: the two patterns are the worker's URL shape (streamlease/core/backends.py
+  # parse_mongo_url), narrower in places: hosts are DNS names or IPv4 addresses (the
+  # egress rule is IPv4 only), the database takes A-Z a-z 0-9 _ - (no percent-encoding),
+  # the query name=value pairs. tests/infra/test_terraform.py checks them against the
+  # worker's parser.
   validation {
-    condition = lower(var.leader_backend) == "dynamodb" || (
-      can(regex("^(?i:rediss?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*)(:[0-9]{1,5})?(/[0-9]{0,10})?$", var.leader_backend))
-      && try(tonumber(regex(":([0-9]+)$", regex("^[^:]+://([^/]*)", var.leader_backend)[0])[0]), 6379) >= 1
-      && try(tonumber(regex(":([0-9]+)$", regex("^[^:]+://([^/]*)", var.leader_backend)[0])[0]), 6379) <= 65535
-      && try(tonumber(regex("//[^/]*/([0-9]+)$", var.leader_backend)[0]), 0) <= 2147483647
+    condition = (
+      lower(var.leader_backend) == "dynamodb"
+      || (
+        can(regex("^(?i:rediss?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*)(:[0-9]{1,5})?(/[0-9]{0,10})?$", var.leader_backend))
+        && try(tonumber(regex(":([0-9]+)$", regex("^[^:]+://([^/]*)", var.leader_backend)[0])[0]), 6379) >= 1
+        && try(tonumber(regex(":([0-9]+)$", regex("^[^:]+://([^/]*)", var.leader_backend)[0])[0]), 6379) <= 65535
+        && try(tonumber(regex("//[^/]*/([0-9]+)$", var.leader_backend)[0]), 0) <= 2147483647
+      )
+      || can(regex("^(?i:mongodb)://[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*(:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(,[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*(:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?)*/[A-Za-z0-9_-]{1,63}(\\?[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*(&[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*)*)?$", var.leader_backend))
+      || can(regex("^(?i:mongodb\\+srv)://[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*/[A-Za-z0-9_-]{1,63}(\\?[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*(&[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*)*)?$", var.leader_backend))
     )
-    error_message = "leader_backend: dynamodb, redis://host:port/db or rediss://host:port/db (host a DNS name, an IPv4 address or [IPv6]; port 1-65535; db 0-2147483647)."
+    error_message = "leader_backend: dynamodb; redis://host:port/db or rediss://host:port/db (host a DNS name, an IPv4 address or [IPv6]; port 1-65535; db 0-2147483647); or mongodb://HOST[:PORT][,HOST[:PORT]...]/DB or mongodb+srv://HOST/DB (one host, no port), with an optional ?name=value&... query of connection-string options (hosts DNS names or IPv4 addresses; ports 1-65535; DB 1-63 of A-Z a-z 0-9 _ -)."
   }
 }
 
@@ -951,14 +961,14 @@ variable "buffer_budget_bytes" {
 }
 
 variable "sink" {
-  description = "STREAMLEASE_SINK: where messages go: dynamodb (the events table, exactly once), postgres://HOST/DB, kinesis://STREAM, sqs://QUEUE, s3://BUCKET/PREFIX, http(s)://HOST/PATH, file:///DIR, stdout or python:MODULE:ATTR. Without credentials (user info, password=): a URL with them belongs in sink_secret_arn. The task role gets what this sink calls and nothing for the others (README: Sinks). Sensitive: plans show a value other than dynamodb as (sensitive value)."
+  description = "STREAMLEASE_SINK: where messages go: dynamodb (the events table, exactly once), postgres://HOST/DB, mongodb://HOST[:PORT][,HOST...]/DB.COLLECTION or mongodb+srv://HOST/DB.COLLECTION, kinesis://STREAM, sqs://QUEUE, s3://BUCKET/PREFIX, http(s)://HOST/PATH, file:///DIR, stdout or python:MODULE:ATTR. Without credentials (user info, password=, tlsCertificateKeyFilePassword=): a URL with them belongs in sink_secret_arn. The task role gets what this sink calls and nothing for the others (README: Sinks). Sensitive: plans show a value other than dynamodb as (sensitive value)."
   type        = string
   default     = "dynamodb"
   sensitive   = true
 
   validation {
-    condition     = !can(regex("^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@", var.sink)) && !can(regex("(?i)[?&]password=", var.sink))
-    error_message = "sink: no credentials here (user info or a password= parameter): the task definition's environment is readable with ecs:DescribeTaskDefinition. Put the URL in a secret and pass sink_secret_arn and sink_kind."
+    condition     = !can(regex("^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@", var.sink)) && !can(regex("(?i)[?&](password|tlsCertificateKeyFilePassword)=|AWS_SESSION_TOKEN", var.sink))
+    error_message = "sink: no credentials here (user info, a password= or tlsCertificateKeyFilePassword= parameter, an AWS_SESSION_TOKEN): the task definition's environment is readable with ecs:DescribeTaskDefinition. Put the URL in a secret and pass sink_secret_arn and sink_kind."
   }
 
   validation {
@@ -972,8 +982,18 @@ variable "sink" {
       || can(regex("^(?i:sqs)://([A-Za-z0-9_-]{1,75}\\.fifo|[A-Za-z0-9_-]{1,80})$", var.sink))
       || (can(regex("^(?i:s3)://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.=/-]{0,512})?$", var.sink)) && !can(regex("^[^:]+://([^/]*\\.\\.|[0-9]+\\.[0-9]+\\.[0-9]+\\.[0-9]+(/|$))", var.sink)))
       || can(regex("^(?i:file)://(localhost)?/[^?#]*$", var.sink))
+      || can(regex("^(?i:mongodb)://[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*(:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(,[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*(:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?)*/[A-Za-z0-9_-]{1,63}\\.[A-Za-z0-9_.-]+(\\?[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*(&[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*)*)?$", var.sink))
+      || can(regex("^(?i:mongodb\\+srv)://[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*/[A-Za-z0-9_-]{1,63}\\.[A-Za-z0-9_.-]+(\\?[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*(&[A-Za-z0-9_.-]+=[A-Za-z0-9._~!$'()*+,;=:@/?%-]*)*)?$", var.sink))
     ) && try(tonumber(regex("^[A-Za-z][A-Za-z0-9+.-]*://(\\[[^]]*\\]|[^/?#:]*):([0-9]+)", var.sink)[1]), 0) <= 65535
-    error_message = "sink: dynamodb, stdout, python:MODULE:ATTR, postgres://HOST[:PORT]/DB (or host= in the query), http(s)://HOST[:PORT]/PATH, kinesis://STREAM (1-128 of A-Z a-z 0-9 _ . -), sqs://QUEUE (1-80 of A-Z a-z 0-9 _ -, or NAME.fifo), s3://BUCKET/PREFIX (an S3 bucket name; the prefix of A-Z a-z 0-9 _ . = / -) or file:///DIR; ports up to 65535."
+    error_message = "sink: dynamodb, stdout, python:MODULE:ATTR, postgres://HOST[:PORT]/DB (or host= in the query), mongodb://HOST[:PORT][,HOST[:PORT]...]/DB.COLLECTION or mongodb+srv://HOST/DB.COLLECTION (hosts DNS names or IPv4 addresses; DB 1-63 of A-Z a-z 0-9 _ -; COLLECTION of A-Z a-z 0-9 _ . -; an optional ?name=value&... query), http(s)://HOST[:PORT]/PATH, kinesis://STREAM (1-128 of A-Z a-z 0-9 _ . -), sqs://QUEUE (1-80 of A-Z a-z 0-9 _ -, or NAME.fifo), s3://BUCKET/PREFIX (an S3 bucket name; the prefix of A-Z a-z 0-9 _ . = / -) or file:///DIR; ports up to 65535."
+  }
+
+  # A MongoDB sink's collection as the worker checks it (streamlease/core/sinks.py):
+  # not a system. collection, DB.COLLECTION at most 255 bytes (ASCII here, by the
+  # pattern above).
+  validation {
+    condition     = !can(regex("^(?i:mongodb(\\+srv)?)://[^/]*/[^./?]*\\.system\\.", var.sink)) && !can(regex("^(?i:mongodb(\\+srv)?)://[^/]*/[^?]{256}", var.sink))
+    error_message = "sink: a MongoDB sink's collection may not be a system. collection, and DB.COLLECTION is at most 255 characters."
   }
 }
 
@@ -989,7 +1009,7 @@ variable "process_max_attempts" {
 }
 
 variable "dead_letter" {
-  description = "STREAMLEASE_DEAD_LETTER: a sink URL (any form of `sink` but dynamodb) for batches that failed every attempt; null: none. Without credentials: a URL with them belongs in dead_letter_secret_arn. The task role gets what it calls. Sensitive, like sink."
+  description = "STREAMLEASE_DEAD_LETTER: a sink URL (any form of `sink` but the exactly-once dynamodb, postgres and mongodb, whose checkpoints are the stream's own) for batches that failed every attempt; null: none. Without credentials: a URL with them belongs in dead_letter_secret_arn. The task role gets what it calls. Sensitive, like sink."
   type        = string
   default     = null
   sensitive   = true
@@ -1003,15 +1023,13 @@ variable "dead_letter" {
     condition = var.dead_letter == null ? true : var.dead_letter != "dynamodb" && (
       contains(["dynamodb", "stdout"], var.dead_letter)
       || can(regex("^python:[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$", var.dead_letter))
-      || can(regex("^(?i:postgres|postgresql)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?([/?][^#]*)?$", var.dead_letter))
-      || can(regex("^(?i:postgres|postgresql):///[^?#]*\\?([^#]*&)?host=[^&#]+", var.dead_letter))
       || can(regex("^(?i:https?)://(\\[[0-9A-Fa-f:.]+\\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?([/?#].*)?$", var.dead_letter))
       || can(regex("^(?i:kinesis)://[A-Za-z0-9_.-]{1,128}$", var.dead_letter))
       || can(regex("^(?i:sqs)://([A-Za-z0-9_-]{1,75}\\.fifo|[A-Za-z0-9_-]{1,80})$", var.dead_letter))
       || (can(regex("^(?i:s3)://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.=/-]{0,512})?$", var.dead_letter)) && !can(regex("^[^:]+://([^/]*\\.\\.|[0-9]+\\.[0-9]+\\.[0-9]+\\.[0-9]+(/|$))", var.dead_letter)))
       || can(regex("^(?i:file)://(localhost)?/[^?#]*$", var.dead_letter))
     ) && try(tonumber(regex("^[A-Za-z][A-Za-z0-9+.-]*://(\\[[^]]*\\]|[^/?#:]*):([0-9]+)", var.dead_letter)[1]), 0) <= 65535
-    error_message = "dead_letter: a sink URL other than dynamodb (the events table takes only delivered messages): stdout, python:MODULE:ATTR, postgres://..., http(s)://..., kinesis://STREAM, sqs://QUEUE, s3://BUCKET/PREFIX or file:///DIR."
+    error_message = "dead_letter: a sink URL other than the exactly-once dynamodb, postgres and mongodb (they take only delivered messages, under the stream's own checkpoint): stdout, python:MODULE:ATTR, http(s)://..., kinesis://STREAM, sqs://QUEUE, s3://BUCKET/PREFIX or file:///DIR."
   }
 }
 

@@ -314,6 +314,38 @@ run "redis_leader_backend" {
   }
 }
 
+run "mongodb_leader_backend" {
+  command = plan
+
+  variables {
+    leader_backend        = "mongodb://db1.internal:27017,db2.internal:27017/streamlease?replicaSet=rs0&authSource=admin&tls=true"
+    leader_backend_egress = { cidr_blocks = ["10.0.3.0/24", "10.0.4.0/24"], port = 27017 }
+  }
+
+  assert {
+    condition = { for k, r in aws_vpc_security_group_egress_rule.worker : k => [r.cidr_ipv4, r.from_port, r.to_port] } == {
+      "0.0.0.0/0 443-443"       = ["0.0.0.0/0", 443, 443]
+      "10.0.3.0/24 27017-27017" = ["10.0.3.0/24", 27017, 27017]
+      "10.0.4.0/24 27017-27017" = ["10.0.4.0/24", 27017, 27017]
+    }
+    error_message = "A MongoDB leader backend adds egress to its members' CIDRs on its port, nothing else."
+  }
+
+  assert {
+    condition     = strcontains(aws_vpc_security_group_egress_rule.worker["10.0.3.0/24 27017-27017"].description, "MongoDB")
+    error_message = "The rule says what it is for."
+  }
+
+  assert {
+    condition = (
+      issensitive(aws_ecs_task_definition.worker.container_definitions)
+      && nonsensitive(contains(jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].environment, { name = "STREAMLEASE_LEADER_BACKEND", value = var.leader_backend }))
+      && nonsensitive(jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].secrets) == []
+    )
+    error_message = "A MongoDB URL in the variable reaches the container's environment as written, and plans do not show the container definition."
+  }
+}
+
 run "leader_backend_from_a_secret" {
   command = plan
 

@@ -126,6 +126,52 @@ run "postgres_sink_and_stdout_dead_letter_need_no_aws_grants" {
   }
 }
 
+run "mongodb_sink_needs_no_aws_grants" {
+  command = plan
+
+  variables {
+    sink        = "mongodb+srv://cluster0.ab1cd.mongodb.net/app.events?retryWrites=true"
+    dead_letter = "s3://acme-dlq/streamlease/failed/"
+    sink_egress = [{ description = "MongoDB sink", cidr_blocks = ["10.0.5.0/24"], from_port = 27017, to_port = 27017 }]
+  }
+
+  assert {
+    condition = (
+      length([for s in data.aws_iam_policy_document.task.statement : s if startswith(s.sid, "Sink")]) == 0
+      && one([for s in data.aws_iam_policy_document.task.statement : s.actions if s.sid == "DeadLetterS3"]) == toset(["s3:PutObject"])
+      && one([for s in data.aws_iam_policy_document.task.statement : s.actions if s.sid == "EventsTable"]) == toset(["dynamodb:DescribeTable"])
+    )
+    error_message = "A MongoDB sink calls no AWS API: no sink grants, the events table only described (the dead letter keeps its own)."
+  }
+
+  assert {
+    condition = (
+      { for k, r in aws_vpc_security_group_egress_rule.worker : k => [r.cidr_ipv4, r.from_port, r.to_port, r.description] }["10.0.5.0/24 27017-27017"] == ["10.0.5.0/24", 27017, 27017, "MongoDB sink"]
+      && issensitive(aws_ecs_task_definition.worker.container_definitions)
+    )
+    error_message = "sink_egress opens the MongoDB members' CIDRs on 27017; the URL keeps the container definition out of plans."
+  }
+}
+
+run "mongodb_sink_from_a_secret" {
+  command = plan
+
+  variables {
+    sink_secret_arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:streamlease/sink-AbCdEf"
+    sink_kind       = "mongodb"
+  }
+
+  assert {
+    condition = (
+      jsondecode(aws_ecs_task_definition.worker.container_definitions)[0].secrets == [
+        { name = "STREAMLEASE_SINK", valueFrom = var.sink_secret_arn },
+      ]
+      && length([for s in data.aws_iam_policy_document.task.statement : s if startswith(s.sid, "Sink")]) == 0
+    )
+    error_message = "A secret-held MongoDB sink reaches the container through ECS secrets, and the task role gets nothing for it."
+  }
+}
+
 run "webhook_file_and_python_outputs_need_no_aws_grants" {
   command = plan
 
@@ -213,6 +259,29 @@ run "refuses_credentials_in_sink_urls" {
   }
 
   expect_failures = [var.sink, var.dead_letter]
+}
+
+run "refuses_credentials_in_a_mongodb_sink" {
+  command = plan
+
+  variables {
+    sink = "mongodb+srv://streamlease:s3cret@cluster0.ab1cd.mongodb.net/app.events"
+  }
+
+  expect_failures = [var.sink]
+}
+
+# The exactly-once sinks keep the stream's own checkpoint: they take only delivered
+# messages, never a dead letter's.
+run "refuses_exactly_once_dead_letters" {
+  command = plan
+
+  variables {
+    dead_letter      = "mongodb://db.internal:27017/app.dead"
+    dead_letter_kind = "postgres"
+  }
+
+  expect_failures = [var.dead_letter, var.dead_letter_kind]
 }
 
 run "refuses_a_password_parameter" {

@@ -435,3 +435,35 @@ run "refuses_credentials_in_the_leader_backend_variable" {
 
   expect_failures = [var.leader_backend]
 }
+
+run "refuses_credentials_in_a_mongodb_leader_backend" {
+  command = plan
+
+  variables {
+    leader_backend = "mongodb+srv://streamlease:s3cret@cluster0.ab1cd.mongodb.net/streamlease"
+  }
+
+  expect_failures = [var.leader_backend]
+}
+
+run "refuses_a_key_password_in_a_mongodb_leader_backend" {
+  command = plan
+
+  variables {
+    leader_backend = "mongodb://db.internal:27017/streamlease?tls=true&tlsCertificateKeyFilePassword=s3cret"
+  }
+
+  expect_failures = [var.leader_backend]
+}
+
+# Stricter than the worker: MongoDB hosts are DNS names or IPv4 addresses, which
+# leader_backend_egress (IPv4 CIDRs) can open the way to.
+run "refuses_an_ipv6_mongodb_host" {
+  command = plan
+
+  variables {
+    leader_backend = "mongodb://[2001:db8::7]:27017/streamlease"
+  }
+
+  expect_failures = [var.leader_backend]
+}
