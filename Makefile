@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: run test lint typecheck pytest promtool faketime redis postgres bench loadtest nemesis lock clean
+.PHONY: run test lint typecheck pytest promtool faketime redis postgres bench loadtest loadtest-all nemesis lock clean
 
 # Create the virtual environment if missing and install exactly what the lock says.
 $(STAMP): requirements.lock pyproject.toml
@@ -91,8 +91,13 @@ postgres:
 bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_store
 
+# The default scenarios (under 20 minutes on 2 cores); loadtest-all adds the control plane
+# at default timings (change_feed, scale_reads, scale: about 31 minutes in all).
 loadtest: $(STAMP) faketime
 	$(BIN)/python -m loadtest.chaos $(ARGS)
+
+loadtest-all: $(STAMP) faketime
+	$(BIN)/python -m loadtest.chaos --scenarios all $(ARGS)
 
 # Random fault schedules, each audited (loadtest/nemesis.py): SEED=N SCHEDULES=K MINUTES=M,
 # or SCHEDULE='...' to replay the line a failure printed.
