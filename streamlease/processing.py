@@ -12,10 +12,12 @@ A batch whose ``process`` raises is retried: the first failures raise ``Processo
 (retriable: the pump backs off, interruptibly, and sends the same batch again); after
 ``max_attempts`` it goes to the dead-letter output, if there is one, and is checkpointed
 past; otherwise ``SinkGaveUp`` stops the stream here with ``last_error`` set. A batch is
-never skipped silently. A processor that commits its own checkpoint and has a
-``dead_lettered(batch, ctx)`` method is told once its batch went to the dead-letter output,
-so that its checkpoint moves past the batch as the stream item's does (without it, the next
-batch would find that checkpoint behind: ``SinkConflict``).
+never skipped silently. A built-in output whose destination does not answer or throttles
+(``StoreUnavailable``, ``StoreThrottled``) is not failing the batch: that is retried by the
+pump, with backoff, without counting an attempt. A processor that commits its own
+checkpoint and has a ``dead_lettered(batch, ctx)`` method is told once its batch went to
+the dead-letter output, so that its checkpoint moves past the batch as the stream item's
+does (without it, the next batch would find that checkpoint behind: ``SinkConflict``).
 
 A built-in output that counts events of its own (``Metered``: the MongoDB output's bad
 input) is handed the worker's ``Metrics`` before ``start``.
@@ -29,7 +31,14 @@ from typing import Protocol, runtime_checkable
 
 from streamlease.core.frames import Frame
 from streamlease.core.model import EventMark, StreamRecord, Tenure
-from streamlease.errors import ProcessorFailed, SinkConflict, SinkGaveUp, StaleFence
+from streamlease.errors import (
+    ProcessorFailed,
+    SinkConflict,
+    SinkGaveUp,
+    StaleFence,
+    StoreThrottled,
+    StoreUnavailable,
+)
 from streamlease.logs import event
 from streamlease.metrics import Metrics
 from streamlease.processor import Context, Message, Processor, ProcessorFactory
@@ -133,6 +142,13 @@ class ProcessorSink:
                 # tenure left it: retrying cannot help; the tenure stops now.
                 raise
             except Exception as exc:
+                if isinstance(exc, StoreUnavailable | StoreThrottled) and \
+                        not isinstance(exc, ProcessorFailed):
+                    # A built-in output's destination did not answer (the outcome unknown)
+                    # or asked to slow down: not the batch's fault, so no attempt counts
+                    # against it and it is never dead-lettered for it; the pump tries
+                    # again with backoff for as long as the tenure lasts.
+                    raise
                 await self._failed(entry, tenure, batch, exc)
             entry.failing, entry.attempts = None, 0
             entry.processed = last

@@ -150,6 +150,39 @@ async def test_a_failing_batch_is_retried_then_the_stream_gives_up() -> None:
     assert (await store.get("a")).last_seq is None  # type: ignore[union-attr]  # not skipped
 
 
+class Unreachable(Recorder):
+    """An output whose destination does not answer ``down`` times, then takes the batch."""
+
+    def __init__(self, calls: list[tuple[Any, ...]], down: int) -> None:
+        super().__init__(calls)
+        self.down = down
+
+    async def process(self, batch: Sequence[Message], ctx: Context) -> None:
+        if self.down:
+            self.down -= 1
+            raise StoreUnavailable("mongodb: no answer within 10 s")
+        await super().process(batch, ctx)
+
+
+async def test_an_unreachable_destination_is_retried_without_using_up_attempts() -> None:
+    """An outage is not a poison batch: it is never dead-lettered nor given up on for it,
+    however long it lasts (found by a review of the mongodb output)."""
+    store = MemoryStore()
+    got = await held(store)
+    calls: list[tuple[Any, ...]] = []
+    out = ProcessorSink(lambda: Unreachable(calls, down=7), store, Metrics(),
+                        ProcessingSettings("mongodb", 3), lambda: Recorder(calls, name="dlq"))
+    await out.open(got.tenure, got.record)
+    for _ in range(7):
+        with pytest.raises(StoreUnavailable) as raised:
+            await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+        assert not isinstance(raised.value, ProcessorFailed)
+    await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+    assert ("p", "process", "a", [1, 2], 0, None) in calls
+    assert not [c for c in calls if c[0] == "dlq"]
+    assert (await store.get("a")).last_seq == 2  # type: ignore[union-attr]
+
+
 async def test_a_batch_that_fails_every_attempt_goes_to_the_dead_letter_sink() -> None:
     store = MemoryStore()
     got = await held(store)

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -89,6 +88,7 @@ from streamlease.errors import (
 )
 from streamlease.logs import event
 from streamlease.processor import Context, Message, ProcessorFactory
+from streamlease.store.mongoclient import driver_warnings
 
 if TYPE_CHECKING:
     from streamlease.metrics import Metrics
@@ -396,7 +396,7 @@ class MongoProcessor:
         doc_id = f"{ctx.stream_id}:{message.seq}"
         try:
             encoded = bson.encode(body)
-        except (bson.InvalidDocument, OverflowError, RecursionError) as exc:
+        except (bson.InvalidDocument, OverflowError, RecursionError, ValueError) as exc:
             # The library's message can quote the payload: keep only its type.
             raise self._refused_input(ctx, message.seq, "unstorable",
                                       f"BSON cannot hold it ({type(exc).__name__})") from None
@@ -442,6 +442,8 @@ class MongoProcessor:
         if held is None:
             return _Written()
         written = await self._upsert([d for d in docs if d.seq > held], session)
+        if session is None and written.foreign:
+            await self._replace_uncommitted(written, ctx)
         moved = await self.out.checkpoints.update_one(
             {"_id": ctx.stream_id, "fence": ctx.fence, "last_seq": held},
             {"$set": {"last_seq": last}}, session=session)
@@ -516,6 +518,25 @@ class MongoProcessor:
                     written.foreign.append((doc, differ))
         return written
 
+    async def _replace_uncommitted(self, written: _Written, ctx: Context) -> None:
+        """Without transactions, a document past the checkpoint under a lower fence is a
+        stale holder's, landed after its claim and never committed (its checkpoint was
+        refused): for a feed that does not replay the same content for a seq it is not
+        this message, and this tenure's replaces it. What a writer of this fence or a
+        higher one wrote, or another writer, is left alone (``foreign_duplicate``)."""
+        still: list[tuple[_Doc, list[str]]] = []
+        for doc, differ in written.foreign:
+            replaced = await self.out.messages.replace_one(
+                {"_id": doc.id, "stream_id": ctx.stream_id, "seq": doc.seq,
+                 "fence": {"$lt": ctx.fence}}, doc.body)
+            if replaced.matched_count == 1:
+                event(logging.WARNING, "mongodb.uncommitted_replaced",
+                      "a stale holder's uncommitted document replaced by this tenure's",
+                      stream=ctx.stream_id, fence=ctx.fence, seq=doc.seq)
+            else:
+                still.append((doc, differ))
+        written.foreign = still
+
     def _report(self, written: _Written, ctx: Context) -> None:
         """Log and count the batch's bad input once it is committed."""
         wrapped: dict[str, list[int]] = {}
@@ -568,9 +589,7 @@ def _differing(doc: _Doc, stored: Mapping[str, Any] | None) -> list[str]:
 
 def _client(settings: MongoSettings, spec: SinkSpec) -> AsyncMongoClient[Doc]:
     try:
-        # The driver only warns about an option it cannot use, and goes on without it.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with driver_warnings():
             return AsyncMongoClient(settings.client_url, **dict(settings.defaults))
     except (merr.ConfigurationError, ValueError, TypeError, UserWarning) as exc:
         raise ConfigError([f"{SETTING}: {spec.describe()} is not a usable MongoDB URL: "

@@ -62,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
@@ -82,6 +81,7 @@ from streamlease.core.fenced import PutItem, Upsert
 from streamlease.core.leadership import LeaderRecord
 from streamlease.core.membership import HeartbeatOutcome
 from streamlease.errors import ConfigError, StaleFence, StoreError, StoreUnavailable, WriteRefused
+from streamlease.store.mongoclient import driver_warnings
 
 __all__ = ["FENCES", "FENCE_FIELD", "LEASES", "MongoLeaderBackend", "client_for",
            "mongo_backend", "mongo_target", "upsert_for_item"]
@@ -390,9 +390,7 @@ async def mongo_backend(url: str | MongoTarget) -> AsyncIterator[MongoLeaderBack
     use, an option it does not know or a value it refuses among them."""
     target = url if isinstance(url, MongoTarget) else mongo_target(url)
     try:
-        # The driver only warns about an option it cannot use, and goes on without it.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with driver_warnings():
             client = client_for(target)
     except (merr.ConfigurationError, merr.InvalidURI, ValueError, TypeError,
             UserWarning) as exc:

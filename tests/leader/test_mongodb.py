@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
@@ -38,6 +39,7 @@ from streamlease.store.mongo_leader import (
     mongo_target,
     upsert_for_item,
 )
+from streamlease.store.mongoclient import driver_warnings
 from tests.mongoserver import MongoServer
 from tests.procs import ROOT
 
@@ -558,3 +560,16 @@ async def test_the_leases_own_collections_are_not_a_job_writes_table() -> None:
     for table in (LEASES, FENCES):
         with pytest.raises(ValueError, match="collection name"):
             upsert_for_item(table, {"Pk": {"S": "fleet"}})
+
+
+def test_the_drivers_notice_about_documentdb_is_no_refusal_but_a_bad_option_is() -> None:
+    """pymongo warns that a DocumentDB or Cosmos DB host is one (a notice, not a fault of
+    the URL); it also only warns about an option it cannot use. The first is let through
+    (a DocumentDB URL must not be refused), the second refused."""
+    with driver_warnings():
+        for service in ("DocumentDB", "CosmosDB"):
+            warnings.warn(f"You appear to be connected to a {service} cluster. For more "
+                          "information ...", UserWarning, stacklevel=1)
+        with pytest.raises(UserWarning, match="must be an integer"):
+            warnings.warn("The value of maxpoolsize must be an integer", UserWarning,
+                          stacklevel=1)

@@ -670,3 +670,42 @@ async def test_credentials_never_appear_in_logs(mongo: Mongo,
         assert all(secret not in e for e in errors)
     assert "127.0.0.1" in logged  # the host is logged, the credentials are not
 
+
+
+async def test_without_transactions_a_stale_holders_uncommitted_documents_are_replaced(
+        mongo: Mongo) -> None:
+    """A stale holder landed documents after its claim and had its checkpoint refused; a
+    feed that numbers its own frames gives the new holder other messages at those seqs.
+    The new tenure's messages replace them: nothing of it is lost (found by a review)."""
+    metrics = Metrics()
+    async with output(parse_sink(mongo.url("transactions=off"))) as factory:
+        proc = mongo_processor(factory)
+        proc.use_metrics(metrics)
+        c = ctx("s1", 2)
+        await proc.start(c)
+        stale = {"stream_id": "s1", "fence": 1, "data": {"old": True}}
+        await mongo.db.messages.insert_many([
+            {"_id": "s1:1", "seq": 1, **stale}, {"_id": "s1:2", "seq": 2, **stale}])
+        # What a writer with a higher fence (or another writer) put there stays.
+        await mongo.db.messages.insert_one({"_id": "s1:3", "stream_id": "s1", "seq": 3,
+                                            "fence": 9, "data": {"other": True}})
+        await proc.process(batch(1, 3), c)
+    docs = await mongo.docs("s1")
+    assert [(d["seq"], d["fence"], d["data"]) for d in docs] == [
+        (1, 2, data(1)), (2, 2, data(2)), (3, 9, {"other": True})]
+    assert await mongo.checkpoint("s1") == (2, 3)
+    assert bad_input(metrics)["foreign_duplicate"] == 1
+
+
+async def test_a_message_with_a_lone_surrogate_is_unstorable_not_a_crash(mongo: Mongo) -> None:
+    metrics = Metrics()
+    async with output(parse_sink(mongo.url())) as factory:
+        proc = mongo_processor(factory)
+        proc.use_metrics(metrics)
+        c = ctx("s1", 1)
+        await proc.start(c)
+        lone = Message(1, {"a": "\ud800"}, '{"a":"\\ud800"}')
+        with pytest.raises(MongoRefused, match="BSON cannot hold it"):
+            await proc.process([lone], c)
+    assert bad_input(metrics)["unstorable"] == 1
+    assert await mongo.seqs("s1") == []
