@@ -60,6 +60,7 @@ from loadtest.common import STOP, stop_children
 from loadtest.fleet import ROOT, Fleet, pct
 from loadtest.nemesis_faults import Hands, marked
 from loadtest.nemesis_plan import KINDS, Fault, Timing, decode, draw, encode
+from loadtest.report import markdown
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
 
@@ -348,7 +349,8 @@ def figures(outcomes: Sequence[Outcome], settings: Settings) -> dict[str, Any]:
 def merge_results(section: dict[str, Any], path: Path, add: bool = False) -> None:
     """Put ``section`` under ``nemesis`` in the results file (``add``: added to the
     figures already there, as a run over more seeds), every other key kept, and name it as
-    a scenario so that a later ``make loadtest`` keeps it too."""
+    a scenario so that a later ``make loadtest`` keeps it too; ``latest.md`` beside it is
+    written again from the whole."""
     result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     previous = result.get("nemesis", {})
     if add and previous:
@@ -357,9 +359,11 @@ def merge_results(section: dict[str, Any], path: Path, add: bool = False) -> Non
     result.setdefault("scenarios", {})["nemesis"] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ok": True,
         "keys": ["nemesis"]}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, path)
+    for target, text in ((path, json.dumps(result, indent=2)),
+                         (path.with_name("latest.md"), markdown(result))):
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)
 
 
 def accumulate(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -179,6 +179,15 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
     ]
     rows += [("change_feed", f"change feed on: {label}", f"change_feed.{key}", text,
               at_most(bound)) for key, label, text, bound in CHANGE_FEED_TARGETS]
+    rows += [
+        ("nemesis", "random fault schedules run (a minute each, `make nemesis`)",
+         "nemesis.schedules", ">= 200", at_least(200)),
+        ("nemesis", "schedules with any violation", "nemesis.violations", "0", at_most(0)),
+        ("nemesis", "longest a STARTED stream stayed unserved after the heal, p99",
+         "nemesis.recovery_p99_s", "<= member lease + 5 s = 7 s", at_most(7.0)),
+        ("nemesis", "processes left running after all schedules", "nemesis.orphans", "0",
+         at_most(0)),
+    ]
     ran = r.get("scenarios")
     out = []
     for scenario, label, key, target, check in rows:

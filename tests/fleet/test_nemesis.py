@@ -96,3 +96,4 @@ def test_results_keep_every_other_key_and_a_run_replaces_or_adds(tmp_path: Path)
     assert collections.Counter(nemesis["violations_by_kind"]) == {"lost": 1}
     merge_results(short, path)
     assert json.loads(path.read_text())["nemesis"]["schedules"] == 1
+    assert "`nemesis.violations` | 1 | 0 | **no**" in (tmp_path / "latest.md").read_text()
