@@ -29,6 +29,7 @@ record, never from the workers' logs (``audit``):
 * a stream STOPPED in a calm fleet released within a heartbeat interval plus 2 s (the
   contract's bound);
 * no job slot run twice (each run appends its slot to a file);
+* no worker exited by itself (a crash, whatever the store or the upstream did);
 * no process of the schedule left running once it is over.
 
 A failing schedule is shrunk (``loadtest.nemesis_plan.shrink``: fewer faults, re-run, while
@@ -185,6 +186,10 @@ async def _run(fleet: Fleet, hands: Hands, faults: list[Fault], settings: Settin
     for name in ("lost", "duplicated", "out_of_order", "stale_accepted", "fleet_caused_gaps"):
         if audit[name]:
             outcome.violations[name] += audit[name]
+    if fleet.exits:  # a worker that exited by itself, not by the nemesis's hand
+        outcome.violations["worker_exits"] += len(fleet.exits)
+        outcome.notes.extend(f"{e['worker']} exited by itself at {e['at']}s (exit "
+                             f"{e['exit_code']}); see {e['log']}" for e in fleet.exits)
     twice = _slots_run_twice(slots)
     if twice:
         outcome.violations["job_slot_twice"] += len(twice)
