@@ -64,6 +64,7 @@ from loadtest.nemesis_plan import KINDS, Fault, Timing, decode, draw, encode
 from loadtest.report import markdown
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
+from streamlease.dev import local_aws_env
 
 MARK = "STREAMLEASE_NEMESIS_MARK"
 RESULTS = ROOT / "loadtest" / "results" / "latest.json"
@@ -135,6 +136,8 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
     """Run ``faults`` against a fresh fleet and audit what it left."""
     outcome = Outcome(seed, faults)
     marker = uuid.uuid4().hex
+    # The fleet points this process's AWS variables at its own server: put them back after.
+    saved = {k: os.environ.get(k) for k in (*local_aws_env("http://127.0.0.1:1"), MARK)}
     os.environ[MARK] = marker  # every child inherits it: how leftovers are found
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     try:
@@ -150,7 +153,11 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
             outcome.violations.update(hands.violations)
             outcome.notes.extend(hands.notes)
     finally:
-        os.environ.pop(MARK, None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     outcome.orphans = await _orphans(marker)
     if outcome.orphans:
         outcome.violations["orphans"] += outcome.orphans

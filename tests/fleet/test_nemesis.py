@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ CI_SEEDS = (101, 102)
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
 async def test_a_random_schedule_leaves_no_violation(seed: int, tmp_path: Path) -> None:
+    before = dict(os.environ)
     faults = draw(seed, CI_TIMING)
     settings = Settings(seed=seed, minutes=CI_TIMING.duration_s / 60, streams=8,
                         results=None, logs=tmp_path)
@@ -40,6 +42,7 @@ async def test_a_random_schedule_leaves_no_violation(seed: int, tmp_path: Path) 
     assert sum(outcome.injected.values()) >= len(faults) // 2, (outcome.injected,
                                                                 outcome.skipped)
     assert outcome.recovery_s and max(outcome.recovery_s) <= settings.recovery_bound_s
+    assert dict(os.environ) == before  # the suite's own store settings are as they were
 
 
 def test_the_ci_seeds_draw_a_spread_of_kinds() -> None:
