@@ -59,12 +59,13 @@ from typing import Any
 
 from loadtest.common import STOP, stop_children
 from loadtest.fleet import ROOT, Fleet, pct
-from loadtest.nemesis_faults import Hands, marked
+from loadtest.nemesis_faults import Hands
 from loadtest.nemesis_plan import KINDS, Fault, Timing, decode, draw, encode
 from loadtest.report import markdown
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
 from streamlease.dev import local_aws_env
+from streamlease.dev.procs import carrying
 
 MARK = "STREAMLEASE_NEMESIS_MARK"
 RESULTS = ROOT / "loadtest" / "results" / "latest.json"
@@ -263,7 +264,7 @@ async def _orphans(marker: str) -> int:
 
 def _still_running(marker: str, within: float) -> set[int]:
     deadline = time.monotonic() + within
-    while (left := marked(MARK, marker)) and time.monotonic() < deadline:
+    while (left := carrying(MARK, marker)) and time.monotonic() < deadline:
         time.sleep(0.1)  # the last children exiting, with a deadline
     return left
 

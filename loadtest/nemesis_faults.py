@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
 import random
 import signal
 import subprocess
@@ -397,18 +396,3 @@ def _put(url: str, body: bytes) -> None:
 def _get(url: str) -> None:
     with urllib.request.urlopen(url, timeout=10) as resp:
         resp.read()
-
-
-def marked(mark: str, marker: str) -> set[int]:
-    """Processes of this user whose environment carries ``mark=marker``."""
-    want = f"{mark}={marker}".encode()
-    found = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/environ", "rb") as environ:
-                    if want in environ.read().split(b"\0"):
-                        found.add(int(entry.name))
-            except OSError:
-                continue
-    return found

@@ -28,6 +28,7 @@ from typing import IO, Any
 import pytest
 
 from streamlease.dev import demo as demo_module
+from streamlease.dev.procs import carrying
 from tests.procs import ROOT
 
 MARK = "STREAMLEASE_DEMO_TEST_MARK"
@@ -36,17 +37,7 @@ STREAMS = 4
 
 def marked(marker: str) -> set[int]:
     """Processes of this user whose environment carries ``marker``."""
-    want = f"{MARK}={marker}".encode()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if want in environ.split(b"\0"):
-                found.add(int(entry.name))
-    return found
+    return carrying(MARK, marker)
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:

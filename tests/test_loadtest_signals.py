@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from streamlease.dev.procs import carrying
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="PR_SET_PDEATHSIG and /proc are Linux's")
 
@@ -29,17 +31,7 @@ GONE_S = 40.0  # the fleet's orderly stop: workers, then the servers (15 s each 
 
 def marked(marker: str) -> set[int]:
     """Processes of this user whose environment carries ``marker``."""
-    want = f"{MARK}={marker}".encode()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if want in environ.split(b"\0"):
-                found.add(int(entry.name))
-    return found
+    return carrying(MARK, marker)
 
 
 def cmdline(pid: int) -> str:
