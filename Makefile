@@ -94,10 +94,10 @@ bench: $(STAMP)
 # The default scenarios (under 20 minutes on 2 cores); loadtest-all adds the control plane
 # at default timings (change_feed, scale_reads, scale: about 31 minutes in all).
 loadtest: $(STAMP) faketime
-	$(BIN)/python -m loadtest.chaos $(ARGS)
+	$(BIN)/python -m loadtest.runner $(ARGS)
 
 loadtest-all: $(STAMP) faketime
-	$(BIN)/python -m loadtest.chaos --scenarios all $(ARGS)
+	$(BIN)/python -m loadtest.runner --scenarios all $(ARGS)
 
 # Random fault schedules, each audited (loadtest/nemesis.py): SEED=N SCHEDULES=K MINUTES=M,
 # or SCHEDULE='...' to replay the line a failure printed.

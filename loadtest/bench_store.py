@@ -16,24 +16,21 @@ import argparse
 import asyncio
 import statistics
 import time
-import uuid
 
 import uvloop
 
-from loadtest.common import Server, use_local_dynamodb
+from loadtest.common import Tables, local_store
 from streamlease.core.frames import Frame
 from streamlease.core.lease import LeaseTimings
 from streamlease.store import dynamodb
-from streamlease.store.protocols import Stores
+from streamlease.store.protocols import Stores, TakeOver
 from streamlease.takeover import TAKEOVER_CONCURRENCY
 
 T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 
 
 async def one_run(ops: int) -> dict[str, float]:
-    suffix = uuid.uuid4().hex[:8]
-    async with dynamodb.connect(f"bench-s-{suffix}", f"bench-e-{suffix}",
-                                f"bench-f-{suffix}") as stores:
+    async with dynamodb.connect(*Tables.fresh("bench")) as stores:
         await stores.admin.create_tables()
         ids = [f"b{i}" for i in range(ops)]
         for sid in ids:
@@ -72,7 +69,7 @@ async def take_overs(stores: Stores, ops: int, now: int) -> float:
 
     async def take(sid: str) -> None:
         async with gate:
-            got = await stores.leases.take_over(sid, "dead", 2, "bench", now, T, epoch=3)
+            got = await stores.leases.take_over(TakeOver(sid, "dead", 2, "bench", now, T, epoch=3))
             assert got is not None
             await stores.sink.newest_event(sid)
 
@@ -86,12 +83,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--ops", type=int, default=300)
     args = parser.parse_args()
-    server = Server("dynamodb", "--port", "0")
-    try:
-        use_local_dynamodb(server.url)
+    with local_store():
         results = [uvloop.run(one_run(args.ops)) for _ in range(args.runs)]
-    finally:
-        server.stop()
     print(f"store ops/s against the embedded DynamoDB, {args.runs} runs x {args.ops} ops:")
     for name in results[0]:
         values = sorted(r[name] for r in results)

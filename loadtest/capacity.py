@@ -235,7 +235,7 @@ class Settings:
 
     @property
     def leader_row_s(self) -> float:
-        """How often a member reads the leader's row (``Membership.read_s`` while the
+        """How often a member reads the leader's row (``Listener.read_s`` while the
         change feed is live: its notices reach members within a second)."""
         return min(self.observe_s, FEED_READ_S) if self.change_feed else self.observe_s
 
@@ -337,7 +337,7 @@ def _zero(_: Shape) -> float:
 
 def _handoff_reads_s(f: Shape) -> float:
     """Reads of the leader's row beyond the regular ones while hand-offs' notices flow
-    (``Membership.handoff_read_s``)."""
+    (``Listener.handoff_read_s``)."""
     if not f.settings.change_feed:
         return 0.0
     faster = max(HANDOFF_READ_S, (f.workers - 1) / HANDOFF_READS_PER_S)
@@ -389,7 +389,7 @@ def _member_query(f: Shape) -> tuple[float, float]:
 
 def _replica_writes(f: Shape) -> float:
     """The leader's copies of its bulletin into every key of a spread layout, after each
-    heartbeat (``Membership._replica_loop``)."""
+    heartbeat (``Publisher.replica_loop``)."""
     return f.keys / f.settings.heartbeat_s if f.keys > 1 else 0.0
 
 
@@ -447,58 +447,61 @@ def _feed_polls(f: Shape) -> float:
 
 
 KINDS: tuple[Kind, ...] = (
-    # Membership._heartbeat_loop -> _beat -> DynamoFleetStore.heartbeat: UpdateItem of the
+    # OwnRow.heartbeat_loop -> _heartbeat -> DynamoFleetStore.heartbeat: UpdateItem of the
     # worker's own row, conditioned on its epoch, every heartbeat (early beats that report
     # a changed count or a hand-over are coalesced; none at steady state).
-    Kind("member heartbeat", "membership.py _beat; store/dynamodb/fleet.py heartbeat",
+    Kind("member heartbeat",
+         "membership/row.py OwnRow._heartbeat; store/dynamodb/fleet.py heartbeat",
          "update_item", FLEET, MEMBER_KEYS, "member key", "W / heartbeat",
          per_s=lambda f: f.workers / f.settings.heartbeat_s,
          write_units=lambda f: write_units(f.sizes.member_row)),
-    # Membership._observe_loop -> _observe -> _observe_all -> DynamoFleetStore.roster: the
+    # Watcher.observe_loop -> observe -> observe_all -> DynamoFleetStore.roster: the
     # leader's consistent Query of every member key (one key, Pk = MEMBER, until the fleet
     # passes STREAMLEASE_MEMBERS_PER_KEY rows a key), twice every observe_s (jittered 10 %:
     # it is the fleet's only watcher); it composes the bulletin from them.
     Kind("member read, leader (observe)",
-         "membership.py _observe_all; store/dynamodb/fleet.py roster",
+         "membership/observe.py Watcher.observe_all; store/dynamodb/fleet.py roster",
          "query", FLEET, MEMBER_KEYS, "member key",
          "2 / observe_s (leader) x keys; reads all W rows",
          per_s=lambda f: 2 / f.settings.observe_s,
          requests=lambda f: _member_query(f)[0],
          items=lambda f: f.workers + 1.0 + (1 + f.keys if f.keys > 1 else 0),
          read_units=lambda f: _member_query(f)[1]),
-    # Membership._observe -> _observe_leader -> DynamoFleetStore.member (one key) or
+    # Watcher.observe -> _observe_leader -> DynamoFleetStore.member (one key) or
     # .replica (spread): every other worker reads the leader's row (its bulletin), or its
     # own key's copy of it, with an eventually consistent GetItem every observe_s (every
     # FEED_READ_S while the change feed is live: its notices ride the bulletin).
     Kind("member read, others (leader's row)",
-         "membership.py _observe_leader; store/dynamodb/fleet.py member, replica",
+         "membership/observe.py Watcher._observe_leader; "
+         "store/dynamodb/fleet.py member, replica",
          "get_item", FLEET, MEMBER_KEYS, "member key",
          f"(W - 1) / min(observe_s, {FEED_READ_S:g} s) with the change feed, else / "
          "observe_s; one item (its key's replica once spread), eventually consistent",
          per_s=lambda f: (f.workers - 1) / f.settings.leader_row_s,
          items=_one, read_units=lambda f: read_units(f.bulletin_bytes, False)),
-    # Membership._observe_loop (handoff_read_s): for HANDOFF_READS_FOR_S after a notice for
+    # Watcher.observe_loop (handoff_read_s): for HANDOFF_READS_FOR_S after a notice for
     # it (one per acquisition: the taker's offer) and while anyone drains (each worker once
     # a deploy: every other member), a member reads the leader's row every HANDOFF_READ_S,
     # spread so the fleet adds at most HANDOFF_READS_PER_S (none past a few hundred members).
     Kind("member read, hand-offs (leader's row)",
-         "membership.py _observe_loop, handoff_read_s", "get_item", FLEET, MEMBER_KEYS,
-         "member key",
+         "membership/observe.py Watcher.observe_loop, Listener.handoff_read_s", "get_item",
+         FLEET, MEMBER_KEYS, "member key",
          f"({HANDOFF_READS_FOR_S:g} s x (acquisitions/s + W x drains/s x (W - 1))) x "
          f"(1 / max({HANDOFF_READ_S:g} s, (W - 1) / {HANDOFF_READS_PER_S:g}/s) - 1 / "
          "leader-row interval), with the change feed",
          per_s=lambda f: _handoff_reads_s(f),
          items=_one, read_units=lambda f: read_units(f.bulletin_bytes, False)),
-    # Membership._replica_loop -> DynamoFleetStore.publish: once the rows spread, the
+    # Publisher.replica_loop -> DynamoFleetStore.publish: once the rows spread, the
     # leader copies each heartbeat's bulletin into every member key (a conditional PutItem
     # each; none while the fleet has one key).
-    Kind("bulletin replicas", "membership.py _replica_loop; store/dynamodb/fleet.py publish",
+    Kind("bulletin replicas",
+         "membership/bulletin.py Publisher.replica_loop; store/dynamodb/fleet.py publish",
          "put_item", FLEET, MEMBER_KEYS, "member key", "keys / heartbeat once spread (leader)",
          per_s=_replica_writes, write_units=lambda f: write_units(f.sizes.replica)),
     # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: the
     # successor the leader's bulletin names reads the lease (consistent GetItem) every
     # observe_s, every other ACTIVE worker that does not lead once a lease, eventually
-    # consistent (Membership.campaign_urgent), while the leader's row shows it alive.
+    # consistent (Listener.campaign_urgent), while the leader's row shows it alive.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
          "get_item", FLEET, "LEADER (fleet)", "one",
          "1 / observe_s consistent + (W - 2) / (lease + observe_s) eventually consistent",
@@ -519,7 +522,7 @@ KINDS: tuple[Kind, ...] = (
          read_units=lambda f: read_units(f.settings.jobs * 200, True)),
     # Supervisor._heartbeat_loop -> _renew_once -> DynamoLeaseStore.renew: UpdateItem of the
     # stream's item every STREAM_RENEW_SECONDS (none in the first interval).
-    Kind("stream renewal", "supervisor.py _renew_once; store/dynamodb/leases.py renew",
+    Kind("stream renewal", "heartbeat.py _renew_once; store/dynamodb/leases.py renew",
          "update_item", STREAMS, "each stream", "stream", "N / stream_renew",
          per_s=_renewals, write_units=lambda f: write_units(f.sizes.stream)),
     # ... which moves the stream's entry in the orphan index (its range key
@@ -528,11 +531,11 @@ KINDS: tuple[Kind, ...] = (
          "-", STATE_INDEX, "STARTED", "one", "2 x renewals",
          per_s=_renewals, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
-    # Reconciler._checks_loop -> DynamoLeaseStore.check_many: while no change feed is
+    # HeldWatch.checks_loop -> DynamoLeaseStore.check_many: while no change feed is
     # live, each worker reads every held item every STREAM_CHECK_SECONDS, eventually
     # consistent, 100 keys a BatchGetItem (a holder's consistent GetItem follows only for
     # an item that looks changed).
-    Kind("held items read (batched)", "reconciler.py _checks_loop; "
+    Kind("held items read (batched)", "watch.py HeldWatch.checks_loop; "
          "store/dynamodb/leases.py check_many", "batch_get_item", STREAMS, "each stream",
          "stream", "without the change feed: W / check x ceil(N / W / 100) requests",
          per_s=_batched_checks, requests=_batch_requests, items=lambda f: f.per_worker,
@@ -542,22 +545,22 @@ KINDS: tuple[Kind, ...] = (
     # state (the minimum unit). While a peer drains or hands streams over: every fast_poll_s.
     # With the change feed live, a worker with nothing to take or give (every freed or new
     # stream is offered, and an offer starts a cycle) queries twelve times less often.
-    Kind("orphan query", "reconciler.py _cycle; store/dynamodb/leases.py orphans", "query",
+    Kind("orphan query", "intake.py Intake.plan; store/dynamodb/leases.py orphans", "query",
          STATE_INDEX, "STARTED", "one", "W / reconcile (x 12 with the change feed)",
          per_s=lambda f: f.workers / f.settings.orphan_query_s,
          read_units=lambda f: read_units(0, False),
          fast_per_s=lambda f: f.workers / f.settings.fast_poll_s),
-    # Reconciler._stopped_loop -> DynamoLeaseStore.held_stopped: an index Query under
+    # HeldWatch.stopped_loop -> DynamoLeaseStore.held_stopped: an index Query under
     # STOPPED (lease still live) every member heartbeat, by every worker.
     # With the change feed live the holder is told instead, and the query rests.
-    Kind("STOPPED query", "reconciler.py _stopped_loop; store/dynamodb/leases.py held_stopped",
+    Kind("STOPPED query", "watch.py HeldWatch.stopped_loop; store/dynamodb/leases.py held_stopped",
          "query", STATE_INDEX, "STOPPED", "one", "W / heartbeat (none with the change feed)",
          per_s=lambda f: 0.0 if f.settings.change_feed else f.workers / f.settings.heartbeat_s,
          read_units=lambda f: read_units(0, False)),
-    # Reconciler._audit_loop -> audit -> DynamoLeaseStore.owned_by: each worker queries the
+    # SelfAudit.run -> audit -> DynamoLeaseStore.owned_by: each worker queries the
     # owner index under its own id every audit_s (1.6 leases, jittered 20 %): its held
     # streams (and any released ones still naming it). A read of each only if unserved.
-    Kind("self-audit", "reconciler.py audit; store/dynamodb/leases.py owned_by", "query",
+    Kind("self-audit", "audit.py SelfAudit.audit; store/dynamodb/leases.py owned_by", "query",
          OWNER_INDEX, "each worker id", "worker", "W / audit (1.6 x lease)",
          per_s=lambda f: f.workers / f.settings.audit_s,
          requests=lambda f: _audit(f)[0], items=lambda f: f.per_worker,
@@ -571,9 +574,9 @@ KINDS: tuple[Kind, ...] = (
          per_s=lambda f: 1 / f.settings.sweep_every_s,
          requests=lambda f: _sweep(f)[0], items=lambda f: float(f.streams),
          read_units=lambda f: _sweep(f)[1]),
-    # Reconciler._try_acquire -> DynamoLeaseStore.acquire (a rolling deploy moves every
+    # Intake.acquire -> DynamoLeaseStore.acquire (a rolling deploy moves every
     # stream once; hand-overs for balance add more): UpdateItem of the item ...
-    Kind("acquisition", "reconciler.py _try_acquire; store/dynamodb/leases.py acquire",
+    Kind("acquisition", "intake.py Intake.acquire; store/dynamodb/leases.py acquire",
          "update_item", STREAMS, "each stream", "stream", "N x deploys a day / 86,400",
          per_s=lambda f: f.churn, write_units=lambda f: write_units(f.sizes.stream)),
     # ... which moves its STARTED entry (new expiry) ...
@@ -585,7 +588,7 @@ KINDS: tuple[Kind, ...] = (
          "each worker id", "worker", "2 x acquisitions", per_s=lambda f: f.churn,
          requests=_zero, write_units=lambda f: _moved(f.sizes.owner_entry)),
     # Supervisor._release -> DynamoLeaseStore.release (expiry 0; owner and fence kept).
-    Kind("release", "supervisor.py _release; store/dynamodb/leases.py release", "update_item",
+    Kind("release", "release.py release; store/dynamodb/leases.py release", "update_item",
          STREAMS, "each stream", "stream", "= acquisitions", per_s=lambda f: f.churn,
          write_units=lambda f: write_units(f.sizes.stream)),
     Kind("release: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED", "one",
@@ -867,7 +870,7 @@ def renewal_rate(measured_per_stream_minute: float, window_s: float,
 
 
 def inputs_from_scale(section: Mapping[str, Any]) -> CapacityInputs:
-    """The measured inputs from the scale scenario's section (``loadtest.scenarios``)."""
+    """The measured inputs from the scale scenario's section (``loadtest.scale_scenario``)."""
     rates = section.get("rates", {})
     renew_s = DEFAULT_CONFIG.stream_renew_s
     measured = rates.get("renewals_per_stream_minute", 0.0)

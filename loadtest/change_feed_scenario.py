@@ -53,6 +53,7 @@ section's own keys (``change_feed.handwritten_p99``, ...), the feed-off ones the
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import json
@@ -61,20 +62,16 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aioboto3
 
-from loadtest.common import Server
-from loadtest.fleet import Fleet, WorkerProc, pct, upstream_connections
-from loadtest.jobs_scenario import leaders_now
+from loadtest.common import Server, choose_names, dynamodb_args
+from loadtest.fleet import Context, Fleet, LeaderWatch, by_label, pct, upstream_connections
 from loadtest.request_count import READ_OPERATIONS, WORKER_ACCESS_KEY, Key
 from streamlease.config import DEFAULTS
 from streamlease.core.model import StreamRecord
 from streamlease.store import codec
-
-if TYPE_CHECKING:
-    from loadtest.chaos import Context
 
 MODES = ("on", "off")
 DEFAULT_MAX_STREAMS = int(DEFAULTS["STREAMLEASE_MAX_STREAMS"])  # the workers run at defaults
@@ -252,18 +249,6 @@ def worker_reads(before: dict[str, dict[str, float]], after: dict[str, dict[str,
     return out
 
 
-def labelled(workers: Sequence[WorkerProc], metric: str, label: str) -> dict[str, int]:
-    """A labelled counter summed over ``workers``' last scrapes, non-zero values only."""
-    out: dict[str, int] = {}
-    prefix = f'{metric}{{{label}="'
-    for w in workers:
-        for k, v in w.metrics.items():
-            if k.startswith(prefix) and v:
-                value = k[len(prefix):].split('"', 1)[0]
-                out[value] = out.get(value, 0) + int(v)
-    return dict(sorted(out.items()))
-
-
 # -- one mode -----------------------------------------------------------------------------
 
 
@@ -358,8 +343,9 @@ async def measure_mode(ctx: Context, mode: str) -> dict[str, Any]:
     try:
         async with ctx.fleet(f"change_feed_{mode}", streams=STREAMS, rate=RATE,
                              worker_env={FEED_VARIABLE: mode}, sample_s=0.5,
-                             index_lag_ms=args.change_feed_index_lag_ms,
-                             index_lag_jitter_ms=INDEX_LAG_JITTER_MS,
+                             store_args=dynamodb_args(
+                                 index_lag_ms=args.change_feed_index_lag_ms,
+                                 index_lag_jitter_ms=INDEX_LAG_JITTER_MS),
                              upstream_args=("--initial-backlog", str(BACKLOG)),
                              watch_upstream=False, count_requests=True) as fleet, \
                 aioboto3.Session().client("dynamodb", region_name=_region()) as client:
@@ -375,9 +361,9 @@ async def measure_mode(ctx: Context, mode: str) -> dict[str, Any]:
             section["write_failures"] = run.write_failures
             fleet.scrape_all()
             everyone = fleet.everyone()
-            section["feed_records"] = labelled(everyone, "streamlease_change_feed_records_total",
+            section["feed_records"] = by_label(everyone, "streamlease_change_feed_records_total",
                                                "action")
-            section["feed_errors"] = labelled(everyone, "streamlease_change_feed_errors_total",
+            section["feed_errors"] = by_label(everyone, "streamlease_change_feed_errors_total",
                                               "kind")
             section["feed_active"] = bool(section["feed_records"])
             section["log_events"] = fleet.log_events()
@@ -491,16 +477,11 @@ async def _kill_leader(run: Run) -> dict[str, Any]:
     fleet = run.fleet
     out: dict[str, Any] = {"changes": KILL_CHANGES, "span_s": KILL_SPAN_S,
                            "recovery_bound_s": RECOVERY_S}
-    leaders: list[str] = []
-    deadline = time.monotonic() + 30.0
-    while not leaders and time.monotonic() < deadline:
-        leaders = await leaders_now(fleet)
-        if not leaders:
-            await asyncio.sleep(0.5)
-    if not leaders:
+    found = await LeaderWatch(fleet).wait(timeout=30.0)
+    if found is None:
         out.update(error="no worker said it leads within 30 s", lost_changes=None)
         return out
-    leader = leaders[0]
+    leader = found[0]
     await fleet.read_table()
     survivors = [name for name in sorted(fleet.workers) if name != leader]
     # Any stream a survivor holds and serves (a URL change or a hand-written item of the
@@ -598,3 +579,26 @@ async def run_change_feed(ctx: Context) -> dict[str, Any]:
     if errors:
         result["error"] = "; ".join(errors)
     return result
+
+
+def parse_modes(text: str) -> list[str]:
+    return choose_names(text, MODES, "change feed mode")
+
+
+def add_arguments(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--change-feed-modes", type=parse_modes,
+                   default=list(MODES),
+                   help="STREAMLEASE_CHANGE_FEED values the change_feed scenario runs, a "
+                        "fleet each, comma-separated from on, off, or 'all' (the default: "
+                        "on, then off)")
+    g.add_argument("--change-feed-changes", type=int, default=CHANGES,
+                   help="changes of each kind in change_feed (default "
+                        f"{CHANGES})")
+    g.add_argument("--change-feed-quiet-s", type=float, default=QUIET_S,
+                   help="change_feed's quiet window (default "
+                        f"{QUIET_S:g} s)")
+    g.add_argument("--change-feed-index-lag-ms", type=float,
+                   default=INDEX_LAG_MS,
+                   help="change_feed: index reads this far behind the table, plus up to "
+                        f"{INDEX_LAG_JITTER_MS:g} ms (default "
+                        f"{INDEX_LAG_MS:g})")

@@ -5,22 +5,32 @@ Every child the load test starts goes through here (``Server``, ``worker_child``
 own (``streamlease.dev.procs``): in a session of its own, and, on Linux, with
 ``PR_SET_PDEATHSIG``, so a load test killed outright (SIGKILL, a crash) takes its children
 with it: the servers get SIGTERM, the workers SIGKILL. ``STOP`` turns SIGTERM, SIGINT and
-SIGHUP into an orderly stop (``loadtest.chaos.main``), and ``stop_children`` stops
+SIGHUP into an orderly stop (``until_stopped``), and ``stop_children`` stops
 whatever is still running at the end, workers first, then the servers.
+
+Beside them, what every scenario shares: the profiles' worker timings (``PROFILES``,
+``timing_env``), fresh table names and the variables that point a worker at them
+(``Tables``), and the embedded DynamoDB as an environment (``local_store``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
 
 from streamlease.dev import local_aws_env
 from streamlease.dev.demo import StopRequest
 from streamlease.dev.procs import Child, _death_signal, stop_all
+
+T = TypeVar("T")
 
 DEV_COMMAND = ("-m", "streamlease", "dev")
 SERVER_DEATH_SIGNAL = signal.SIGTERM
@@ -31,8 +41,48 @@ WORKER_STOP_S = 15.0  # the scenarios' STREAMLEASE_SHUTDOWN_SECONDS (10) plus a 
 SERVER_STOP_S = 5.0
 
 STOP = StopRequest()
-"""Why this load test stops early; ``loadtest.chaos.main`` installs it for SIGTERM, SIGINT
-and SIGHUP."""
+"""Why this load test stops early; ``make loadtest`` and ``make nemesis`` install it for
+SIGTERM, SIGINT and SIGHUP."""
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # Sized under the embedded DynamoDB's ~250 writes/s: 24 streams x ~2 sink
+    # transactions a second, plus member heartbeats and queries.
+    "small": {"streams": 24, "rate": 20.0, "workers": 3, "lease": 2.0, "heartbeat": 0.5,
+              "reconcile": 0.5, "skew": 0.3, "settle": 8.0, "gap": 6.0, "rounds": 2},
+    # For real DynamoDB (or a patient run on the embedded one).
+    "large": {"streams": 200, "rate": 10.0, "workers": 6, "lease": 6.0, "heartbeat": 1.5,
+              "reconcile": 1.5, "skew": 0.5, "settle": 20.0, "gap": 15.0, "rounds": 3},
+}
+
+
+def timing_env(p: dict[str, Any]) -> dict[str, str]:
+    """A profile's timings for the workers (the member lease, heartbeat, reconcile)."""
+    return {"STREAMLEASE_LEASE_SECONDS": str(p["lease"]),
+            "STREAMLEASE_HEARTBEAT_SECONDS": str(p["heartbeat"]),
+            "STREAMLEASE_RECONCILE_SECONDS": str(p["reconcile"]),
+            "STREAMLEASE_SKEW_MARGIN_SECONDS": str(p["skew"]),
+            # Scaled with the lease like the rest (the default is 1.5 x its 20 s lease).
+            "STREAMLEASE_MIN_HOLD_SECONDS": str(1.5 * p["lease"]),
+            "STREAMLEASE_BATCH_MAX_SECONDS": "0.5",
+            "STREAMLEASE_SHUTDOWN_SECONDS": "10"}
+
+
+class Tables(NamedTuple):
+    """A run's streams, events and fleet tables, fresh names each time."""
+
+    streams: str
+    events: str
+    fleet: str
+
+    @classmethod
+    def fresh(cls, prefix: str) -> Tables:
+        suffix = uuid.uuid4().hex[:8]
+        return cls(f"{prefix}-s-{suffix}", f"{prefix}-e-{suffix}", f"{prefix}-f-{suffix}")
+
+    def env(self) -> dict[str, str]:
+        """What points a worker (or ``streamlease ctl``) at these tables."""
+        return {"STREAMLEASE_TABLE": self.streams, "STREAMLEASE_EVENTS_TABLE": self.events,
+                "STREAMLEASE_FLEET_TABLE": self.fleet}
 
 _children: list[tuple[Child, bool]] = []  # (child, is a server), in start order
 
@@ -94,8 +144,58 @@ def dynamodb_args(*, latency_ms: float = 0.0, latency_mode: str = "serial",
     return args
 
 
-def use_local_dynamodb(url: str) -> None:
-    os.environ.update(local_aws_env(url))
+def use_local_dynamodb(url: str) -> dict[str, str]:
+    """Point this process's AWS variables (its own store, and every child started after)
+    at the DynamoDB-compatible server at ``url``; the variables set."""
+    local = local_aws_env(url)
+    os.environ.update(local)
+    return local
+
+
+@contextlib.contextmanager
+def local_store(dynamodb: str = "embedded", *args: str) -> Iterator[dict[str, str]]:
+    """The environment a scenario's workers get: this process's, pointed at a fresh
+    embedded DynamoDB (``dynamodb_args`` flags in ``args``) when ``dynamodb`` is
+    ``embedded`` (``env``: the endpoint the AWS variables name). The server stops and
+    this process's AWS variables are put back at the end."""
+    if dynamodb != "embedded":
+        yield dict(os.environ)
+        return
+    saved = dict(os.environ)
+    ddb = Server(*(args or dynamodb_args()))
+    try:
+        yield {**os.environ, **use_local_dynamodb(ddb.url)}
+    finally:
+        ddb.stop()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+async def until_stopped(run: Coroutine[Any, Any, T]) -> T:
+    """``run``, cancelled as soon as ``STOP`` is requested (SIGTERM, SIGINT, SIGHUP): the
+    cancellation unwinds through every fleet's and server's cleanup."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+
+    def cancel() -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    STOP.notify = cancel
+    try:
+        if STOP.requested:
+            run.close()
+            raise asyncio.CancelledError
+        return await run
+    finally:
+        STOP.notify = None
+
+
+def stopped_status(command: str = "make loadtest") -> int:
+    """The exit status of a run stopped by a signal: 128 + its number."""
+    print(f"{command}: stopped by {STOP.reason}; every child stopped, no results written",
+          file=sys.stderr, flush=True)
+    return 128 + signal.Signals[STOP.reason or "SIGTERM"].value
 
 
 def choose_names(text: str, known: Sequence[str], noun: str,

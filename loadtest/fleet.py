@@ -28,15 +28,24 @@ What the sampler records, every ``sample_s``:
 
 Worker logs (JSON, INFO) go to ``.run/loadtest/<stamp>/<scenario>/``; ``log_events``
 counts their warnings and errors by event name, the evidence behind a figure.
+
+Besides the fleet, what scenarios do to one: ``Context`` (a run's arguments and profile,
+and the fleets it builds), the chaos steps (``kill_and_pause``, ``rolling_restart``,
+``short_chaos``), the figures read off the workers' metrics (``by_label``,
+``histogram_quantile``, ``churn_figures``, ``finish``), who leads (``leaders_now``), and
+one worker alone on fresh tables (``worker_phase``).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import contextlib
 import glob
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -44,20 +53,25 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loadtest import request_count
-from loadtest.common import Server, dynamodb_args, worker_child
+from loadtest.common import (
+    Server,
+    Tables,
+    death_signal,
+    dynamodb_args,
+    use_local_dynamodb,
+    worker_child,
+)
 from streamlease.core.model import StreamRecord
-from streamlease.dev import local_aws_env
 from streamlease.dev.procs import free_port
 from streamlease.dev.upstream import frame_for
 from streamlease.store.dynamodb import DynamoAdmin, connect_admin
-from streamlease.store.protocols import Stores
+from streamlease.store.protocols import AdminStore, Stores
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".run" / "loadtest"
@@ -75,16 +89,44 @@ class WorkerProc:
     started_at: float = 0.0
 
     def scrape(self) -> None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
-                                        timeout=2) as resp:
-                text = resp.read().decode()
-        except OSError:
-            return
-        self.metrics = parse_metrics(text)
+        found = scrape_metrics(self.port)
+        if found is not None:
+            self.metrics = found
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def pause(self) -> None:
+        """SIGSTOP: it holds its leases and answers nothing until ``resume``."""
+        self.paused = True
+        self.popen.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def signal_stop(self, sig: int = signal.SIGKILL) -> None:
+        """``sig`` (SIGKILL or SIGTERM), after a SIGCONT so a paused worker gets it too."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGCONT)
+            self.popen.send_signal(sig)
+
+    async def wait(self, timeout: float) -> None:
+        """Wait for the exit; SIGKILL after ``timeout``."""
+        if not await asyncio.to_thread(_wait, self.popen, timeout):
+            self.popen.kill()
+            await asyncio.to_thread(_wait, self.popen, 10)
+
+
+def scrape_metrics(port: int, timeout: float = 2.0) -> dict[str, float] | None:
+    """A worker's ``/metrics`` on loopback ``port``, parsed; None if it did not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                    timeout=timeout) as resp:
+            return parse_metrics(resp.read().decode())
+    except OSError:
+        return None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -126,17 +168,14 @@ class Fleet:
 
     def __init__(self, scenario: str, *, streams: int, rate: float,
                  worker_env: dict[str, str], dynamodb: str = "embedded",
-                 latency_ms: float = 0.0, latency_mode: str = "serial",
-                 index_lag_ms: float = 0.0, index_lag_jitter_ms: float = 0.0,
-                 sample_s: float = 0.25, table_s: float | None = None,
-                 watch_upstream: bool = False,
+                 store_args: list[str] | None = None, sample_s: float = 0.25,
+                 table_s: float | None = None, watch_upstream: bool = False,
                  log_root: Path | None = None, seed: int | None = None,
                  stream_ids: list[str] | None = None, feed: str = "streams",
                  profile: str | None = None, upstream_args: tuple[str, ...] = (),
-                 count_requests: bool = False, log_level: str = "INFO",
-                 dynamodb_flags: tuple[str, ...] = ()) -> None:
-        self.scenario = scenario
-        self.dynamodb_flags = dynamodb_flags  # more `dev dynamodb` flags (`--faults`)
+                 count_requests: bool = False, log_level: str = "INFO") -> None:
+        # `streamlease dev dynamodb`'s arguments (``loadtest.common.dynamodb_args``).
+        self.store_args = store_args or dynamodb_args()
         self.log_level = log_level  # the workers' STREAMLEASE_LOG_LEVEL
         # Each stream is the upstream's ``/<feed>/<id>`` (the test feeds of
         # streamlease.dev.upstream), its item naming ``profile`` when given.
@@ -151,10 +190,6 @@ class Fleet:
         self.rate = rate
         self.base_worker_env = worker_env
         self.dynamodb = dynamodb
-        self.latency_ms = latency_ms
-        self.latency_mode = latency_mode
-        self.index_lag_ms = index_lag_ms
-        self.index_lag_jitter_ms = index_lag_jitter_ms
         self.sample_s = sample_s
         # Reading the whole table is one Scan: cheap for tens of streams, about a second
         # of the embedded server's (serialised) time for 2,000. With ``table_s`` above
@@ -165,9 +200,9 @@ class Fleet:
         self.rng = random.Random(seed)
         width = max(3, len(str(streams)))
         self.ids = stream_ids or [f"s{i:0{width}d}" for i in range(1, streams + 1)]
-        suffix = uuid.uuid4().hex[:8]
-        self.table, self.events = f"lt-s-{suffix}", f"lt-e-{suffix}"
-        self.fleet_table = f"lt-f-{suffix}"
+        self.tables = Tables.fresh("lt")
+        self.table, self.events = self.tables.streams, self.tables.events
+        self.fleet_table = self.tables.fleet
         self.log_dir = (log_root or LOGS / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())) \
             / scenario
         self.workers: dict[str, WorkerProc] = {}
@@ -190,7 +225,7 @@ class Fleet:
         self.stopped_at: float | None = None
         self.live: list[tuple[float, int]] = []  # (t, live workers)
         # Per table read (when the timeline comes from the table): the streams leased to a
-        # running worker, for unowned spans (``loadtest.scenarios.unowned_spans``).
+        # running worker, for unowned spans (``loadtest.balance_scenario.unowned_spans``).
         self.owned_history: list[tuple[float, frozenset[str]]] = []
         self._table_read_at = float("-inf")
         self._held: dict[str, tuple[str, int]] = {}  # stream -> (owner, fence) last seen held
@@ -223,17 +258,11 @@ class Fleet:
 
     async def _start(self) -> None:
         if self.dynamodb == "embedded":
-            args = [*dynamodb_args(latency_ms=self.latency_ms, latency_mode=self.latency_mode,
-                                   index_lag_ms=self.index_lag_ms,
-                                   index_lag_jitter_ms=self.index_lag_jitter_ms),
-                    *self.dynamodb_flags]
-            ddb = Server(*args, command=request_count.COMMAND) if self.count_requests \
-                else Server(*args)
+            ddb = Server(*self.store_args, command=request_count.COMMAND) \
+                if self.count_requests else Server(*self.store_args)
             self.servers.append(ddb)
             self.dynamodb_url = ddb.url
-            local = local_aws_env(ddb.url)
-            self.env.update(local)
-            os.environ.update(local)  # for this process's own store
+            self.env.update(use_local_dynamodb(ddb.url))  # and this process's own store
             if self.count_requests:
                 self.env["AWS_ACCESS_KEY_ID"] = request_count.WORKER_ACCESS_KEY
         up = Server("upstream", "--port", "0", "--streams", "0", "--rate", repr(self.rate),
@@ -268,18 +297,16 @@ class Fleet:
                 await asyncio.gather(self._sampler, return_exceptions=True)
                 self._sampler = None
             for w in list(self.workers.values()) + self.retired:
-                if w.popen.poll() is None:
-                    w.popen.send_signal(signal.SIGCONT)
-                    w.popen.kill()
+                if w.alive():
+                    w.signal_stop()
                     await asyncio.to_thread(_wait, w.popen, 10)
             if self._admin_cm is not None:
                 admin, self._admin_cm = self._admin_cm, None
                 await admin.__aexit__(None, None, None)
         finally:
             for w in list(self.workers.values()) + self.retired:
-                if w.popen.poll() is None:
-                    w.popen.send_signal(signal.SIGCONT)
-                    w.popen.kill()
+                if w.alive():
+                    w.signal_stop()
                     _wait(w.popen, 10)
             servers, self.servers = self.servers, []
             for server in reversed(servers):
@@ -288,9 +315,7 @@ class Fleet:
     # -- workers ----------------------------------------------------------------------------
 
     def worker_env(self, name: str, port: int, extra: dict[str, str] | None) -> dict[str, str]:
-        return {**self.env, "STREAMLEASE_TABLE": self.table,
-                "STREAMLEASE_EVENTS_TABLE": self.events,
-                "STREAMLEASE_FLEET_TABLE": self.fleet_table,
+        return {**self.env, **self.tables.env(),
                 "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_METRICS_PORT": str(port),
                 "STREAMLEASE_METRICS_ADDRESS": "127.0.0.1",
                 "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
@@ -300,7 +325,7 @@ class Fleet:
     def start_worker(self, *, skew: str | None = None,
                      extra: dict[str, str] | None = None) -> WorkerProc:
         """A new worker ``wN``; ``skew`` (e.g. ``-2s``) offsets its wall clock with
-        libfaketime, its monotonic clock left alone (see ``loadtest.scenarios.run_skew``)."""
+        libfaketime, its monotonic clock left alone (see ``loadtest.skew_scenario.run_skew``)."""
         self.counter += 1
         name = f"w{self.counter}"
         port = free_port()
@@ -342,8 +367,7 @@ class Fleet:
         if not await asyncio.to_thread(_wait, worker.popen, wait_s):
             print(f"  {name} did not exit {wait_s:.0f} s after SIGTERM; killing it",
                   flush=True)
-            worker.popen.kill()
-            await asyncio.to_thread(_wait, worker.popen, 10)
+            await worker.wait(0)
         return fault
 
     async def stop_all(self, wait_s: float = 40.0) -> None:
@@ -351,13 +375,9 @@ class Fleet:
         self.stopped_at = self.now()
         workers = [self.retire(name) for name in list(self.workers)]
         for w in workers:
-            if w.alive():
-                w.popen.send_signal(signal.SIGCONT)
-                w.popen.send_signal(signal.SIGTERM)
+            w.signal_stop(signal.SIGTERM)
         for w in workers:
-            if not await asyncio.to_thread(_wait, w.popen, wait_s):
-                w.popen.kill()
-                await asyncio.to_thread(_wait, w.popen, 10)
+            await w.wait(wait_s)
 
     def fault(self, kind: str, worker: str | None, recovery: str = "delivered") -> Fault:
         streams, before = self.held_by(worker) if worker else ([], {})
@@ -448,7 +468,7 @@ class Fleet:
                                    "since": round(since, 2), "at": round(t, 2)}
 
     async def _read_upstream(self) -> None:
-        found = await asyncio.to_thread(self._upstream_connections)
+        found = await asyncio.to_thread(upstream_connections, self.upstream_url)
         if found is not None:
             self.connections = found
 
@@ -471,9 +491,6 @@ class Fleet:
                     fault.recovered[sid] = t - fault.at
             elif (r.last_seq or 0) > fault.before[sid] and r.lease_owner != fault.worker:
                 fault.recovered[sid] = t - fault.at
-
-    def _upstream_connections(self) -> dict[str, int] | None:
-        return upstream_connections(self.upstream_url)
 
     def _note_exits(self, t: float) -> None:
         for name, w in list(self.workers.items()):
@@ -668,8 +685,6 @@ class Fleet:
                 "messages_in_sink": sum(r.last_seq or 0 for r in records.values())}
 
 
-CORRECTNESS = ("lost", "duplicated", "out_of_order", "stale_accepted", "fleet_caused_gaps")
-
 
 def pct(values: list[float], p: float) -> float | None:
     if not values:
@@ -679,7 +694,7 @@ def pct(values: list[float], p: float) -> float | None:
     return round(ordered[int(index)], 3)
 
 
-# Only the wall clock is offset; see ``loadtest.scenarios.run_skew`` for what each does.
+# Only the wall clock is offset; see ``loadtest.skew_scenario.run_skew`` for what each does.
 FAKETIME_ENV = {"FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_FORCE_MONOTONIC_FIX": "0"}
 
 
@@ -723,3 +738,315 @@ def _wait(popen: subprocess.Popen[bytes], timeout: float) -> bool:
 def _worker_order(name: str) -> tuple[int, str]:
     digits = name.lstrip("w")
     return (int(digits), name) if digits.isdigit() else (1 << 30, name)
+
+
+@dataclass
+class Context:
+    """A load-test run as a scenario sees it: its arguments, its profile's settings and
+    where worker logs go; ``fleet`` builds a scenario's fleet with the run's options."""
+
+    args: argparse.Namespace
+    profile: dict[str, Any]
+    log_root: Path
+
+    def fleet(self, scenario: str, **kwargs: Any) -> Fleet:
+        kwargs.setdefault("dynamodb", self.args.dynamodb)
+        kwargs.setdefault("seed", self.args.seed)
+        kwargs.setdefault("log_level", getattr(self.args, "worker_log_level", "INFO"))
+        return Fleet(scenario, log_root=self.log_root, **kwargs)
+
+
+# -- chaos steps ------------------------------------------------------------------------------
+
+
+def victim(fleet: Fleet, exclude: str | None = None) -> str | None:
+    """A random worker (but ``exclude``) that holds streams (a fault on an idle one times
+    nothing); any such worker if none does."""
+    holders = sorted(n for n, held in fleet.counts().items() if held and n != exclude)
+    choices = holders or sorted(n for n in fleet.workers if n != exclude)
+    return fleet.rng.choice(choices) if choices else None
+
+
+async def kill_and_pause(fleet: Fleet, p: dict[str, Any], gap: float) -> None:
+    """kill -9 of a worker holding streams (a new one replaces it), then SIGSTOP of one past
+    the lease and SIGCONT, ``gap`` seconds after each."""
+    name = victim(fleet)
+    if name is not None:
+        fleet.kill9(name)
+        fleet.start_worker()
+        await asyncio.sleep(gap)
+    name = victim(fleet)
+    if name is not None:
+        fleet.fault("pause", name)
+        fleet.workers[name].pause()
+        await asyncio.sleep(p["lease"] + p["skew"] + p["reconcile"] * 2 + 1)
+        fleet.workers[name].resume()
+        await asyncio.sleep(gap)
+
+
+async def rolling_restart(fleet: Fleet, p: dict[str, Any]) -> None:
+    """Every worker alive now, one at a time: start a new one, then SIGTERM the old."""
+    for name in sorted(fleet.workers):
+        fleet.start_worker()
+        await asyncio.sleep(p["reconcile"] * 2)
+        if name in fleet.workers:
+            await fleet.sigterm(name, wait_s=30)
+        await asyncio.sleep(p["gap"] / 2)
+
+
+async def short_chaos(fleet: Fleet, p: dict[str, Any], gap: float) -> None:
+    """kill -9 (replaced), SIGSTOP past the lease then SIGCONT, a new worker and SIGTERM
+    of an old one: each of a worker holding streams, ``gap`` seconds apart."""
+    await kill_and_pause(fleet, p, gap)
+    fleet.start_worker()
+    await asyncio.sleep(p["reconcile"] * 2)
+    name = victim(fleet, exclude=f"w{fleet.counter}")
+    if name is not None:
+        await fleet.sigterm(name, wait_s=30)
+    await asyncio.sleep(gap)
+
+
+async def short_chaos_run(fleet: Fleet, run: dict[str, Any], p: dict[str, Any],
+                          label: str, drop_feed: str | None = None) -> dict[str, Any]:
+    """``run["workers"]`` workers on the fleet's ``run["streams"]`` streams; once every
+    stream delivers (or ``run["settle_timeout"]``), ``run["drops"]`` upstream drops of
+    ``drop_feed`` if given, then ``short_chaos``; every worker stopped (SIGTERM). The
+    run's figures, settled and chaos times first: the caller audits the sink after."""
+    for _ in range(run["workers"]):
+        fleet.start_worker()
+    print(f"{label} {run['streams']} streams x {run['rate']:g} msg/s, {run['workers']} "
+          "workers", flush=True)
+    settled = await fleet.wait_until(
+        lambda: fleet.held_total() == run["streams"]
+        and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
+    started = fleet.now()
+    if drop_feed is not None:
+        await drop_connections(fleet, run["drops"], drop_feed)
+        await asyncio.sleep(run["gap"] / 2)
+    await short_chaos(fleet, p, run["gap"])
+    chaos_s = fleet.now() - started
+    fleet.scrape_all()
+    await fleet.stop_all()
+    return {"settled_s": rounded(settled), "chaos_seconds": round(chaos_s, 1),
+            "streams": run["streams"], "rate": run["rate"], "workers": run["workers"],
+            "faults": fleet.fault_list(),
+            "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
+                                                                       "sigterm")}}
+
+
+async def drop_connections(fleet: Fleet, count: int, feed: str | None = None) -> None:
+    """The upstream closes ``count`` random streams' connections (of ``feed``, a test feed
+    of its own, when given)."""
+    for sid in fleet.rng.sample(sorted(fleet.ids), k=min(count, len(fleet.ids))):
+        fleet.fault("drop", None)
+        mode = f"&mode={feed}" if feed else ""
+        await asyncio.to_thread(
+            get, f"{fleet.upstream_url.replace('ws://', 'http://')}/control/drop"
+                 f"?stream={sid}{mode}")
+
+
+# -- figures from the workers' metrics --------------------------------------------------------
+
+
+def every_stream_held(fleet: Fleet) -> bool:
+    return fleet.held_total() >= fleet.streams
+
+
+def metric_sum(workers: Iterable[WorkerProc], prefix: str) -> float:
+    """Every series starting with ``prefix``, summed over ``workers``' last scrapes."""
+    return sum(v for w in workers for k, v in w.metrics.items() if k.startswith(prefix))
+
+
+def by_label(workers: Iterable[WorkerProc], metric: str, label: str) -> dict[str, int]:
+    """A labelled counter summed over ``workers``' last scrapes, non-zero values only."""
+    out: dict[str, int] = {}
+    prefix = f"{metric}{{{label}=\""
+    for w in workers:
+        for k, v in w.metrics.items():
+            if k.startswith(prefix) and v:
+                value = k[len(prefix):].split('"', 1)[0]
+                out[value] = out.get(value, 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def histogram_quantile(fleet: Fleet, name: str, q: float) -> float | str | None:
+    """Upper bound of the bucket holding quantile ``q`` of a histogram summed over every
+    worker (``"inf"``: beyond the largest bucket). Bucket resolution, not exact."""
+    buckets: dict[float, float] = {}
+    prefix = f'{name}_bucket{{le="'
+    for w in fleet.everyone():
+        for k, v in w.metrics.items():
+            if k.startswith(prefix):
+                le = k[len(prefix):].split('"', 1)[0]
+                bound = math.inf if le == "+Inf" else float(le)
+                buckets[bound] = buckets.get(bound, 0.0) + v
+    if not buckets or not buckets.get(math.inf):
+        return None
+    total = buckets[math.inf]
+    found = next(b for b in sorted(buckets) if buckets[b] >= q * total)
+    return "inf" if found == math.inf else found
+
+
+def churn_figures(fleet: Fleet) -> dict[str, Any]:
+    """What the workers themselves say about lost leases and fenced members."""
+    everyone = fleet.everyone()
+    return {
+        "leases_lost": by_label(everyone, "streamlease_lease_lost_total", "reason"),
+        "leases_released_while_running": by_label(everyone,
+                                                  "streamlease_lease_released_total", "reason"),
+        "members_declared_dead": int(metric_sum(everyone,
+                                                "streamlease_members_declared_dead_total")),
+        "member_fenced": int(metric_sum(everyone, "streamlease_member_fenced_total")),
+        "member_heartbeats": by_label(everyone, "streamlease_member_heartbeats_total",
+                                      "outcome"),
+        "member_heartbeat_p99_s_bucket": histogram_quantile(
+            fleet, "streamlease_member_heartbeat_seconds", 0.99),
+        "log_events": fleet.log_events(),
+        "worker_exits": fleet.exits,
+    }
+
+
+async def start_and_hold(fleet: Fleet, workers: int, timeout: float = 60.0) -> float | None:
+    """Start ``workers`` workers; seconds until every stream is held (None: timed out)."""
+    for _ in range(workers):
+        fleet.start_worker()
+    return await fleet.wait_until(lambda: every_stream_held(fleet), timeout)
+
+
+async def finish(fleet: Fleet, section: dict[str, Any], only_delivered: bool = False) -> None:
+    """Scrape, note what no live worker holds, stop every worker (SIGTERM), audit the
+    sink into ``section``."""
+    await fleet.read_table()
+    fleet.scrape_all()
+    section["untracked_leases"] = fleet.untracked()
+    unheld = fleet.unheld()
+    section["unheld_at_end_count"] = len(unheld)
+    section["unheld_at_end"] = unheld[:20]
+    section["faults"] = fleet.fault_list()
+    section.update(churn_figures(fleet))
+    await fleet.stop_all()
+    section.update(await fleet.audit(only_delivered=only_delivered))
+
+
+def rounded(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def is_leader(port: int) -> bool | None:
+    """What the worker's /metrics says now (None: it did not answer)."""
+    found = scrape_metrics(port)
+    return None if found is None else found.get("streamlease_is_leader") == 1
+
+
+async def leaders_now(fleet: Fleet, exclude: Iterable[str] = ()) -> list[str]:
+    """Every running, unpaused worker (but ``exclude``) whose /metrics says it leads."""
+    skip = set(exclude)
+    candidates = [w for name, w in fleet.workers.items()
+                  if name not in skip and not w.paused and w.alive()]
+    found = await asyncio.gather(*(asyncio.to_thread(is_leader, w.port) for w in candidates))
+    return [w.name for w, yes in zip(candidates, found, strict=True) if yes]
+
+
+@dataclass
+class LeaderWatch:
+    """Polls the workers' /metrics until one (not excluded) leads."""
+
+    fleet: Fleet
+    two_at_once: int = 0  # polls in which two workers said they lead
+
+    async def wait(self, exclude: Iterable[str] = (), timeout: float = 30.0,
+                   since: float | None = None) -> tuple[str, float] | None:
+        """(leader, seconds since ``since`` — default: now — until its /metrics said so),
+        or None after ``timeout``."""
+        started = time.monotonic() if since is None else since
+        exclude = set(exclude)
+        while True:
+            found = await leaders_now(self.fleet, exclude)
+            if len(found) > 1:
+                self.two_at_once += 1
+            if found:
+                return found[0], time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                return None
+            await asyncio.sleep(0.1)  # /metrics polled, with a deadline
+
+
+# -- one worker alone -------------------------------------------------------------------------
+
+# The no-op processor's phase: the largest batches the worker allows, cut at most once a
+# second, so the checkpoint writes (one a batch) stay far below the store's limit.
+PYTHON_PROCESSOR_ENV = {"STREAMLEASE_SINK": "python:loadtest.processors:make",
+                        "STREAMLEASE_BATCH_MAX_MESSAGES": "1000",
+                        "STREAMLEASE_BATCH_MAX_SECONDS": "1"}
+
+
+def python_processor_env(env: dict[str, str]) -> dict[str, str]:
+    """``PYTHON_PROCESSOR_ENV``, with this checkout on the worker's ``PYTHONPATH``."""
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path}
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def solo_worker(env: dict[str, str], upstream: str, streams: int, name: str,
+                      feed: str = "streams", profile: str | None = None
+                      ) -> AsyncIterator[tuple[AdminStore, asyncio.subprocess.Process]]:
+    """One worker ``name`` (``env``: its settings) on ``streams`` fresh streams, the
+    upstream's ``/<feed>/<id>`` (items naming ``profile`` when given): the store and the
+    worker's process, stopped at the end."""
+    tables = Tables.fresh(name)
+    async with connect_admin(*tables) as stores:
+        store = stores.admin
+        await store.create_tables()
+        for i in range(streams):
+            await store.put_started(f"{name[0]}{i:04d}", f"{upstream}/{feed}/{name[0]}{i:04d}",
+                                    profile)
+        worker_env = {**env, **tables.env(),
+                      "STREAMLEASE_WORKER_ID": name, "STREAMLEASE_LOG_LEVEL": "WARNING",
+                      "STREAMLEASE_ACQUIRE_PER_CYCLE": str(max(10, streams))}
+        worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "streamlease", "run",
+                                                      env=worker_env, preexec_fn=death_signal())
+        try:
+            yield store, worker
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                worker.terminate()
+            await worker.wait()
+
+
+async def worker_phase(env: dict[str, str], upstream: str, streams: int, seconds: float,
+                       feed: str = "streams", profile: str | None = None) -> dict[str, float]:
+    """Run one worker (``env``: its settings) over ``streams`` fresh streams (the upstream's
+    ``/<feed>/<id>``, items naming ``profile`` when given), measured once every stream
+    delivers: delivered msgs/s, CPU, RSS."""
+    local = {"STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:", "STREAMLEASE_METRICS_PORT": "0"}
+    async with solo_worker({**env, **local}, upstream, streams, "tp", feed,
+                           profile) as (store, worker):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            records = await store.list_streams()
+            if sum(1 for r in records if (r.last_seq or 0) > 0) >= streams:
+                break
+            await asyncio.sleep(0.5)
+        start = sum(r.last_seq or 0 for r in await store.list_streams())
+        cpu0, t0 = cpu_seconds(worker.pid), time.perf_counter()
+        await asyncio.sleep(seconds)
+        end = sum(r.last_seq or 0 for r in await store.list_streams())
+        elapsed = time.perf_counter() - t0
+        cpu = cpu_seconds(worker.pid) - cpu0
+        rss = rss_bytes(worker.pid)
+    return {"msgs_per_s": (end - start) / elapsed, "cpu_s": cpu, "messages": end - start,
+            "rss": rss, "elapsed": elapsed}

@@ -15,8 +15,8 @@ never an overwrite that would hide it. The schedule:
 3. kill -9 of the leader, again in the middle of a run (its job lives on, orphaned, and
    writes when its sleep ends: accepted only if no new leader has the lease yet):
    ``leader_failover_s`` is the time until another worker's ``/metrics`` shows
-   ``streamlease_is_leader 1`` (scraped every ``POLL_S``, so at most one poll and one
-   scrape late); a replacement worker is started afterwards;
+   ``streamlease_is_leader 1`` (``loadtest.fleet.LeaderWatch`` polls every 0.1 s: at most
+   one poll and one scrape late); a replacement worker is started afterwards;
 4. a rolling SIGTERM restart, one worker at a time (a new one, then SIGTERM of an old
    one); when the one stopped is the leader, the time until another leads is recorded;
 5. steady for ``STEADY_AFTER_S``; then every worker stops and the audit reads every run
@@ -52,22 +52,19 @@ import os
 import signal
 import sys
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aioboto3
 
-from loadtest.fleet import Fleet, parse_metrics, pct
+from loadtest.common import timing_env
+from loadtest.fleet import Context, Fleet, LeaderWatch, by_label, leaders_now, metric_sum, pct
 from streamlease.core.jobs import Job, JobRun, RunOutcome
 from streamlease.core.schedule import Schedule, slot_ms, slot_name
 from streamlease.leadership import FLEET_LEASE
 from streamlease.store.protocols import Stores
-
-if TYPE_CHECKING:
-    from loadtest.chaos import Context
 
 JOB = "loadtest-every-2s"
 EVERY_MS = 2000
@@ -77,7 +74,6 @@ STEADY_BEFORE_S = 30.0
 STEADY_AFTER_S = 20.0
 SETTLE_S = 4.0  # slots due this long after a fault ends are not steady state
 LEADER_TIMEOUT_S = 30.0
-POLL_S = 0.1
 SIDE_WATCH_S = 0.5
 RUNS_READ = 10_000
 
@@ -179,49 +175,6 @@ def audit_jobs(runs: Iterable[JobRun], items: Iterable[SideItem],
 
 
 # -- watching the fleet ---------------------------------------------------------------
-
-
-def _is_leader(port: int) -> bool | None:
-    """What the worker's /metrics says now (None: it did not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return None
-    return parse_metrics(text).get("streamlease_is_leader") == 1
-
-
-async def leaders_now(fleet: Fleet, exclude: Iterable[str] = ()) -> list[str]:
-    """Every running, unpaused worker (but ``exclude``) whose /metrics says it leads."""
-    skip = set(exclude)
-    candidates = [w for name, w in fleet.workers.items()
-                  if name not in skip and not w.paused and w.alive()]
-    found = await asyncio.gather(*(asyncio.to_thread(_is_leader, w.port) for w in candidates))
-    return [w.name for w, yes in zip(candidates, found, strict=True) if yes]
-
-
-@dataclass
-class LeaderWatch:
-    """Polls /metrics until a worker (not excluded) leads."""
-
-    fleet: Fleet
-    two_at_once: int = 0  # polls in which two workers said they lead
-
-    async def wait(self, exclude: Iterable[str] = (), timeout: float = LEADER_TIMEOUT_S,
-                   since: float | None = None) -> tuple[str, float] | None:
-        """(leader, seconds since ``since`` — default: now — until its /metrics said so),
-        or None after ``timeout``."""
-        started = time.monotonic() if since is None else since
-        exclude = set(exclude)
-        while True:
-            found = await leaders_now(self.fleet, exclude)
-            if len(found) > 1:
-                self.two_at_once += 1
-            if found:
-                return found[0], time.monotonic() - started
-            if time.monotonic() - started > timeout:
-                return None
-            await asyncio.sleep(POLL_S)
 
 
 def job_group(worker_pid: int) -> int | None:
@@ -382,8 +335,6 @@ class Run:
 
 
 async def run_jobs(ctx: Context) -> dict[str, Any]:
-    from loadtest.scenarios import _timing_env
-
     p = ctx.profile
     target = p["lease"] + p["reconcile"] + 0.5
     section: dict[str, Any] = {
@@ -395,7 +346,7 @@ async def run_jobs(ctx: Context) -> dict[str, Any]:
         "start_delay_p99_s": None}
     error: str | None = None
     # No streams: the sampler has little to read, and the leader polls /metrics itself.
-    async with ctx.fleet("jobs", streams=0, rate=1.0, worker_env=_timing_env(ctx),
+    async with ctx.fleet("jobs", streams=0, rate=1.0, worker_env=timing_env(p),
                          sample_s=1.0) as fleet:
         assert fleet.stores is not None
         side = f"{fleet.fleet_table}-side"
@@ -497,8 +448,7 @@ async def _pause_leader(run: Run) -> dict[str, Any]:
     paused, group = mid
     worker = fleet.workers[leader]
     _signal_group(group, signal.SIGSTOP)  # the job, before its write
-    worker.paused = True
-    worker.popen.send_signal(signal.SIGSTOP)
+    worker.pause()
     stopped = time.monotonic()
     fleet.fault("pause", leader)
     fault = Disturbance("pause", _wall_ms())
@@ -522,8 +472,7 @@ async def _pause_leader(run: Run) -> dict[str, Any]:
         out["job_exited_before_its_leader_resumed"] = await _poll(job_gone, 20.0)
     finally:
         _signal_group(group, signal.SIGCONT)
-        worker.popen.send_signal(signal.SIGCONT)
-        worker.paused = False
+        worker.resume()
         fault.end_ms = _wall_ms()
     out["paused_s"] = round(time.monotonic() - stopped, 2)
     run.note(f"SIGCONT {leader} after {out['paused_s']} s (new leader "
@@ -602,12 +551,12 @@ async def _poll(check: Callable[[], Awaitable[bool]], timeout: float) -> bool:
 
 def _worker_figures(fleet: Fleet) -> dict[str, Any]:
     """What the workers' own counters say (each as last scraped), and their logs."""
-    from loadtest.scenarios import _by_label, _sum
-
+    everyone = fleet.everyone()
     return {
-        "job_runs_by_metrics": _by_label(fleet, "streamlease_job_runs_total", "outcome"),
-        "slots_skipped_by_metrics": int(_sum(fleet, "streamlease_job_slots_skipped_total")),
-        "leader_changes": int(_sum(fleet, "streamlease_leader_changes_total")),
+        "job_runs_by_metrics": by_label(everyone, "streamlease_job_runs_total", "outcome"),
+        "slots_skipped_by_metrics": int(metric_sum(everyone,
+                                                   "streamlease_job_slots_skipped_total")),
+        "leader_changes": int(metric_sum(everyone, "streamlease_leader_changes_total")),
         "log_events": fleet.log_events(),
         "worker_exits": fleet.exits,
     }

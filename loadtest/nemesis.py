@@ -57,11 +57,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.common import STOP, stop_children
+from loadtest.common import STOP, dynamodb_args, stop_children, stopped_status, until_stopped
 from loadtest.fleet import ROOT, Fleet, pct
 from loadtest.nemesis_faults import Hands
 from loadtest.nemesis_plan import KINDS, Fault, Timing, decode, draw, encode
-from loadtest.report import markdown
+from loadtest.report import markdown, write_file
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
 from streamlease.dev import local_aws_env
@@ -143,7 +143,7 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     try:
         fleet = Fleet(f"seed-{seed}", streams=settings.streams, rate=settings.rate,
-                      worker_env=WORKER_ENV, dynamodb_flags=("--faults",),
+                      worker_env=WORKER_ENV, store_args=[*dynamodb_args(), "--faults"],
                       log_root=settings.logs / stamp, seed=seed)
         outcome.logs = str(fleet.log_dir)
         async with fleet:
@@ -372,11 +372,8 @@ def merge_results(section: dict[str, Any], path: Path, add: bool = False) -> Non
     result.setdefault("scenarios", {})["nemesis"] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ok": True,
         "keys": ["nemesis"]}
-    for target, text in ((path, json.dumps(result, indent=2)),
-                         (path.with_name("latest.md"), markdown(result))):
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
+    write_file(path, json.dumps(result, indent=2))
+    write_file(path.with_name("latest.md"), markdown(result))
 
 
 def accumulate(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -445,27 +442,21 @@ def main(argv: list[str] | None = None) -> int:
     STOP.install()  # SIGTERM, SIGINT, SIGHUP: stop every child in order, write nothing
     import uvloop
 
-    from loadtest.chaos import stopped_status, until_stopped
-
     try:
-        outcomes = uvloop.run(until_stopped(_as_dict(run_all(settings))))["outcomes"]
+        outcomes = uvloop.run(until_stopped(run_all(settings)))
     except asyncio.CancelledError:
         if not STOP.requested:
             raise
-        return stopped_status()
+        return stopped_status("make nemesis")
     finally:
         stop_children()
     if STOP.requested:
-        return stopped_status()
+        return stopped_status("make nemesis")
     section = figures(outcomes, settings)
     print(json.dumps({k: v for k, v in section.items() if k != "failures"}, indent=2))
     if settings.results is not None and settings.schedule is None:
         merge_results(section, settings.results, settings.add)
     return 1 if section["violations"] or section["orphans"] else 0
-
-
-async def _as_dict(run: Any) -> dict[str, Any]:
-    return {"outcomes": await run}
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import asyncio
 import collections
 import json
 import random
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -28,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from loadtest.fleet import Fleet, WorkerProc
+from loadtest.fleet import Fleet, WorkerProc, is_leader
 from loadtest.nemesis_plan import Fault
 from streamlease.errors import StoreError
 from streamlease.store import codec
@@ -108,12 +107,7 @@ class Hands:
         return [n for n, w in self.fleet.workers.items() if w.alive() and n not in self.paused]
 
     def leader(self) -> str | None:
-        for name in self.live():
-            worker = self.fleet.workers[name]
-            worker.scrape()
-            if worker.metrics.get("streamlease_is_leader") == 1:
-                return name
-        return None
+        return next((n for n in self.live() if is_leader(self.fleet.workers[n].port)), None)
 
     def victim(self, target: str) -> str | None:
         """The worker a targeted fault hits: the leader, or any live one holding streams."""
@@ -173,8 +167,7 @@ class Hands:
             if name is None or name in self.paused:
                 return False
             worker = self.fleet.workers[name]
-            worker.popen.send_signal(signal.SIGSTOP)
-            worker.paused = True
+            worker.pause()
             self.paused[name] = worker
             await self._keep_floor()
         await asyncio.sleep(fault.hold)
@@ -187,9 +180,7 @@ class Hands:
     def _resume(self, name: str) -> None:
         worker = self.paused.pop(name, None)
         if worker is not None:
-            if worker.alive():
-                worker.popen.send_signal(signal.SIGCONT)
-            worker.paused = False
+            worker.resume()
 
     async def _scale_out(self, fault: Fault, index: int) -> bool:
         async with self._lock:
@@ -329,9 +320,7 @@ class Hands:
         if not held:
             return False
         sid = self.rng.choice(sorted(held))
-        env = {**self.fleet.env, "STREAMLEASE_TABLE": self.fleet.table,
-               "STREAMLEASE_EVENTS_TABLE": self.fleet.events,
-               "STREAMLEASE_FLEET_TABLE": self.fleet.fleet_table}
+        env = {**self.fleet.env, **self.fleet.tables.env()}
         done = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "streamlease", "ctl", "release", sid],
             env=env, capture_output=True, text=True, timeout=60)

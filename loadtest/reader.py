@@ -13,13 +13,16 @@ import uvloop
 from websockets.asyncio.client import connect
 
 from streamlease.clock import SYSTEM_CLOCK
+from streamlease.context import Context
 from streamlease.core.frames import Frame
 from streamlease.core.lease import Holding, LeaseTimings
 from streamlease.core.model import Tenure
 from streamlease.core.stream import RECEIVE_QUEUE
 from streamlease.core.urls import parse_allowed_urls
+from streamlease.health import HealthState
 from streamlease.metrics import Metrics
 from streamlease.pump import Pump, PumpSettings
+from streamlease.store.memory import MemoryStore
 
 LONG = LeaseTimings(lease_s=3600, heartbeat_s=60, skew_margin_s=1, safety_margin_s=2)
 
@@ -35,12 +38,14 @@ class NullSink:
 
 async def null(urls: list[str], seconds: float) -> float:
     sink = NullSink()
-    metrics = Metrics()
+    # The pump uses the context's clock, metrics and sink; the lease store goes unused.
+    ctx = Context("bench", SYSTEM_CLOCK, Metrics(), MemoryStore().stores().leases,
+                  sink, HealthState(LONG.lease_s))
     pumps = []
     for i, url in enumerate(urls):
         tenure = Tenure(f"b{i}", "bench", 1, 0, 0)
         holding = Holding(tenure, url, SYSTEM_CLOCK.monotonic(), LONG)
-        pumps.append(Pump(tenure, holding, sink, SYSTEM_CLOCK, metrics, PumpSettings(
+        pumps.append(Pump(ctx, holding, PumpSettings(
             allowed_urls=parse_allowed_urls("ws://127.0.0.1:"))))
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(p.run()) for p in pumps]

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadtest.registry import REPLAYING_MODES, UPSTREAM_MODES, get_path, owner
+
 
 def write_reports(result: dict[str, Any], out: Path) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
@@ -21,11 +23,11 @@ def write_reports(result: dict[str, Any], out: Path) -> dict[str, str]:
     paths: dict[str, str] = {}
     body = json.dumps(result, indent=2)
     for name in ("latest.json", f"{stamp}.json"):
-        _write(out / name, body)
+        write_file(out / name, body)
     paths["json"] = str(out / "latest.json")
     md = markdown(result)
-    _write(out / "latest.md", md)
-    _write(out / f"{stamp}.md", md)
+    write_file(out / "latest.md", md)
+    write_file(out / f"{stamp}.md", md)
     paths["md"] = str(out / "latest.md")
     png = out / "latest.png"
     timeline_png(result, png)
@@ -40,7 +42,7 @@ def write_reports(result: dict[str, Any], out: Path) -> dict[str, str]:
 TRACE_PNG = "latest-trace.png"
 
 
-def _write(path: Path, text: str) -> None:
+def write_file(path: Path, text: str) -> None:
     """``text`` into ``path`` whole or not at all: a run killed while writing leaves the
     previous file (a stray ``.tmp`` at worst), never a truncated one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -67,15 +69,6 @@ def _v(value: Any) -> str:
     return str(value)
 
 
-def _get(r: dict[str, Any], path: str) -> Any:
-    value: Any = r
-    for part in path.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
-
-
 # The worker's default member lease (STREAMLEASE_MEMBER_LEASE_SECONDS unset: the smaller of
 # 5 s and STREAMLEASE_LEASE_SECONDS), for the scale run's kill -9 target; the report does not
 # import the worker (tests/test_loadtest_report.py checks the copy).
@@ -83,11 +76,12 @@ DEFAULT_MEMBER_LEASE_S = 5.0
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
-    """(figure, JSON key, result, target, met) for the figures that have a target."""
+    """(figure, JSON key, result, target, met) for the figures that have a target, but those
+    of a scenario that did not run (the one that writes the key: ``loadtest.registry``)."""
     s = r.get("settings", {})
     kill9 = s.get("lease", 2.0) + 1.2 * s.get("reconcile", 0.5) + 0.5
-    share = _get(r, "balance.share") or 10
-    streams = _get(r, "balance.streams") or 40
+    share = get_path(r, "balance.share") or 10
+    streams = get_path(r, "balance.streams") or 40
 
     def at_most(bound: float) -> Any:
         return lambda v: None if v is None or isinstance(v, str) else v <= bound
@@ -95,148 +89,143 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
     def at_least(bound: float) -> Any:
         return lambda v: None if v is None else v >= bound
 
-    restart_target = _get(r, "balance.after_rolling_restart_target") or share + 1
+    restart_target = get_path(r, "balance.after_rolling_restart_target") or share + 1
     member_lease = DEFAULT_MEMBER_LEASE_S
-    leader_target = _get(r, "jobs.leader_failover_target_s") or \
+    leader_target = get_path(r, "jobs.leader_failover_target_s") or \
         s.get("lease", 2.0) + s.get("reconcile", 0.5) + 0.5
     rows = [
-        ("scale", "lease-upkeep writes per held stream-minute (defaults)",
+        ("lease-upkeep writes per held stream-minute (defaults)",
          "upkeep_writes_per_stream_minute_default", "<= 1", at_most(1.0)),
-        ("scale", "streams per table at defaults (every request kind; every partition-key "
+        ("streams per table at defaults (every request kind; every partition-key "
          "value <= 50 % of its limit)", "streams_per_table_at_defaults", ">= 1,000,000",
          at_least(1_000_000)),
-        ("scale", "capacity model agrees with the scale run's requests/s by kind",
+        ("capacity model agrees with the scale run's requests/s by kind",
          "capacity_model.measured_vs_model.agrees", "yes",
          lambda v: None if v is None else v is True),
-        ("chaos", "kill -9 failover p99 (small profile)", "failover.kill9.p99",
+        ("kill -9 failover p99 (small profile)", "failover.kill9.p99",
          f"<= lease + 1.2 x reconcile + 0.5 = {kill9:.1f} s", at_most(kill9)),
-        ("index_lag", "index reads 1 s behind: longest a stream stayed leased to a live "
+        ("index reads 1 s behind: longest a stream stayed leased to a live "
          "worker that did not serve it", "index_lag.unserved_max_s",
          f"<= one self-audit interval (at most 1.92 x lease = {1.92 * s.get('lease', 2.0):.1f} s)",
          at_most(1.92 * s.get("lease", 2.0))),
-        ("index_lag", "index reads 1 s behind: lost / duplicated / out of order / stale "
+        ("index reads 1 s behind: lost / duplicated / out of order / stale "
          "accepted", "index_lag.lost", "0", at_most(0)),
-        ("index_lag", "index reads 1 s behind: kill -9 failover p99", "index_lag.kill9_p99",
+        ("index reads 1 s behind: kill -9 failover p99", "index_lag.kill9_p99",
          f"<= lease + 1.2 x reconcile + 1.5 = {kill9 + 1.0:.1f} s", at_most(kill9 + 1.0)),
-        ("skew", "a worker's clock behind the others: settled", "skew.settled", "yes",
+        ("a worker's clock behind the others: settled", "skew.settled", "yes",
          lambda v: None if v is None else v is True),
-        ("skew", "a worker's clock behind: moves once the fleet is even", "skew.moves", "0",
+        ("a worker's clock behind: moves once the fleet is even", "skew.moves", "0",
          at_most(0)),
-        ("skew", "a worker's clock behind: streams that delivered nothing while observed",
+        ("a worker's clock behind: streams that delivered nothing while observed",
          "skew.stalled_streams", "0", at_most(0)),
-        ("slow_store", "slow store (20 ms a request): moves after the first owner",
+        ("slow store (20 ms a request): moves after the first owner",
          "slow_store.moves", "0", at_most(0)),
-        ("slow_store", "slow store: streams that delivered nothing while observed",
+        ("slow store: streams that delivered nothing while observed",
          "slow_store.stalled_streams", "0", at_most(0)),
-        ("balance", "2 -> 4 workers: time until every worker holds its share +/-1",
+        ("2 -> 4 workers: time until every worker holds its share +/-1",
          "balance.converge_s", "<= 5 s", at_most(5.0)),
-        ("balance", "moves during that convergence (the minimum is 20)", "balance.moves",
+        ("moves during that convergence (the minimum is 20)", "balance.moves",
          "<= 22", at_most(22)),
-        ("balance", "moves in the 30 s after convergence", "balance.moves_after", "0",
+        ("moves in the 30 s after convergence", "balance.moves_after", "0",
          at_most(0)),
-        ("balance", "rolling restart: largest count one worker holds at its end",
+        ("rolling restart: largest count one worker holds at its end",
          "balance.after_rolling_restart_max",
          f"<= ceil({streams}/4) + 1 = {restart_target}", at_most(restart_target)),
-        ("chaos", "SIGTERM hand-off p99", "failover.sigterm.p99", "<= 1.0 s", at_most(1.0)),
-        ("slow_store", "SIGTERM hand-off p99, store slowed to 20 ms a request",
+        ("SIGTERM hand-off p99", "failover.sigterm.p99", "<= 1.0 s", at_most(1.0)),
+        ("SIGTERM hand-off p99, store slowed to 20 ms a request",
          "failover.sigterm_slow_store.p99", "<= 1.0 s", at_most(1.0)),
-        ("jobs", "job slots run twice (pause, kill -9, rolling restart)", "jobs.double_runs",
+        ("job slots run twice (pause, kill -9, rolling restart)", "jobs.double_runs",
          "0", at_most(0)),
-        ("jobs", "stale-leader job writes accepted", "jobs.stale_accepted", "0", at_most(0)),
-        ("jobs", "new leader after kill -9 of the leader", "jobs.leader_failover_s",
+        ("stale-leader job writes accepted", "jobs.stale_accepted", "0", at_most(0)),
+        ("new leader after kill -9 of the leader", "jobs.leader_failover_s",
          f"<= lease + reconcile + 0.5 = {leader_target:.1f} s", at_most(leader_target)),
-        ("jobs", "job slot start delay after its scheduled time, p99, steady state",
+        ("job slot start delay after its scheduled time, p99, steady state",
          "jobs.start_delay_p99_s", "<= 1 s", at_most(1.0)),
-        ("scale_reads", "control-plane items read per worker-minute, 8 workers / 2 (same "
+        ("control-plane items read per worker-minute, 8 workers / 2 (same "
          "streams per worker, defaults)", "scale.per_worker_read_growth", "<= 1.2",
          at_most(1.2)),
-        ("scale", "index-key moves per held stream-minute in a quiet window (defaults)",
+        ("index-key moves per held stream-minute in a quiet window (defaults)",
          "scale.index_moves_per_stream_minute", "0", at_most(0)),
-        ("scale", "kill -9 of a worker holding 500 streams (scale run): p99 until each is "
+        ("kill -9 of a worker holding 500 streams (scale run): p99 until each is "
          "connected again", "scale.kill9_p99",
          f"<= member lease + 5 s = {member_lease + 5:g} s", at_most(member_lease + 5)),
-        ("kill9_defaults", "kill -9 at default settings, 100 streams per worker: p99 until "
+        ("kill -9 at default settings, 100 streams per worker: p99 until "
          "each delivers again", "failover.kill9_defaults.p99", "<= 10 s", at_most(10.0)),
-        ("balance_startup", "2 -> 4 workers while the first two still take 40 streams: time "
+        ("2 -> 4 workers while the first two still take 40 streams: time "
          "until every worker holds its share +/-1", "balance.during_startup.converge_s",
          "<= 10 s", at_most(10.0)),
-        ("balance_startup", "moves during that convergence",
+        ("moves during that convergence",
          "balance.during_startup.moves", "<= 25", at_most(25)),
-        ("balance_startup", "longest a stream was unowned meanwhile",
+        ("longest a stream was unowned meanwhile",
          "balance.during_startup.unowned_max_s", "<= 2 s", at_most(2.0)),
-        ("sinks", "dynamodb sink: $ per stream-month at 1 msg/s (default batch window)",
+        ("dynamodb sink: $ per stream-month at 1 msg/s (default batch window)",
          "sinks.dynamodb.cost_per_stream_month_1hz", "<= $1.50", at_most(1.5)),
-        ("sinks", "dynamodb sink: added latency p99 at 1 msg/s (default batch window)",
+        ("dynamodb sink: added latency p99 at 1 msg/s (default batch window)",
          "sinks.dynamodb.added_latency_s", "<= 5 s", at_most(5.0)),
     ]
     rows += sink_target_rows(r)
     rows += upstream_target_rows(r)
     rows += [
-        ("chaos", "SIGTERM hand-offs in the chaos run whose trace links release to first "
+        ("SIGTERM hand-offs in the chaos run whose trace links release to first "
          "delivery", "tracing.handoffs_linked", "100 % (1.0)", at_least(1.0)),
-        ("tracing", "no-op Python processor, one worker: throughput with tracing on (default "
+        ("no-op Python processor, one worker: throughput with tracing on (default "
          "sampling) / off", "tracing.throughput_ratio", ">= 0.95", at_least(0.95)),
     ]
-    rows += [("change_feed", f"change feed on: {label}", f"change_feed.{key}", text,
+    rows += [(f"change feed on: {label}", f"change_feed.{key}", text,
               at_most(bound)) for key, label, text, bound in CHANGE_FEED_TARGETS]
     rows += [
-        ("nemesis", "random fault schedules run (a minute each, `make nemesis`)",
+        ("random fault schedules run (a minute each, `make nemesis`)",
          "nemesis.schedules", ">= 200", at_least(200)),
-        ("nemesis", "schedules with any violation", "nemesis.violations", "0", at_most(0)),
-        ("nemesis", "longest a STARTED stream stayed unserved after the heal, p99",
+        ("schedules with any violation", "nemesis.violations", "0", at_most(0)),
+        ("longest a STARTED stream stayed unserved after the heal, p99",
          "nemesis.recovery_p99_s", "<= member lease + 5 s = 7 s", at_most(7.0)),
-        ("nemesis", "processes left running after all schedules", "nemesis.orphans", "0",
+        ("processes left running after all schedules", "nemesis.orphans", "0",
          at_most(0)),
     ]
     ran = r.get("scenarios")
     out = []
-    for scenario, label, key, target, check in rows:
-        value = _get(r, key)
+    for label, key, target, check in rows:
+        value = get_path(r, key)
         if isinstance(value, list):
             value = len(value)
         if value is None and key.startswith(("sinks.", "upstreams.")):
-            sink = _get(r, key.rsplit(".", 1)[0]) or {}
+            sink = get_path(r, key.rsplit(".", 1)[0]) or {}
             value = "skipped" if "skipped" in sink else "error" if "error" in sink else None
-        if (scenario not in ran) if isinstance(ran, dict) else value is None:
+        if (owner(key) not in ran) if isinstance(ran, dict) else value is None:
             continue  # that scenario did not run
         out.append((label, key, value, target, check(value)))
     return out
 
 
-def sink_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, Any]]:
+def sink_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
     """Per sink of the sinks scenario: lost (every sink), duplicated (exactly-once sinks)
     or duplicated within one tenure (at-least-once sinks); the no-op Python processor's
     throughput against a bare client (the throughput scenario)."""
     def zero(v: Any) -> bool | None:
         return None if v is None or isinstance(v, str) else v <= 0
 
-    rows: list[tuple[str, str, str, str, Any]] = []
+    rows: list[tuple[str, str, str, Any]] = []
     sinks = r.get("sinks")
     for name, k in (sinks.items() if isinstance(sinks, dict) else ()):
         if not isinstance(k, dict) or not ({"lost", "skipped", "error"} & set(k)):
             continue
         once = k.get("exactly_once", name in ("dynamodb", "postgres"))
-        rows.append(("sinks", f"{name} sink, chaos run: messages lost", f"sinks.{name}.lost",
+        rows.append((f"{name} sink, chaos run: messages lost", f"sinks.{name}.lost",
                      "0", zero))
         if once:
-            rows.append(("sinks", f"{name} sink (exactly once): duplicates",
+            rows.append((f"{name} sink (exactly once): duplicates",
                          f"sinks.{name}.duplicated", "0", zero))
         else:
-            rows.append(("sinks", f"{name} sink (at least once): duplicates within one "
+            rows.append((f"{name} sink (at least once): duplicates within one "
                          "tenure (same fence)", f"sinks.{name}.dup_outside_takeover", "0",
                          zero))
-    rows.append(("throughput", "no-op Python processor, one worker: throughput / bare "
+    rows.append(("no-op Python processor, one worker: throughput / bare "
                  "websockets client", "sinks.python.ratio_to_bare", ">= 0.8",
                  lambda v: None if v is None else v >= 0.8))
     return rows
 
 
-# The upstreams scenario's resume modes, in report order, and those whose feed replays.
-UPSTREAM_MODES = ("query", "message", "none", "none_count")
-REPLAYING_MODES = ("query", "message")
-
-
-def upstream_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, Any]]:
+def upstream_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
     """Per resume mode of the upstreams scenario: lost and duplicated where the feed
     replays; duplicated and the share of lost messages inside a recorded gap where it
     cannot; and a profile's throughput against the built-in protocol."""
@@ -246,7 +235,7 @@ def upstream_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, An
     def whole(v: Any) -> bool | None:
         return None if v is None or isinstance(v, str) else v >= 1.0
 
-    rows: list[tuple[str, str, str, str, Any]] = []
+    rows: list[tuple[str, str, str, Any]] = []
     section = r.get("upstreams")
     modes = section if isinstance(section, dict) else {}
     for mode in UPSTREAM_MODES:
@@ -255,16 +244,16 @@ def upstream_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, An
             continue
         feed = f"{mode} resume (/{k.get('feed', '?')}/ feed)"
         if k.get("replays", mode in REPLAYING_MODES):
-            rows.append(("upstreams", f"{feed}, chaos run: messages lost",
+            rows.append((f"{feed}, chaos run: messages lost",
                          f"upstreams.{mode}.lost", "0", zero))
-            rows.append(("upstreams", f"{feed}, chaos run: duplicates",
+            rows.append((f"{feed}, chaos run: duplicates",
                          f"upstreams.{mode}.duplicated", "0", zero))
         else:
-            rows.append(("upstreams", f"{feed}, chaos run: duplicates",
+            rows.append((f"{feed}, chaos run: duplicates",
                          f"upstreams.{mode}.duplicated", "0", zero))
-            rows.append(("upstreams", f"{feed}, chaos run: lost messages inside a recorded "
+            rows.append((f"{feed}, chaos run: lost messages inside a recorded "
                          "gap", f"upstreams.{mode}.loss_in_gaps", "100 % (1.0)", whole))
-    rows.append(("upstreams", "one worker: throughput with a profile (nested seq, control "
+    rows.append(("one worker: throughput with a profile (nested seq, control "
                  "frames skipped) / the built-in protocol", "upstreams.profile_ratio",
                  ">= 0.9", lambda v: None if v is None else v >= 0.9))
     return rows
@@ -304,7 +293,7 @@ def markdown(r: dict[str, Any]) -> str:
                          ("change_feed", change_feed_md)):
         if isinstance(r.get(name), dict):
             lines += render(r)
-    if isinstance(_get(r, "sinks.dynamodb"), dict):
+    if isinstance(get_path(r, "sinks.dynamodb"), dict):
         lines += sinks_dynamodb_md(r["sinks"]["dynamodb"])
     if isinstance(r.get("capacity_model"), dict) and "text" in r["capacity_model"]:
         lines += ["## Capacity model", "", r["capacity_model"]["text"], ""]
@@ -448,9 +437,9 @@ def tracing_md(r: dict[str, Any]) -> list[str]:
         lines += [
             f"One worker, {_v(tp.get('streams'))} backlogged streams into the no-op Python "
             f"processor, {_v(tp.get('seconds'))} s a run, in the order "
-            f"{', '.join(tp.get('order', []))}: tracing off {_v(_get(tp, 'msgs_per_s.off'))} "
+            f"{', '.join(tp.get('order', []))}: tracing off {_v(get_path(tp, 'msgs_per_s.off'))} "
             f"msg/s, on ({tp.get('sampler', 'default sampling')}) "
-            f"{_v(_get(tp, 'msgs_per_s.on'))} msg/s: **{_v(k.get('throughput_ratio'))}** "
+            f"{_v(get_path(tp, 'msgs_per_s.on'))} msg/s: **{_v(k.get('throughput_ratio'))}** "
             f"(per worker CPU second: {_v(tp.get('cpu_ratio'))}); spans exported per run "
             f"with tracing on: {_v(tp.get('spans_per_run_on'))}.", ""]
     return lines
@@ -529,20 +518,11 @@ def sinks_md(r: dict[str, Any]) -> list[str]:
                                                               "dup_outside_takeover",
                                                               "out_of_order")) + " |")
         lines.append("")
-        for name, k in ran.items():
-            notes = [f"{label} {_v(k[key])}" for key, label in (
-                ("mismatched", "copies not byte-identical"),
-                ("unreadable", "unreadable records"),
-                ("stale_refused", "stale-fence batches refused (409)"),
-                ("sink_failures", "failed batch attempts"),
-                ("failover_p99_s", "failover p99 (s)")) if k.get(key)]
-            if k.get("worker_exits"):
-                notes.append(f"workers that exited on their own: {len(k['worker_exits'])}")
-            if k.get("log_events"):
-                notes.append(f"warnings/errors logged: {_v(k['log_events'])}")
-            if notes:
-                lines.append(f"- {name}: " + "; ".join(notes))
-        lines.append("")
+        lines += _run_notes(ran, (("mismatched", "copies not byte-identical"),
+                                  ("unreadable", "unreadable records"),
+                                  ("stale_refused", "stale-fence batches refused (409)"),
+                                  ("sink_failures", "failed batch attempts"),
+                                  ("failover_p99_s", "failover p99 (s)")))
     python = sinks.get("python") if isinstance(sinks.get("python"), dict) else {}
     if python.get("ratio_to_bare") is not None:
         lines += [f"No-op Python processor, one worker (throughput scenario, batches of up "
@@ -553,6 +533,22 @@ def sinks_md(r: dict[str, Any]) -> list[str]:
     if ddb.get("cost_error"):
         lines += [f"DynamoDB sink cost and latency: **{ddb['cost_error']}**", ""]
     return lines
+
+
+def _run_notes(ran: dict[str, dict[str, Any]], figures: tuple[tuple[str, str], ...]) -> list[str]:
+    """Per chaos run of a sink or an upstream mode, its non-zero ``figures`` and its
+    workers' exits and logged warnings, one line each."""
+    lines = []
+    for name, k in ran.items():
+        notes = [f"{label} {_v(k[key])}" for key, label in figures
+                 if k.get(key) and (not isinstance(k[key], dict) or any(k[key].values()))]
+        if k.get("worker_exits"):
+            notes.append(f"workers that exited on their own: {len(k['worker_exits'])}")
+        if k.get("log_events"):
+            notes.append(f"warnings/errors logged: {_v(k['log_events'])}")
+        if notes:
+            lines.append(f"- {name}: " + "; ".join(notes))
+    return [*lines, ""]
 
 
 def upstreams_md(r: dict[str, Any]) -> list[str]:
@@ -588,24 +584,14 @@ def upstreams_md(r: dict[str, Any]) -> list[str]:
                                                               "lost_in_gaps"))
                          + f" | {'-' if share is None else f'{100 * share:.1f} %'} |")
         lines.append("")
-        for mode, k in ran.items():
-            notes = [f"{label} {_v(k[key])}" for key, label in (
-                ("mismatched", "copies not the feed's frame"),
-                ("seq_differs", "seqs not the feed's number"),
-                ("stale_accepted", "stale writes accepted"),
-                ("lost_outside_gaps", "lost outside a recorded gap"),
-                ("gap_ranges_wrong", "gap records whose missing range is wrong"),
-                ("upstream_gaps_counted", "gap records counted, by reason"),
-                ("malformed_frames", "malformed frames"),
-                ("failover_p99_s", "failover p99 (s)"))
-                if k.get(key) and (not isinstance(k[key], dict) or any(k[key].values()))]
-            if k.get("worker_exits"):
-                notes.append(f"workers that exited on their own: {len(k['worker_exits'])}")
-            if k.get("log_events"):
-                notes.append(f"warnings/errors logged: {_v(k['log_events'])}")
-            if notes:
-                lines.append(f"- {mode}: " + "; ".join(notes))
-        lines.append("")
+        lines += _run_notes(ran, (("mismatched", "copies not the feed's frame"),
+                                  ("seq_differs", "seqs not the feed's number"),
+                                  ("stale_accepted", "stale writes accepted"),
+                                  ("lost_outside_gaps", "lost outside a recorded gap"),
+                                  ("gap_ranges_wrong", "gap records whose missing range is wrong"),
+                                  ("upstream_gaps_counted", "gap records counted, by reason"),
+                                  ("malformed_frames", "malformed frames"),
+                                  ("failover_p99_s", "failover p99 (s)")))
     t = u.get("profile_throughput") if isinstance(u.get("profile_throughput"), dict) else {}
     if t:
         rate, cpu = t.get("msgs_per_s") or {}, t.get("msgs_per_cpu_s") or {}
@@ -847,8 +833,8 @@ def change_feed_md(r: dict[str, Any]) -> list[str]:
 
     def row(label: str, key: str, target: str, fmt: Any = _s) -> None:
         lines.append(f"| {label} | `change_feed.{key}` | "
-                     f"{fmt(_get(off, key)) if off else 'not run'} | "
-                     f"{fmt(_get(on, key)) if on else 'not run'} | {target} |")
+                     f"{fmt(get_path(off, key)) if off else 'not run'} | "
+                     f"{fmt(get_path(on, key)) if on else 'not run'} | {target} |")
 
     for key, label, target, _bound in CHANGE_FEED_TARGETS:
         row(label, key, target, _s if key.endswith("_p99") else _v)

@@ -24,24 +24,20 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
 import aioboto3
 
-from loadtest.common import Server, worker_child
-from loadtest.fleet import free_port, parse_metrics, pct
+from loadtest.common import Tables, local_store, worker_child
+from loadtest.fleet import WorkerProc, pct, rounded
 from streamlease.config import DEFAULTS
-from streamlease.dev import local_aws_env
-from streamlease.dev.upstream import UpstreamServer
+from streamlease.dev.procs import free_port
+from streamlease.dev.upstream import UpstreamOptions, UpstreamServer
 from streamlease.store import codec
 from streamlease.store.dynamodb import connect_admin
 
@@ -69,14 +65,12 @@ class _Run:
     """One window: its tables, its worker, its streams."""
 
     def __init__(self, window: float, streams: int, upstream_url: str) -> None:
-        suffix = uuid.uuid4().hex[:8]
         self.window = window
-        self.tables = (f"sc-s-{suffix}", f"sc-e-{suffix}", f"sc-f-{suffix}")
+        self.tables = Tables.fresh("sc")
         self.ids = [f"w{str(window).replace('.', 'p')}-s{i}" for i in range(1, streams + 1)]
         self.upstream_url = upstream_url
         self.port = free_port()
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.metrics: dict[str, float] = {}
+        self.worker: WorkerProc | None = None
 
     async def prepare(self) -> None:
         async with connect_admin(*self.tables) as stores:
@@ -85,10 +79,8 @@ class _Run:
                 await stores.admin.put_started(sid, f"{self.upstream_url}/streams/{sid}")
 
     def start(self, env: dict[str, str], log: Path) -> None:
-        table, events, fleet = self.tables
         worker_env = {
-            **env, "STREAMLEASE_TABLE": table, "STREAMLEASE_EVENTS_TABLE": events,
-            "STREAMLEASE_FLEET_TABLE": fleet, "STREAMLEASE_WORKER_ID": f"cost-{self.window}",
+            **env, **self.tables.env(), "STREAMLEASE_WORKER_ID": f"cost-{self.window}",
             "STREAMLEASE_METRICS_PORT": str(self.port),
             "STREAMLEASE_METRICS_ADDRESS": "127.0.0.1",
             "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
@@ -96,17 +88,12 @@ class _Run:
             "STREAMLEASE_RECONCILE_SECONDS": "0.5", "STREAMLEASE_SHUTDOWN_SECONDS": "10",
             "STREAMLEASE_BATCH_MAX_SECONDS": repr(self.window),
         }
-        self.popen = worker_child(f"cost-{self.window}",
-                                  [sys.executable, "-m", "streamlease", "run"],
-                                  worker_env, log).popen
+        popen = worker_child(f"cost-{self.window}", [sys.executable, "-m", "streamlease", "run"],
+                             worker_env, log).popen
+        self.worker = WorkerProc(f"cost-{self.window}", popen, self.port, log)
 
-    def scrape(self) -> None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
-                                        timeout=2) as resp:
-                self.metrics = parse_metrics(resp.read().decode())
-        except OSError:
-            pass
+    def metrics(self) -> dict[str, float]:
+        return self.worker.metrics if self.worker is not None else {}
 
     async def delivering(self) -> bool:
         async with connect_admin(*self.tables) as stores:
@@ -114,15 +101,10 @@ class _Run:
         return all(r is not None and (r.last_seq or 0) > 0 for r in records)
 
     async def stop(self) -> None:
-        if self.popen is None:
-            return
-        self.scrape()
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(self.popen.wait, 30)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            await asyncio.to_thread(self.popen.wait, 10)
+        if self.worker is not None:
+            self.worker.scrape()
+            self.worker.signal_stop(signal.SIGTERM)
+            await self.worker.wait(30)
 
     async def items(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
         """Each stream's events items in seq order, and its streams item's size."""
@@ -168,7 +150,7 @@ def _analyse(run: _Run, items: dict[str, list[dict[str, Any]]], stream_sizes: di
             transactions += 1
             latencies.extend(max(0.0, at_s - (produced_at + f.seq / rate)) for f in frames)
     written = sum(len(v) for v in items.values())
-    counted = run.metrics.get('streamlease_dynamodb_requests_total{operation='
+    counted = run.metrics().get('streamlease_dynamodb_requests_total{operation='
                               '"transact_write_items",outcome="ok"}')
     per_message = wru / messages if messages else float("nan")
     return {
@@ -179,18 +161,14 @@ def _analyse(run: _Run, items: dict[str, list[dict[str, Any]]], stream_sizes: di
         "messages_per_transaction": round(messages / transactions, 2) if transactions else None,
         "wru_per_message": round(per_message, 3),
         "cost_per_stream_month_1hz": round(month_usd(per_message), 2),
-        "latency_p50_s": _round(pct(latencies, 50)),
-        "latency_p99_s": _round(pct(latencies, 99)),
-        "latency_max_s": _round(max(latencies, default=None)),
+        "latency_p50_s": rounded(pct(latencies, 50), 3),
+        "latency_p99_s": rounded(pct(latencies, 99), 3),
+        "latency_max_s": rounded(max(latencies, default=None), 3),
         "events_items_written": written,
         # All of them, counted by the worker before its drain (the drain writes one more
         # a stream): one events item a transaction at this rate.
         "worker_sink_transactions": None if counted is None else int(counted),
     }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 async def measure_sink_cost(windows: tuple[float, ...] = WINDOWS, streams: int = 4,
@@ -203,45 +181,38 @@ async def measure_sink_cost(windows: tuple[float, ...] = WINDOWS, streams: int =
         windows = (*windows, DEFAULT_WINDOW)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="sink-cost-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    ddb = Server("dynamodb", "--port", "0")
-    saved = dict(os.environ)
     runs: list[_Run] = []
     started = time.monotonic()
-    try:
-        local = local_aws_env(ddb.url)
-        os.environ.update(local)
-        env = {**saved, **local}
-        async with UpstreamServer(streams=0, rate=rate) as upstream:
-            # The upstream's clock starts as it starts: seq N is produced N / rate later.
-            produced_at = time.time()
-            runs = [_Run(w, streams, upstream.base_url) for w in windows]
-            for run in runs:  # one at a time: the embedded server serialises table creation
-                await run.prepare()
+    with local_store() as env:
+        try:
+            async with UpstreamServer(UpstreamOptions(streams=0, rate=rate)) as upstream:
+                # The upstream's clock starts as it starts: seq N is produced N / rate later.
+                produced_at = time.time()
+                runs = [_Run(w, streams, upstream.base_url) for w in windows]
+                for run in runs:  # one at a time: the embedded server serialises table creation
+                    await run.prepare()
+                for run in runs:
+                    run.start(env, log_dir / f"worker-{run.window}.log")
+                deadline = time.monotonic() + 30
+                for run in runs:
+                    while not await run.delivering():
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"window {run.window}: streams not delivering "
+                                               f"after 30 s (logs in {log_dir})")
+                        await asyncio.sleep(0.5)
+                # The replay of what the upstream produced before the workers came is behind
+                # them once every stream delivered and a window has passed.
+                since = time.time() + max(windows)
+                await asyncio.sleep(max(windows) + seconds)
+                await asyncio.gather(*(run.stop() for run in runs))
+                results = []
+                for run in runs:
+                    items, sizes = await run.items()
+                    results.append(_analyse(run, items, sizes, produced_at, rate, since))
+        finally:
             for run in runs:
-                run.start(env, log_dir / f"worker-{run.window}.log")
-            deadline = time.monotonic() + 30
-            for run in runs:
-                while not await run.delivering():
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"window {run.window}: streams not delivering "
-                                           f"after 30 s (logs in {log_dir})")
-                    await asyncio.sleep(0.5)
-            # The replay of what the upstream produced before the workers came is behind
-            # them once every stream delivered and a window has passed.
-            since = time.time() + max(windows)
-            await asyncio.sleep(max(windows) + seconds)
-            await asyncio.gather(*(run.stop() for run in runs))
-            results = []
-            for run in runs:
-                items, sizes = await run.items()
-                results.append(_analyse(run, items, sizes, produced_at, rate, since))
-    finally:
-        for run in runs:
-            if run.popen is not None and run.popen.poll() is None:
-                run.popen.kill()
-        ddb.stop()
-        os.environ.clear()
-        os.environ.update(saved)
+                if run.worker is not None:
+                    run.worker.signal_stop()
     default = next(r for r in results if r["window_s"] == DEFAULT_WINDOW)
     return {
         "cost_per_stream_month_1hz": default["cost_per_stream_month_1hz"],

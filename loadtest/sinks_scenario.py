@@ -40,15 +40,14 @@ Destinations and how each is read:
 
 A sink whose server cannot start here (no PostgreSQL binaries, no moto) is reported with
 ``skipped`` and its reason. The ``dynamodb`` section also gets the cost and latency figures
-of ``loadtest.sink_cost`` when that module exists (``dynamodb_cost``).
+of ``loadtest.sink_cost``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
-import importlib
-import inspect
 import itertools
 import json
 import os
@@ -60,19 +59,17 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from loadtest.common import choose_names
-from loadtest.fleet import ROOT, Fleet
-from streamlease.core.sinks import EXACTLY_ONCE
+from loadtest.audit import exactly_once, sink_kind
+from loadtest.common import PROFILES, choose_names, timing_env
+from loadtest.fleet import ROOT, Context, short_chaos_run
+from loadtest.sink_cost import measure_sink_cost
 from streamlease.dev.upstream import frame_for
-
-if TYPE_CHECKING:
-    from loadtest.chaos import Context
 
 SINKS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "python")
 OPTIONAL_SINKS = ("sqs_fifo",)
-# Per sink: a small fleet at the small profile's timings (see loadtest.chaos.timing_env).
+# Per sink: a small fleet at the small profile's timings (``loadtest.common.timing_env``).
 SINK_RUN: dict[str, Any] = {"streams": 6, "rate": 10.0, "workers": 3, "gap": 4.0,
                             "settle_timeout": 20.0}
 # moto's SQS receive costs time in proportion to the queue's length: at the full rate the
@@ -86,17 +83,8 @@ GUARANTEES = {
 }
 
 
-def kind_of(name: str) -> str:
-    """The sink kind of a scenario sink name (``sqs_fifo`` is an ``sqs`` sink)."""
-    return name.split("_", 1)[0]
-
-
 def guarantee(name: str) -> str:
     return GUARANTEES.get(name, "at least once")
-
-
-def exactly_once(name: str) -> bool:
-    return kind_of(name) in EXACTLY_ONCE
 
 
 # -- the audit (pure) ------------------------------------------------------------------------
@@ -470,29 +458,7 @@ DESTINATIONS: dict[str, Callable[[Servers], Awaitable[Destination]]] = {
 # -- the run ---------------------------------------------------------------------------------
 
 
-def _victim(fleet: Fleet, exclude: str | None = None) -> str | None:
-    holders = sorted(n for n, held in fleet.counts().items() if held and n != exclude)
-    choices = holders or sorted(n for n in fleet.workers if n != exclude)
-    return fleet.rng.choice(choices) if choices else None
-
-
-async def sink_chaos(fleet: Fleet, p: dict[str, Any], gap: float) -> None:
-    """kill -9 (replaced), SIGSTOP past the lease then SIGCONT, a new worker and SIGTERM
-    of an old one: each of a worker holding streams, ``gap`` seconds apart."""
-    from loadtest.chaos import kill_and_pause  # (chaos imports this module)
-
-    await kill_and_pause(fleet, p, gap)
-    fleet.start_worker()
-    await asyncio.sleep(p["reconcile"] * 2)
-    victim = _victim(fleet, exclude=f"w{fleet.counter}")
-    if victim is not None:
-        await fleet.sigterm(victim, wait_s=30)
-    await asyncio.sleep(gap)
-
-
 async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
-    from loadtest.chaos import PROFILES, timing_env
-
     p = PROFILES["small"]
     destination = None
     if name != "dynamodb":
@@ -510,18 +476,7 @@ async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
     try:
         async with ctx.fleet(f"sinks_{name}", streams=run["streams"], rate=run["rate"],
                              worker_env=env) as fleet:
-            for _ in range(run["workers"]):
-                fleet.start_worker()
-            print(f"sinks: {name}: {run['streams']} streams x {run['rate']:g} msg/s, "
-                  f"{run['workers']} workers", flush=True)
-            settled = await fleet.wait_until(
-                lambda: fleet.held_total() == run["streams"]
-                and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
-            started = fleet.now()
-            await sink_chaos(fleet, p, run["gap"])
-            chaos_s = fleet.now() - started
-            fleet.scrape_all()
-            await fleet.stop_all()
+            figures = await short_chaos_run(fleet, run, p, f"sinks: {name}:")
             assert fleet.store is not None
             checkpoints = {r.stream_id: r.last_seq or 0 for r in await fleet.store.list_streams()}
             if destination is None:
@@ -538,17 +493,12 @@ async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
                 if reader is not None:
                     await reader  # read() stopped it; an error of its own is raised here
                 found = {**audit_deliveries(checkpoints, deliveries), **destination.extra()}
-            sink_label = f'{{sink="{kind_of(name)}"}}'
+            sink_label = f'{{sink="{sink_kind(name)}"}}'
             return {
                 "guarantee": guarantee(name),
                 "exactly_once": exactly_once(name),
                 **found,
-                "settled_s": None if settled is None else round(settled, 2),
-                "chaos_seconds": round(chaos_s, 1),
-                "streams": run["streams"], "rate": run["rate"], "workers": run["workers"],
-                "faults": fleet.fault_list(),
-                "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
-                                                                           "sigterm")},
+                **figures,
                 "sink_failures": int(fleet.total(f"streamlease_sink_failures_total{sink_label}")),
                 "worker_exits": fleet.exits,
                 "log_events": fleet.log_events(),
@@ -556,23 +506,6 @@ async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
     finally:
         if reader is not None and not reader.done():
             reader.cancel()
-
-
-async def dynamodb_cost(ctx: Context) -> dict[str, Any] | None:
-    """The DynamoDB sink's cost and latency figures (``cost_per_stream_month_1hz``,
-    ``added_latency_s``, ``curve``: ``loadtest.sink_cost.measure_sink_cost``, about 45 s
-    on the embedded DynamoDB), when that module exists; None when it does not."""
-    try:
-        module = importlib.import_module("loadtest.sink_cost")
-    except ModuleNotFoundError as exc:
-        if exc.name != "loadtest.sink_cost":
-            raise
-        return None
-    measure = module.measure_sink_cost
-    kwargs = {"log_dir": ctx.log_root / "sink_cost"} \
-        if "log_dir" in inspect.signature(measure).parameters else {}
-    print("sinks: dynamodb cost and added latency per batch window ...", flush=True)
-    return dict(await measure(**kwargs))
 
 
 async def run_sinks(ctx: Context) -> dict[str, Any]:
@@ -595,12 +528,12 @@ async def run_sinks(ctx: Context) -> dict[str, Any]:
                                                        "out_of_order"))), flush=True)
     if "dynamodb" in names:
         try:
-            cost = await dynamodb_cost(ctx)
+            print("sinks: dynamodb cost and added latency per batch window ...", flush=True)
+            cost = await measure_sink_cost(log_dir=ctx.log_root / "sink_cost")
         except Exception as exc:
             traceback.print_exc()
             cost = {"cost_error": f"{type(exc).__name__}: {exc}"}
-        if cost:
-            sections["dynamodb"].update(cost)
+        sections["dynamodb"].update(cost)
     out: dict[str, Any] = {"sinks": sections}
     if failed:
         out["error"] = f"sink run(s) failed: {', '.join(failed)}"
@@ -611,3 +544,12 @@ def parse_sinks(text: str) -> list[str]:
     """``--sinks``: comma-separated names, ``all`` (with the optional ones) or
     ``default``."""
     return choose_names(text, (*SINKS, *OPTIONAL_SINKS), "sink", default=SINKS)
+
+
+def add_arguments(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--sinks", type=parse_sinks,
+                   default=list(SINKS),
+                   help=f"sinks of the sinks scenario, comma-separated from "
+                        f"{', '.join(SINKS + OPTIONAL_SINKS)}; "
+                        "'default' (all but "
+                        f"{', '.join(OPTIONAL_SINKS)}) or 'all'")

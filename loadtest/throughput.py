@@ -1,4 +1,5 @@
-"""Throughput, CPU and memory phases of the benchmark (see loadtest/chaos.py).
+"""The ``throughput`` and ``tracing`` scenarios: throughput, CPU and memory of one worker, in
+phases; and what tracing costs it.
 
 * ``null_sink``: one process pumping backlogged streams with the worker's Pump into a sink
   that drops everything: the pump's own ceiling.
@@ -16,49 +17,40 @@
   TCP connections it keeps open to DynamoDB and to the upstream.
 
 Each phase runs alone, one after the other, against the same upstream process.
+
+``tracing``: one worker replaying the same backlog into the no-op Python processor (the
+``python_processor`` phase) with tracing off and on (default sampling, exporting to a
+receiver on loopback, ``loadtest.otlp``), alternating off, on, on, off so a drift of the
+machine's load cancels out: ``tracing.throughput_ratio`` = on / off (target >= 0.95). The
+chaos run's linked hand-offs (``tracing.handoffs_linked``) are ``loadtest.audit``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import statistics
 import sys
 import time
-import urllib.request
-import uuid
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadtest.common import Server, death_signal
-from streamlease.store.dynamodb import connect_admin
+from loadtest.common import Server, death_signal, local_store
+from loadtest.fleet import (
+    PYTHON_PROCESSOR_ENV,
+    Context,
+    python_processor_env,
+    rss_bytes,
+    scrape_metrics,
+    solo_worker,
+    worker_phase,
+)
+from loadtest.otlp import Receiver
+from streamlease.dev.procs import free_port
 
 BACKLOG = 400_000
 IDLE_STREAMS = 200
-ROOT = Path(__file__).resolve().parent.parent
-# The no-op processor's phase: the largest batches the worker allows, cut at most once a
-# second, so the checkpoint writes (one a batch) stay far below the store's limit.
-PYTHON_PROCESSOR_ENV = {"STREAMLEASE_SINK": "python:loadtest.processors:make",
-                        "STREAMLEASE_BATCH_MAX_MESSAGES": "1000",
-                        "STREAMLEASE_BATCH_MAX_SECONDS": "1"}
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _tcp_peer_ports(pid: int) -> dict[int, int]:
@@ -83,20 +75,6 @@ def _tcp_peer_ports(pid: int) -> dict[int, int]:
     return peers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _scrape(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
-
-
 async def _child(mode: str, urls: list[str], seconds: float) -> float:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "loadtest.reader", mode, str(seconds), *urls,
@@ -105,95 +83,34 @@ async def _child(mode: str, urls: list[str], seconds: float) -> float:
     return float(json.loads(out)["msgs_per_s"])
 
 
-async def _worker_phase(env: dict[str, str], upstream: str, streams: int, seconds: float,
-                        extra: dict[str, str], wait_for: int, feed: str = "streams",
-                        profile: str | None = None) -> dict[str, float]:
-    """Run one worker over ``streams`` fresh streams (the upstream's ``/<feed>/<id>``, items
-    naming ``profile`` when given); delivered msgs/s, CPU, RSS."""
-    suffix = uuid.uuid4().hex[:8]
-    table, events = f"tp-s-{suffix}", f"tp-e-{suffix}"
-    async with connect_admin(table, events, f"tp-f-{suffix}") as stores:
-        store = stores.admin
-        await store.create_tables()
-        for i in range(streams):
-            await store.put_started(f"t{i:04d}", f"{upstream}/{feed}/t{i:04d}", profile)
-        worker_env = {**env, "STREAMLEASE_TABLE": table, "STREAMLEASE_EVENTS_TABLE": events,
-                      "STREAMLEASE_FLEET_TABLE": f"tp-f-{suffix}",
-                      "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1:",
-                      "STREAMLEASE_METRICS_PORT": "0", "STREAMLEASE_WORKER_ID": "bench",
-                      "STREAMLEASE_LOG_LEVEL": "WARNING",
-                      "STREAMLEASE_ACQUIRE_PER_CYCLE": str(max(10, streams)), **extra}
-        worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "streamlease", "run",
-                                                      env=worker_env, preexec_fn=death_signal())
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                records = await store.list_streams()
-                if sum(1 for r in records if (r.last_seq or 0) > 0) >= wait_for:
-                    break
-                await asyncio.sleep(0.5)
-            start = sum(r.last_seq or 0 for r in await store.list_streams())
-            cpu0, t0 = _cpu_seconds(worker.pid), time.perf_counter()
-            await asyncio.sleep(seconds)
-            end = sum(r.last_seq or 0 for r in await store.list_streams())
-            elapsed = time.perf_counter() - t0
-            cpu = _cpu_seconds(worker.pid) - cpu0
-            rss = _rss_bytes(worker.pid)
-        finally:
-            worker.terminate()
-            await worker.wait()
-    return {"msgs_per_s": (end - start) / elapsed, "cpu_s": cpu, "messages": end - start,
-            "rss": rss, "elapsed": elapsed}
-
-
-async def _idle_phase(env: dict[str, str], upstream: str, streams: int, settle_s: float,
-                      command: list[str] | None = None) -> dict[str, Any]:
+async def _idle_phase(env: dict[str, str], upstream: str, streams: int,
+                      settle_s: float) -> dict[str, Any]:
     """One worker holding ``streams`` streams of an upstream that sends nothing, at the
     default lease, heartbeat and batch settings: resident memory once every stream is
     connected and has renewed a few times, and the worker's open TCP connections."""
-    suffix = uuid.uuid4().hex[:8]
-    table, events = f"idle-s-{suffix}", f"idle-e-{suffix}"
-    port = _free_port()
-    async with connect_admin(table, events, f"idle-f-{suffix}") as stores:
-        store = stores.admin
-        await store.create_tables()
-        for i in range(streams):
-            await store.put_started(f"i{i:04d}", f"{upstream}/streams/i{i:04d}")
-        worker_env = {**env, "STREAMLEASE_TABLE": table, "STREAMLEASE_EVENTS_TABLE": events,
-                      "STREAMLEASE_FLEET_TABLE": f"idle-f-{suffix}",
-                      "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1",
-                      "STREAMLEASE_METRICS_PORT": str(port), "STREAMLEASE_WORKER_ID": "idle",
-                      "STREAMLEASE_LOG_LEVEL": "WARNING",
-                      "STREAMLEASE_MAX_STREAMS": str(max(1, streams)),
-                      # Room for every stream's worst case at the default frame cap.
-                      "STREAMLEASE_BUFFER_BUDGET_BYTES": str(max(1, streams) * 4 * 2**20),
-                      "STREAMLEASE_ACQUIRE_PER_CYCLE": str(max(10, streams))}
-        worker = await asyncio.create_subprocess_exec(
-            *(command or [sys.executable, "-m", "streamlease", "run"]), env=worker_env,
-            preexec_fn=death_signal())
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    connected = await asyncio.to_thread(
-                        _scrape, port, "streamlease_upstream_connected_streams")
-                except OSError:
-                    connected = -1.0
-                if connected >= streams:
-                    break
-                if time.monotonic() > deadline or worker.returncode is not None:
-                    raise RuntimeError(f"idle phase: {connected:g} of {streams} connected")
-                await asyncio.sleep(0.5)
-            await asyncio.sleep(settle_s)
-            samples = []
-            for _ in range(5):
-                samples.append(_rss_bytes(worker.pid))
-                await asyncio.sleep(1.0)
-            peers = _tcp_peer_ports(worker.pid)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                worker.terminate()
-            await worker.wait()
+    port = free_port()
+    settings = {**env, "STREAMLEASE_ALLOWED_URLS": "ws://127.0.0.1",
+                "STREAMLEASE_METRICS_PORT": str(port),
+                "STREAMLEASE_MAX_STREAMS": str(max(1, streams)),
+                # Room for every stream's worst case at the default frame cap.
+                "STREAMLEASE_BUFFER_BUDGET_BYTES": str(max(1, streams) * 4 * 2**20)}
+    async with solo_worker(settings, upstream, streams, "idle") as (_, worker):
+        deadline = time.monotonic() + 120
+        while True:
+            found = await asyncio.to_thread(scrape_metrics, port, 5.0)
+            connected = -1.0 if found is None else \
+                found.get("streamlease_upstream_connected_streams", 0.0)
+            if connected >= streams:
+                break
+            if time.monotonic() > deadline or worker.returncode is not None:
+                raise RuntimeError(f"idle phase: {connected:g} of {streams} connected")
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(settle_s)
+        samples = []
+        for _ in range(5):
+            samples.append(rss_bytes(worker.pid))
+            await asyncio.sleep(1.0)
+        peers = _tcp_peer_ports(worker.pid)
     dynamodb_port = urlsplit(env.get("AWS_ENDPOINT_URL_DYNAMODB", "")).port
     upstream_port = urlsplit(upstream).port
     return {"rss": statistics.median(samples),
@@ -220,8 +137,12 @@ async def measure_idle_memory(env: dict[str, str], streams: int = IDLE_STREAMS,
     }
 
 
-async def measure_throughput(_chaos_upstream: str, env: dict[str, str],
-                             quick: bool) -> dict[str, Any]:
+async def run_throughput(ctx: Context) -> dict[str, Any]:
+    with local_store(ctx.args.dynamodb) as env:
+        return await measure_throughput(env, ctx.args.quick)
+
+
+async def measure_throughput(env: dict[str, str], quick: bool) -> dict[str, Any]:
     seconds = 5.0 if quick else 15.0
     streams = 10
     backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
@@ -237,15 +158,14 @@ async def measure_throughput(_chaos_upstream: str, env: dict[str, str],
             raise RuntimeError(f"a reading phase delivered nothing (null sink {null_sink:.0f}, "
                                f"bare client {bare:.0f} msg/s): see its output above")
         print("throughput: fenced sink (one worker) ...", flush=True)
-        fenced = await _worker_phase(env, backlog.url, streams, seconds, {}, streams)
+        fenced = await worker_phase(env, backlog.url, streams, seconds)
         print("throughput: no-op Python processor (one worker) ...", flush=True)
-        path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-        python = await _worker_phase(env, backlog.url, streams, seconds,
-                                     {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path}, streams)
+        python = await worker_phase({**env, **python_processor_env(env)}, backlog.url,
+                                    streams, seconds)
         print("cpu: 100 slow streams ...", flush=True)
         quiet = {"STREAMLEASE_LEASE_SECONDS": "20", "STREAMLEASE_HEARTBEAT_SECONDS": "5",
                  "STREAMLEASE_BATCH_MAX_SECONDS": "2"}
-        busy = await _worker_phase(env, slow.url, 100, seconds, quiet, 100)
+        busy = await worker_phase({**env, **quiet}, slow.url, 100, seconds)
         print(f"memory: a worker holding none, then {IDLE_STREAMS} idle streams ...",
               flush=True)
         memory = await measure_idle_memory(env)
@@ -274,17 +194,79 @@ async def measure_throughput(_chaos_upstream: str, env: dict[str, str],
     }
 
 
+# -- the tracing scenario: throughput with tracing on / off ---------------------------------
+
+# Backlogged streams, seconds per phase, phase order.
+COST_STREAMS = 10
+COST_SECONDS = 10.0
+COST_BACKLOG = 400_000
+COST_ORDER = ("off", "on", "on", "off")
+
+
+def without_otel(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without any ``OTEL_*`` variable: tracing off, whatever the caller set."""
+    return {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+
+
+async def run_tracing(ctx: Context) -> dict[str, Any]:
+    with local_store(ctx.args.dynamodb) as env:
+        return await measure_tracing_cost(env, ctx.args.quick)
+
+
+async def measure_tracing_cost(env: dict[str, str], quick: bool) -> dict[str, Any]:
+    """One worker, the no-op Python processor, the same backlog: delivered msgs/s with
+    tracing off and on (default sampling), in ``COST_ORDER``."""
+    seconds = 4.0 if quick else COST_SECONDS
+    base = {**without_otel(env), **python_processor_env(env)}
+    backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
+                     "--initial-backlog", str(COST_BACKLOG))
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [0.0, 0.0], "on": [0.0, 0.0]}  # msgs, CPU s
+    spans_per_run: list[int] = []
+    load_before = os.getloadavg()[0]
+    try:
+        with Receiver() as receiver:
+            for i, mode in enumerate(COST_ORDER):
+                print(f"tracing: no-op processor, tracing {mode} ({i + 1}/{len(COST_ORDER)}) "
+                      "...", flush=True)
+                before = len(receiver.spans())
+                # The SDK's default batch delay: what a deployment runs with.
+                phase_env = {**base, **receiver.env(None)} if mode == "on" else base
+                found = await worker_phase(phase_env, backlog.url, COST_STREAMS, seconds)
+                rates[mode].append(found["msgs_per_s"])
+                cpu[mode][0] += found["messages"]
+                cpu[mode][1] += found["cpu_s"]
+                if mode == "on":
+                    spans_per_run.append(len(receiver.spans()) - before)
+            names = sorted({s.what for s in receiver.spans()})
+    finally:
+        backlog.stop()
+    if not all(spans_per_run):
+        raise RuntimeError(f"a run with tracing on exported no span ({spans_per_run}): the "
+                           "ratio would compare tracing off with itself")
+    mean = {m: sum(v) / len(v) for m, v in rates.items()}
+    per_cpu = {m: msgs / s if s else 0.0 for m, (msgs, s) in cpu.items()}
+    return {"tracing": {
+        "throughput_ratio": round(mean["on"] / mean["off"], 3) if mean["off"] else None,
+        "throughput": {
+            "msgs_per_s": {m: round(v) for m, v in mean.items()},
+            "runs": {m: [round(x) for x in v] for m, v in rates.items()},
+            "order": list(COST_ORDER),
+            "msgs_per_cpu_s": {m: round(v) for m, v in per_cpu.items()},
+            "cpu_ratio": round(per_cpu["on"] / per_cpu["off"], 3) if per_cpu["off"] else None,
+            "spans_per_run_on": spans_per_run, "span_names": names,
+            "sampler": "parentbased_always_on (the default)",
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "streams": COST_STREAMS, "seconds": seconds,
+            "sink": PYTHON_PROCESSOR_ENV["STREAMLEASE_SINK"],
+        }}}
+
+
 async def _main(streams: int) -> None:
     """``python -m loadtest.throughput [STREAMS]``: the idle-memory phase alone, on an
     embedded DynamoDB; prints its figures as JSON."""
-    from streamlease.dev import local_aws_env
-
-    ddb = Server("dynamodb", "--port", "0")
-    try:
-        os.environ.update(local_aws_env(ddb.url))
-        print(json.dumps(await measure_idle_memory(dict(os.environ), streams), indent=2))
-    finally:
-        ddb.stop()
+    with local_store() as env:
+        print(json.dumps(await measure_idle_memory(env, streams), indent=2))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ For each resume mode (``--upstream-modes``; by default ``MODES``) a fleet of its
 
 Once every stream delivers: the upstream drops a few streams' connections, then kill -9
 of a worker holding streams (a new one replaces it), SIGSTOP of one past its lease then
-SIGCONT, a new worker and SIGTERM of an old one (``loadtest.sinks_scenario.sink_chaos``);
+SIGCONT, a new worker and SIGTERM of an old one (``loadtest.fleet.short_chaos``);
 then every worker is stopped and each stream's events are read back (``audit_feed``). A
 delivered message is the feed's own frame (the text of a JSON frame, the bytes of a binary
 one): its number ``n`` is the upstream's (``mode_seq``), and it must be byte-identical to
@@ -37,7 +37,7 @@ one): its number ``n`` is the upstream's (``mode_seq``), and it must be byte-ide
   numbers between its neighbours (feeds that number their messages only).
 
 ``profile_ratio``: one worker (one process) replaying the same backlog of 10 streams into a
-no-op Python processor (``loadtest.throughput.PYTHON_PROCESSOR_ENV``, so the store is not
+no-op Python processor (``loadtest.fleet.PYTHON_PROCESSOR_ENV``, so the store is not
 the limit), once on ``/gateway/`` with the ``gateway`` profile (identify, a nested sequence
 number, keepalive acks skipped) and once on ``/streams/`` with the built-in profile,
 alternating over ``PROFILE_ROUNDS`` rounds: delivered messages/s of the profile over the
@@ -47,7 +47,7 @@ feed sends a heartbeat after every 5 data frames.
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import itertools
 import json
 import os
@@ -57,16 +57,20 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from loadtest.common import Server, choose_names
-from loadtest.fleet import ROOT, Fleet, get
+from loadtest.common import PROFILES, Server, choose_names, local_store, timing_env
+from loadtest.fleet import (
+    PYTHON_PROCESSOR_ENV,
+    ROOT,
+    Context,
+    Fleet,
+    python_processor_env,
+    short_chaos_run,
+    worker_phase,
+)
 from streamlease.core.upstream import binary_payload, gap_body
-from streamlease.dev import local_aws_env
 from streamlease.dev.upstream import mode_frame, mode_seq
-
-if TYPE_CHECKING:
-    from loadtest.chaos import Context
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ seq = "/seq"
 skip = { "/type" = ["heartbeat"] }
 """
 TOKEN = "loadtest-feed-token"
-# Per mode: a small fleet at the small profile's timings (see loadtest.chaos.timing_env).
+# Per mode: a small fleet at the small profile's timings (``loadtest.common.timing_env``).
 UPSTREAM_RUN: dict[str, Any] = {"streams": 12, "rate": 10.0, "workers": 3, "gap": 4.0,
                                 "settle_timeout": 25.0, "drops": 3}
 # profile_ratio: backlogged streams, seconds per phase, alternating rounds.
@@ -104,8 +108,6 @@ PROFILE_STREAMS = 10
 PROFILE_SECONDS = 8.0
 PROFILE_ROUNDS = 2
 PROFILE_BACKLOG = 400_000
-# Feeds that resume from a number the worker sends (a replay).
-REPLAYING = frozenset(name for name, feed in MODES.items() if feed.replays)
 
 
 # -- the audit (pure) ------------------------------------------------------------------------
@@ -192,19 +194,8 @@ def combine(audits: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def worker_env() -> dict[str, str]:
-    from loadtest.chaos import PROFILES, timing_env
-
     return {**timing_env(PROFILES["small"]), "STREAMLEASE_PROFILES": str(PROFILES_FILE),
             "FEED_TOKEN": TOKEN}
-
-
-async def drop_connections(fleet: Fleet, feed: str, count: int) -> None:
-    """The upstream closes ``count`` random streams' connections."""
-    for sid in fleet.rng.sample(sorted(fleet.ids), k=min(count, len(fleet.ids))):
-        fleet.fault("drop", None)
-        await asyncio.to_thread(
-            get, f"{fleet.upstream_url.replace('ws://', 'http://')}/control/drop"
-                 f"?stream={sid}&mode={feed}")
 
 
 async def read_back(fleet: Fleet, feed: Feed) -> dict[str, Any]:
@@ -220,30 +211,15 @@ async def read_back(fleet: Fleet, feed: Feed) -> dict[str, Any]:
 
 
 async def run_mode(ctx: Context, name: str) -> dict[str, Any]:
-    from loadtest.chaos import PROFILES
-    from loadtest.sinks_scenario import sink_chaos
-
     p = PROFILES["small"]
     feed = MODES[name]
     run = UPSTREAM_RUN
     async with ctx.fleet(f"upstreams_{name}", streams=run["streams"], rate=run["rate"],
                          worker_env=worker_env(), feed=feed.path, profile=feed.profile,
                          upstream_args=("--token", TOKEN)) as fleet:
-        for _ in range(run["workers"]):
-            fleet.start_worker()
-        print(f"upstreams: {name}: /{feed.path}/ with profile {feed.profile}, "
-              f"{run['streams']} streams x {run['rate']:g} msg/s, {run['workers']} workers",
-              flush=True)
-        settled = await fleet.wait_until(
-            lambda: fleet.held_total() == run["streams"]
-            and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
-        started = fleet.now()
-        await drop_connections(fleet, feed.path, run["drops"])
-        await asyncio.sleep(run["gap"] / 2)
-        await sink_chaos(fleet, p, run["gap"])
-        chaos_s = fleet.now() - started
-        fleet.scrape_all()
-        await fleet.stop_all()
+        figures = await short_chaos_run(
+            fleet, run, p, f"upstreams: {name}: /{feed.path}/ with profile {feed.profile},",
+            drop_feed=feed.path)
         found = await read_back(fleet, feed)
         total = fleet.total
         return {
@@ -252,12 +228,7 @@ async def run_mode(ctx: Context, name: str) -> dict[str, Any]:
             "what": feed.description,
             **found,
             "checkpointed": sum(fleet.checkpoints().values()),
-            "settled_s": None if settled is None else round(settled, 2),
-            "chaos_seconds": round(chaos_s, 1),
-            "streams": run["streams"], "rate": run["rate"], "workers": run["workers"],
-            "faults": fleet.fault_list(),
-            "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
-                                                                       "sigterm")},
+            **figures,
             "upstream_gaps_counted": {
                 r: int(total(f'streamlease_upstream_gaps_total{{reason="{r}"}}'))
                 for r in ("takeover", "reconnect")},
@@ -270,31 +241,21 @@ async def run_mode(ctx: Context, name: str) -> dict[str, Any]:
 # -- what a profile costs --------------------------------------------------------------------
 
 
-async def profile_throughput(ctx: Context) -> dict[str, Any]:
-    """Delivered msgs/s of one worker over the same backlog: the built-in profile on
-    ``/streams/``, ``gateway`` on ``/gateway/`` and ``subscribe`` on ``/subscribe/``,
-    alternating (see the module doc)."""
-    from loadtest.throughput import PYTHON_PROCESSOR_ENV, _worker_phase
-
-    quick = bool(getattr(ctx.args, "quick", False))
+async def profile_throughput(env: dict[str, str], quick: bool) -> dict[str, Any]:
+    """Delivered msgs/s of one worker (``env``) over the same backlog: the built-in
+    profile on ``/streams/``, ``gateway`` on ``/gateway/`` and ``subscribe`` on
+    ``/subscribe/``, alternating (see the module doc)."""
     seconds, rounds = (4.0, 1) if quick else (PROFILE_SECONDS, PROFILE_ROUNDS)
-    env = dict(os.environ)
-    ddb = None
-    if ctx.args.dynamodb == "embedded":
-        ddb = Server("dynamodb", "--port", "0")
-        env.update(local_aws_env(ddb.url))
-        os.environ.update(local_aws_env(ddb.url))
     backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
                      "--initial-backlog", str(PROFILE_BACKLOG), "--token", TOKEN)
-    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     # The example profiles plus one for the built-in feed itself (seq at /seq, a skip rule
     # that never matches): the same frames both ways, so it prices the profile machinery
     # alone, apart from the size of another feed's frames.
     scratch = tempfile.TemporaryDirectory(prefix="streamlease-profiles-")
     profiles_file = Path(scratch.name) / "profiles.toml"
     profiles_file.write_text(PROFILES_FILE.read_text() + SAME_FEED_PROFILE)
-    extra = {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path,
-             "STREAMLEASE_PROFILES": str(profiles_file), "FEED_TOKEN": TOKEN}
+    phase_env = {**env, **python_processor_env(env),
+                 "STREAMLEASE_PROFILES": str(profiles_file), "FEED_TOKEN": TOKEN}
     phases = (("streams", "streams", None), ("gateway", "gateway", "gateway"),
               ("subscribe", "subscribe", "subscribe"), ("same_feed", "streams", "same_feed"))
     rates: dict[str, list[float]] = {key: [] for key, _, _ in phases}
@@ -305,16 +266,14 @@ async def profile_throughput(ctx: Context) -> dict[str, Any]:
             for key, feed, profile in phases:
                 print(f"upstreams: throughput, /{feed}/ with profile "
                       f"{profile or 'streamlease (built-in)'}, round {i + 1} ...", flush=True)
-                found = await _worker_phase(env, backlog.url, PROFILE_STREAMS, seconds, extra,
-                                            PROFILE_STREAMS, feed=feed, profile=profile)
+                found = await worker_phase(phase_env, backlog.url, PROFILE_STREAMS, seconds,
+                                           feed=feed, profile=profile)
                 rates[key].append(found["msgs_per_s"])
                 work[key][0] += found["messages"]
                 work[key][1] += found["cpu_s"]
     finally:
         backlog.stop()
         scratch.cleanup()
-        if ddb is not None:
-            ddb.stop()
     mean = {feed: sum(v) / len(v) for feed, v in rates.items()}
     per_cpu = {feed: m / cpu if cpu else 0.0 for feed, (m, cpu) in work.items()}
 
@@ -361,7 +320,9 @@ async def run_upstreams(ctx: Context) -> dict[str, Any]:
                                         "gap_records", "lost_in_gaps", "loss_in_gaps"))),
               flush=True)
     try:
-        section.update(await profile_throughput(ctx))
+        with local_store(ctx.args.dynamodb) as env:
+            section.update(await profile_throughput(env, bool(getattr(ctx.args, "quick",
+                                                                      False))))
         print(f"upstreams: profile_ratio {section['profile_ratio']} (gateway / built-in), "
               f"subscribe {section['profile_ratio_subscribe']}; msg/s "
               f"{section['profile_throughput']['msgs_per_s']}", flush=True)
@@ -375,26 +336,13 @@ async def run_upstreams(ctx: Context) -> dict[str, Any]:
     return out
 
 
-# Per mode: what must be 0 (``lost`` only where the feed replays; ``lost_outside_gaps``
-# where it cannot).
-def correctness_keys(mode: str, section: dict[str, Any]) -> tuple[str, ...]:
-    keys = ("duplicated", "out_of_order", "stale_accepted", "mismatched")
-    replays = section.get("replays", mode in REPLAYING)
-    return (*keys, "lost") if replays else (*keys, "lost_outside_gaps")
-
-
-def correctness_failures(section: Any) -> dict[str, Any]:
-    """Every non-zero correctness figure of the ``upstreams`` section, by JSON key."""
-    bad: dict[str, Any] = {}
-    if not isinstance(section, dict):
-        return bad
-    for mode, found in section.items():
-        if isinstance(found, dict) and mode in MODES:
-            bad.update({f"upstreams.{mode}.{k}": found[k]
-                        for k in correctness_keys(mode, found) if found.get(k)})
-    return bad
-
-
 def parse_modes(text: str) -> list[str]:
     """``--upstream-modes``: comma-separated names, or ``all``."""
     return choose_names(text, list(MODES), "upstream mode")
+
+
+def add_arguments(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--upstream-modes", type=parse_modes,
+                   default=list(MODES),
+                   help="resume modes of the upstreams scenario, comma-separated from "
+                        f"{', '.join(MODES)}, or 'all' (the default)")

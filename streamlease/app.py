@@ -29,6 +29,7 @@ from streamlease import __version__
 from streamlease import health as http
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
+from streamlease.context import Context
 from streamlease.core.backends import LeaderBackendChoice, MongoTarget
 from streamlease.core.jobs import takeover_grace_ms
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
@@ -39,7 +40,7 @@ from streamlease.feed import ChangeFeed, FeedSettings
 from streamlease.health import HealthState
 from streamlease.jobs import JobRunner, JobSettings
 from streamlease.leader import LeaderBackend
-from streamlease.leadership import Leadership, LeadershipSettings
+from streamlease.leadership import Duty, Leadership, LeadershipSettings
 from streamlease.logs import CONTEXT, event, setup
 from streamlease.membership import SECOND_PASS_S, Hooks, Membership, MembershipSettings
 from streamlease.metrics import Metrics
@@ -50,9 +51,14 @@ from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.secrets import SecretResolver
 from streamlease.sinks import open_output
 from streamlease.store import dynamodb
-from streamlease.store.dynamodb.changefeed import ChangeFeedReader, open_streams_client
+from streamlease.store.dynamodb.changefeed import (
+    ChangeFeedReader,
+    FeedSource,
+    open_streams_client,
+)
 from streamlease.store.dynamodb.client import DynamoClient
-from streamlease.store.protocols import AdminStore, Sink, Stores
+from streamlease.store.feedcheckpoints import FeedCheckpointStore
+from streamlease.store.protocols import AdminStore, JobStore, Sink, Stores
 from streamlease.supervisor import SupervisorSettings
 from streamlease.tracing import OnBehalfReleases, setup_tracing, shutdown_tracing
 from streamlease.upstream import Upstreams, load_python_upstream
@@ -75,7 +81,7 @@ def resolve_worker_id(config: WorkerConfig) -> str:
     return default_worker_id()
 
 
-def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
+def build_settings(config: WorkerConfig) -> ReconcilerSettings:
     timings = config.timings
     call_timeout = max(1.0, min(10.0, timings.lease_s / 2))
     # A sink write is not bounded by the lease: the fence, not a timeout, keeps a late
@@ -99,7 +105,7 @@ def build_settings(config: WorkerConfig, owner: str) -> ReconcilerSettings:
         check_s=config.stream_check_s,
     )
     return ReconcilerSettings(
-        owner=owner, reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
+        reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
         max_streams=config.max_streams, acquire_per_cycle=config.acquire_per_cycle,
         supervisor=supervisor, stopped_check_s=timings.heartbeat_s,
         # Jittered +/-20 %: at most 1.92 leases apart, inside the two allowed.
@@ -123,10 +129,7 @@ class Runtime:
     asks of another is wired here."""
 
     config: WorkerConfig
-    owner: str
-    clock: Clock
-    metrics: Metrics
-    health: HealthState
+    ctx: Context
     stores: Stores
     membership: Membership
     reconciler: Reconciler
@@ -171,15 +174,17 @@ async def _start(config: WorkerConfig, owner: str, clock: Clock) -> int:
             print(f"streamlease: STREAMLEASE_METRICS_PORT: cannot listen on "
                   f"{config.metrics_port}: {exc}", file=sys.stderr)
             return 1
-    settings = build_settings(config, owner)
+    settings = build_settings(config)
     async with dynamodb.connect(
         config.table, config.events_table, config.fleet_table,
         # One sink transaction in flight per stream at most; the control plane has its
         # own pool, so heartbeats, renewals and releases never queue behind sink batches.
-        sink_connections=min(1000, config.max_streams + 10),
-        control_connections=min(200, config.acquire_per_cycle + 40),
-        observe=metrics.dynamodb_request, count_read=metrics.dynamodb_items_read,
-        call_timeout_s=settings.supervisor.call_timeout_s, events_ttl_s=config.events_ttl_s,
+        dynamodb.ConnectOptions(
+            sink_connections=min(1000, config.max_streams + 10),
+            control_connections=min(200, config.acquire_per_cycle + 40),
+            observe=metrics.dynamodb_request, count_read=metrics.dynamodb_items_read,
+            call_timeout_s=settings.supervisor.call_timeout_s,
+            events_ttl_s=config.events_ttl_s),
     ) as stores:
         # Fail fast, with a clear line, if the tables are missing or access is denied; a
         # store that is only slow or throttling gets a few attempts first.
@@ -191,21 +196,21 @@ async def _start(config: WorkerConfig, owner: str, clock: Clock) -> int:
                 feed_client(config, metrics, settings.supervisor.call_timeout_s) as streams:
             settings = dataclasses.replace(settings, supervisor=dataclasses.replace(
                 settings.supervisor, upstreams=upstreams))
-            runtime = build_runtime(config, owner, clock, metrics, health, stores, sink,
-                                    backend, settings, streams)
+            ctx = Context(owner, clock, metrics, stores.leases, sink, health)
+            runtime = build_runtime(config, ctx, stores, backend, settings, streams)
             await register(runtime.membership)
             health.renewed(MEMBER_HEALTH_KEY, clock.monotonic())
             return await _serve(runtime)
 
 
-def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metrics,
-                  health: HealthState, stores: Stores, sink: Sink, backend: LeaderBackend,
-                  settings: ReconcilerSettings,
-                  streams: DynamoClient | None = None) -> Runtime:
+def build_runtime(config: WorkerConfig, ctx: Context, stores: Stores, backend: LeaderBackend,
+                  settings: ReconcilerSettings, streams: DynamoClient | None = None) -> Runtime:
     """Wire the roles. Membership and the reconciler ask things of each other (the
     reconciler plans with the member view; membership stops every stream when the member
-    lapses), so membership's hooks reach the reconciler through the runtime once built."""
+    lapses), so membership's hooks reach the reconciler through the runtime once built.
+    The roles write to ``ctx``'s sink through a gate that follows the member heartbeat."""
     wired: list[Runtime] = []
+    owner, metrics, health = ctx.owner, ctx.metrics, ctx.health
 
     def reconciler() -> Reconciler | None:
         return wired[0].reconciler if wired else None
@@ -224,7 +229,7 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
         gate.heartbeat(outcome, seconds)
         r = reconciler()
         if r is not None and outcome is not HeartbeatOutcome.FENCED:
-            r.lease_health.record_call(outcome is HeartbeatOutcome.RENEWED, seconds)
+            r.lease_health.record(outcome, seconds)
 
     def on_reconciler(act: Callable[[Reconciler], None]) -> Callable[[], None]:
         def call() -> None:
@@ -236,7 +241,7 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
     membership = Membership(
         # A fencer's releases on a dead member's behalf leave their span's context on the
         # item, so the stream's next holder links to it (streamlease.tracing).
-        stores.fleet, OnBehalfReleases(stores.leases), clock, metrics,
+        dataclasses.replace(ctx, leases=OnBehalfReleases(stores.leases)), stores.fleet,
         MembershipSettings(owner, config.max_streams, member_timings(config),
                            fleet_view=config.fleet_view,
                            members_per_key=config.members_per_key),
@@ -251,16 +256,19 @@ def build_runtime(config: WorkerConfig, owner: str, clock: Clock, metrics: Metri
               orphans=lambda: wired[0].reconciler.orphans_seen() if wired else 0,
               notice=lambda notice: wired[0].reconciler.notice(notice) if wired else None,
               feed_resumed=on_reconciler(lambda r: r.feed_resumed())))
-    recon = Reconciler(stores.leases, PacedSink(sink, gate, metrics, config.sink.kind), clock,
-                       metrics, settings, membership, health=health)
+    ctx = dataclasses.replace(ctx, sink=PacedSink(ctx.sink, gate, metrics, config.sink.kind))
+    recon = Reconciler(ctx, settings, membership)
     recon.sweep.feed_live = membership.feed_live
-    feed = None
+    t = config.timings
+    duties: list[Duty] = [recon.sweep_duty, build_jobs(config, ctx, stores.jobs, membership).run]
     if streams is not None and stores.feed_checkpoints is not None:
-        feed = build_feed(config, streams, stores, clock, metrics, recon, membership)
-    leadership = build_leadership(config, owner, backend, stores, clock, metrics, recon,
-                                  membership, feed)
-    runtime = Runtime(config, owner, clock, metrics, health, stores, membership, recon,
-                      leadership)
+        duties.append(build_feed(config, ctx, streams, stores.feed_checkpoints, recon,
+                                 membership).duty)
+    leadership = Leadership(ctx, backend,
+                            LeadershipSettings(t.lease_s, t.heartbeat_s, t.safety_margin_s),
+                            duties, eligible=lambda: membership.accepting,
+                            urgent=membership.campaign_urgent)
+    runtime = Runtime(config, ctx, stores, membership, recon, leadership)
     wired.append(runtime)
     return runtime
 
@@ -336,44 +344,35 @@ async def feed_client(config: WorkerConfig, metrics: Metrics,
         yield client
 
 
-def build_feed(config: WorkerConfig, streams: DynamoClient, stores: Stores, clock: Clock,
-               metrics: Metrics, reconciler: Reconciler, membership: Membership) -> ChangeFeed:
+def build_feed(config: WorkerConfig, ctx: Context, streams: DynamoClient,
+               checkpoints: FeedCheckpointStore, reconciler: Reconciler,
+               membership: Membership) -> ChangeFeed:
     """The change feed, a leader duty: a reader under each leader term's fence."""
-    checkpoints = stores.feed_checkpoints
-    assert checkpoints is not None
-
-    def reader(fence: int) -> ChangeFeedReader:
-        return ChangeFeedReader(streams, config.table, checkpoints, fence, clock,
-                                metrics=metrics)
-
-    return ChangeFeed(reader, stores.leases, membership, reconciler.sweep.request, clock,
-                      metrics, FeedSettings(publish_timeout_s=config.timings.heartbeat_s),
-                      reconciler.stopping, follow=reconciler.sweep.follow)
+    source = FeedSource(streams, config.table, checkpoints, ctx.clock, metrics=ctx.metrics)
+    return ChangeFeed(ctx, lambda fence: ChangeFeedReader(source, fence), membership,
+                      reconciler.sweep, FeedSettings(publish_timeout_s=config.timings.heartbeat_s),
+                      reconciler.stopping)
 
 
-def build_leadership(config: WorkerConfig, owner: str, backend: LeaderBackend, stores: Stores,
-                     clock: Clock, metrics: Metrics, reconciler: Reconciler,
-                     membership: Membership, feed: ChangeFeed | None = None) -> Leadership:
+def build_jobs(config: WorkerConfig, ctx: Context, jobs: JobStore,
+               membership: Membership) -> JobRunner:
+    """The scheduled jobs, a leader duty."""
     t = config.timings
     # A slot due this long before a new leader took the lease still runs: a whole
     # takeover, also by a member other than the successor the bulletin names.
     late_ms = takeover_grace_ms(t.lease_s, t.heartbeat_s, membership.leader_still_s)
     # On SIGTERM a running job gets half the shutdown budget to finish, then a quarter
     # between SIGTERM and SIGKILL (at most STREAMLEASE_JOB_GRACE_SECONDS).
-    runner = JobRunner(stores.jobs, clock, metrics, JobSettings(
-        owner=owner, grace_s=config.job_grace_s, late_ms=late_ms,
+    return JobRunner(jobs, ctx.clock, ctx.metrics, JobSettings(
+        owner=ctx.owner, grace_s=config.job_grace_s, late_ms=late_ms,
         refresh_s=t.heartbeat_s, shutdown_s=config.shutdown_s / 2,
         shutdown_grace_s=min(config.job_grace_s, config.shutdown_s / 4),
         env=dict(os.environ)))
-    return Leadership(backend, clock, metrics,
-                      LeadershipSettings(owner, t.lease_s, t.heartbeat_s, t.safety_margin_s),
-                      [reconciler.sweep_duty, runner.run, *([feed.duty] if feed else [])],
-                      eligible=lambda: membership.accepting, urgent=membership.campaign_urgent)
 
 
 async def _serve(runtime: Runtime) -> int:
-    config, clock, metrics, health = runtime.config, runtime.clock, runtime.metrics, \
-        runtime.health
+    config, clock, metrics, health = runtime.config, runtime.ctx.clock, runtime.ctx.metrics, \
+        runtime.ctx.health
     reconciler, membership, leadership = runtime.reconciler, runtime.membership, \
         runtime.leadership
     loop = asyncio.get_running_loop()
@@ -444,8 +443,9 @@ async def _run_until_drained(reconciler: Reconciler, membership: Membership,
         stop_task.cancel()
         lag_task.cancel()
         if membership.superseded is not None and not reconciler.stopping.is_set():
-            return await _stop_duplicate(reconciler, membership, leadership, shutdown_s,
-                                         run_task, leader_task, clock)
+            await _stop_duplicate(reconciler, leadership, shutdown_s, run_task, leader_task,
+                                  clock)
+            return _duplicate_exit(membership)
         if not reconciler.stopping.is_set():
             event(logging.ERROR, "worker.failed", "the reconciler or membership stopped by itself")
             reconciler.stop()
@@ -481,15 +481,14 @@ async def _run_until_drained(reconciler: Reconciler, membership: Membership,
 EXIT_DUPLICATE_ID = 2  # a configuration error: STREAMLEASE_WORKER_ID is not unique
 
 
-async def _stop_duplicate(reconciler: Reconciler, membership: Membership,
-                          leadership: Leadership, shutdown_s: float,
+async def _stop_duplicate(reconciler: Reconciler, leadership: Leadership, shutdown_s: float,
                           run_task: asyncio.Task[None], leader_task: asyncio.Task[None],
-                          clock: Clock) -> int:
+                          clock: Clock) -> None:
     """Another process registered under this worker id: stop taking streams, wind down what
     is left (its streams already stopped when the epoch moved; the other process's
-    registration releases them), resign leadership, and exit with a clear message. The
-    member row is the other process's now: it is not removed. The process stays up for
-    the rest of ``shutdown_s`` first, holding nothing, so Prometheus scrapes
+    registration releases them), and resign leadership; the caller then exits with a clear
+    message. The member row is the other process's now: it is not removed. The process
+    stays up for the rest of ``shutdown_s`` first, holding nothing, so Prometheus scrapes
     ``streamlease_member_duplicate_id_total`` before it goes."""
     started = clock.monotonic()
     reconciler.stop(release_by=started + shutdown_s * 0.9)
@@ -502,7 +501,6 @@ async def _stop_duplicate(reconciler: Reconciler, membership: Membership,
         run_task.cancel()
         leader_task.cancel()
     await clock.sleep(started + shutdown_s - clock.monotonic())
-    return _duplicate_exit(membership)
 
 
 def _duplicate_exit(membership: Membership) -> int:

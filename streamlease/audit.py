@@ -10,38 +10,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from dataclasses import dataclass
 
 from streamlease.clock import sleep_unless
+from streamlease.context import Context
 from streamlease.core.backoff import jittered
 from streamlease.core.model import Tenure
 from streamlease.errors import StoreError
 from streamlease.holdings import Holdings, MemberGate
 from streamlease.logs import event
-from streamlease.metrics import Metrics
-from streamlease.store.protocols import LeaseStore
 
 AUDIT_READS = 200  # consistent reads one self-audit makes at most
 
 
 @dataclass(frozen=True)
 class AuditSettings:
-    owner: str
     audit_s: float  # the interval: 1.6 leases (+20 % < two)
     call_s: float  # a read or release times out after this; the first audit waits this long
 
 
 class SelfAudit:
-    def __init__(self, leases: LeaseStore, holdings: Holdings, metrics: Metrics,
-                 settings: AuditSettings, membership: MemberGate, rng: random.Random,
-                 stopping: asyncio.Event) -> None:
-        self.leases = leases
+    def __init__(self, ctx: Context, holdings: Holdings, settings: AuditSettings,
+                 membership: MemberGate, stopping: asyncio.Event) -> None:
+        self.ctx = ctx
         self.holdings = holdings
-        self.metrics = metrics
         self.settings = settings
         self.membership = membership
-        self.rng = rng
         self.stopping = stopping
 
     async def run(self) -> None:
@@ -53,7 +47,8 @@ class SelfAudit:
                 await self.audit()
             except StoreError as exc:
                 event(logging.WARNING, "audit.failed", "self-audit failed", error=str(exc))
-            await sleep_unless(jittered(self.settings.audit_s, 0.2, self.rng), self.stopping)
+            await sleep_unless(jittered(self.settings.audit_s, 0.2, self.ctx.rng),
+                               self.stopping)
 
     async def audit(self) -> int:
         """Release every stream leased to this worker that it does not serve; returns how
@@ -63,8 +58,8 @@ class SelfAudit:
         same worker id. The owner index (which lags, keys only) says where to look; a
         consistent read of each item decides, and the release is conditioned on the
         owner and fence that read showed."""
-        owner = self.settings.owner
-        listed = await self.leases.owned_by(owner, timeout=self.settings.audit_s / 2)
+        owner = self.ctx.owner
+        listed = await self.ctx.leases.owned_by(owner, timeout=self.settings.audit_s / 2)
         todo = [o for o in listed if o.stream_id not in self.holdings.supervisors
                 and o.stream_id not in self.holdings.acquiring
                 and self.holdings.audited.get(o.stream_id) != o.fence]
@@ -80,7 +75,7 @@ class SelfAudit:
         return released
 
     async def _audit_one(self, owner: str, sid: str, listed: int) -> int:
-        record = await self.leases.check(sid, timeout=self.settings.call_s)
+        record = await self.ctx.leases.check(sid, timeout=self.settings.call_s)
         if sid in self.holdings.supervisors or sid in self.holdings.acquiring:
             return 0  # taken up while the read was in flight: served
         if record is None or record.fence is None:
@@ -91,9 +86,9 @@ class SelfAudit:
             self.holdings.remember_audited(sid, listed)
             return 0
         tenure = Tenure(sid, owner, record.fence, record.last_seq, record.lease_expires_at_ms)
-        if not await self.leases.release(tenure, timeout=self.settings.call_s):
+        if not await self.ctx.leases.release(tenure, timeout=self.settings.call_s):
             return 0
-        self.metrics.unserved_released()
+        self.ctx.metrics.unserved_released()
         self.holdings.unsure.discard(sid)
         event(logging.WARNING, "lease.unserved_released",
               "a stream leased to this worker had no supervisor here; released",

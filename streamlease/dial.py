@@ -15,7 +15,8 @@
   failure's type, an HTTP status or error code, the URL redacted). websockets' own
   messages are never passed on: ``InvalidURI`` and ``SecurityError`` quote the whole URL.
 
-This module and ``pump`` are the only ones that import websockets' client.
+This module and ``session`` (the pump's connections) are the only ones that import
+websockets' client.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 import re
 import ssl
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -93,25 +95,28 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 HANDSHAKE_LOG = logging.getLogger("streamlease.websockets")
 HANDSHAKE_LOG.setLevel(logging.INFO)
 
-async def dial(
-    url: str,
-    rules: AllowList,
-    *,
-    compression: str | None = None,
-    max_size: int | None = 2**20,
-    max_queue: int | tuple[int | None, int | None] | None = 16,
-    open_timeout: float | None = 10,
-    close_timeout: float | None = 10,
-    ping_interval: float | None = 20,
-    ping_timeout: float | None = 20,
-    additional_headers: Sequence[tuple[str, str]] | None = None,
-    subprotocols: Sequence[str] | None = None,
-) -> ClientConnection:
+
+@dataclass(frozen=True)
+class DialOptions:
+    """websockets' ``connect`` arguments of the same names. The headers go to the URL's
+    origin only: a redirect elsewhere is refused when there are any."""
+
+    compression: str | None = None
+    max_size: int | None = 2**20
+    max_queue: int | tuple[int | None, int | None] | None = 16
+    open_timeout: float | None = 10
+    close_timeout: float | None = 10
+    ping_interval: float | None = 20
+    ping_timeout: float | None = 20
+    additional_headers: Sequence[tuple[str, str]] | None = None
+    subprotocols: Sequence[str] | None = None
+
+
+async def dial(url: str, rules: AllowList,
+               options: DialOptions = DialOptions()) -> ClientConnection:
     """Open ``url`` (the final URL, ``from_seq`` already added) if ``rules`` allow it.
 
-    The keyword arguments are websockets' ``connect`` arguments of the same names (the
-    headers go to the URL's origin only: a redirect elsewhere is refused when there are any); the
-    proxy and TLS settings are not arguments (see the module docstring). Raises
+    The proxy and TLS settings are not options (see the module docstring). Raises
     DialError (``retriable`` False when ``url`` itself is refused); cancellation
     propagates as is.
     """
@@ -121,13 +126,14 @@ async def dial(
         raise DialError(f"refused before dialling {shown}: {checked}", url=shown,
                         retriable=False)
     tls: dict[str, Any] = {"ssl": tls_context()} if checked.secure else {}
+    o = options
     try:
         return await _CheckedConnect(
-            url, rules, proxy=None, compression=compression, max_size=max_size,
-            max_queue=max_queue, open_timeout=open_timeout, close_timeout=close_timeout,
-            ping_interval=ping_interval, ping_timeout=ping_timeout, logger=HANDSHAKE_LOG,
-            additional_headers=list(additional_headers) if additional_headers else None,
-            subprotocols=[Subprotocol(p) for p in subprotocols] if subprotocols else None,
+            url, rules, proxy=None, compression=o.compression, max_size=o.max_size,
+            max_queue=o.max_queue, open_timeout=o.open_timeout, close_timeout=o.close_timeout,
+            ping_interval=o.ping_interval, ping_timeout=o.ping_timeout, logger=HANDSHAKE_LOG,
+            additional_headers=list(o.additional_headers) if o.additional_headers else None,
+            subprotocols=[Subprotocol(p) for p in o.subprotocols] if o.subprotocols else None,
             **tls,
         )
     except _RedirectRefused as exc:

@@ -36,15 +36,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from streamlease.clock import Clock, sleep_unless
+from streamlease.clock import sleep_unless
+from streamlease.context import Context
 from streamlease.core.changes import Action, ChangeRecord
 from streamlease.core.notices import NoticeKind, Room, most_room, rooms_of
 from streamlease.errors import StoreError
 from streamlease.logs import event
 from streamlease.membership import FleetView
-from streamlease.metrics import Metrics
 from streamlease.store.dynamodb.changefeed import Batch, Fault, FaultKind, FeedResult, Opened
-from streamlease.store.protocols import LeaseStore
 
 NO_STREAM_RETRY_S = 60.0  # a table without a stream is asked again this often
 MIN_POLL_S = 0.2  # DynamoDB Streams allows five GetRecords a second per shard
@@ -81,6 +80,16 @@ class Notifier(Protocol):
     def feed_running(self, up: bool) -> None: ...
 
 
+class Backstop(Protocol):
+    """The sweep, as the feed uses it (``streamlease.sweep.Sweep``)."""
+
+    def request(self) -> None:
+        """Sweep now: the feed may have missed changes."""
+
+    def follow(self, change: ChangeRecord) -> None:
+        """The fleet view follows a change between sweeps."""
+
+
 class Fenced(Protocol):
     @property
     def fence(self) -> int: ...
@@ -95,19 +104,17 @@ class FeedSettings:
 
 
 class ChangeFeed:
-    def __init__(self, open_reader: Callable[[int], FeedReader], leases: LeaseStore,
-                 notifier: Notifier, backstop: Callable[[], None], clock: Clock,
-                 metrics: Metrics, settings: FeedSettings, stopping: asyncio.Event,
-                 follow: Callable[[ChangeRecord], None] = lambda change: None) -> None:
+    def __init__(self, ctx: Context, open_reader: Callable[[int], FeedReader],
+                 notifier: Notifier, sweep: Backstop, settings: FeedSettings,
+                 stopping: asyncio.Event) -> None:
         self.open_reader = open_reader
-        self.leases = leases
+        self.leases = ctx.leases
         self.notifier = notifier
-        self.backstop = backstop
-        self.clock = clock
-        self.metrics = metrics
+        self.sweep = sweep
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
         self.settings = settings
         self.stopping = stopping
-        self.follow = follow  # the fleet view follows each change between sweeps
         self._said_no_stream = False
 
     async def duty(self, lease: Fenced, stop: asyncio.Event) -> None:
@@ -131,7 +138,7 @@ class ChangeFeed:
             event(logging.INFO, "feed.opened", "reading the streams table's change feed",
                   shards=opened.shards, resumed=opened.resumed, first_start=opened.backstop)
             if opened.backstop:
-                self.backstop()  # the past, before the feed's first record, is the sweep's
+                self.sweep.request()  # what came before the feed's first record: the sweep's
             self.notifier.feed_running(True)
             if not await self._tail(reader, stop):
                 return
@@ -196,7 +203,7 @@ class ChangeFeed:
     async def _act(self, change: ChangeRecord, rooms: dict[str, Room]) -> int:
         """Carry out one change's actions; the number of the last notice posted (0: none)."""
         last = 0
-        self.follow(change)
+        self.sweep.follow(change)  # the fleet view follows each change between sweeps
         for action in change.actions():
             self.metrics.change_feed_records(action.value)
             if action is Action.STAMP:
@@ -208,7 +215,7 @@ class ChangeFeed:
                     event(logging.WARNING, "feed.stamp_failed", "cannot stamp a hand-written "
                           "item; the backstop sweep will", stream=change.stream_id,
                           error=str(exc))
-                    self.backstop()
+                    self.sweep.request()
             elif action in (Action.STOPPED, Action.REPOINTED, Action.FORCE_RELEASED):
                 record = change.old if action is Action.FORCE_RELEASED else change.new
                 holder = record.lease_owner if record is not None else None
@@ -229,7 +236,7 @@ class ChangeFeed:
         lost changes runs one backstop sweep; then a pause."""
         self.notifier.feed_running(False)
         if fault.backstop:
-            self.backstop()
+            self.sweep.request()
         if fault.kind is FaultKind.NO_STREAM:
             if not self._said_no_stream:
                 self._said_no_stream = True

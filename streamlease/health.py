@@ -29,12 +29,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 
 MAX_HEAD_BYTES = 8192
-MAX_CONNECTIONS = 64
-HEADER_TIMEOUT_S = 5.0
-WRITE_TIMEOUT_S = 10.0
 
 
 class HealthState:
@@ -74,18 +72,24 @@ class HealthState:
 Exposition = Callable[[], tuple[bytes, str]]
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """Connections served at once, and how long a request's head and an answer may take."""
+
+    max_connections: int = 64
+    header_timeout_s: float = 5.0
+    write_timeout_s: float = 10.0
+
+
 class HealthServer:
     """The listening server and its thread. ``address``/``port``: where it listens."""
 
-    def __init__(self, sock: socket.socket, health: HealthState, exposition: Exposition, *,
-                 max_connections: int, header_timeout_s: float,
-                 write_timeout_s: float) -> None:
+    def __init__(self, sock: socket.socket, health: HealthState, exposition: Exposition,
+                 limits: ServerLimits) -> None:
         self.address, self.port = sock.getsockname()[:2]
         self.health = health
         self.exposition = exposition
-        self.max_connections = max_connections
-        self.header_timeout_s = header_timeout_s
-        self.write_timeout_s = write_timeout_s
+        self.limits = limits
         self._sock = sock
         self._open: dict[asyncio.StreamWriter, None] = {}  # oldest first
         self._loop = asyncio.new_event_loop()
@@ -124,7 +128,7 @@ class HealthServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._open[writer] = None
-        if len(self._open) > self.max_connections:
+        if len(self._open) > self.limits.max_connections:
             oldest = next(iter(self._open))
             del self._open[oldest]  # now, not when its handler wakes: evict each one once
             oldest.transport.abort()
@@ -138,7 +142,7 @@ class HealthServer:
     async def _serve_one(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
         try:
-            async with asyncio.timeout(self.header_timeout_s):
+            async with asyncio.timeout(self.limits.header_timeout_s):
                 head = await reader.readuntil(b"\r\n\r\n")
         except TimeoutError:
             await self._respond(writer, HTTPStatus.REQUEST_TIMEOUT, b"request timeout\n")
@@ -176,27 +180,25 @@ class HealthServer:
                 "Connection: close\r\n\r\n").encode()
         writer.write(head if head_only else head + body)
         try:
-            async with asyncio.timeout(self.write_timeout_s):
+            async with asyncio.timeout(self.limits.write_timeout_s):
                 await writer.drain()
         except (TimeoutError, ConnectionError):
             writer.transport.abort()
             return
         writer.close()
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(self.write_timeout_s):
+            async with asyncio.timeout(self.limits.write_timeout_s):
                 await writer.wait_closed()
 
 
-def serve(address: str, port: int, health: HealthState, exposition: Exposition, *,
-          max_connections: int = MAX_CONNECTIONS, header_timeout_s: float = HEADER_TIMEOUT_S,
-          write_timeout_s: float = WRITE_TIMEOUT_S) -> HealthServer:
+def serve(address: str, port: int, health: HealthState, exposition: Exposition,
+          limits: ServerLimits = ServerLimits()) -> HealthServer:
     """Listen on ``address`` (an IP literal; ``0.0.0.0`` is every IPv4 interface, as the
     scraper and the ECS agent are elsewhere) and serve from a thread of its own.
 
     Binding happens here, so a port in use raises OSError to the caller."""
     family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
     sock = socket.create_server((address, port), family=family, backlog=128)
-    server = HealthServer(sock, health, exposition, max_connections=max_connections,
-                          header_timeout_s=header_timeout_s, write_timeout_s=write_timeout_s)
+    server = HealthServer(sock, health, exposition, limits)
     server.start()
     return server

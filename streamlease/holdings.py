@@ -13,33 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from streamlease import tracing
-from streamlease.clock import Clock
+from streamlease.context import Context
 from streamlease.core.bulletin import Bulletin
 from streamlease.core.lease import HolderState, StopReason, resume_point
 from streamlease.core.membership import MemberRecord
 from streamlease.core.model import Tenure
 from streamlease.core.plan import item_problem
 from streamlease.errors import StoreError
-from streamlease.health import HealthState
 from streamlease.logs import event
 from streamlease.membership import FleetView
-from streamlease.metrics import Metrics
-from streamlease.store.protocols import Acquired, LeaseStore, Sink
-from streamlease.supervisor import (
-    RELEASES_IN_FLIGHT,
-    LeaseHealth,
-    PumpFactory,
-    Supervisor,
-    SupervisorSettings,
-    shielded,
-)
+from streamlease.release import shielded
+from streamlease.store.protocols import Acquired
+from streamlease.strain import LeaseHealth
+from streamlease.supervisor import Supervisor
+from streamlease.tenancy import Hooks, SupervisorSettings, Ties
 
 AUDITED_LIMIT = 100_000  # (stream, fence) pairs the self-audit knows are not leased here
 
@@ -79,7 +71,6 @@ class MemberGate(Protocol):
 
 @dataclass(frozen=True)
 class HoldingSettings:
-    owner: str
     max_streams: int
     supervisor: SupervisorSettings
     call_s: float  # a read back of an unsure lease times out after this (a heartbeat)
@@ -89,30 +80,27 @@ class HoldingSettings:
 
 
 class Holdings:
-    def __init__(self, leases: LeaseStore, sink: Sink, clock: Clock, metrics: Metrics,
-                 settings: HoldingSettings, membership: MemberGate, rng: random.Random,
-                 stopping: asyncio.Event, lease_health: LeaseHealth, health: HealthState,
-                 on_delivered: Callable[[int], None] | None = None,
-                 pump_factory: PumpFactory | None = None) -> None:
-        self.leases = leases
-        self.sink = sink
-        self.clock = clock
-        self.metrics = metrics
+    """``stopping`` is set when the worker stops: nothing new is served; ``hooks`` reach
+    every supervisor (and its pump)."""
+
+    def __init__(self, ctx: Context, settings: HoldingSettings, membership: MemberGate,
+                 stopping: asyncio.Event, lease_health: LeaseHealth,
+                 hooks: Hooks | None = None) -> None:
+        self.ctx = ctx
         self.settings = settings
         self.membership = membership
-        self.rng = rng
-        self.stopping = stopping  # the worker stops: nothing new is served
-        self.lease_health = lease_health
-        self.health = health
-        self.on_delivered = on_delivered
-        self.pump_factory = pump_factory
+        self.stopping = stopping
         # The reconciler reads every held item in batches (and the change feed tells of
         # changes): supervisors make no periodic reads of their own.
         self.batched_checks = False
         self.supervisors: dict[str, Supervisor] = {}
-        # Every supervisor's releases share it: a drain of hundreds of streams keeps the
-        # member heartbeat out of a long queue.
-        self.release_gate = asyncio.Semaphore(RELEASES_IN_FLIGHT)
+        # Shared by every supervisor: the release gate keeps a drain of hundreds of streams
+        # from putting the member heartbeat at the end of a long queue. The membership is
+        # asked at each call.
+        self.ties = Ties(lease_health=lease_health,
+                         member_alive=lambda now: membership.may_write(now),
+                         watched=lambda: self.batched_checks,
+                         told=lambda: membership.feed_live(), hooks=hooks or Hooks())
         self.tg: asyncio.TaskGroup | None = None  # the scope supervisors run in
         # Streams being acquired or taken over right now (not yet supervised).
         self.acquiring: set[str] = set()
@@ -138,7 +126,7 @@ class Holdings:
         flight: nothing may serve it here, so hand it straight back (read back later if
         the release's outcome is unknown)."""
         try:
-            released = await self.leases.release(got.tenure)
+            released = await self.ctx.leases.release(got.tenure)
         except StoreError as exc:
             released = False
             event(logging.WARNING, "lease.release_failed",
@@ -180,7 +168,7 @@ class Holdings:
 
     async def _start(self, got: Acquired, sent: float, delay: float | None,
                      previous_owner: str | None, how: str) -> None:
-        tracing.note_acquired(got, how, self.metrics.trace_context_invalid)
+        tracing.note_acquired(got, how, self.ctx.metrics.trace_context_invalid)
         if not self._can_serve():
             await self._hand_back(got)
             return
@@ -192,7 +180,7 @@ class Holdings:
             # profile, the attributes its templates use): without a pause the item would be
             # taken and handed back every cycle. Its supervisor records it and releases.
             self.unservable_until[got.tenure.stream_id] = \
-                self.clock.monotonic() + self.settings.unservable_retry_s
+                self.ctx.clock.monotonic() + self.settings.unservable_retry_s
         else:
             # (An item that cannot be served gets no processor: its supervisor only
             # records the problem and releases.)
@@ -206,18 +194,13 @@ class Holdings:
                 await self._close_output(got.tenure, "shutdown")
                 await self._hand_back(got)
                 return
-        self.metrics.lease_acquired(delay)
+        self.ctx.metrics.lease_acquired(delay)
         event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
               fence=got.tenure.fence, last_seq=got.tenure.last_seq,
               previous_owner=previous_owner, unowned_s=delay, how=how)
-        supervisor = Supervisor(got.tenure, got.record, sent, self.leases, self.sink,
-                                self.clock, self.metrics, self.settings.supervisor, self.rng,
-                                self.on_delivered, self.health, self.lease_health,
-                                self.pump_factory, self.membership.may_write,
-                                lambda: self.batched_checks, self.membership.feed_live,
-                                self.release_gate)
+        supervisor = Supervisor(self.ctx, self.settings.supervisor, got, sent, self.ties)
         self.supervisors[got.tenure.stream_id] = supervisor
-        self.metrics.set_leases_held(len(self.supervisors))
+        self.ctx.metrics.set_leases_held(len(self.supervisors))
         assert self.tg is not None
         self.tg.create_task(self._supervise(supervisor), name=f"supervise {supervisor.stream}")
 
@@ -228,13 +211,13 @@ class Holdings:
         tenure = got.tenure
         try:
             async with asyncio.timeout(self.settings.supervisor.drain_timeout_s):
-                beyond = await self.sink.open(tenure, got.record)
+                beyond = await self.ctx.sink.open(tenure, got.record)
             if beyond > (tenure.last_seq or 0):
                 event(logging.INFO, "stream.resume_after_output",
                       "the output holds more than the item's checkpoint; resuming after it",
                       stream=tenure.stream_id, fence=tenure.fence,
                       item_last_seq=tenure.last_seq, output_last_seq=beyond)
-                moved = await self.leases.advance(tenure, tenure.fence, beyond)
+                moved = await self.ctx.leases.advance(tenure, tenure.fence, beyond)
                 if moved is None:
                     await self._close_output(tenure, "lost")
                     return None
@@ -250,10 +233,11 @@ class Holdings:
                   error=problem)
             await self._close_output(tenure, "error")
             with contextlib.suppress(StoreError):
-                await self.leases.record_error(tenure.stream_id, problem, self.clock.wall_ms())
+                await self.ctx.leases.record_error(tenure.stream_id, problem,
+                                                   self.ctx.clock.wall_ms())
             try:
-                if await self.leases.release(tenure):
-                    self.metrics.lease_released(StopReason.ERROR)
+                if await self.ctx.leases.release(tenure):
+                    self.ctx.metrics.lease_released(StopReason.ERROR)
             except StoreError:
                 self.unsure.add(tenure.stream_id)
             return None
@@ -262,7 +246,7 @@ class Holdings:
         """Stop a tenure's output that will not be supervised: bounded, and shielded (a
         cancellation in progress does not stop the close; it still propagates)."""
         try:
-            await shielded(self.sink.close(tenure, reason),
+            await shielded(self.ctx.sink.close(tenure, reason),
                            self.settings.supervisor.drain_timeout_s, f"close {tenure.stream_id}")
         except Exception:
             event(logging.ERROR, "processor.stop_failed", "closing an output failed",
@@ -272,7 +256,7 @@ class Holdings:
         """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
         a backup), move this tenure to where the sink already is before pumping."""
         with tracing.span("resume_read", stream=got.tenure.stream_id, fence=got.tenure.fence):
-            newest = await self.sink.newest_event(got.tenure.stream_id)
+            newest = await self.ctx.sink.newest_event(got.tenure.stream_id)
             tracing.set_attributes(sink_last_seq=newest.last_seq if newest else None)
         point = resume_point(got.tenure, newest)
         if point is None:
@@ -283,8 +267,8 @@ class Holdings:
               stream=got.tenure.stream_id, fence=got.tenure.fence,
               item_last_seq=got.tenure.last_seq, sink_last_seq=newest.last_seq if newest else None,
               sink_fence=newest.fence if newest else None, new_fence=fence, new_last_seq=last_seq)
-        self.metrics.checkpoint_rewound()
-        tenure = await self.leases.advance(got.tenure, fence, last_seq)
+        self.ctx.metrics.checkpoint_rewound()
+        tenure = await self.ctx.leases.advance(got.tenure, fence, last_seq)
         return None if tenure is None else Acquired(tenure, got.record)
 
     async def _supervise(self, supervisor: Supervisor) -> None:
@@ -299,8 +283,8 @@ class Holdings:
         finally:
             if self.supervisors.get(supervisor.stream) is supervisor:
                 del self.supervisors[supervisor.stream]
-                self.health.dropped(supervisor.stream)
-            self.metrics.set_leases_held(len(self.supervisors))
+                self.ctx.health.dropped(supervisor.stream)
+            self.ctx.metrics.set_leases_held(len(self.supervisors))
             if supervisor.holding.state is HolderState.RELEASED:
                 self.membership.handed_off()  # peers take it now, not at their next cycle
             else:
@@ -316,13 +300,13 @@ class Holdings:
                 self.unsure.discard(stream_id)  # acquired again since, and served
                 continue
             try:
-                record = await self.leases.check(stream_id, timeout=self.settings.call_s)
-                if record is not None and record.lease_owner == self.settings.owner \
+                record = await self.ctx.leases.check(stream_id, timeout=self.settings.call_s)
+                if record is not None and record.lease_owner == self.ctx.owner \
                         and record.lease_expires_at_ms and record.fence is not None:
-                    tenure = Tenure(stream_id, self.settings.owner, record.fence,
+                    tenure = Tenure(stream_id, self.ctx.owner, record.fence,
                                     record.last_seq, record.lease_expires_at_ms or 0)
-                    if await self.leases.release(tenure):
-                        self.metrics.lease_released(StopReason.ERROR)
+                    if await self.ctx.leases.release(tenure):
+                        self.ctx.metrics.lease_released(StopReason.ERROR)
                         event(logging.WARNING, "lease.unserved_released",
                               "an acquire whose answer was lost had applied; released the "
                               "lease this worker was not serving", stream=stream_id,

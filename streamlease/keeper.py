@@ -3,7 +3,7 @@
 deadline passed, renew with a timeout that does not outlive the deadline, let the keeper
 decide, repeat. The member heartbeat and every leader lease run on it.
 
-A stream's lease keeps its own loop (``streamlease.supervisor``) on the same ``Keeper``: it
+A stream's lease keeps its own loop (``streamlease.heartbeat``) on the same ``Keeper``: it
 interleaves consistent reads of the item, index hints and the drain with its renewals.
 """
 

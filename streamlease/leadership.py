@@ -20,15 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from streamlease.clock import Clock
+from streamlease.context import Context
 from streamlease.core.backoff import Backoff
 from streamlease.leader import LeaderBackend, LeaderLease
 from streamlease.logs import event
-from streamlease.metrics import Metrics
 
 FLEET_LEASE = "fleet"
 
@@ -37,7 +35,6 @@ Duty = Callable[[LeaderLease, asyncio.Event], Awaitable[None]]
 
 @dataclass(frozen=True)
 class LeadershipSettings:
-    owner: str
     ttl_s: float
     heartbeat_s: float
     safety_margin_s: float
@@ -45,18 +42,18 @@ class LeadershipSettings:
 
 
 class Leadership:
-    def __init__(self, backend: LeaderBackend, clock: Clock, metrics: Metrics,
-                 settings: LeadershipSettings, duties: list[Duty],
-                 eligible: Callable[[], bool], rng: random.Random | None = None,
+    def __init__(self, ctx: Context, backend: LeaderBackend, settings: LeadershipSettings,
+                 duties: list[Duty], eligible: Callable[[], bool],
                  urgent: Callable[[], bool] | None = None) -> None:
+        self.owner = ctx.owner
         self.backend = backend
-        self.clock = clock
-        self.metrics = metrics
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
         self.settings = settings
         self.duties = duties
         self.eligible = eligible
         self.urgent = urgent  # campaign at full pace now (None: always)
-        self.rng = rng or random.Random()
+        self.rng = ctx.rng
         self.lease: LeaderLease | None = None
         self._candidate: LeaderLease | None = None  # the campaign in progress, if any
         self._stop = asyncio.Event()
@@ -73,7 +70,7 @@ class Leadership:
         """The fleet leader as this worker last knew it: itself while it leads, else the
         holder its campaign last read (None: nobody, or not known)."""
         if self.leading:
-            return self.settings.owner
+            return self.owner
         return self._candidate.seen_owner if self._candidate is not None else None
 
     def stop(self) -> None:
@@ -87,7 +84,7 @@ class Leadership:
             if not self.eligible():
                 await self._pause(s.heartbeat_s)
                 continue
-            lease = LeaderLease(self.backend, s.name, s.owner, ttl_s=s.ttl_s,
+            lease = LeaderLease(self.backend, s.name, self.owner, ttl_s=s.ttl_s,
                                 heartbeat_s=s.heartbeat_s, safety_margin_s=s.safety_margin_s,
                                 clock=self.clock, rng=self.rng)
             self._candidate = lease

@@ -9,7 +9,9 @@ so ``rate()`` and alerts work before the first event.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import product
+from typing import Any, Generic, TypeVar, overload
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -63,264 +65,217 @@ CHANGE_FEED_ERROR_KINDS = ("trimmed", "expired_iterator", "throttled", "no_strea
 FAST_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TAKEOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 HOLD_BUCKETS = (1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
-LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+PREFIX = "streamlease_"
 
 
-class Metrics:
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Family(Generic[M]):
+    """One metric family, declared in ``MetricFamilies``: its kind, its name (after
+    ``streamlease_``), help text and label names, a histogram's buckets, and the label
+    values exposed at 0 from start-up (``known``: a value, or a tuple of values, for each
+    child). Every ``Metrics`` builds its own copy in its registry; read on an instance, the
+    attribute is that metric."""
+
+    def __init__(self, kind: type[M], name: str, help_text: str, labels: Sequence[str] = (),
+                 *, buckets: Sequence[float] | None = None,
+                 known: Iterable[str | tuple[str, ...]] = ()) -> None:
+        self.kind: type[M] = kind
+        self.name, self.help_text = PREFIX + name, help_text
+        self.labels, self.buckets, self.known = tuple(labels), buckets, tuple(known)
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Family[M]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type) -> M: ...
+
+    def __get__(self, obj: object | None, owner: type) -> Family[M] | M:
+        if obj is None:
+            return self
+        raise AttributeError(f"{self.name}: not built (Metrics.__init__ builds every family)")
+
+    def build(self, registry: CollectorRegistry) -> M:
+        """This family in ``registry``, its known children at 0."""
+        extra: dict[str, Any] = {} if self.buckets is None else {"buckets": self.buckets}
+        metric: M = self.kind(self.name, self.help_text, self.labels, registry=registry,
+                              **extra)
+        for values in self.known:
+            metric.labels(*((values,) if isinstance(values, str) else values))
+        return metric
+
+
+class MetricFamilies:
+    """Every family this worker exposes, in exposition order: the table ``Metrics`` is
+    built from (each into the instance attribute of its name)."""
+
+    _leases_held = Family(Gauge, "leases_held", "Leases this worker holds now")
+    _acquired = Family(Counter, "lease_acquired", "Leases acquired")
+    _lost = Family(Counter, "lease_lost", "Leases lost without a release, by reason",
+                   ("reason",), known=[r.value for r in LOST_REASONS])
+    _released = Family(Counter, "lease_released", "Leases released, by reason",
+                       ("reason",), known=[r.value for r in RELEASE_REASONS])
+    _heartbeat = Family(Histogram, "heartbeat_seconds", "Duration of one lease renewal",
+                        buckets=FAST_BUCKETS)
+    _reconcile = Family(Histogram, "reconcile_seconds", "Duration of one reconcile cycle",
+                        buckets=FAST_BUCKETS)
+    _orphans = Family(Counter, "orphans_found", "Orphaned streams seen by the reconciler")
+    _delivered = Family(Counter, "messages_delivered", "Messages durably written to the sink")
+    _stale = Family(Counter, "stale_writes_rejected", "Sink batches refused because this "
+                    "holder's fence was stale")
+    _reconnects = Family(Counter, "upstream_reconnects", "Upstream reconnects, by reason",
+                         ("reason",), known=RECONNECT_REASONS)
+    _gaps = Family(Counter, "sequence_gaps", "Connections whose first seq was above the one "
+                   "asked for")
+    _malformed = Family(Counter, "malformed_frames", "Upstream frames dropped as malformed")
+    _duplicates = Family(Counter, "duplicate_frames", "Upstream frames dropped as already "
+                         "delivered")
+    _control_frames = Family(Counter, "control_frames", "Upstream frames a profile marks as "
+                             "control frames (skipped: not messages)")
+    _upstream_gaps = Family(Counter, "upstream_gaps", "Gap records delivered: a feed that cannot "
+                            "replay may have lost messages here, by reason (takeover, reconnect)",
+                            ("reason",), known=GAP_REASONS)
+    _bad_items = Family(Counter, "bad_items", "Stream items that cannot be served, by reason",
+                        ("reason",), known=BAD_ITEM_REASONS)
+    _takeover = Family(Histogram, "takeover_delay_seconds", "How long a stream went unowned "
+                       "before this worker took it (from the stored expiry)",
+                       buckets=TAKEOVER_BUCKETS)
+    _ddb_requests = Family(Counter, "dynamodb_requests", "DynamoDB calls",
+                           ("operation", "outcome"),
+                           known=product(DYNAMODB_OPERATIONS, DYNAMODB_OUTCOMES))
+    _ddb_seconds = Family(Histogram, "dynamodb_request_seconds", "DynamoDB call duration",
+                          ("operation",), buckets=FAST_BUCKETS, known=DYNAMODB_OPERATIONS)
+    _ddb_items_read = Family(Counter, "dynamodb_items_read", "Items DynamoDB returned to this "
+                             "worker's reads", ("operation",), known=DYNAMODB_READ_OPERATIONS)
+    _renewals = Family(Counter, "renewals", "Lease renewals, by outcome",
+                       ("outcome",), known=RENEW_OUTCOMES)
+    _hold = Family(Histogram, "lease_hold_seconds", "How long a lease was held, observed when it "
+                   "ends", buckets=HOLD_BUCKETS)
+    _sink_batch = Family(Histogram, "sink_batch_seconds", "Duration of one fenced sink write, "
+                         "retries included", buckets=FAST_BUCKETS)
+    _sink_failures = Family(Counter, "sink_write_failures", "Sink writes that failed without an "
+                            "answer (throttled, unavailable), by what followed",
+                            ("outcome",), known=SINK_FAILURE_OUTCOMES)
+    _stalled = Family(Gauge, "stalled_streams", "Streams whose upstream sends frames none of "
+                      "which can be delivered (duplicates, refused seq jumps, malformed)")
+    _connected = Family(Gauge, "upstream_connected_streams", "Streams with an open upstream "
+                        "connection")
+    _loop_lag = Family(Gauge, "event_loop_lag_seconds", "How late the event loop ran a timer, "
+                       "last sample")
+    _streams = Family(Gauge, "streams", "Streams in the table by desired_state and lease (the "
+                      "fleet view, from the sweep)", ("desired_state", "lease"))
+    _max_streams = Family(Gauge, "max_streams", "STREAMLEASE_MAX_STREAMS")
+    _draining = Family(Gauge, "draining", "1 while the worker shuts down")
+    _admitting = Family(Gauge, "admitting", "1 while this worker acquires streams; 0 while its "
+                        "own renewals fail or are slow (admission control)")
+    _rewound = Family(Counter, "checkpoint_rewound", "Acquisitions that found the item's "
+                      "checkpoint or fence behind the sink and resumed after the sink")
+    _trace_invalid = Family(Counter, "trace_context_invalid", "Acquisitions whose stream item "
+                            "carried a trace_parent that is not a W3C traceparent (not linked)")
+    _members = Family(Gauge, "members", "Fleet members as this worker last read them (or as the "
+                      "leader's bulletin counts them), by status (UNRESPONSIVE: observed dead, "
+                      "not yet fenced)", ("status",), known=MEMBER_STATUSES)
+    _member_rows_read = Family(Gauge, "member_rows_read", "Member rows this worker's last fleet "
+                               "read returned: 1 while it reads only the leader's row (its "
+                               "bulletin), every row while it leads or has no bulletin")
+    _bulletin_unreadable = Family(Counter, "bulletin_unreadable", "Reads of the leader's row "
+                                  "whose bulletin could not be read (every member row was read "
+                                  "instead)")
+    _replica_failed = Family(Counter, "bulletin_replica_failures", "Copies of the leader's "
+                             "bulletin into the member keys of a spread layout that failed (the "
+                             "next heartbeat's copy retries)")
+    _member_keys = Family(Gauge, "member_keys", "Partition keys the fleet's member rows spread "
+                          "over, as this worker last read the layout")
+    _declared_dead = Family(Counter, "members_declared_dead", "Members this worker fenced after "
+                            "observing them dead")
+    _on_behalf = Family(Counter, "releases_on_behalf", "Streams of dead members this worker "
+                        "released for them")
+    _dead_taken = Family(Counter, "dead_streams_taken", "Streams of dead members this worker "
+                         "took straight over (one conditional write each, no release between)")
+    _member_fenced = Family(Counter, "member_fenced", "Times this worker found its own epoch "
+                            "moved on")
+    _duplicate_id = Family(Counter, "member_duplicate_id", "Times this worker found its member "
+                           "row registered by another live process with the same worker id (it "
+                           "stops and exits)")
+    _member_hb = Family(Histogram, "member_heartbeat_seconds", "Duration of one member heartbeat",
+                        buckets=FAST_BUCKETS)
+    _member_hbs = Family(Counter, "member_heartbeats", "Member heartbeats, by outcome",
+                         ("outcome",), known=MEMBER_HEARTBEAT_OUTCOMES)
+    _rebalance_moves = Family(Counter, "rebalance_moves", "Streams this worker handed over to "
+                              "even out the fleet")
+    _sink_limit = Family(Gauge, "sink_in_flight_limit", "Sink transactions this worker lets be "
+                         "in flight at once (lowered while member heartbeats are slow)")
+    # Unknown (NaN) until this worker first computes its share, so a balance alert
+    # cannot fire on a worker that has not read the fleet yet.
+    _share = Family(Gauge, "member_share", "Streams this worker aims to hold: its fair share of "
+                    "the fleet's STARTED streams (0 while draining)")
+    _is_leader = Family(Gauge, "is_leader", "1 while this worker is the fleet leader")
+    _leader_changes = Family(Counter, "leader_changes", "Times this worker became the fleet leader")
+    _unreplicated = Family(Counter, "leader_unreplicated", "Redis leader acquisitions, renewals "
+                           "and fenced writes not counted: fewer replicas acknowledged (WAIT) "
+                           "than required", ("operation",), known=UNREPLICATED_OPERATIONS)
+    _keeper_crashes = Family(Counter, "leader_keeper_crashes", "Times the fleet leader lease's "
+                             "renewal task failed (leadership given up)")
+    _job_runs = Family(Counter, "job_runs", "Job runs by outcome", ("outcome",), known=JOB_OUTCOMES)
+    _job_seconds = Family(Histogram, "job_run_seconds", "Duration of one job run",
+                          buckets=JOB_BUCKETS)
+    _job_delay = Family(Histogram, "job_start_delay_seconds", "How late a job run started after "
+                        "its slot's time", buckets=FAST_BUCKETS)
+    _job_skipped = Family(Counter, "job_slots_skipped", "Slots that came due while no leader "
+                          "could run them")
+    _jobs_unreadable = Family(Gauge, "jobs_unreadable", "Job items the leader cannot run as "
+                              "stored (never run)")
+    _feed_lag = Family(Gauge, "change_feed_lag_seconds", "How far behind the newest change-feed "
+                       "record read is")
+    _feed_records = Family(Counter, "change_feed_records", "Change-feed records, by the action "
+                           "each called for", ("action",), known=CHANGE_FEED_ACTIONS)
+    _feed_errors = Family(Counter, "change_feed_errors", "Change-feed faults, by kind",
+                          ("kind",), known=CHANGE_FEED_ERROR_KINDS)
+    _feed_live = Family(Gauge, "change_feed_live", "1 while this worker trusts the leader's "
+                        "change feed (and rests the polls it replaces)")
+    _notices = Family(Counter, "notices", "The leader's change-feed notices this worker acted "
+                      "on, by kind", ("kind",), known=NOTICE_KINDS)
+    _unserved = Family(Counter, "unserved_leases_released", "Leases naming this worker that it "
+                       "did not serve, released by its self-audit")
+    _crashed = Family(Counter, "task_crashed", "Long-lived tasks that failed unexpectedly, by "
+                      "task", ("task",), known=TASKS)
+    _hints = Family(Counter, "index_hints", "Index records about a held stream, by what a "
+                    "consistent read made of them", ("outcome",), known=INDEX_HINT_OUTCOMES)
+    _sink_batches = Family(Counter, "sink_batches", "Batches delivered, by sink",
+                           ("sink",), known=SINK_KINDS)
+    _sink_messages = Family(Counter, "sink_messages", "Messages delivered, by sink",
+                            ("sink",), known=SINK_KINDS)
+    _sink_kind_failures = Family(Counter, "sink_failures", "Batch attempts that failed, by sink",
+                                 ("sink",), known=SINK_KINDS)
+    _sink_seconds = Family(Histogram, "sink_seconds", "One batch attempt through the sink, by "
+                           "sink", ("sink",), buckets=FAST_BUCKETS, known=SINK_KINDS)
+    _dead_lettered = Family(Counter, "dead_lettered_messages", "Messages sent to the dead-letter "
+                            "sink, by sink", ("sink",), known=SINK_KINDS)
+    _mongodb_bad_input = Family(Counter, "mongodb_bad_input", "Messages the mongodb sink could "
+                                "not store as they came, by kind: not_a_document (stored "
+                                "wrapped), too_large and unstorable (the batch is refused), "
+                                "foreign_duplicate (another writer's document left alone)",
+                                ("kind",), known=MONGODB_BAD_INPUT)
+    _build = Family(Gauge, "build_info", "Build information", ("version",))
+
+
+
+class Metrics(MetricFamilies):
     """The worker's metrics in one registry (a fresh one per instance, so tests can
-    make several)."""
+    make several), behind domain verbs."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         if registry is None:
             ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, fds
             PlatformCollector(registry=r)  # python_info
-        p = "streamlease_"
-        self._leases_held = Gauge(p + "leases_held", "Leases this worker holds now", registry=r)
-        self._acquired = Counter(p + "lease_acquired", "Leases acquired", registry=r)
-        self._lost = Counter(p + "lease_lost", "Leases lost without a release, by reason",
-                             ["reason"], registry=r)
-        self._released = Counter(p + "lease_released", "Leases released, by reason",
-                                 ["reason"], registry=r)
-        self._heartbeat = Histogram(p + "heartbeat_seconds", "Duration of one lease renewal",
-                                    buckets=FAST_BUCKETS, registry=r)
-        self._reconcile = Histogram(p + "reconcile_seconds", "Duration of one reconcile cycle",
-                                    buckets=FAST_BUCKETS, registry=r)
-        self._orphans = Counter(p + "orphans_found", "Orphaned streams seen by the reconciler",
-                                registry=r)
-        self._delivered = Counter(p + "messages_delivered",
-                                  "Messages durably written to the sink", registry=r)
-        self._stale = Counter(p + "stale_writes_rejected",
-                              "Sink batches refused because this holder's fence was stale",
-                              registry=r)
-        self._reconnects = Counter(p + "upstream_reconnects", "Upstream reconnects, by reason",
-                                   ["reason"], registry=r)
-        self._gaps = Counter(p + "sequence_gaps",
-                             "Connections whose first seq was above the one asked for",
-                             registry=r)
-        self._malformed = Counter(p + "malformed_frames",
-                                  "Upstream frames dropped as malformed", registry=r)
-        self._duplicates = Counter(p + "duplicate_frames",
-                                   "Upstream frames dropped as already delivered", registry=r)
-        self._control_frames = Counter(p + "control_frames",
-                                       "Upstream frames a profile marks as control frames "
-                                       "(skipped: not messages)", registry=r)
-        self._upstream_gaps = Counter(
-            p + "upstream_gaps", "Gap records delivered: a feed that cannot replay may have "
-            "lost messages here, by reason (takeover, reconnect)", ["reason"], registry=r)
-        self._bad_items = Counter(p + "bad_items", "Stream items that cannot be served, by reason",
-                                  ["reason"], registry=r)
-        self._takeover = Histogram(
-            p + "takeover_delay_seconds",
-            "How long a stream went unowned before this worker took it (from the stored expiry)",
-            buckets=TAKEOVER_BUCKETS, registry=r)
-        self._ddb_requests = Counter(p + "dynamodb_requests", "DynamoDB calls",
-                                     ["operation", "outcome"], registry=r)
-        self._ddb_seconds = Histogram(p + "dynamodb_request_seconds", "DynamoDB call duration",
-                                      ["operation"], buckets=FAST_BUCKETS, registry=r)
-        self._ddb_items_read = Counter(p + "dynamodb_items_read",
-                                       "Items DynamoDB returned to this worker's reads",
-                                       ["operation"], registry=r)
-        self._renewals = Counter(p + "renewals", "Lease renewals, by outcome", ["outcome"],
-                                 registry=r)
-        self._hold = Histogram(p + "lease_hold_seconds",
-                               "How long a lease was held, observed when it ends",
-                               buckets=HOLD_BUCKETS, registry=r)
-        self._sink_batch = Histogram(p + "sink_batch_seconds",
-                                     "Duration of one fenced sink write, retries included",
-                                     buckets=FAST_BUCKETS, registry=r)
-        self._sink_failures = Counter(p + "sink_write_failures",
-                                      "Sink writes that failed without an answer (throttled, "
-                                      "unavailable), by what followed", ["outcome"], registry=r)
-        self._stalled = Gauge(p + "stalled_streams",
-                              "Streams whose upstream sends frames none of which can be "
-                              "delivered (duplicates, refused seq jumps, malformed)", registry=r)
-        self._connected = Gauge(p + "upstream_connected_streams",
-                                "Streams with an open upstream connection", registry=r)
-        self._loop_lag = Gauge(p + "event_loop_lag_seconds",
-                               "How late the event loop ran a timer, last sample", registry=r)
-        self._streams = Gauge(
-            p + "streams",
-            "Streams in the table by desired_state and lease (the fleet view, from the sweep)",
-            ["desired_state", "lease"], registry=r)
-        self._max_streams = Gauge(p + "max_streams", "STREAMLEASE_MAX_STREAMS", registry=r)
-        self._draining = Gauge(p + "draining", "1 while the worker shuts down", registry=r)
-        self._admitting = Gauge(p + "admitting",
-                                "1 while this worker acquires streams; 0 while its own "
-                                "renewals fail or are slow (admission control)", registry=r)
+        for attr, family in vars(MetricFamilies).items():
+            if isinstance(family, Family):
+                setattr(self, attr, family.build(r))
         self._admitting.set(1)
-        self._rewound = Counter(p + "checkpoint_rewound",
-                                "Acquisitions that found the item's checkpoint or fence behind "
-                                "the sink and resumed after the sink", registry=r)
-        self._trace_invalid = Counter(
-            p + "trace_context_invalid",
-            "Acquisitions whose stream item carried a trace_parent that is not a W3C "
-            "traceparent (not linked)", registry=r)
-        self._members = Gauge(
-            p + "members",
-            "Fleet members as this worker last read them (or as the leader's bulletin counts "
-            "them), by status (UNRESPONSIVE: observed dead, not yet fenced)", ["status"],
-            registry=r)
-        self._member_rows_read = Gauge(
-            p + "member_rows_read",
-            "Member rows this worker's last fleet read returned: 1 while it reads only the "
-            "leader's row (its bulletin), every row while it leads or has no bulletin",
-            registry=r)
-        self._bulletin_unreadable = Counter(
-            p + "bulletin_unreadable",
-            "Reads of the leader's row whose bulletin could not be read (every member row "
-            "was read instead)", registry=r)
-        self._replica_failed = Counter(
-            p + "bulletin_replica_failures",
-            "Copies of the leader's bulletin into the member keys of a spread layout that "
-            "failed (the next heartbeat's copy retries)", registry=r)
-        self._member_keys = Gauge(
-            p + "member_keys", "Partition keys the fleet's member rows spread over, as this "
-            "worker last read the layout", registry=r)
-        self._declared_dead = Counter(p + "members_declared_dead",
-                                      "Members this worker fenced after observing them dead",
-                                      registry=r)
-        self._on_behalf = Counter(p + "releases_on_behalf",
-                                  "Streams of dead members this worker released for them",
-                                  registry=r)
-        self._dead_taken = Counter(p + "dead_streams_taken",
-                                   "Streams of dead members this worker took straight over "
-                                   "(one conditional write each, no release between)",
-                                   registry=r)
-        self._member_fenced = Counter(p + "member_fenced",
-                                      "Times this worker found its own epoch moved on",
-                                      registry=r)
-        self._duplicate_id = Counter(p + "member_duplicate_id",
-                                     "Times this worker found its member row registered by "
-                                     "another live process with the same worker id (it "
-                                     "stops and exits)", registry=r)
-        self._member_hb = Histogram(p + "member_heartbeat_seconds",
-                                    "Duration of one member heartbeat", buckets=FAST_BUCKETS,
-                                    registry=r)
-        self._member_hbs = Counter(p + "member_heartbeats", "Member heartbeats, by outcome",
-                                   ["outcome"], registry=r)
-        self._rebalance_moves = Counter(p + "rebalance_moves",
-                                        "Streams this worker handed over to even out the fleet",
-                                        registry=r)
-        # Unknown (NaN) until this worker first computes its share, so a balance alert
-        # cannot fire on a worker that has not read the fleet yet.
-        self._sink_limit = Gauge(p + "sink_in_flight_limit",
-                                 "Sink transactions this worker lets be in flight at once "
-                                 "(lowered while member heartbeats are slow)", registry=r)
-        self._share = Gauge(p + "member_share",
-                            "Streams this worker aims to hold: its fair share of the fleet's "
-                            "STARTED streams (0 while draining)", registry=r)
         self._share.set(math.nan)
-        self._is_leader = Gauge(p + "is_leader", "1 while this worker is the fleet leader",
-                                registry=r)
-        self._leader_changes = Counter(p + "leader_changes",
-                                       "Times this worker became the fleet leader", registry=r)
-        self._unreplicated = Counter(
-            p + "leader_unreplicated", "Redis leader acquisitions, renewals and fenced writes "
-            "not counted: fewer replicas acknowledged (WAIT) than required", ["operation"],
-            registry=r)
-        self._keeper_crashes = Counter(p + "leader_keeper_crashes",
-                                       "Times the fleet leader lease's renewal task failed "
-                                       "(leadership given up)", registry=r)
-        self._job_runs = Counter(p + "job_runs", "Job runs by outcome", ["outcome"], registry=r)
-        self._job_seconds = Histogram(p + "job_run_seconds", "Duration of one job run",
-                                      buckets=JOB_BUCKETS, registry=r)
-        self._job_delay = Histogram(p + "job_start_delay_seconds",
-                                    "How late a job run started after its slot's time",
-                                    buckets=FAST_BUCKETS, registry=r)
-        self._job_skipped = Counter(p + "job_slots_skipped",
-                                    "Slots that came due while no leader could run them",
-                                    registry=r)
-        self._jobs_unreadable = Gauge(p + "jobs_unreadable",
-                                      "Job items the leader cannot run as stored (never run)",
-                                      registry=r)
-        self._feed_lag = Gauge(p + "change_feed_lag_seconds",
-                               "How far behind the newest change-feed record read is",
-                               registry=r)
-        self._feed_records = Counter(p + "change_feed_records",
-                                     "Change-feed records, by the action each called for",
-                                     ["action"], registry=r)
-        self._feed_errors = Counter(p + "change_feed_errors", "Change-feed faults, by kind",
-                                    ["kind"], registry=r)
-        self._feed_live = Gauge(p + "change_feed_live", "1 while this worker trusts the "
-                                "leader's change feed (and rests the polls it replaces)",
-                                registry=r)
-        self._notices = Counter(p + "notices", "The leader's change-feed notices this worker "
-                                "acted on, by kind", ["kind"], registry=r)
-        self._unserved = Counter(p + "unserved_leases_released",
-                                 "Leases naming this worker that it did not serve, released by "
-                                 "its self-audit", registry=r)
-        self._crashed = Counter(p + "task_crashed", "Long-lived tasks that failed unexpectedly, "
-                                "by task", ["task"], registry=r)
-        self._hints = Counter(p + "index_hints",
-                              "Index records about a held stream, by what a consistent read "
-                              "made of them", ["outcome"], registry=r)
-        self._sink_batches = Counter(p + "sink_batches", "Batches delivered, by sink",
-                                     ["sink"], registry=r)
-        self._sink_messages = Counter(p + "sink_messages", "Messages delivered, by sink",
-                                      ["sink"], registry=r)
-        self._sink_kind_failures = Counter(p + "sink_failures",
-                                           "Batch attempts that failed, by sink", ["sink"],
-                                           registry=r)
-        self._sink_seconds = Histogram(p + "sink_seconds",
-                                       "One batch attempt through the sink, by sink",
-                                       ["sink"], buckets=FAST_BUCKETS, registry=r)
-        self._dead_lettered = Counter(p + "dead_lettered_messages",
-                                      "Messages sent to the dead-letter sink, by sink",
-                                      ["sink"], registry=r)
-        self._mongodb_bad_input = Counter(
-            p + "mongodb_bad_input", "Messages the mongodb sink could not store as they came, "
-            "by kind: not_a_document (stored wrapped), too_large and unstorable (the batch is "
-            "refused), foreign_duplicate (another writer's document left alone)", ["kind"],
-            registry=r)
-        self._build = Gauge(p + "build_info", "Build information", ["version"], registry=r)
         self._build.labels(__version__).set(1)
-
-        for reason in LOST_REASONS:
-            self._lost.labels(reason.value)
-        for reason in RELEASE_REASONS:
-            self._released.labels(reason.value)
-        for name in RECONNECT_REASONS:
-            self._reconnects.labels(name)
-        for name in BAD_ITEM_REASONS:
-            self._bad_items.labels(name)
-        for name in GAP_REASONS:
-            self._upstream_gaps.labels(name)
-        for name in RENEW_OUTCOMES:
-            self._renewals.labels(name)
-        for name in TASKS:
-            self._crashed.labels(name)
-        for name in SINK_KINDS:
-            for sink_metric in (self._sink_batches, self._sink_messages,
-                                self._sink_kind_failures, self._dead_lettered):
-                sink_metric.labels(name)
-            self._sink_seconds.labels(name)
-        for name in INDEX_HINT_OUTCOMES:
-            self._hints.labels(name)
-        for name in MONGODB_BAD_INPUT:
-            self._mongodb_bad_input.labels(name)
-        for name in SINK_FAILURE_OUTCOMES:
-            self._sink_failures.labels(name)
-        for name in JOB_OUTCOMES:
-            self._job_runs.labels(name)
-        for name in UNREPLICATED_OPERATIONS:
-            self._unreplicated.labels(name)
-        for name in CHANGE_FEED_ACTIONS:
-            self._feed_records.labels(name)
-        for name in CHANGE_FEED_ERROR_KINDS:
-            self._feed_errors.labels(name)
-        for name in NOTICE_KINDS:
-            self._notices.labels(name)
-        for name in MEMBER_HEARTBEAT_OUTCOMES:
-            self._member_hbs.labels(name)
-        for name in MEMBER_STATUSES:
-            self._members.labels(name)
-        for op in DYNAMODB_OPERATIONS:
-            self._ddb_seconds.labels(op)
-            for outcome in DYNAMODB_OUTCOMES:
-                self._ddb_requests.labels(op, outcome)
-        for op in DYNAMODB_READ_OPERATIONS:
-            self._ddb_items_read.labels(op)
         # Hot path: cache the children touched per message.
         self._delivered_inc = self._delivered.inc
 
@@ -465,6 +420,7 @@ class Metrics:
 
     def leader_unreplicated(self, operation: str) -> None:
         self._unreplicated.labels(operation).inc()
+
     def leader_keeper_crashed(self) -> None:
         self._keeper_crashes.inc()
 

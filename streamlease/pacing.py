@@ -21,11 +21,12 @@ import asyncio
 from collections import deque
 
 from streamlease.core.frames import Frame
-from streamlease.core.membership import HeartbeatOutcome, heartbeat_strained
+from streamlease.core.membership import HeartbeatOutcome
 from streamlease.core.model import EventMark, StreamRecord, Tenure
 from streamlease.errors import StoreUnavailable
 from streamlease.metrics import Metrics
 from streamlease.store.protocols import Sink, SinkOutcome
+from streamlease.strain import Strain
 
 
 class SinkGate:
@@ -34,7 +35,7 @@ class SinkGate:
 
     def __init__(self, ceiling: int, slow_s: float, metrics: Metrics | None = None) -> None:
         self.ceiling = max(1, ceiling)
-        self.slow_s = slow_s
+        self.strain = Strain(None, slow_s)  # each heartbeat judged on its own
         self.limit = self.ceiling
         self.in_flight = 0
         self._metrics = metrics
@@ -45,7 +46,7 @@ class SinkGate:
         """A member heartbeat's outcome and latency: halve or double the limit."""
         if outcome is HeartbeatOutcome.FENCED:
             return  # says nothing about the store's speed
-        if heartbeat_strained(outcome, seconds, self.slow_s):
+        if self.strain.record(outcome, seconds):
             self.limit = max(1, self.limit // 2)
         else:
             self.limit = min(self.ceiling, self.limit * 2)

@@ -44,10 +44,6 @@ from streamlease.errors import SecretUnavailable
 from streamlease.logs import event
 
 MAX_FILE_BYTES = 64 * 1024
-DEFAULT_TTL_S = 300.0
-DEFAULT_HARD_EXPIRY_S = 3600.0
-DEFAULT_RETRY_S = 30.0
-DEFAULT_CALL_TIMEOUT_S = 10.0
 
 # Asking again cannot help until someone changes the secret or its policy.
 PERMANENT_CODES = frozenset({
@@ -127,27 +123,35 @@ def _read_file(path: str) -> bytes:
         return f.read(MAX_FILE_BYTES + 1)
 
 
+@dataclass(frozen=True)
+class SecretCaching:
+    """How Secrets Manager values are cached and fetched (the module docstring);
+    ``max_attempts`` is botocore's, per fetch."""
+
+    ttl_s: float = 300.0
+    hard_expiry_s: float = 3600.0
+    retry_s: float = 30.0
+    call_timeout_s: float = 10.0
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ttl_s <= self.hard_expiry_s:
+            raise ValueError("ttl_s must be above 0 and at most hard_expiry_s")
+
+
 class SecretResolver:
     """Resolves secret references; an async context manager that owns its AWS clients.
 
     ``environ`` defaults to the process environment (read at construction, so a test or
-    the composition root can hand in a fixed one). ``max_attempts`` is botocore's, per
-    fetch; ``observe`` hears the outcome of every fetch."""
+    the composition root can hand in a fixed one); ``observe`` hears the outcome of every
+    fetch."""
 
     def __init__(self, *, environ: Mapping[str, str] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 ttl_s: float = DEFAULT_TTL_S, hard_expiry_s: float = DEFAULT_HARD_EXPIRY_S,
-                 retry_s: float = DEFAULT_RETRY_S,
-                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, max_attempts: int = 3,
+                 caching: SecretCaching = SecretCaching(),
                  observe: FetchObserver | None = None) -> None:
-        if not 0 < ttl_s <= hard_expiry_s:
-            raise ValueError("ttl_s must be above 0 and at most hard_expiry_s")
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
-        self._ttl_s = ttl_s
-        self._hard_expiry_s = hard_expiry_s
-        self._retry_s = retry_s
-        self._call_timeout_s = call_timeout_s
-        self._max_attempts = max_attempts
+        self._caching = caching
         self._observe = observe
         self._cache: dict[str, _Cached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -228,14 +232,14 @@ class SecretResolver:
                 secret = await self._fetch(ref)
             except SecretUnavailable as exc:
                 now = self._clock.monotonic()
-                if entry is None or now - entry.fetched_at >= self._hard_expiry_s:
+                if entry is None or now - entry.fetched_at >= self._caching.hard_expiry_s:
                     raise
                 entry.failed_at = now
                 event(logging.WARNING, "secrets.refresh_failed",
                       "could not refresh a secret; serving the cached value",
                       ref=ref.text, reason=exc.reason,
                       age_s=round(now - entry.fetched_at, 1),
-                      expires_in_s=round(entry.fetched_at + self._hard_expiry_s - now, 1))
+                      expires_in_s=round(entry.fetched_at + self._caching.hard_expiry_s - now, 1))
                 return entry.secret
             self._cache[arn] = _Cached(secret, self._clock.monotonic())
             return secret
@@ -248,10 +252,10 @@ class SecretResolver:
             return None
         now = self._clock.monotonic()
         age = now - entry.fetched_at
-        if age < self._ttl_s:
+        if age < self._caching.ttl_s:
             return entry.secret
-        if entry.failed_at is not None and now - entry.failed_at < self._retry_s \
-                and age < self._hard_expiry_s:
+        if entry.failed_at is not None and now - entry.failed_at < self._caching.retry_s \
+                and age < self._caching.hard_expiry_s:
             return entry.secret
         return None
 
@@ -264,7 +268,7 @@ class SecretResolver:
                 endpoint = (self._environ.get("AWS_ENDPOINT_URL_SECRETS_MANAGER")
                             or self._environ.get("AWS_ENDPOINT_URL") or None)
                 config = BotoConfig(connect_timeout=5, read_timeout=5,
-                                    retries={"max_attempts": self._max_attempts,
+                                    retries={"max_attempts": self._caching.max_attempts,
                                              "mode": "standard"})
                 client = await self._stack.enter_async_context(self._session.client(
                     "secretsmanager", region_name=region, endpoint_url=endpoint,
@@ -286,7 +290,7 @@ class SecretResolver:
     async def _call(self, ref: Ref) -> Secret:
         try:
             client = await self._client(arn_region(ref.name))
-            async with asyncio.timeout(self._call_timeout_s):
+            async with asyncio.timeout(self._caching.call_timeout_s):
                 answer = await client.get_secret_value(SecretId=ref.name)
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", "ClientError"))

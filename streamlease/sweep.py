@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamlease.clock import Clock, sleep_unless
+from streamlease.clock import sleep_unless
+from streamlease.context import Context
 from streamlease.core.backoff import jittered
 from streamlease.core.changes import ChangeRecord
 from streamlease.core.model import StreamRecord, error_text
@@ -32,8 +32,6 @@ from streamlease.core.urls import AllowList
 from streamlease.errors import StoreError
 from streamlease.holdings import Holdings
 from streamlease.logs import event
-from streamlease.metrics import Metrics
-from streamlease.store.protocols import LeaseStore
 
 REPORTED_LIMIT = 10_000  # (stream, problem) pairs remembered for log rate-limiting
 BACKSTOP_FACTOR = 10  # with the change feed live the sweep runs this many times less often
@@ -43,10 +41,10 @@ class Unservable:
     """Items that cannot be served: written to ``last_error`` each time, logged and
     counted once per (stream, problem)."""
 
-    def __init__(self, leases: LeaseStore, clock: Clock, metrics: Metrics) -> None:
-        self.leases = leases
-        self.clock = clock
-        self.metrics = metrics
+    def __init__(self, ctx: Context) -> None:
+        self.leases = ctx.leases
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
         self.reported: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     async def report(self, record: StreamRecord, problem: str) -> None:
@@ -75,16 +73,15 @@ class SweepSettings:
 
 
 class Sweep:
-    def __init__(self, leases: LeaseStore, holdings: Holdings, clock: Clock, metrics: Metrics,
-                 settings: SweepSettings, unservable: Unservable, rng: random.Random,
-                 stopping: asyncio.Event) -> None:
-        self.leases = leases
+    def __init__(self, ctx: Context, holdings: Holdings, settings: SweepSettings,
+                 unservable: Unservable, stopping: asyncio.Event) -> None:
+        self.leases = ctx.leases
         self.holdings = holdings
-        self.clock = clock
-        self.metrics = metrics
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
         self.settings = settings
         self.unservable = unservable
-        self.rng = rng
+        self.rng = ctx.rng
         self.stopping = stopping
         self.feed_live: Callable[[], bool] = lambda: False
         self._requested = asyncio.Event()
@@ -147,9 +144,7 @@ class Sweep:
     def follow(self, change: ChangeRecord) -> None:
         """A change the leader's feed read: the fleet view follows it between sweeps (one
         delivered too late to be placed exactly is counted by a sweep now)."""
-        followed = self.view.follow(change.stream_id, change.old, change.new, change.shard_id,
-                                    change.sequence_number, change.approximate_at_ms,
-                                    self.clock.monotonic(), self.clock.wall_ms())
+        followed = self.view.follow(change, self.clock.monotonic(), self.clock.wall_ms())
         if followed is Followed.LATE and not self._late:
             self._late = True
             event(logging.INFO, "sweep.view_late", "the change feed is behind by more than "

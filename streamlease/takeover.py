@@ -20,15 +20,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from streamlease import tracing
-from streamlease.clock import Clock, sleep_unless
+from streamlease.clock import sleep_unless
+from streamlease.context import Context
 from streamlease.core.deal import TAKEOVERS_PER_S, deal, deal_weights, preference
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberRecord
 from streamlease.errors import StoreError
 from streamlease.holdings import Holdings, MemberGate
 from streamlease.logs import event
-from streamlease.metrics import Metrics
-from streamlease.store.protocols import LeaseStore
+from streamlease.store.protocols import TakeOver
 
 TAKEOVER_CONCURRENCY = 16  # take-over writes in flight per worker
 DEALT_LIMIT = 1_000  # dead incarnations remembered as dealt
@@ -36,7 +36,6 @@ DEALT_LIMIT = 1_000  # dead incarnations remembered as dealt
 
 @dataclass(frozen=True)
 class TakeoverSettings:
-    owner: str
     max_streams: int
     timings: LeaseTimings  # the stream lease a take-over stamps
     call_s: float  # a take-over write times out after twice this
@@ -44,13 +43,13 @@ class TakeoverSettings:
 
 
 class Takeover:
-    def __init__(self, leases: LeaseStore, holdings: Holdings, clock: Clock, metrics: Metrics,
-                 settings: TakeoverSettings, membership: MemberGate,
-                 stopping: asyncio.Event) -> None:
-        self.leases = leases
+    def __init__(self, ctx: Context, holdings: Holdings, settings: TakeoverSettings,
+                 membership: MemberGate, stopping: asyncio.Event) -> None:
+        self.ctx = ctx
+        self.leases = ctx.leases
         self.holdings = holdings
-        self.clock = clock
-        self.metrics = metrics
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
         self.settings = settings
         self.membership = membership
         self.stopping = stopping
@@ -114,7 +113,7 @@ class Takeover:
             capacities = {m.worker_id: m.capacity for m in survivors}
             weights = deal_weights(counts, capacities, len(stream_ids))
         dealt = deal(stream_ids, weights)
-        mine = [sid for sid in stream_ids if dealt.get(sid) == self.settings.owner]
+        mine = [sid for sid in stream_ids if dealt.get(sid) == self.ctx.owner]
         # This worker's expected part of all the dead member held: the weights are relative
         # (the leader weighed them by the dead member's last reported count, which lags).
         # The listing alone would undercount it: it shrinks while the other survivors take
@@ -122,7 +121,7 @@ class Takeover:
         # to the fencer.
         held = max(len(stream_ids), dead.streams)
         total = sum(w for w in weights.values() if w > 0)
-        weight = max(0, weights.get(self.settings.owner, 0))
+        weight = max(0, weights.get(self.ctx.owner, 0))
         return mine, math.ceil(held * weight / total) if total else 0
 
     async def _take_dead_part(self, dead: MemberRecord, weights: dict[str, int] | None,
@@ -138,7 +137,7 @@ class Takeover:
         mine, weight = self._deal_for(dead, listed, weights)
         if leftovers:
             others = sorted(set(listed) - set(mine),
-                            key=lambda sid: preference(sid, self.settings.owner))
+                            key=lambda sid: preference(sid, self.ctx.owner))
             mine += others[:leftovers]
         busy = set(self.holdings.supervisors) | self.holdings.acquiring
         mine = [sid for sid in mine if sid not in busy]
@@ -180,10 +179,10 @@ class Takeover:
         try:
             sent = self.clock.monotonic()
             try:
-                got = await self.leases.take_over(
-                    stream_id, dead.worker_id, dead.epoch, self.settings.owner,
-                    self.clock.wall_ms(), self.settings.timings,
-                    timeout=2 * self.settings.call_s, epoch=self.membership.epoch)
+                got = await self.leases.take_over(TakeOver(
+                    stream_id, dead.worker_id, dead.epoch, self.ctx.owner,
+                    self.clock.wall_ms(), self.settings.timings, epoch=self.membership.epoch),
+                    timeout=2 * self.settings.call_s)
                 if got is not None:
                     got = await self.holdings.resume_where_the_sink_is(got)
             except StoreError as exc:

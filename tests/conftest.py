@@ -32,6 +32,8 @@ from tests.virtual import VirtualTimeLoop
 # drawn from a seeded generator so that a virtual-time test replays exactly.
 memory.DEFAULT_INDEX_LAG = IndexLag(INDEX_LAG_MS / 1000, INDEX_LAG_JITTER_MS / 1000)
 memory.DEFAULT_SEED = 0
+# The DynamoDB stores' pools: room for the contract tests' concurrent calls.
+POOLS = dynamodb.ConnectOptions(sink_connections=100, control_connections=100)
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
@@ -91,8 +93,7 @@ async def instant_dynamo(instant_dynamodb_endpoint: str, table_names: tuple[str,
     """The DynamoDB stores on fresh tables of the instant-index server."""
     for name, value in local_aws_env(instant_dynamodb_endpoint).items():
         monkeypatch.setenv(name, value)
-    async with dynamodb.connect(*table_names, sink_connections=100,
-                                control_connections=100) as stores:
+    async with dynamodb.connect(*table_names, POOLS) as stores:
         await stores.admin.create_tables()
         yield stores
 
@@ -107,8 +108,7 @@ def table_names() -> tuple[str, str, str]:
 async def dynamo(dynamodb_endpoint: str,
                  table_names: tuple[str, str, str]) -> AsyncIterator[Stores]:
     """The DynamoDB stores on fresh tables of the embedded server."""
-    async with dynamodb.connect(*table_names, sink_connections=100,
-                                control_connections=100) as stores:
+    async with dynamodb.connect(*table_names, POOLS) as stores:
         await stores.admin.create_tables()
         yield stores
 
@@ -126,8 +126,7 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
         return
     request.getfixturevalue("dynamodb_endpoint")
     names: tuple[str, str, str] = request.getfixturevalue("table_names")
-    async with dynamodb.connect(*names, sink_connections=100,
-                                control_connections=100) as found:
+    async with dynamodb.connect(*names, POOLS) as found:
         await found.admin.create_tables()
         yield found
 

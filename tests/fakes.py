@@ -11,13 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamlease.clock import Clock
+from streamlease.clock import SYSTEM_CLOCK, Clock
+from streamlease.context import Context
 from streamlease.core.bulletin import Bulletin
 from streamlease.core.frames import Frame
 from streamlease.core.lease import Holding, RenewOutcome
 from streamlease.core.membership import HeartbeatOutcome
 from streamlease.core.model import Tenure
 from streamlease.errors import SelfFenced, StoreError, StoreThrottled, StoreUnavailable
+from streamlease.health import HealthState
 from streamlease.membership import FleetKnowledge, FleetView
 from streamlease.metrics import Metrics
 from streamlease.store.memory import MemoryStore
@@ -115,6 +117,14 @@ class FaultyStore:
         return fault
 
 
+def context(sink: Any = None, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None,
+            rng: random.Random | None = None, leases: Any = None, owner: str = "w1") -> Context:
+    """A worker's ``Context`` for a unit test: what it does not give is unused or fresh."""
+    stores = MemoryStore().stores()
+    return Context(owner, clock, metrics or Metrics(), leases or stores.leases,
+                   sink or stores.sink, HealthState(60.0), rng or random.Random())
+
+
 @dataclass
 class PumpScript:
     """What every ScriptedPump of a test does: deliver ``batch`` frames every ``every``
@@ -127,13 +137,9 @@ class PumpScript:
     pumps: dict[str, ScriptedPump] = field(default_factory=dict)
 
     def factory(self) -> Callable[..., ScriptedPump]:
-        def make(tenure: Tenure, holding: Holding, sink: Any, clock: Clock, metrics: Metrics,
-                 settings: Any, rng: random.Random | None = None,
-                 on_delivered: Callable[[int], None] | None = None,
-                 on_problem: Callable[[str | None], None] | None = None,
-                 wire: Any = None) -> ScriptedPump:
-            pump = ScriptedPump(self, tenure, holding, sink, clock)
-            self.pumps[tenure.stream_id] = pump
+        def make(ctx: Context, holding: Holding, settings: Any, **hooks: Any) -> ScriptedPump:
+            pump = ScriptedPump(self, holding.tenure, holding, ctx.sink, ctx.clock)
+            self.pumps[holding.tenure.stream_id] = pump
             return pump
         return make
 

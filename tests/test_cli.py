@@ -18,9 +18,9 @@ import pytest
 
 from streamlease.core.membership import HeartbeatOutcome, MemberStatus
 from streamlease.core.urls import parse_allowed_urls, url_problem
-from streamlease.dial import dial
+from streamlease.dial import DialOptions, dial
 from streamlease.errors import DialError
-from streamlease.store.protocols import FleetStore, Stores
+from streamlease.store.protocols import FleetStore, Heartbeat, Stores
 from tests.procs import ROOT
 
 
@@ -214,8 +214,8 @@ async def heartbeating(fleet: FleetStore,
     async def beat() -> None:
         while True:
             for worker_id, (epoch, status, streams, capacity) in members.items():
-                result = await fleet.heartbeat(worker_id, epoch, status, streams, capacity, 0,
-                                               int(time.time() * 1000))
+                result = await fleet.heartbeat(Heartbeat(worker_id, epoch, status, streams,
+                                                         capacity, 0, int(time.time() * 1000)))
                 assert result.outcome is HeartbeatOutcome.RENEWED, result
             await asyncio.sleep(every_s)  # the members' own cadence, not a wait for an event
 
@@ -409,7 +409,7 @@ async def test_url_secrets_reach_no_log_error_or_command_output(
     for kind, template in SECRET_URLS.items():
         url = template.format(s=SECRET, port=9)  # nothing listens on 127.0.0.1:9
         with pytest.raises(DialError) as err:
-            await dial(url, rules, open_timeout=5)
+            await dial(url, rules, DialOptions(open_timeout=5))
         dial_text = f"{err.value} {err.value.url}"
         problem = url_problem(url, rules)
         assert (problem is None) == (kind in ("query", "path")), (kind, problem)

@@ -252,4 +252,4 @@ def test_the_self_audit_keeps_the_contract_leases_scale(env: dict[str, str],
     every worker list its streams more often (1.6 leases, so never two apart)."""
     from streamlease.app import build_settings
 
-    assert build_settings(WorkerConfig.from_env(env), "w1").audit_s == pytest.approx(audit_s)
+    assert build_settings(WorkerConfig.from_env(env)).audit_s == pytest.approx(audit_s)

@@ -5,6 +5,7 @@ address dialled or listened on is in 127.0.0.0/8."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import ipaddress
 import ssl
@@ -13,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
@@ -22,7 +22,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from streamlease.core.urls import ANY_WS_URL, parse_allowed_urls
-from streamlease.dial import dial, tls_context
+from streamlease.dial import DialOptions, dial, tls_context
 from streamlease.errors import DialError
 
 Handler = Callable[[ServerConnection, Request], Awaitable[Response | None] | Response | None]
@@ -90,15 +90,14 @@ def full_text(exc: BaseException) -> str:
                       getattr(exc, "url", "")])
 
 
-OPTIONS: dict[str, Any] = {"compression": None, "max_size": 2**16, "open_timeout": 5,
-                           "close_timeout": 1, "max_queue": 16, "ping_interval": None,
-                           "ping_timeout": None}
+OPTIONS = DialOptions(compression=None, max_size=2**16, open_timeout=5, close_timeout=1,
+                      max_queue=16, ping_interval=None, ping_timeout=None)
 
 
 async def test_dials_an_allowed_url_with_the_options_given() -> None:
     async with upstream() as port:
         rules = parse_allowed_urls(f"ws://127.0.0.1:{port}")
-        ws = await dial(f"ws://127.0.0.1:{port}/s/1?from_seq=5", rules, **OPTIONS)
+        ws = await dial(f"ws://127.0.0.1:{port}/s/1?from_seq=5", rules, OPTIONS)
         try:
             assert await ws.recv() == "hello"
             assert ws.request is not None and ws.request.path == "/s/1?from_seq=5"
@@ -123,7 +122,7 @@ async def test_a_refused_url_is_never_dialled(template: str, elsewhere: Listener
         rules = parse_allowed_urls(f"ws://127.0.0.1:{local.port}")
         url = template.format(allowed=local.port, other=elsewhere.port)
         with pytest.raises(DialError) as err:
-            await dial(url, rules, **OPTIONS)
+            await dial(url, rules, OPTIONS)
         assert not err.value.retriable and "refused before dialling" in str(err.value)
         await settle()
         assert (local.accepted, elsewhere.accepted) == (0, 0)
@@ -157,7 +156,7 @@ async def test_a_redirect_to_an_allowed_target_is_followed() -> None:
     async with upstream() as target, \
             upstream(process_request=redirect_to(f"ws://127.0.0.1:{target}/moved")) as origin:
         rules = parse_allowed_urls(f"ws://127.0.0.1:{origin},ws://127.0.0.1:{target}")
-        ws = await dial(f"ws://127.0.0.1:{origin}/?from_seq=1", rules, **OPTIONS)
+        ws = await dial(f"ws://127.0.0.1:{origin}/?from_seq=1", rules, OPTIONS)
         try:
             assert await ws.recv() == "hello"
             assert ws.remote_address[1] == target
@@ -180,7 +179,7 @@ async def test_a_redirect_to_a_refused_target_is_not_followed(
         async with upstream(process_request=redirect_to(target)) as origin:
             rules = parse_allowed_urls(f"ws://127.0.0.1:{origin}")
             with pytest.raises(DialError) as err:
-                await dial(f"ws://127.0.0.1:{origin}/", rules, **OPTIONS)
+                await dial(f"ws://127.0.0.1:{origin}/", rules, OPTIONS)
         await settle()
         assert (local.accepted, elsewhere.accepted) == (0, 0)
     finally:
@@ -204,7 +203,7 @@ async def test_proxy_variables_are_ignored(monkeypatch: pytest.MonkeyPatch) -> N
             with pytest.raises(Exception):  # noqa: B017 - whichever error the fake proxy causes
                 await connect(url, open_timeout=2)
             assert proxy.accepted == 1
-            ws = await dial(url, parse_allowed_urls(url), **OPTIONS)
+            ws = await dial(url, parse_allowed_urls(url), OPTIONS)
             try:
                 assert await ws.recv() == "hello"
             finally:
@@ -253,7 +252,7 @@ async def test_tls_certificates_are_verified(tmp_path: Path) -> None:
             assert await ws.recv() == "hello"
         # ... and dial, which trusts only the system's store, refuses it.
         with pytest.raises(DialError) as err:
-            await dial(url, parse_allowed_urls("wss://"), **OPTIONS)
+            await dial(url, parse_allowed_urls("wss://"), OPTIONS)
     assert "CERTIFICATE_VERIFY_FAILED" in str(err.value) and err.value.retriable
 
 
@@ -275,7 +274,7 @@ async def test_dial_errors_never_carry_the_url_secrets(template: str, expected: 
     async with upstream(process_request=refuse_with(403)) as refusing:
         url = template.format(s=SECRET, closed=closed.port, refusing=refusing)
         with pytest.raises(DialError) as err:
-            await dial(url, ANY_WS_URL, **OPTIONS)
+            await dial(url, ANY_WS_URL, OPTIONS)
     assert expected in str(err.value)
     assert SECRET not in full_text(err.value)
     assert err.value.url in str(err.value) or err.value.url == "<unparseable url>"
@@ -289,10 +288,10 @@ async def test_a_profiles_headers_never_follow_a_redirect_to_another_origin(
             upstream(process_request=redirect_to(f"ws://127.0.0.1:{target}/moved")) as origin:
         rules = parse_allowed_urls("ws://127.0.0.1")
         with pytest.raises(DialError) as err:
-            await dial(f"ws://127.0.0.1:{origin}/", rules, **OPTIONS,
-                       additional_headers=[("X-Api-Key", "s3cret")])
+            await dial(f"ws://127.0.0.1:{origin}/", rules, dataclasses.replace(
+                OPTIONS, additional_headers=[("X-Api-Key", "s3cret")]))
         assert "another origin" in str(err.value) and "s3cret" not in full_text(err.value)
-        ws = await dial(f"ws://127.0.0.1:{origin}/", rules, **OPTIONS)
+        ws = await dial(f"ws://127.0.0.1:{origin}/", rules, OPTIONS)
         try:
             assert ws.remote_address[1] == target
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,6 +29,7 @@ from streamlease.membership import FleetView
 from streamlease.metrics import Metrics
 from streamlease.store.dynamodb.changefeed import Batch, Fault, FaultKind, FeedResult, Opened
 from streamlease.store.memory import MemoryStore
+from tests.fakes import context
 from tests.virtual import LoopClock
 
 
@@ -119,8 +121,9 @@ def make(reader: Reader, notifier: Notifier, leases: MemoryStore | None = None,
          ) -> tuple[ChangeFeed, list[int], Metrics]:
     backstops: list[int] = []
     metrics = Metrics()
-    feed = ChangeFeed(lambda fence: reader, leases or MemoryStore(), notifier,
-                      lambda: backstops.append(1), LoopClock(), metrics,
+    sweep = SimpleNamespace(request=lambda: backstops.append(1), follow=lambda change: None)
+    feed = ChangeFeed(context(clock=LoopClock(), metrics=metrics, leases=leases or MemoryStore()),
+                      lambda fence: reader, notifier, sweep,  # type: ignore[arg-type]
                       FeedSettings(poll_s=0.01, publish_timeout_s=0.1), asyncio.Event())
     return feed, backstops, metrics
 
@@ -261,7 +264,8 @@ def test_offers_go_below_the_share_first() -> None:
 
 
 def test_the_bulletin_carries_the_feed_and_its_notices() -> None:
-    news = bulletins.compose([member("w1", 3)], frozenset(), "w1", 3, True, 0, gen=1)
+    news = bulletins.compose(bulletins.FleetRead([member("w1", 3)], frozenset(), "w1", 3, True,
+                                                 0, gen=1))
     news = dataclasses.replace(news, feed=3, notices=(
         Notice(7, "w2", "s1", NoticeKind.CHECK), Notice(8, "w3", "s2", NoticeKind.OFFER)))
     assert bulletins.decode(bulletins.encode(news)) == news
@@ -283,7 +287,6 @@ def test_the_bulletin_carries_the_feed_and_its_notices() -> None:
 @pytest.mark.virtual_time
 async def test_the_sweep_rests_while_the_feed_is_live_and_returns_when_it_stops() -> None:
     import random
-    from types import SimpleNamespace
 
     from streamlease.core.urls import parse_allowed_urls
     from streamlease.sweep import BACKSTOP_FACTOR, Sweep, SweepSettings, Unservable
@@ -291,9 +294,10 @@ async def test_the_sweep_rests_while_the_feed_is_live_and_returns_when_it_stops(
 
     memory = MemoryStore()
     clock, metrics = LoopClock(), Metrics()
-    sweep = Sweep(memory, SimpleNamespace(supervisors={}), clock, metrics,  # type: ignore[arg-type]
+    ctx = context(clock=clock, metrics=metrics, rng=random.Random(1), leases=memory)
+    sweep = Sweep(ctx, SimpleNamespace(supervisors={}),  # type: ignore[arg-type]
                   SweepSettings(10.0, parse_allowed_urls("wss://"), BUILTIN_UPSTREAMS.catalog),
-                  Unservable(memory, clock, metrics), random.Random(1), asyncio.Event())
+                  Unservable(ctx), asyncio.Event())
     live = [True]
     sweep.feed_live = lambda: live[0]
     stop = asyncio.Event()

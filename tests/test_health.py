@@ -19,7 +19,7 @@ import pytest
 
 from streamlease.config import WorkerConfig
 from streamlease.errors import ConfigError
-from streamlease.health import HealthServer, HealthState, serve
+from streamlease.health import HealthServer, HealthState, ServerLimits, serve
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import HoldingProxy, wait_until
 from tests.procs import ROOT
@@ -106,12 +106,12 @@ def exposition() -> tuple[bytes, str]:
 
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> Iterator[HealthServer]:
-    """An in-process server on a free loopback port; ``indirect`` params are serve()'s
-    keyword arguments (and ``address``)."""
+    """An in-process server on a free loopback port; ``indirect`` params are
+    ``ServerLimits``' fields (and ``address``)."""
     kwargs = dict(getattr(request, "param", {}))
     address = kwargs.pop("address", "127.0.0.1")
     state = HealthState(lease_s=2.0)
-    started = serve(address, 0, state, exposition, **kwargs)
+    started = serve(address, 0, state, exposition, ServerLimits(**kwargs))
     yield started
     started.close()
 

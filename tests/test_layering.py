@@ -18,12 +18,37 @@ import streamlease
 
 PACKAGE = Path(streamlease.__file__).parent
 
-# What storage may import from the package: the foundation, the pure core, itself. Above it
-# are the runtime (leader, leadership, membership, reconciler, supervisor, pump, jobs, app,
-# ...) and everything else, which build on storage.
-STORE_MAY_IMPORT = ("streamlease.core", "streamlease.store", "streamlease.errors",
-                    "streamlease.clock", "streamlease.config", "streamlease.logs",
-                    "streamlease.metrics")
+# The parts of the worker and what each may import: the rules docs/architecture.md states
+# under its picture ("What each part may not touch"). A part is a module or a package
+# (every module in it); a name is always the package's (``streamlease``).
+FOUNDATION = ("streamlease.errors", "streamlease.clock", "streamlease.config",
+              "streamlease.logs", "streamlease.metrics")
+ENTRY = ("streamlease.app", "streamlease.cli", "streamlease.jobcli", "streamlease.__main__")
+FLEET = ("streamlease.membership", "streamlease.leadership", "streamlease.leader",
+         "streamlease.jobs", "streamlease.feed")
+RECONCILING = ("streamlease.reconciler", "streamlease.reconcile_settings",
+               "streamlease.intake", "streamlease.balancing", "streamlease.watch",
+               "streamlease.holdings", "streamlease.takeover", "streamlease.sweep",
+               "streamlease.audit")
+ONE_STREAM = ("streamlease.supervisor", "streamlease.heartbeat", "streamlease.release",
+              "streamlease.tenancy", "streamlease.pump", "streamlease.pumping",
+              "streamlease.session", "streamlease.delivery", "streamlease.dial")
+STORE_MAY_IMPORT = ("streamlease.core", "streamlease.store", *FOUNDATION)
+
+# (who, the only parts it may import): beyond itself, nothing else.
+ONLY: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("streamlease.core",), ("streamlease.core",)),
+    (("streamlease.processor",), ("streamlease.core",)),
+    (("streamlease.store",), STORE_MAY_IMPORT),
+    (("streamlease.sinks",), (*STORE_MAY_IMPORT, "streamlease.sinks", "streamlease.processor")),
+)
+# (who, what it may not import).
+NOT: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    # One stream's tenure knows nothing of the fleet or of the reconciler above it.
+    (ONE_STREAM, FLEET + RECONCILING),
+    # Membership reaches the streams only through its hooks.
+    (("streamlease.membership",), RECONCILING + ONE_STREAM),
+)
 
 
 def module_files(package: Path) -> dict[str, Path]:
@@ -90,27 +115,40 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def _named(prefixes: tuple[str, ...], root: str) -> tuple[str, ...]:
+    return tuple(p.replace("streamlease", root, 1) for p in prefixes)
+
+
 def layering_violations(package: Path) -> list[str]:
-    """Every import, anywhere in a file (lazy ones too), that points up a layer."""
+    """Every import, anywhere in a file (lazy ones too), that breaks a rule above; and,
+    for the runtime (all but the entry points and the dev tools), any import of the entry
+    points or the dev tools."""
     modules = module_files(package)
     root = package.name
-    bad: list[str] = []
+    top = _named((*ENTRY, "streamlease.dev"), root)
+    bad: set[str] = set()
     for name, path in modules.items():
         imported = imports_of(name, path, modules, top_level_only=False)
-        if _within(name, (f"{root}.store",)):
-            allowed = tuple(p.replace("streamlease", root, 1) for p in STORE_MAY_IMPORT)
-            bad += [f"{name} imports {m}" for m in sorted(imported) if not _within(m, allowed)]
-        if _within(name, (f"{root}.core",)):
-            bad += [f"{name} imports {m}" for m in sorted(imported)
-                    if not _within(m, (f"{root}.core",))]
-    return bad
+        for who, only in ONLY:
+            if _within(name, _named(who, root)):
+                allowed = (*_named(only, root), name)
+                bad.update(f"{name} imports {m}" for m in imported if not _within(m, allowed))
+        for who, never in NOT:
+            if _within(name, _named(who, root)):
+                bad.update(f"{name} imports {m}" for m in imported
+                           if _within(m, _named(never, root)))
+        if name != root and not _within(name, top):
+            bad.update(f"{name} imports {m}" for m in imported if _within(m, top))
+    return sorted(bad)
 
 
-def import_cycles(package: Path) -> list[list[str]]:
-    """The cycles of the top-level import graph: each strongly connected component of
-    more than one module, as one cycle through it (``[a, b, a]``)."""
+def import_cycles(package: Path, *, lazy: bool = False) -> list[list[str]]:
+    """The cycles of the top-level import graph (with ``lazy``, of every import anywhere in
+    a file): each strongly connected component of more than one module, as one cycle
+    through it (``[a, b, a]``)."""
     modules = module_files(package)
-    graph = {name: sorted(imports_of(name, path, modules, top_level_only=True) & modules.keys())
+    graph = {name: sorted(imports_of(name, path, modules, top_level_only=not lazy)
+                          & modules.keys())
              for name, path in modules.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -163,7 +201,7 @@ def _cycle_through(component: set[str], graph: dict[str, list[str]]) -> list[str
     raise AssertionError("not a strongly connected component")
 
 
-def test_storage_and_core_import_nothing_above_them() -> None:
+def test_every_part_imports_only_what_its_rules_allow() -> None:
     assert len(module_files(PACKAGE)) > 40
     assert layering_violations(PACKAGE) == []
 
@@ -212,6 +250,25 @@ def test_the_layering_check_catches_core_importing_the_package(tmp_path: Path,
         "__init__.py": "", "errors.py": "", "store/__init__.py": "", "store/codec.py": "",
         "core/__init__.py": "", "core/model.py": "", "core/lease.py": source,
     })
+    assert len(layering_violations(package)) == 1
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("pump.py", "from streamlease.membership import Membership\n"),
+    ("session.py", "from streamlease import holdings\n"),
+    ("membership/deal.py", "from streamlease.supervisor import Supervisor\n"),
+    ("holdings.py", "from streamlease.app import build_runtime\n"),
+    ("reconciler.py", "def later() -> None:\n    from streamlease.dev import demo\n"),
+    ("sinks/files.py", "from streamlease.pump import Pump\n"),
+    ("processor.py", "from streamlease.errors import StoreError\n"),
+])
+def test_the_layering_check_catches_a_part_reaching_where_it_may_not(
+        tmp_path: Path, module: str, source: str) -> None:
+    files = {rel: "" for rel in (
+        "__init__.py", "errors.py", "app.py", "pump.py", "session.py", "holdings.py",
+        "reconciler.py", "supervisor.py", "processor.py", "dev/__init__.py", "dev/demo.py",
+        "membership/__init__.py", "membership/deal.py", "sinks/__init__.py", "sinks/files.py")}
+    package = _write(tmp_path, {**files, module: source})
     assert len(layering_violations(package)) == 1
 
 

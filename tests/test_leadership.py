@@ -15,6 +15,7 @@ from streamlease.leader import LeaderBackend, LeaderLease
 from streamlease.leadership import FLEET_LEASE, Leadership, LeadershipSettings
 from streamlease.metrics import Metrics
 from streamlease.store.memory import MemoryStore
+from tests.fakes import context
 from tests.virtual import LoopClock
 
 TTL, HEARTBEAT, SAFETY = 0.6, 0.1, 0.06
@@ -26,9 +27,8 @@ class Candidate:
         self.metrics = Metrics()
         self.eligible = eligible
         self.leadership = Leadership(
-            store.stores().leader, SYSTEM_CLOCK, self.metrics,
-            LeadershipSettings(owner, TTL, HEARTBEAT, SAFETY), duties,
-            eligible=lambda: self.eligible)
+            context(metrics=self.metrics, owner=owner), store.stores().leader,
+            LeadershipSettings(TTL, HEARTBEAT, SAFETY), duties, eligible=lambda: self.eligible)
         self.task = asyncio.create_task(self.leadership.run())
 
     def gauge(self) -> float:
@@ -76,13 +76,13 @@ async def test_one_leader_among_candidates_and_the_ineligible_never_lead(
         return [c for c in candidates if c.leadership.leading]
     await until(leaders)
     (first,) = leaders()
-    assert first.leadership.settings.owner != "draining" and first.gauge() == 1
+    assert first.leadership.owner != "draining" and first.gauge() == 1
     # Resigning hands over at once (no lease to wait out) to another eligible worker.
     await first.stop()
     candidates.remove(first)
     await until(leaders, timeout=TTL)
     (second,) = leaders()
-    assert second.leadership.settings.owner != "draining" and second.gauge() == 1
+    assert second.leadership.owner != "draining" and second.gauge() == 1
     assert first.gauge() == 0 and first.changes() == 1
 
 
@@ -156,9 +156,8 @@ class CrashRig:
         self.started: list[int] = []  # the fence of each leadership the duty ran under
         self.stopped: list[int] = []
         self.leadership = Leadership(
-            self.backend, self.clock, self.metrics,  # type: ignore[arg-type]
-            LeadershipSettings("w1", TTL, HEARTBEAT, SAFETY), [self.job],
-            eligible=lambda: True)
+            context(clock=self.clock, metrics=self.metrics), self.backend,  # type: ignore[arg-type]
+            LeadershipSettings(TTL, HEARTBEAT, SAFETY), [self.job], eligible=lambda: True)
         self.task = asyncio.create_task(self.leadership.run())
 
     async def job(self, lease: LeaderLease, done: asyncio.Event) -> None:
@@ -255,8 +254,8 @@ async def test_a_candidate_not_next_in_line_reads_the_lease_once_a_lease(
     await until(lambda: candidates[0].leadership.leading)
     counted = CountedReads(store.stores().leader)
     urgent = [False]
-    other = Leadership(counted, SYSTEM_CLOCK, Metrics(),  # type: ignore[arg-type]
-                       LeadershipSettings("w1", TTL, HEARTBEAT, SAFETY), [idle],
+    other = Leadership(context(), counted,  # type: ignore[arg-type]
+                       LeadershipSettings(TTL, HEARTBEAT, SAFETY), [idle],
                        eligible=lambda: True, urgent=lambda: urgent[0])
     task = asyncio.create_task(other.run())
     try:

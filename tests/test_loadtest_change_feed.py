@@ -16,7 +16,7 @@ from typing import Any
 import aioboto3
 import pytest
 
-from loadtest import change_feed_scenario, chaos
+from loadtest import audit, change_feed_scenario, runner
 from loadtest.change_feed_scenario import (
     HANDWRITTEN,
     STOPPED,
@@ -28,7 +28,8 @@ from loadtest.change_feed_scenario import (
     times,
     worker_reads,
 )
-from loadtest.common import Server
+from loadtest.common import PROFILES, Server
+from loadtest.fleet import Context
 from loadtest.report import markdown, targets, write_reports
 from loadtest.request_count import (
     COMMAND,
@@ -279,33 +280,33 @@ def test_one_mode_alone_renders_and_the_other_says_not_run() -> None:
 def test_changes_lost_or_a_bad_audit_in_either_mode_fail_the_run() -> None:
     result = change_feed_result()
     result["change_feed"]["off"]["duplicated"] = 2
-    assert chaos.correctness_failures(result) == {"change_feed.lost_changes": 1,
+    assert audit.correctness_failures(result) == {"change_feed.lost_changes": 1,
                                                   "change_feed.off.duplicated": 2}
     result["change_feed"]["off"]["lost_changes"] = 3
-    assert chaos.correctness_failures(result)["change_feed.off.lost_changes"] == 3
+    assert audit.correctness_failures(result)["change_feed.off.lost_changes"] == 3
 
 
 def test_the_scenario_is_registered_with_its_settings() -> None:
     # At default timings it takes minutes: in `make loadtest-all`, not the default set.
-    assert "change_feed" in chaos.parse_scenarios("all")
-    assert "change_feed" not in chaos.parse_scenarios("default")
-    assert chaos.runners()["change_feed"] is change_feed_scenario.run_change_feed
-    args = chaos.build_parser().parse_args(["--scenarios", "change_feed"])
+    assert "change_feed" in runner.parse_scenarios("all")
+    assert "change_feed" not in runner.parse_scenarios("default")
+    assert runner.runners()["change_feed"] is change_feed_scenario.run_change_feed
+    args = runner.build_parser().parse_args(["--scenarios", "change_feed"])
     assert args.change_feed_modes == ["on", "off"]
     assert args.change_feed_changes >= 20 and args.change_feed_quiet_s >= 60
-    args = chaos.build_parser().parse_args(["--change-feed-modes", "off,on"])
+    args = runner.build_parser().parse_args(["--change-feed-modes", "off,on"])
     assert args.change_feed_modes == ["on", "off"]
-    assert chaos.build_parser().parse_args(["--change-feed-modes", "off"]) \
+    assert runner.build_parser().parse_args(["--change-feed-modes", "off"]) \
         .change_feed_modes == ["off"]
     with pytest.raises(SystemExit):
-        chaos.build_parser().parse_args(["--change-feed-modes", "maybe"])
+        runner.build_parser().parse_args(["--change-feed-modes", "maybe"])
 
 
 async def test_each_mode_runs_on_a_fleet_of_its_own_and_lands_in_its_key(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     ran: list[str] = []
 
-    async def measure(ctx: chaos.Context, mode: str) -> dict[str, Any]:
+    async def measure(ctx: Context, mode: str) -> dict[str, Any]:
         ran.append(mode)
         found = _mode(mode, hand=1.0, stopped=1.0, url=1.0, reads=0.01, lost=0)
         if mode == "off":
@@ -313,9 +314,9 @@ async def test_each_mode_runs_on_a_fleet_of_its_own_and_lands_in_its_key(
         return found
 
     monkeypatch.setattr(change_feed_scenario, "measure_mode", measure)
-    args = chaos.build_parser().parse_args(["--scenarios", "change_feed"])
-    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
-    result = await chaos.run_scenarios(ctx, args.scenarios, None)
+    args = runner.build_parser().parse_args(["--scenarios", "change_feed"])
+    ctx = Context(args, dict(PROFILES["small"]), tmp_path)
+    result = await runner.run_scenarios(ctx, args.scenarios, None)
     assert ran == ["on", "off"]
     assert result["change_feed"]["handwritten_p99"] == 1.0
     assert result["change_feed"]["off"]["mode"] == "off"

@@ -15,7 +15,15 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from loadtest import chaos, otlp, scenarios, tracing_scenario
+from loadtest import (
+    audit,
+    balance_scenario,
+    chaos_scenario,
+    otlp,
+    runner,
+    scale_scenario,
+    throughput,
+)
 from loadtest.capacity import (
     CapacityInputs,
     Settings,
@@ -24,8 +32,10 @@ from loadtest.capacity import (
     per_worker_read_growth,
     renewal_rate,
 )
-from loadtest.chaos import _cost, _pct
-from loadtest.fleet import Fault, Fleet, parse_metrics
+from loadtest.chaos_scenario import cost as _cost
+from loadtest.common import PROFILES
+from loadtest.fleet import Context, Fault, Fleet, parse_metrics
+from loadtest.fleet import pct as _pct
 from loadtest.jobs_scenario import Disturbance, SideItem, SideWatch, audit_jobs
 from loadtest.report import markdown, targets, trace_panels, trace_png, write_reports
 from loadtest.sinks_scenario import (
@@ -303,37 +313,37 @@ def test_metrics_parsing_keeps_labels() -> None:
 
 async def test_a_failing_scenario_is_reported_and_the_others_still_run(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    async def broken(ctx: chaos.Context) -> dict[str, Any]:
+    async def broken(ctx: Context) -> dict[str, Any]:
         raise RuntimeError("worker exited")
 
-    async def fine(ctx: chaos.Context) -> dict[str, Any]:
+    async def fine(ctx: Context) -> dict[str, Any]:
         return {"skew": {"settled": True, "moves": 0, "lost": 1},
                 "failover": {"sigterm_slow_store": FAILOVER}}
 
-    monkeypatch.setattr(chaos, "runners", lambda: {"balance": broken, "skew": fine})
-    args = chaos.build_parser().parse_args(["--scenarios", "skew,balance"])
-    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    monkeypatch.setattr(runner, "runners", lambda: {"balance": broken, "skew": fine})
+    args = runner.build_parser().parse_args(["--scenarios", "skew,balance"])
+    ctx = Context(args, dict(PROFILES["small"]), tmp_path)
     previous = {"scenarios": {"scale": {"ok": True, "keys": ["scale", "failover.kill9"]},
                               "skew": {"ok": True, "keys": ["skew"]}},
                 "scale": {"streams": 2000}, "failover": {"kill9": {"p99": 25.0}},
                 "skew": {"settled": False}}
-    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    result = await runner.run_scenarios(ctx, args.scenarios, previous)
     assert result["scenarios"]["balance"]["ok"] is False
     assert "worker exited" in result["scenarios"]["balance"]["error"]
     assert result["skew"]["settled"] is True  # this run's, not the previous one
     assert result["failover"] == {"sigterm_slow_store": FAILOVER, "kill9": {"p99": 25.0}}
     assert result["scale"] == {"streams": 2000}
     assert result["scenarios"]["scale"]["from_previous_run"] is True
-    assert chaos.correctness_failures(result) == {"skew.lost": 1}
+    assert audit.correctness_failures(result) == {"skew.lost": 1}
 
 
 def test_scenario_selection() -> None:
-    assert chaos.parse_scenarios("all") == list(chaos.SCENARIOS)
-    assert chaos.parse_scenarios("scale,chaos") == ["chaos", "scale"]
-    assert "jobs" in chaos.parse_scenarios("default")
-    assert "jobs" in chaos.runners()
+    assert runner.parse_scenarios("all") == list(runner.LOADTEST)
+    assert runner.parse_scenarios("scale,chaos") == ["chaos", "scale"]
+    assert "jobs" in runner.parse_scenarios("default")
+    assert "jobs" in runner.runners()
     with pytest.raises(Exception, match="unknown scenario"):
-        chaos.parse_scenarios("chaos,nope")
+        runner.parse_scenarios("chaos,nope")
 
 
 # -- the jobs scenario's audit and section --------------------------------------------------
@@ -506,9 +516,9 @@ def test_a_jobs_run_that_found_no_new_leader_still_renders() -> None:
 
 
 def test_jobs_correctness_figures_fail_the_run() -> None:
-    assert chaos.correctness_failures({"jobs": jobs_section()}) == {}
+    assert audit.correctness_failures({"jobs": jobs_section()}) == {}
     bad = {"jobs": jobs_section(double_runs=1, stale_accepted=2)}
-    assert chaos.correctness_failures(bad) == {"jobs.double_runs": 1, "jobs.stale_accepted": 2}
+    assert audit.correctness_failures(bad) == {"jobs.double_runs": 1, "jobs.stale_accepted": 2}
 
 
 def test_the_dynamodb_sink_cost_section_renders_its_curve_and_targets() -> None:
@@ -620,40 +630,40 @@ def test_the_sinks_section_renders_with_its_targets(tmp_path: Path) -> None:
 
 
 def test_sink_correctness_figures_fail_the_run() -> None:
-    assert chaos.correctness_failures({"sinks": sinks_section()}) == {}
+    assert audit.correctness_failures({"sinks": sinks_section()}) == {}
     bad = sinks_section()
     bad["kinesis"]["lost"] = 2
     bad["kinesis"]["dup_outside_takeover"] = 1  # duplicated (12) alone is allowed
     bad["dynamodb"]["duplicated"] = 3  # not for an exactly-once sink
     bad["python"]["out_of_order"] = 4  # reported, not a failure
-    assert chaos.correctness_failures({"sinks": bad}) == {
+    assert audit.correctness_failures({"sinks": bad}) == {
         "sinks.kinesis.lost": 2, "sinks.kinesis.dup_outside_takeover": 1,
         "sinks.dynamodb.duplicated": 3}
 
 
 async def test_sink_figures_of_two_scenarios_merge_under_one_section(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    async def sinks(ctx: chaos.Context) -> dict[str, Any]:
+    async def sinks(ctx: Context) -> dict[str, Any]:
         return {"sinks": {"python": {"lost": 0}, "file": {"lost": 1}}}
 
-    monkeypatch.setattr(chaos, "runners", lambda: {"sinks": sinks})
-    args = chaos.build_parser().parse_args(["--scenarios", "sinks"])
-    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    monkeypatch.setattr(runner, "runners", lambda: {"sinks": sinks})
+    args = runner.build_parser().parse_args(["--scenarios", "sinks"])
+    ctx = Context(args, dict(PROFILES["small"]), tmp_path)
     previous = {"scenarios": {"throughput": {"ok": True, "keys": [
         "msgs_per_s", "sinks.python.ratio_to_bare"]},
         "sinks": {"ok": True, "keys": ["sinks.file.lost", "sinks.http.lost"]}},
         "msgs_per_s": {"bare_client": 1}, "sinks": {"python": {"ratio_to_bare": 0.9},
                                                     "http": {"lost": 5}}}
-    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    result = await runner.run_scenarios(ctx, args.scenarios, previous)
     assert result["sinks"] == {"python": {"lost": 0, "ratio_to_bare": 0.9}, "file": {"lost": 1}}
     assert result["scenarios"]["sinks"]["keys"] == ["sinks.python.lost", "sinks.file.lost"]
     assert result["msgs_per_s"] == {"bare_client": 1}
-    assert chaos.correctness_failures(result) == {"sinks.file.lost": 1}
+    assert audit.correctness_failures(result) == {"sinks.file.lost": 1}
 
 
 def test_sink_selection() -> None:
-    assert "sinks" in chaos.parse_scenarios("default") and "sinks" in chaos.runners()
-    assert chaos.build_parser().parse_args([]).sinks == list(SINKS)
+    assert "sinks" in runner.parse_scenarios("default") and "sinks" in runner.runners()
+    assert runner.build_parser().parse_args([]).sinks == list(SINKS)
     assert parse_sinks("file,sqs_fifo,kinesis") == ["kinesis", "file", "sqs_fifo"]
     assert "sqs_fifo" in parse_sinks("all") and "sqs_fifo" not in parse_sinks("default")
     with pytest.raises(Exception, match="unknown sink"):
@@ -803,36 +813,36 @@ def test_the_upstreams_section_renders_with_its_targets(tmp_path: Path) -> None:
 
 
 def test_upstream_correctness_figures_fail_the_run() -> None:
-    assert chaos.correctness_failures({"upstreams": upstreams_section()}) == {}
+    assert audit.correctness_failures({"upstreams": upstreams_section()}) == {}
     bad = upstreams_section()
     bad["query"]["lost"] = 2
     bad["message"]["duplicated"] = 1
     bad["none"]["lost_outside_gaps"] = 3  # lost alone (450) is expected without replay
     bad["none_count"]["stale_accepted"] = 1
-    assert chaos.correctness_failures({"upstreams": bad}) == {
+    assert audit.correctness_failures({"upstreams": bad}) == {
         "upstreams.query.lost": 2, "upstreams.message.duplicated": 1,
         "upstreams.none.lost_outside_gaps": 3, "upstreams.none_count.stale_accepted": 1}
 
 
 async def test_a_run_of_another_scenario_keeps_the_upstream_figures(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    async def skew(ctx: chaos.Context) -> dict[str, Any]:
+    async def skew(ctx: Context) -> dict[str, Any]:
         return {"skew": {"settled": True}}
 
-    monkeypatch.setattr(chaos, "runners", lambda: {"skew": skew})
-    args = chaos.build_parser().parse_args(["--scenarios", "skew"])
-    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    monkeypatch.setattr(runner, "runners", lambda: {"skew": skew})
+    args = runner.build_parser().parse_args(["--scenarios", "skew"])
+    ctx = Context(args, dict(PROFILES["small"]), tmp_path)
     previous = {"scenarios": {"upstreams": {"ok": True, "keys": ["upstreams"]}},
                 "upstreams": upstreams_section()}
-    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    result = await runner.run_scenarios(ctx, args.scenarios, previous)
     assert result["upstreams"] == upstreams_section()
     assert result["scenarios"]["upstreams"]["from_previous_run"] is True
 
 
 def test_upstream_selection() -> None:
-    assert "upstreams" in chaos.parse_scenarios("default") and "upstreams" in chaos.runners()
-    assert chaos.parse_scenarios("upstreams") == ["upstreams"]
-    assert chaos.build_parser().parse_args([]).upstream_modes == list(UPSTREAM_MODES)
+    assert "upstreams" in runner.parse_scenarios("default") and "upstreams" in runner.runners()
+    assert runner.parse_scenarios("upstreams") == ["upstreams"]
+    assert runner.build_parser().parse_args([]).upstream_modes == list(UPSTREAM_MODES)
     assert parse_modes("none_count,query") == ["query", "none_count"]
     with pytest.raises(Exception, match="unknown upstream mode"):
         parse_modes("query,nope")
@@ -850,11 +860,11 @@ def test_converged_is_the_first_sample_from_which_the_band_holds_for_good() -> N
         (4.0, {"w1": 11, "w2": 9, "w3": 10, "w4": 10}),
         (5.0, {"w1": 10, "w2": 10, "w3": 10, "w4": 10}),
     ]
-    assert scenarios.in_band({"w1": 11, "w2": 9, "w3": 10, "w4": 10}, 4, 10, 40)
-    assert not scenarios.in_band({"w1": 11, "w2": 9, "w3": 10}, 4, 10, 40)  # a worker short
-    assert not scenarios.in_band({"w1": 11, "w2": 9, "w3": 9, "w4": 10}, 4, 10, 40)  # unheld
-    assert scenarios.converged_at(timeline, 1.0, 4, 10, 40) == 4.0
-    assert scenarios.converged_at(timeline[:4], 1.0, 4, 10, 40) is None  # ends outside
+    assert balance_scenario.in_band({"w1": 11, "w2": 9, "w3": 10, "w4": 10}, 4, 10, 40)
+    assert not balance_scenario.in_band({"w1": 11, "w2": 9, "w3": 10}, 4, 10, 40)  # a worker short
+    assert not balance_scenario.in_band({"w1": 11, "w2": 9, "w3": 9, "w4": 10}, 4, 10, 40)  # unheld
+    assert balance_scenario.converged_at(timeline, 1.0, 4, 10, 40) == 4.0
+    assert balance_scenario.converged_at(timeline[:4], 1.0, 4, 10, 40) is None  # ends outside
 
 
 def test_unowned_spells_from_table_reads() -> None:
@@ -867,13 +877,13 @@ def test_unowned_spells_from_table_reads() -> None:
         (4.5, frozenset({"a", "c"})),  # a taken at 4.5; b now unowned
         (5.0, frozenset({"a", "c"})),
     ]
-    spans = scenarios.unowned_spans(history, ids, since=1.0, until=5.0)
+    spans = balance_scenario.unowned_spans(history, ids, since=1.0, until=5.0)
     assert [(s.stream, s.start, s.end, s.kind, s.open) for s in spans] == [
         ("a", 1.5, 4.5, "handover", False),
         ("b", 4.5, 5.0, "handover", True),
         ("c", 1.0, 1.5, "first_owner", False),  # clipped to the scale-out
     ]
-    assert scenarios.unowned_spans(history, ids, since=5.0, until=5.0) == []
+    assert balance_scenario.unowned_spans(history, ids, since=5.0, until=5.0) == []
 
 
 def test_startup_balance_figures() -> None:
@@ -889,7 +899,7 @@ def test_startup_balance_figures() -> None:
                     Acquisition(1.0, "s2", "w1", 1, None), Acquisition(1.0, "s3", "w1", 1, None),
                     Acquisition(3.0, "s3", "w2", 2, "w1"), Acquisition(3.0, "s2", "w3", 2, "w1"),
                     Acquisition(4.0, "s1", "w3", 2, "w1")]  # a swap after converging
-    found = scenarios.startup_balance(timeline, history, ids, acquisitions, scale_at=1.0,
+    found = balance_scenario.startup_balance(timeline, history, ids, acquisitions, scale_at=1.0,
                                       end=4.0, workers=3, share=2, streams=4)
     assert found["converge_s"] == 2.0 and found["converged"] is True
     assert found["first_in_band_s"] == 2.0
@@ -899,7 +909,7 @@ def test_startup_balance_figures() -> None:
     assert found["unowned_worst"] == {"stream": "s3", "from": 2.0, "to": 3.0,
                                       "kind": "handover", "open": False}
     assert found["unowned_over_2_s"] == 0 and found["read_interval_s"] == 1.0
-    never = scenarios.startup_balance(timeline[:3], history[:3], ids, acquisitions[:4], 1.0,
+    never = balance_scenario.startup_balance(timeline[:3], history[:3], ids, acquisitions[:4], 1.0,
                                       2.0, 3, 2, 4)
     assert never["converge_s"] is None and never["moves_after_converged"] is None
 
@@ -908,17 +918,17 @@ def test_index_moves_measured_or_implied_by_the_renew_setting() -> None:
     writes = {"renewals": 0.0, "acquisitions": 20.0, "releases": 0.0,
               "releases_on_behalf": 0.0, "unserved_released": 0.0}
     # 2,000 streams for 60 s: 2,000 stream-minutes; 20 acquisitions = 0.01 per stream-minute.
-    short = scenarios.index_moves(writes, 2000.0, 60.0, 600.0)
+    short = scale_scenario.index_moves(writes, 2000.0, 60.0, 600.0)
     assert short["index_moves_measured_per_stream_minute"] == pytest.approx(0.02)
     assert short["index_moves_per_stream_minute"] == pytest.approx(2 * (0.1 + 0.01))
     assert short["index_moves_source"].startswith("setting")
-    long = scenarios.index_moves({**writes, "renewals": 200.0}, 2000.0, 700.0, 600.0)
+    long = scale_scenario.index_moves({**writes, "renewals": 200.0}, 2000.0, 700.0, 600.0)
     assert long["index_moves_per_stream_minute"] == pytest.approx(2 * 0.11)
     assert long["index_moves_source"] == "measured over 700 s"
     # No renewal setting (renewals gone from the design): what was measured.
-    assert scenarios.index_moves(writes, 2000.0, 60.0, None)[
+    assert scale_scenario.index_moves(writes, 2000.0, 60.0, None)[
         "index_moves_per_stream_minute"] == pytest.approx(0.02)
-    assert scenarios.index_moves(writes, 0.0, 60.0, 600.0)[
+    assert scale_scenario.index_moves(writes, 0.0, 60.0, 600.0)[
         "index_moves_per_stream_minute"] is None
 
 
@@ -930,11 +940,11 @@ def test_items_read_per_worker_minute_from_two_scrapes() -> None:
     after = {"w1": {key % "query": 70.0, key % "get_item": 30.0, req % "query": 35.0,
                     req % "update_item": 99.0},
              "w2": {key % "query": 100.0}}
-    found = scenarios.read_rates(before, after, ["w1", "w2"], 60.0)
+    found = scale_scenario.read_rates(before, after, ["w1", "w2"], 60.0)
     assert found["items_per_worker_minute"] == 95.0  # (60 + 30 + 100) over 2 worker-minutes
     assert found["items_per_worker_minute_by_operation"] == {"get_item": 15.0, "query": 80.0}
     assert found["read_requests_per_worker_minute"] == 15.0  # writes left out
-    old_build = scenarios.read_rates({"w1": {}}, {"w1": {req % "query": 3.0}}, ["w1"], 60.0)
+    old_build = scale_scenario.read_rates({"w1": {}}, {"w1": {req % "query": 3.0}}, ["w1"], 60.0)
     assert old_build["items_per_worker_minute"] is None and "items_not_counted" in old_build
 
 
@@ -947,13 +957,13 @@ def test_items_read_by_the_leader_and_by_the_other_members_apart() -> None:
               "w3": {key % "get_item": 0.0, lead: 0.0}}
     after = {"w1": {key % "query": 80.0, lead: 1.0}, "w2": {key % "get_item": 120.0, lead: 0.0},
              "w3": {key % "get_item": 60.0, lead: 0.0}}
-    roles = scenarios.read_rates_by_role(before, after, ["w1", "w2", "w3"], 60.0)["roles"]
+    roles = scale_scenario.read_rates_by_role(before, after, ["w1", "w2", "w3"], 60.0)["roles"]
     assert roles["leader"]["worker"] == "w1"
     assert roles["leader"]["items_per_worker_minute"] == 80.0
     assert roles["members"]["workers"] == 2
     assert roles["members"]["items_per_worker_minute"] == 90.0
     moved = {**after, "w1": {**after["w1"], lead: 0.0}, "w2": {**after["w2"], lead: 1.0}}
-    split = scenarios.read_rates_by_role(before, moved, ["w1", "w2", "w3"], 60.0)
+    split = scale_scenario.read_rates_by_role(before, moved, ["w1", "w2", "w3"], 60.0)
     assert split["roles"] is None and "0 workers led" in split["roles_not_split"]
 
 
@@ -1029,27 +1039,27 @@ def test_one_step_alone_renders_without_the_rest_of_its_section() -> None:
 
 async def test_steps_of_a_shared_section_keep_each_others_figures(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    async def reads(ctx: chaos.Context) -> dict[str, Any]:
+    async def reads(ctx: Context) -> dict[str, Any]:
         return {"scale": {"per_worker_read_growth": 1.1, "reads": {"runs": {}}}}
 
-    async def scale(ctx: chaos.Context) -> dict[str, Any]:
+    async def scale(ctx: Context) -> dict[str, Any]:
         return {"scale": {"streams": 2000, "kill9_p99": 20.0}, "capacity_model": {"x": 1}}
 
-    monkeypatch.setattr(chaos, "runners", lambda: {"scale_reads": reads, "scale": scale})
-    args = chaos.build_parser().parse_args(["--scenarios", "scale_reads"])
-    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    monkeypatch.setattr(runner, "runners", lambda: {"scale_reads": reads, "scale": scale})
+    args = runner.build_parser().parse_args(["--scenarios", "scale_reads"])
+    ctx = Context(args, dict(PROFILES["small"]), tmp_path)
     # An earlier run recorded the whole section (before it was shared).
     previous = {"scenarios": {"scale": {"ok": True, "keys": ["scale", "capacity_model"]}},
                 "scale": {"streams": 2000, "kill9": {"p99": 37.0}}, "capacity_model": {"x": 0}}
-    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    result = await runner.run_scenarios(ctx, args.scenarios, previous)
     assert result["scale"] == {"streams": 2000, "kill9": {"p99": 37.0},
                                "per_worker_read_growth": 1.1, "reads": {"runs": {}}}
     assert result["scenarios"]["scale_reads"]["keys"] == ["scale.per_worker_read_growth",
                                                           "scale.reads"]
     # And the other way round: the scale run over a result that holds the reads step's keys.
-    args = chaos.build_parser().parse_args(["--scenarios", "scale"])
-    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
-    again = await chaos.run_scenarios(ctx, args.scenarios, result)
+    args = runner.build_parser().parse_args(["--scenarios", "scale"])
+    ctx = Context(args, dict(PROFILES["small"]), tmp_path)
+    again = await runner.run_scenarios(ctx, args.scenarios, result)
     assert again["scale"] == {"streams": 2000, "kill9_p99": 20.0,
                               "per_worker_read_growth": 1.1, "reads": {"runs": {}}}
     assert again["capacity_model"] == {"x": 1}
@@ -1058,9 +1068,9 @@ async def test_steps_of_a_shared_section_keep_each_others_figures(
 def test_the_start_up_step_audits_like_a_section() -> None:
     result = {"balance": {"lost": 0, "during_startup": {"lost": 2, "duplicated": 0}},
               "kill9_defaults": {"stale_accepted": 1}}
-    assert chaos.correctness_failures(result) == {"balance.during_startup.lost": 2,
+    assert audit.correctness_failures(result) == {"balance.during_startup.lost": 2,
                                                   "kill9_defaults.stale_accepted": 1}
-    assert {"kill9_defaults", "balance_startup", "scale_reads"} <= set(chaos.runners())
+    assert {"kill9_defaults", "balance_startup", "scale_reads"} <= set(runner.runners())
 
 
 # -- tracing: linked hand-offs, take-overs, the trace picture -------------------------------
@@ -1120,7 +1130,7 @@ def sample_spans() -> list[otlp.Span]:
 
 def test_sigterm_hand_offs_are_linked_only_from_release_through_first_flush() -> None:
     spans = sample_spans()
-    figures = tracing_scenario.chaos_figures(
+    figures = audit.chaos_figures(
         spans, [("w1", ["s1", "s2", "s3"])], [("w4", T_NS - 1_500_000_000)])
     assert figures["handoffs"] == 3 and figures["handoffs_linked_count"] == 1
     assert figures["handoffs_linked"] == round(1 / 3, 4)
@@ -1150,13 +1160,13 @@ def test_sigterm_hand_offs_are_linked_only_from_release_through_first_flush() ->
 
 def test_a_hand_off_needs_a_link_to_the_release_that_released_it() -> None:
     spans = [s for s in sample_spans() if s.span_id != f"{21:016x}"]  # w2's acquisition
-    h = tracing_scenario.find_handoff(spans, "w1", "s1")
+    h = audit.find_handoff(spans, "w1", "s1")
     assert not h.linked and h.why_not == "no acquisition on another worker linked to the release"
     # Linked to the failed attempt only: still not this hand-off's acquisition.
     relinked = [otlp.Span(**{**s.__dict__, "links": (otlp.Link(f"{1:032x}", f"{10:016x}"),)})
                 if s.span_id == f"{21:016x}" else s for s in sample_spans()]
-    assert not tracing_scenario.find_handoff(relinked, "w1", "s1").linked
-    assert tracing_scenario.chaos_figures([], [], [])["handoffs_linked"] is None
+    assert not audit.find_handoff(relinked, "w1", "s1").linked
+    assert audit.chaos_figures([], [], [])["handoffs_linked"] is None
 
 
 def test_streams_released_on_shutdown_are_read_from_the_workers_log(tmp_path: Path) -> None:
@@ -1168,12 +1178,12 @@ def test_streams_released_on_shutdown_are_read_from_the_workers_log(tmp_path: Pa
         "not json at all",
         json.dumps({"event": "lease.acquired", "reason": "shutdown", "stream": "s4"}),
         json.dumps({"event": "lease.released", "reason": "shutdown", "stream": "s3"})]))
-    assert tracing_scenario.released_on_shutdown(log) == ["s1", "s3"]
-    assert tracing_scenario.released_on_shutdown(tmp_path / "missing.log") == []
+    assert audit.released_on_shutdown(log) == ["s1", "s3"]
+    assert audit.released_on_shutdown(tmp_path / "missing.log") == []
 
 
 def tracing_result() -> dict[str, Any]:
-    figures = tracing_scenario.chaos_figures(
+    figures = audit.chaos_figures(
         sample_spans(), [("w1", ["s1", "s2"])], [("w4", T_NS - 1_500_000_000)])
     figures.update({"throughput_ratio": 0.97, "throughput": {
         "msgs_per_s": {"off": 20000, "on": 19400}, "order": ["off", "on", "on", "off"],
@@ -1223,19 +1233,19 @@ def test_a_run_without_traces_writes_no_trace_picture(tmp_path: Path) -> None:
 
 async def test_tracing_figures_of_chaos_and_the_tracing_scenario_share_a_section(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    async def tracing(ctx: chaos.Context) -> dict[str, Any]:
+    async def tracing(ctx: Context) -> dict[str, Any]:
         return {"tracing": {"throughput_ratio": 0.99, "throughput": {"order": ["off"]}}}
 
-    monkeypatch.setattr(chaos, "runners", lambda: {"tracing": tracing})
-    args = chaos.build_parser().parse_args(["--scenarios", "tracing"])
-    assert args.tracing == "on" and "tracing" in chaos.parse_scenarios("default")
-    ctx = chaos.Context(args, dict(chaos.PROFILES["small"]), tmp_path)
+    monkeypatch.setattr(runner, "runners", lambda: {"tracing": tracing})
+    args = runner.build_parser().parse_args(["--scenarios", "tracing"])
+    assert args.tracing == "on" and "tracing" in runner.parse_scenarios("default")
+    ctx = Context(args, dict(PROFILES["small"]), tmp_path)
     previous = {"scenarios": {"chaos": {"ok": True, "keys": [
         "lost", "tracing.handoffs_linked", "tracing.slowest_handoff"]},
         "tracing": {"ok": True, "keys": ["tracing.throughput_ratio"]}},
         "lost": 0, "tracing": {"handoffs_linked": 1.0, "slowest_handoff": {"spans": []},
                                "throughput_ratio": 0.5}}
-    result = await chaos.run_scenarios(ctx, args.scenarios, previous)
+    result = await runner.run_scenarios(ctx, args.scenarios, previous)
     assert result["tracing"] == {"handoffs_linked": 1.0, "slowest_handoff": {"spans": []},
                                  "throughput_ratio": 0.99, "throughput": {"order": ["off"]}}
     assert result["scenarios"]["tracing"]["keys"] == ["tracing.throughput_ratio",
@@ -1253,7 +1263,7 @@ def test_the_chaos_runs_hand_offs_are_those_its_sigterm_workers_logged(tmp_path:
     fleet.faults = [Fault("sigterm", 5.0, "w1", ["s1", "s2", "s9"], {}),
                     Fault("kill9", 1.0, "w4", ["s4"], {}), Fault("pause", 2.0, "w2", [], {})]
     receiver = SimpleNamespace(spans=sample_spans, rejected=1)
-    figures = chaos.chaos_tracing(fleet, receiver)  # type: ignore[arg-type]
+    figures = chaos_scenario.chaos_tracing(fleet, receiver)  # type: ignore[arg-type]
     # From the log (s9, held at the fault by the table's last read, was not released).
     assert (figures["handoffs"], figures["handoffs_linked_count"]) == (2, 1)
     assert figures["takeovers"] == 2 and figures["exports_rejected"] == 1
@@ -1261,12 +1271,10 @@ def test_the_chaos_runs_hand_offs_are_those_its_sigterm_workers_logged(tmp_path:
 
 async def test_the_tracing_scenario_alternates_off_and_on_and_needs_spans(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from loadtest import throughput
-
     seen: list[dict[str, str]] = []
 
-    async def phase(env: dict[str, str], upstream: str, streams: int, seconds: float,
-                    extra: dict[str, str], wait_for: int) -> dict[str, float]:
+    async def phase(env: dict[str, str], upstream: str, streams: int,
+                    seconds: float) -> dict[str, float]:
         seen.append(env)
         endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if endpoint is not None:  # a worker with tracing on exports a span
@@ -1289,10 +1297,10 @@ async def test_the_tracing_scenario_alternates_off_and_on_and_needs_spans(
         def stop(self) -> None:
             pass
 
-    monkeypatch.setattr(throughput, "_worker_phase", phase)
-    monkeypatch.setattr(tracing_scenario, "Server", NoServer)
+    monkeypatch.setattr(throughput, "worker_phase", phase)
+    monkeypatch.setattr(throughput, "Server", NoServer)
     env = {"OTEL_TRACES_SAMPLER": "always_off", "PATH": "/usr/bin"}
-    found = (await tracing_scenario.measure_tracing_cost(env, quick=True))["tracing"]
+    found = (await throughput.measure_tracing_cost(env, quick=True))["tracing"]
     assert ["OTEL_EXPORTER_OTLP_ENDPOINT" in e for e in seen] == [False, True, True, False]
     assert not any(k.startswith("OTEL_") for e in (seen[0], seen[3]) for k in e)
     assert "OTEL_TRACES_SAMPLER" not in seen[1]  # the default sampler, not the caller's
@@ -1304,6 +1312,6 @@ async def test_the_tracing_scenario_alternates_off_and_on_and_needs_spans(
     async def silent(env: dict[str, str], *args: Any) -> dict[str, float]:
         return {"msgs_per_s": 1.0, "messages": 1.0, "cpu_s": 1.0, "rss": 0.0, "elapsed": 1.0}
 
-    monkeypatch.setattr(throughput, "_worker_phase", silent)
+    monkeypatch.setattr(throughput, "worker_phase", silent)
     with pytest.raises(RuntimeError, match="exported no span"):
-        await tracing_scenario.measure_tracing_cost(env, quick=True)
+        await throughput.measure_tracing_cost(env, quick=True)

@@ -1,6 +1,6 @@
 """``make loadtest`` leaves no process behind: SIGTERM, SIGINT and SIGHUP stop the fleet in
 order (and write no partial results), and a SIGKILLed load test takes its children with it
-(``PR_SET_PDEATHSIG``). Real processes: ``python -m loadtest.chaos`` with one small scenario,
+(``PR_SET_PDEATHSIG``). Real processes: ``python -m loadtest.runner`` with one small scenario,
 its children found through a marker in their environment."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_a_signalled_loadtest_leaves_no_process(sig: int, tmp_path: Path) -> Non
     # A session of its own, as CI or a terminal runs `make loadtest`; the signal goes to
     # the load test process alone, as a CI timeout's `kill` does.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.chaos", "--scenarios", "chaos", "--tracing", "off",
+        [sys.executable, "-m", "loadtest.runner", "--scenarios", "chaos", "--tracing", "off",
          "--streams", "4", "--workers", "2", "--fresh", "--out", str(out)],
         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)

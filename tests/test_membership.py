@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from streamlease import tenancy
 from streamlease.app import _run_until_drained
 from streamlease.core.backoff import RENEW_JITTER
 from streamlease.core.layout import MEMBERS_PER_KEY
@@ -29,7 +30,7 @@ from streamlease.pump import PumpSettings
 from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.store.memory import MemoryStore
 from streamlease.supervisor import SupervisorSettings
-from tests.fakes import FaultyStore, PumpScript
+from tests.fakes import FaultyStore, PumpScript, context
 from tests.virtual import LoopClock
 
 pytestmark = pytest.mark.virtual_time
@@ -52,8 +53,8 @@ def member(store: FaultyStore, name: str, calls: Calls) -> Membership:
                   fenced=lambda: setattr(calls, "fenced", calls.fenced + 1),
                   self_fenced=lambda: setattr(calls, "self_fenced", calls.self_fenced + 1),
                   fleet_changed=lambda: setattr(calls, "changed", calls.changed + 1))
-    return Membership(store, store, LoopClock(), Metrics(),
-                      MembershipSettings(name, 10, T), hooks)  # type: ignore[arg-type]
+    return Membership(context(clock=LoopClock(), leases=store), store,  # type: ignore[arg-type]
+                      MembershipSettings(name, 10, T), hooks)
 
 
 async def held_by(memory: MemoryStore, owner: str, count: int, epoch: int) -> list[str]:
@@ -322,22 +323,22 @@ async def test_the_superseded_worker_stops_its_streams_and_exits_2(
     clock, metrics = LoopClock(), Metrics()
     await memory.put_started("s1", "wss://feeds.example.com/s1")
     reconciler: Reconciler | None = None
-    first = Membership(store, store, clock, metrics, MembershipSettings("a", 10, T), Hooks(
+    ctx = context(store, clock, metrics, leases=store, owner="a")
+    first = Membership(ctx, store, MembershipSettings("a", 10, T), Hooks(  # type: ignore[arg-type]
         held=lambda: len(reconciler.supervisors) if reconciler else 0,
         fenced=lambda: reconciler.member_lost(True) if reconciler else None,
         self_fenced=lambda: reconciler.member_lost(False) if reconciler else None,
-        fleet_changed=lambda: reconciler.poke() if reconciler else None))  # type: ignore[arg-type]
+        fleet_changed=lambda: reconciler.poke() if reconciler else None))
     script = PumpScript()
-    reconciler = Reconciler(store, store, clock, metrics, ReconcilerSettings(  # type: ignore[arg-type]
-        owner="a", reconcile_s=0.5, sweep_s=10.0, max_streams=10, acquire_per_cycle=10,
+    reconciler = Reconciler(ctx, ReconcilerSettings(
+        reconcile_s=0.5, sweep_s=10.0, max_streams=10, acquire_per_cycle=10,
         stopped_check_s=T.heartbeat_s, min_hold_s=0.0,
         supervisor=SupervisorSettings(timings=STREAM, allowed_urls=parse_allowed_urls("wss://"),
                                       pump=PumpSettings(), call_timeout_s=1.0,
                                       drain_timeout_s=2.0)),
-        first, pump_factory=script.factory())
-    leadership = Leadership(memory.stores().leader, clock, metrics,
-                            LeadershipSettings("a", T.lease_s, T.heartbeat_s,
-                                               T.safety_margin_s), [],
+        first, tenancy.Hooks(pump_factory=script.factory()))
+    leadership = Leadership(ctx, memory.stores().leader,
+                            LeadershipSettings(T.lease_s, T.heartbeat_s, T.safety_margin_s), [],
                             eligible=lambda: first.accepting)
     await first.register()
     worker = asyncio.create_task(_run_until_drained(reconciler, first, leadership, 5.0,
@@ -369,10 +370,10 @@ async def test_member_heartbeats_are_spread_afresh_every_time() -> None:
     each beat is due a heartbeat +/-10 % after the last was sent, a fresh draw each time."""
     memory = MemoryStore()
     store = FaultyStore(memory)
-    one = Membership(store, store, LoopClock(), Metrics(), MembershipSettings("w1", 10, T),
+    one = Membership(context(clock=LoopClock(), rng=random.Random(3), leases=store),
+                     store, MembershipSettings("w1", 10, T),  # type: ignore[arg-type]
                      Hooks(held=lambda: 0, fenced=lambda: None, self_fenced=lambda: None,
-                           fleet_changed=lambda: None),  # type: ignore[arg-type]
-                     rng=random.Random(3))
+                           fleet_changed=lambda: None))
     await one.register()
     task = asyncio.create_task(one.run())
     await asyncio.sleep(20 * T.heartbeat_s)
@@ -397,7 +398,7 @@ async def test_a_failing_takeover_task_is_logged_counted_and_the_member_goes_on(
     async def broken() -> None:
         raise RuntimeError("a bug in a takeover")
 
-    one._spawn(broken())
+    one.dealer.spawn(broken())
     beats = store.count("heartbeat")
     await asyncio.sleep(2 * T.heartbeat_s)
     assert one.metrics.registry.get_sample_value(
@@ -420,7 +421,7 @@ def fleet_member(memory: MemoryStore, name: str, leader: list[str],
                   fleet_changed=lambda: None, leading=lambda: bool(leader) and leader[0] == name,
                   leader=lambda: leader[0] if leader else None,
                   leader_fence=lambda: len(leader))
-    return Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
+    return Membership(context(clock=LoopClock(), leases=store), store,  # type: ignore[arg-type]
                       MembershipSettings(name, 10, timings, members_per_key=per_key),
                       hooks), store
 
@@ -495,7 +496,7 @@ async def test_an_unreadable_bulletin_is_counted_and_every_row_is_read_instead(
     memory.members_by_id["a"] = dataclasses.replace(memory.members_by_id["a"],
                                                     bulletin='{"g": "torn')
     caplog.set_level(logging.WARNING)
-    await b._observe()
+    await b.watcher.observe()
     assert b.reading_all and b.bulletin is None
     assert {m.worker_id for m in b.view.members} == {"a", "b"}
     assert store.count("member") == 1 and store.count("roster") == 1
@@ -509,7 +510,7 @@ async def test_the_bulletins_generation_moves_with_membership_not_with_counts() 
     leader = ["a"]
     held = [5]
     store = FaultyStore(memory)
-    a = Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
+    a = Membership(context(clock=LoopClock(), leases=store), store,  # type: ignore[arg-type]
                    MembershipSettings("a", 10, T),
                    Hooks(held=lambda: held[0], fenced=lambda: None, self_fenced=lambda: None,
                          fleet_changed=lambda: None, leading=lambda: True))
@@ -604,20 +605,20 @@ async def test_a_member_reads_the_leaders_row_faster_while_notices_flow() -> Non
 
     window = HANDOFF_READS_FOR_S / 2
     quiet = await reads_in(window)
-    assert quiet <= window / b.read_s * 1.25 + 1, quiet
+    assert quiet <= window / b.listener.read_s * 1.25 + 1, quiet
     other = a.post("a", "s1", NoticeKind.OFFER)  # offered to the leader itself, not to b
     assert await a.published(other, timeout=5.0)
-    assert await reads_in(window) <= window / b.read_s * 1.25 + 1  # not b's: no speed-up
+    assert await reads_in(window) <= window / b.listener.read_s * 1.25 + 1  # not b's: no speed-up
     a.post("b", "s2", NoticeKind.OFFER)
-    await until(lambda: loop.time() < b._handoffs_until)
+    await until(lambda: loop.time() < b.listener.handoffs_until)
     busy = await reads_in(window)
     assert busy >= window / HANDOFF_READ_S * 0.75, (busy, quiet)
     await asyncio.sleep(HANDOFF_READS_FOR_S)
-    assert await reads_in(window) <= window / b.read_s * 1.25 + 1  # back to the rate
-    assert b.handoff_read_s == HANDOFF_READ_S
+    assert await reads_in(window) <= window / b.listener.read_s * 1.25 + 1  # back to the rate
+    assert b.listener.handoff_read_s == HANDOFF_READ_S
     assert b.bulletin is not None
     b.bulletin = dataclasses.replace(b.bulletin, active=501)
-    assert b.handoff_read_s == pytest.approx(500 / HANDOFF_READS_PER_S)
+    assert b.listener.handoff_read_s == pytest.approx(500 / HANDOFF_READS_PER_S)
     for m in (a, b):
         m.stop()
     await asyncio.gather(*tasks)
@@ -680,7 +681,7 @@ async def test_a_dead_leaders_vouching_lapses_with_its_heartbeats_not_its_row() 
     resumed = []
     pairs = {n: fleet_member(memory, n, leader, timings=long_lease) for n in "ab"}
     a, b = pairs["a"][0], pairs["b"][0]
-    b.hooks = dataclasses.replace(b.hooks, feed_resumed=lambda: resumed.append(1))
+    b.hooks.feed_resumed = lambda: resumed.append(1)  # type: ignore[assignment]
     for m, _ in pairs.values():
         await m.register()
     tasks = {n: asyncio.create_task(m.run()) for n, (m, _) in pairs.items()}
@@ -750,7 +751,7 @@ async def test_a_notice_is_published_at_once_even_just_after_a_count_change() ->
     await a.register()
     task = asyncio.create_task(a.run())
     from streamlease.core.notices import NoticeKind
-    await until(lambda: a._read_all_leading and store.count("heartbeat") >= 1)
+    await until(lambda: a.publisher.read_all_leading and store.count("heartbeat") >= 1)
     beats = store.count("heartbeat")
     a.feed_running(True)  # vouching for a feed: a new bulletin, published at once
     await until(lambda: store.count("heartbeat") > beats)
@@ -784,8 +785,8 @@ async def test_a_member_newly_named_a_donor_is_poked_at_once(donor: str) -> None
                       fleet_changed=lambda: pokes.__setitem__(name, pokes[name] + 1),
                       leading=lambda: leader[0] == name, leader=lambda: leader[0],
                       leader_fence=lambda: len(leader))
-        return Membership(store, store, LoopClock(), Metrics(),  # type: ignore[arg-type]
-                          MembershipSettings(name, 10, T), hooks)
+        return Membership(context(clock=LoopClock(), leases=store),  # type: ignore[arg-type]
+                          store, MembershipSettings(name, 10, T), hooks)
 
     members = {n: make(n) for n in held}
     for m in members.values():

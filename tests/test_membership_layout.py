@@ -94,14 +94,14 @@ async def test_a_row_of_an_older_release_holds_the_layout(
                                                     reads_layout=None)
     a = pairs["a"][0]
     for _ in range(3):
-        await a._observe()
+        await a.watcher.observe()
         await asyncio.sleep(T.heartbeat_s)
     assert memory.shards == 1 and a.shards == 1
     held = [r for r in caplog.records if getattr(r, "sl_event", "") == "member.layout_held"]
     assert len(held) == 1, "said once"
     # The member runs this release again: the leader spreads at its next read.
     await pairs["c"][0].register()
-    await a._observe()
+    await a.watcher.observe()
     await until(lambda: memory.shards == 2 and a.shards == 2)
     assert any(getattr(r, "sl_event", "") == "member.layout_spread" for r in caplog.records)
 
@@ -202,12 +202,12 @@ async def test_a_leader_that_dies_between_its_heartbeat_and_its_copies_is_still_
     assert memory.members_by_id["a"].fenced_by in set("bcde")
     # Its copies still say ACTIVE; a member that saw its row fenced no longer plans from
     # them, and waits for the next leader's copies without reading every key meanwhile.
-    await until(lambda: any(pairs[n][0]._stale_copies == ("a", last_epoch) for n in "bcde"))
+    await until(lambda: any(pairs[n][0].watcher.stale_copies == ("a", last_epoch) for n in "bcde"))
     for n in "bcde":
         pairs[n][1].calls.clear()
     await asyncio.sleep(4 * T.heartbeat_s)
     assert all(pairs[n][1].count("roster") == 0 for n in "bcde"
-               if pairs[n][0]._stale_copies == ("a", last_epoch))
+               if pairs[n][0].watcher.stale_copies == ("a", last_epoch))
     del pairs["a"], tasks["a"]
     await stop(pairs, tasks)
 
@@ -238,10 +238,10 @@ async def test_a_copy_never_pairs_a_new_epoch_with_an_old_counter() -> None:
     a, store = pairs["a"]
     await until(lambda: memory.shards == 4 and set(memory.replicas) == {0, 1, 2, 3})
     store.faults["publish"] = [Fault(1, None, delay=4 * T.heartbeat_s)]  # one slow copy
-    await until(lambda: store.count("publish") >= 1 and a._replica_due is not None)
+    await until(lambda: store.count("publish") >= 1 and a.publisher.replica_due is not None)
     store.fail("heartbeat", times=-1)  # no newer copy is queued meanwhile
     await a.register()
-    assert a._replica_due is None
+    assert a.publisher.replica_due is None
     await asyncio.sleep(6 * T.heartbeat_s)  # the slow copy is done; the queue was dropped
     row = memory.members_by_id["a"]
     assert all(r.epoch < row.epoch for r in memory.replicas.values()), \

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from streamlease import tenancy
 from streamlease.core.frames import Frame, parse_frame
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.urls import parse_allowed_urls
@@ -22,7 +23,7 @@ from streamlease.pump import PumpSettings
 from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.store.memory import MemoryStore
 from streamlease.supervisor import SupervisorSettings
-from tests.fakes import PumpScript, StaticMember
+from tests.fakes import PumpScript, StaticMember, context
 from tests.virtual import LoopClock
 
 T = LeaseTimings(lease_s=10.0, heartbeat_s=2.0, skew_margin_s=1.0, safety_margin_s=1.0)
@@ -303,14 +304,14 @@ class Rig:
         self.output = ProcessorSink(lambda: processor(self.calls), self.memory, Metrics(),
                                     ProcessingSettings("python"))
         self.reconciler = Reconciler(
-            self.memory, self.output, self.clock, Metrics(),
-            ReconcilerSettings(owner="w1", reconcile_s=1.0, sweep_s=10.0, max_streams=10,
+            context(self.output, self.clock, leases=self.memory),
+            ReconcilerSettings(reconcile_s=1.0, sweep_s=10.0, max_streams=10,
                                acquire_per_cycle=10, stopped_check_s=T.heartbeat_s,
                                supervisor=SupervisorSettings(
                                    timings=T, allowed_urls=parse_allowed_urls("wss://"),
                                    pump=PumpSettings(), call_timeout_s=1.0,
                                    drain_timeout_s=5.0, check_s=0.5)),
-            StaticMember(), pump_factory=PumpScript(every=0.5, batch=2).factory())
+            StaticMember(), tenancy.Hooks(pump_factory=PumpScript(every=0.5, batch=2).factory()))
 
     def stops(self) -> dict[str, str]:
         return {c[2]: c[3] for c in self.calls if c[1] == "stop"}
@@ -373,5 +374,5 @@ def test_batches_grow_to_the_cap_or_the_window_for_every_sink() -> None:
     from streamlease.core.stream import BATCH_MAX_BYTES
 
     for env in ({}, {"STREAMLEASE_SINK": "python:m:make"}):
-        pump = build_settings(WorkerConfig.from_env(env), "w1").supervisor.pump
+        pump = build_settings(WorkerConfig.from_env(env)).supervisor.pump
         assert pump.rules().batch_fill_bytes == BATCH_MAX_BYTES

@@ -21,10 +21,12 @@ from streamlease.core.frames import Frame
 from streamlease.core.lease import Holding, LeaseTimings
 from streamlease.core.model import Tenure
 from streamlease.core.urls import parse_allowed_urls
-from streamlease.dev.upstream import POISON_SEQ, UpstreamServer, frame_for
+from streamlease.dev.upstream import POISON_SEQ, UpstreamOptions, UpstreamServer, frame_for
+from streamlease.dial import DialOptions
 from streamlease.errors import SelfFenced, StaleFence, StoreUnavailable
 from streamlease.metrics import Metrics
 from streamlease.pump import Pump, PumpSettings
+from tests.fakes import context
 from tests.virtual import LoopClock
 
 LONG = LeaseTimings(lease_s=60, heartbeat_s=5, skew_margin_s=1, safety_margin_s=2)
@@ -62,7 +64,7 @@ class FakeSink:
 
 def make_pump(url: str, sink: FakeSink, last_seq: int | None = None,
               timings: LeaseTimings = LONG, sent_at: float | None = None,
-              **settings: Any) -> tuple[Pump, Metrics]:
+              on_problem: Any = None, **settings: Any) -> tuple[Pump, Metrics]:
     tenure = Tenure("s001", "w1", 1, last_seq, 0)
     holding = Holding(tenure, url, SYSTEM_CLOCK.monotonic() if sent_at is None else sent_at,
                       timings)
@@ -71,7 +73,8 @@ def make_pump(url: str, sink: FakeSink, last_seq: int | None = None,
                                 "reconnect_base_s": 0.02, "reconnect_cap_s": 0.1,
                                 "allowed_urls": parse_allowed_urls("ws://127.0.0.1")}
     defaults.update(settings)
-    pump = Pump(tenure, holding, sink, SYSTEM_CLOCK, metrics, PumpSettings(**defaults))
+    pump = Pump(context(sink, metrics=metrics), holding, PumpSettings(**defaults),
+                on_problem=on_problem)
     sink.pump = pump
     return pump, metrics
 
@@ -88,7 +91,7 @@ async def until(check: Any, timeout: float = 10.0) -> None:
 
 @pytest.fixture
 async def upstream() -> AsyncIterator[UpstreamServer]:
-    async with UpstreamServer(streams=2, rate=200.0) as up:
+    async with UpstreamServer(UpstreamOptions(streams=2, rate=200.0)) as up:
         yield up
 
 
@@ -119,7 +122,7 @@ async def test_resumes_from_last_seq_plus_one_in_order(upstream: UpstreamServer)
 
 
 async def test_a_slow_sink_stops_the_reading_instead_of_buffering() -> None:
-    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=5_000) as up:
+    async with UpstreamServer(UpstreamOptions(streams=1, rate=1.0, initial_backlog=5_000)) as up:
         sink = FakeSink(delay=0.05)
         pump, _ = make_pump(up.url_for("s001"), sink, batch_max_messages=100)
         await run_until(pump, lambda: sink.calls >= 15)
@@ -130,7 +133,8 @@ async def test_a_slow_sink_stops_the_reading_instead_of_buffering() -> None:
 
 
 async def test_a_gap_is_counted_and_logged_never_hidden() -> None:
-    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=200, retention=50) as up:
+    options = UpstreamOptions(streams=1, rate=1.0, initial_backlog=200, retention=50)
+    async with UpstreamServer(options) as up:
         sink = FakeSink()
         pump, metrics = make_pump(up.url_for("s001"), sink, last_seq=0)
         await run_until(pump, lambda: len(sink.seqs) >= 50)
@@ -218,7 +222,7 @@ async def test_a_frame_over_the_size_cap_is_reported_and_retried_with_backoff() 
 
 
 async def test_stop_during_a_fast_backlog_drains_quickly() -> None:
-    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=200_000) as up:
+    async with UpstreamServer(UpstreamOptions(streams=1, rate=1.0, initial_backlog=200_000)) as up:
         sink = FakeSink()
         pump, _ = make_pump(up.url_for("s001"), sink, batch_max_messages=200)
         async with asyncio.TaskGroup() as tg:
@@ -235,7 +239,7 @@ async def test_stop_behind_a_slow_sink_reads_no_further() -> None:
     """Stopping mid-backlog while a slow write is in flight: the pump drops what arrives
     during the close instead of buffering and writing it (that would hold the close
     handshake up for websockets' close_timeout)."""
-    async with UpstreamServer(streams=1, rate=1.0, initial_backlog=100_000) as up:
+    async with UpstreamServer(UpstreamOptions(streams=1, rate=1.0, initial_backlog=100_000)) as up:
         sink = FakeSink(delay=0.3)
         pump, _ = make_pump(up.url_for("s001"), sink, batch_max_messages=200)
         async with asyncio.TaskGroup() as tg:
@@ -302,8 +306,7 @@ async def test_an_upstream_that_reset_its_numbering_is_reported_once_and_cleared
         port = server.sockets[0].getsockname()[1]
         sink = FakeSink()
         pump, metrics = make_pump(f"ws://127.0.0.1:{port}/", sink, last_seq=1000,
-                                  stall_s=0.3)
-        pump._on_problem = reports.append
+                                  on_problem=reports.append, stall_s=0.3)
         async with asyncio.TaskGroup() as tg:
             task = tg.create_task(pump.run())
             await until(lambda: len(reports) >= 1)
@@ -362,10 +365,10 @@ async def test_the_receive_queue_is_small(monkeypatch: pytest.MonkeyPatch,
     seen: list[Any] = []
     real = streamlease.dial.dial
 
-    async def recording(url: str, rules: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs["max_queue"])
-        return await real(url, rules, **kwargs)
-    monkeypatch.setattr("streamlease.pump.dial", recording)
+    async def recording(url: str, rules: Any, options: DialOptions) -> Any:
+        seen.append(options.max_queue)
+        return await real(url, rules, options)
+    monkeypatch.setattr("streamlease.session.dial", recording)
     sink = FakeSink()
     pump, _ = make_pump(upstream.url_for("s001"), sink)
     await run_until(pump, lambda: len(sink.seqs) >= 10)
@@ -376,7 +379,7 @@ async def test_the_receive_queue_is_small(monkeypatch: pytest.MonkeyPatch,
 async def test_an_idle_stream_runs_one_task_of_its_own() -> None:
     """No timer task per stream: the pump's own task waits for a frame and nothing else
     wakes it (the control task used to wake every batch_max_s / 2)."""
-    async with UpstreamServer(streams=1, rate=0.001) as up:
+    async with UpstreamServer(UpstreamOptions(streams=1, rate=0.001)) as up:
         sink = FakeSink()
         pump, _ = make_pump(up.url_for("s001"), sink)
         async with asyncio.TaskGroup() as tg:
@@ -416,7 +419,7 @@ async def test_stop_interrupts_a_reconnect_backoff() -> None:
                         reconnect_cap_s=30.0)
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(pump.run())
-        await until(lambda: value(pump.metrics, "streamlease_upstream_reconnects_total",
+        await until(lambda: value(pump.ctx.metrics, "streamlease_upstream_reconnects_total",
                                   reason="connect_failed") >= 1)
         await pump.stop()
         async with asyncio.timeout(2):
@@ -428,7 +431,7 @@ async def test_a_cancellation_from_outside_is_never_taken_for_a_stop(
         upstream: UpstreamServer, also_stop: bool) -> None:
     """The supervisor cancels a pump that did not stop in time: that must end ``run`` with
     CancelledError even if a stop interrupted the same wait."""
-    async with UpstreamServer(streams=1, rate=0.001) as quiet:
+    async with UpstreamServer(UpstreamOptions(streams=1, rate=0.001)) as quiet:
         pump, _ = make_pump(quiet.url_for("s001"), FakeSink())
         task = asyncio.get_running_loop().create_task(pump.run())
         try:
@@ -449,14 +452,14 @@ async def test_a_cancellation_from_outside_is_never_taken_for_a_stop(
 
 class UnreachableUpstream:
     """A connection without a socket, for virtual time: hands out ``frames``, then waits
-    until closed (``streamlease.pump.dial`` is replaced by ``dial``)."""
+    until closed (``streamlease.session.dial`` is replaced by ``dial``)."""
 
     def __init__(self, frames: list[int]) -> None:
         self.frames = [f'{{"seq": {seq}}}' for seq in frames]
         self.closed = asyncio.Event()
         self.transport = self  # websockets' transport, for abort()
 
-    async def dial(self, url: str, rules: Any, **kwargs: Any) -> UnreachableUpstream:
+    async def dial(self, url: str, rules: Any, options: Any) -> UnreachableUpstream:
         return self
 
     async def recv(self) -> str:
@@ -507,13 +510,13 @@ class SleepWatch(LoopClock):
 def default_pump(monkeypatch: pytest.MonkeyPatch, sink: FakeSink,
                  upstream: UnreachableUpstream, clock: LoopClock) -> Pump:
     """A pump wired as ``streamlease run`` wires it with every setting at its default."""
-    monkeypatch.setattr("streamlease.pump.dial", upstream.dial)
+    monkeypatch.setattr("streamlease.session.dial", upstream.dial)
     config = WorkerConfig.from_env({})
-    settings = build_settings(config, "w1").supervisor
+    settings = build_settings(config).supervisor
     tenure = Tenure("s001", "w1", 1, 0, 0)
     holding = Holding(tenure, "wss://feed.example/s001", clock.monotonic(), settings.timings)
     assert holding.timings.heartbeat_s == 4800  # the stream lease's renewal interval
-    pump = Pump(tenure, holding, sink, clock, Metrics(), settings.pump)
+    pump = Pump(context(sink, clock), holding, settings.pump)
     sink.pump = pump
     return pump
 
@@ -537,7 +540,7 @@ async def test_after_a_sink_outage_the_stream_writes_within_a_heartbeat(
     assert max(gaps) <= heartbeat, [round(g, 1) for g in gaps]
     assert sink.call_times[-1] - sink.heal_at <= heartbeat
     assert len(gaps) > 20
-    retried = value(pump.metrics, "streamlease_sink_write_failures_total", outcome="retried")
+    retried = value(pump.ctx.metrics, "streamlease_sink_write_failures_total", outcome="retried")
     assert retried == len(sink.call_times) - 1
 
 
@@ -561,7 +564,7 @@ async def test_a_drain_wakes_the_pump_from_a_sink_retry_backoff(
             await task
     assert clock.monotonic() - stopped_at < 0.5
     assert sink.batches == [] and pump.committed == 0
-    assert value(pump.metrics, "streamlease_sink_write_failures_total",
+    assert value(pump.ctx.metrics, "streamlease_sink_write_failures_total",
                  outcome="abandoned") == 1
     assert [r for r in caplog.records if getattr(r, "sl_event", "") == "sink.flush_abandoned"]
 

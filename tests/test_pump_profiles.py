@@ -34,6 +34,7 @@ from streamlease.processor import Message
 from streamlease.pump import Pump, PumpSettings
 from streamlease.secrets import SecretResolver
 from streamlease.upstream import ProfileWire, PythonWire, UpstreamConnection, UpstreamContext, Wire
+from tests.fakes import context
 from tests.test_pump import LONG, FakeSink, until, value
 
 Handler = Callable[["Feed", ServerConnection], Awaitable[None]]
@@ -104,8 +105,8 @@ def make(url: str, sink: FakeSink, wire: Wire, last_seq: int | None = None,
                                 "reconnect_base_s": 0.02, "reconnect_cap_s": 0.1,
                                 "allowed_urls": parse_allowed_urls("ws://127.0.0.1")}
     defaults.update(settings)
-    pump = Pump(tenure, holding, sink, SYSTEM_CLOCK, metrics, PumpSettings(**defaults),
-                on_problem=problems.append if problems is not None else None, wire=wire)
+    pump = Pump(context(sink, metrics=metrics), holding, PumpSettings(**defaults), wire,
+                on_problem=problems.append if problems is not None else None)
     sink.pump = pump
     return pump, metrics
 

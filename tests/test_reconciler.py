@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from streamlease import tenancy
 from streamlease.app import build_settings
 from streamlease.config import WorkerConfig
 from streamlease.core.bulletin import Bulletin
@@ -24,7 +25,7 @@ from streamlease.store.memory import MemoryStore
 from streamlease.supervisor import SupervisorSettings
 from streamlease.sweep import REPORTED_LIMIT
 from streamlease.upstream import BUILTIN_UPSTREAMS, Upstreams
-from tests.fakes import FaultyStore, PumpScript, StaticMember
+from tests.fakes import FaultyStore, PumpScript, StaticMember, context
 from tests.virtual import LoopClock
 
 pytestmark = pytest.mark.virtual_time
@@ -54,11 +55,11 @@ class Fleet:
                                   "acquire_per_cycle": 10}
         values.update(overrides)
         self.reconciler = Reconciler(
-            self.store, self.store, self.clock, self.metrics,
-            ReconcilerSettings(owner=owner, supervisor=SupervisorSettings(
+            context(self.store, self.clock, self.metrics, leases=self.store, owner=owner),
+            ReconcilerSettings(supervisor=SupervisorSettings(
                 timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
                 call_timeout_s=1.0, drain_timeout_s=5.0, upstreams=upstreams), **values),
-            self.member, pump_factory=self.script.factory())
+            self.member, tenancy.Hooks(pump_factory=self.script.factory()))
         self.task: asyncio.Task[None] | None = None
 
     async def streams(self, *ids: str) -> None:
@@ -92,8 +93,8 @@ async def test_takes_orphans_up_to_capacity_and_releases_all_on_stop() -> None:
     await asyncio.sleep(5)
     assert len(fleet.held()) == 3
     # Every supervisor of the worker releases through the one gate its holdings keep.
-    gate = fleet.reconciler.holdings.release_gate
-    assert all(s.release_gate is gate for s in fleet.reconciler.supervisors.values())
+    gate = fleet.reconciler.holdings.ties.release_gate
+    assert all(s.ties.release_gate is gate for s in fleet.reconciler.supervisors.values())
     await fleet.stop()
     records = await fleet.memory.list_streams()
     assert all(r.lease_expires_at_ms == 0 for r in records)
@@ -357,7 +358,7 @@ async def test_a_short_lease_fleet_rebalances_after_its_scaled_minimum_hold(
     config = WorkerConfig.from_env({"STREAMLEASE_LEASE_SECONDS": "2",
                                     "STREAMLEASE_HEARTBEAT_SECONDS": "0.5",
                                     "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"})
-    wired = build_settings(config, "w1")
+    wired = build_settings(config)
     hold = 1.5 * config.timings.lease_s  # 3 s
     fleet = Fleet(min_hold_s=wired.min_hold_s, stopped_check_s=wired.stopped_check_s)
     await fleet.streams("a", "b", "c", "d")
@@ -437,7 +438,7 @@ async def test_no_acquisition_is_sent_once_the_worker_stopped_accepting() -> Non
     record = await fleet.memory.get("a")
     assert record is not None
     fleet.member.accepting = False  # type: ignore[misc]
-    await fleet.reconciler._acquire(record)
+    await fleet.reconciler.intake.acquire(record)
     assert fleet.store.count("acquire") == 0
     assert not fleet.held()
 
@@ -457,7 +458,7 @@ async def test_an_acquisition_answered_after_the_worker_stopped_accepting_is_han
         return got
 
     fleet.memory.acquire = acquire_then_lapse  # type: ignore[method-assign]
-    await fleet.reconciler._acquire(record)
+    await fleet.reconciler.intake.acquire(record)
     assert not fleet.held()
     after = await fleet.memory.get("a")
     assert after is not None and after.lease_expires_at_ms == 0

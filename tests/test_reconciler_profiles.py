@@ -126,11 +126,11 @@ async def test_an_item_that_gains_the_attribute_is_served() -> None:
 async def test_the_pause_before_an_unservable_item_is_taken_again_follows_the_lease() -> None:
     """Three member leases: 15 s at the defaults, 6 s with a 2 s lease, so a fleet with
     short leases picks the operator's fix up on the same scale."""
-    assert build_settings(WorkerConfig.from_env({}), "w1").unservable_retry_s == 15
+    assert build_settings(WorkerConfig.from_env({})).unservable_retry_s == 15
     config = WorkerConfig.from_env({"STREAMLEASE_LEASE_SECONDS": "2",
                                     "STREAMLEASE_HEARTBEAT_SECONDS": "0.5",
                                     "STREAMLEASE_SKEW_MARGIN_SECONDS": "0.2"})
-    retry = build_settings(config, "w1").unservable_retry_s
+    retry = build_settings(config).unservable_retry_s
     assert retry == pytest.approx(6.0)
     fleet = with_profiles(Catalog(PROFILES), sweep_s=5.0, unservable_retry_s=retry)
     await put(fleet, "late", profile="chat")

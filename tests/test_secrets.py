@@ -18,7 +18,7 @@ from moto.server import ThreadedMotoServer
 from streamlease.core.profiles import Ref, Template, parse_profiles, render
 from streamlease.dev import local_aws_env
 from streamlease.errors import SecretUnavailable
-from streamlease.secrets import Secret, SecretResolver
+from streamlease.secrets import Secret, SecretCaching, SecretResolver
 
 VALUE = "s3cr3t-Value-7f1c"  # every secret in these tests contains it: grep for it
 
@@ -187,7 +187,7 @@ async def test_secretsmanager_unreachable(aws_env: dict[str, str], sm: Any) -> N
     """A dead endpoint (a closed loopback port) is a retriable failure naming the ARN."""
     arn = await new_secret(sm, "gw/unreachable")
     env = aws_env | {"AWS_ENDPOINT_URL_SECRETS_MANAGER": "http://127.0.0.1:9"}
-    async with SecretResolver(environ=env, max_attempts=1) as resolver:
+    async with SecretResolver(environ=env, caching=SecretCaching(max_attempts=1)) as resolver:
         with pytest.raises(SecretUnavailable) as caught:
             await resolver.resolve(ref(arn))
     assert caught.value.ref == f"${{secretsmanager:{arn}}}" and caught.value.retriable
@@ -198,8 +198,8 @@ async def test_cache_refresh_outage_and_hard_expiry(
         sm: Any, aws_env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
     arn = await new_secret(sm, "gw/rotating", VALUE + "-v1")
     clock = FakeClock()
-    async with SecretResolver(environ=aws_env, clock=clock, ttl_s=300, hard_expiry_s=3600,
-                              retry_s=30) as resolver:
+    async with SecretResolver(environ=aws_env, clock=clock, caching=SecretCaching(
+            ttl_s=300, hard_expiry_s=3600, retry_s=30)) as resolver:
         assert (await resolver.resolve(ref(arn))).reveal() == VALUE + "-v1"
 
         # Rotated upstream: within the TTL the cached value is served, then the new one.

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from streamlease.context import Context
 from streamlease.core.lease import HolderState, LeaseTimings, StopReason
 from streamlease.core.urls import parse_allowed_urls
 from streamlease.errors import StoreUnavailable
@@ -20,7 +21,8 @@ from streamlease.metrics import Metrics
 from streamlease.pump import PumpSettings
 from streamlease.store.memory import MemoryStore
 from streamlease.supervisor import RELEASES_IN_FLIGHT, Supervisor, SupervisorSettings
-from tests.fakes import FaultyStore, PumpScript
+from streamlease.tenancy import Hooks, Ties
+from tests.fakes import FaultyStore, PumpScript, context
 from tests.virtual import LoopClock
 
 pytestmark = pytest.mark.virtual_time
@@ -52,9 +54,14 @@ class Rig:
         sent = self.clock.monotonic()
         got = await self.memory.acquire(sid, "w1", self.clock.wall_ms(), T)
         assert got is not None
-        return Supervisor(got.tenure, got.record, sent, self.store, self.store, self.clock,
-                          self.metrics, self.settings, rng or random.Random(1),
-                          pump_factory=self.script.factory(), watched=lambda: watched)
+        return Supervisor(self.ctx(rng=rng or random.Random(1)), self.settings, got, sent,
+                          Ties(watched=lambda: watched, hooks=self.hooks()))
+
+    def ctx(self, leases: Any = None, rng: random.Random | None = None) -> Context:
+        return context(self.store, self.clock, self.metrics, rng, leases or self.store)
+
+    def hooks(self) -> Hooks:
+        return Hooks(pump_factory=self.script.factory())
 
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels or None) or 0.0
@@ -203,9 +210,8 @@ async def test_a_drain_of_many_streams_keeps_its_releases_in_flight_to_the_gate(
         await rig.memory.put_started(f"s{i}", URL)
         got = await rig.memory.acquire(f"s{i}", "w1", rig.clock.wall_ms(), T)
         assert got is not None
-        sups.append(Supervisor(got.tenure, got.record, rig.clock.monotonic(), slow, rig.store,
-                               rig.clock, rig.metrics, rig.settings, random.Random(i),
-                               pump_factory=rig.script.factory(), release_gate=gate))
+        sups.append(Supervisor(rig.ctx(slow, random.Random(i)), rig.settings, got,
+                               rig.clock.monotonic(), Ties(gate, hooks=rig.hooks())))
     tasks = [asyncio.create_task(s.run()) for s in sups]
     await asyncio.sleep(3)
     deadline = asyncio.get_running_loop().time() + 20
@@ -432,9 +438,8 @@ async def test_a_self_fenced_release_keeps_to_the_shutdown_budget() -> None:
     await rig.memory.put_started("a", URL)
     got = await rig.memory.acquire("a", "w1", rig.clock.wall_ms(), long)
     assert got is not None
-    sup = Supervisor(got.tenure, got.record, rig.clock.monotonic(), rig.store, rig.store,
-                     rig.clock, rig.metrics, rig.settings,
-                     pump_factory=rig.script.factory())
+    sup = Supervisor(rig.ctx(), rig.settings, got, rig.clock.monotonic(),
+                     Ties(hooks=rig.hooks()))
     rig.store.fail("release", times=10_000)
     task = await run_for(sup, 1)
     sup.member_lost(fenced=False)

@@ -5,12 +5,14 @@ nobody takes is released by the fencer after the deal window and acquired as usu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from streamlease import tenancy
 from streamlease.core.deal import deal, deal_weights
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import MemberStatus, MemberTimings
@@ -21,7 +23,7 @@ from streamlease.pump import PumpSettings
 from streamlease.reconciler import Reconciler, ReconcilerSettings
 from streamlease.store.memory import MemoryStore
 from streamlease.supervisor import SupervisorSettings
-from tests.fakes import FaultyStore, PumpScript
+from tests.fakes import FaultyStore, PumpScript, context
 from tests.virtual import LoopClock
 
 pytestmark = pytest.mark.virtual_time
@@ -47,20 +49,23 @@ def worker(store: FaultyStore, name: str, reconciles: bool = True, holds: int = 
     """A member; without a reconciler, its heartbeats report ``holds`` streams held."""
     clock, metrics = LoopClock(), Metrics()
     box: list[Reconciler] = []
-    membership = Membership(store, store, clock, metrics, MembershipSettings(name, 100, T), Hooks(
-        held=lambda: len(box[0].supervisors) if box else holds,
-        fenced=lambda: box[0].member_lost(True) if box else None,
-        self_fenced=lambda: box[0].member_lost(False) if box else None,
-        fleet_changed=lambda: box[0].poke() if box else None))  # type: ignore[arg-type]
+    membership = Membership(  # type: ignore[arg-type]
+        context(clock=clock, metrics=metrics, leases=store), store,
+        MembershipSettings(name, 100, T), Hooks(
+            held=lambda: len(box[0].supervisors) if box else holds,
+            fenced=lambda: box[0].member_lost(True) if box else None,
+            self_fenced=lambda: box[0].member_lost(False) if box else None,
+            fleet_changed=lambda: box[0].poke() if box else None))
     if not reconciles:
         return Worker(membership, None, metrics, [])
-    reconciler = Reconciler(store, store, clock, metrics, ReconcilerSettings(  # type: ignore[arg-type]
-        owner=name, reconcile_s=5.0, sweep_s=60.0, max_streams=100, acquire_per_cycle=10,
+    reconciler = Reconciler(context(store, clock, metrics, leases=store, owner=name),
+                            ReconcilerSettings(
+        reconcile_s=5.0, sweep_s=60.0, max_streams=100, acquire_per_cycle=10,
         stopped_check_s=T.heartbeat_s, min_hold_s=1000.0, second_pass_s=1.0,
         supervisor=SupervisorSettings(timings=STREAM, allowed_urls=parse_allowed_urls("wss://"),
                                       pump=PumpSettings(), call_timeout_s=1.0,
                                       drain_timeout_s=2.0)),
-        membership, pump_factory=PumpScript(every=10.0).factory())
+        membership, tenancy.Hooks(pump_factory=PumpScript(every=10.0).factory()))
     box.append(reconciler)
     return Worker(membership, reconciler, metrics, [])
 
@@ -187,7 +192,8 @@ async def test_a_take_over_whose_output_is_still_starting_at_shutdown_is_handed_
     a = worker(store, "a")
     assert a.reconciler is not None
     opening, proceed = asyncio.Event(), asyncio.Event()
-    real = a.reconciler.holdings.sink
+    holdings = a.reconciler.holdings
+    real = holdings.ctx.sink
 
     class SlowOpen:
         def __getattr__(self, name: str) -> Any:
@@ -198,7 +204,7 @@ async def test_a_take_over_whose_output_is_still_starting_at_shutdown_is_handed_
             await proceed.wait()
             return int(await real.open(tenure, record))
 
-    a.reconciler.holdings.sink = SlowOpen()  # type: ignore[assignment]
+    holdings.ctx = dataclasses.replace(holdings.ctx, sink=SlowOpen())  # type: ignore[arg-type]
     await start(a)
     await asyncio.sleep(2 * T.heartbeat_s)
     dead.membership.stop()
@@ -241,9 +247,8 @@ async def test_the_second_look_is_timed_from_the_first_ones_start(
                 return 7, 9  # took 7 of a weight of 9
             return 0, 9
 
-    settings = TakeoverSettings(owner="a", max_streams=100, timings=STREAM, call_s=0.5,
-                                second_pass_s=2.0)
-    takeover = Parts(None, None, clock, Metrics(), settings,  # type: ignore[arg-type]
+    settings = TakeoverSettings(max_streams=100, timings=STREAM, call_s=0.5, second_pass_s=2.0)
+    takeover = Parts(context(clock=clock, owner="a"), None, settings,  # type: ignore[arg-type]
                      None, asyncio.Event())  # type: ignore[arg-type]
     dead = MemberRecord("dead", 5, 1, MemberStatus.DEAD, streams=40)
     start = clock.monotonic()

@@ -287,9 +287,9 @@ async def test_a_take_over_is_a_root_span_its_acquisitions_are_children_of(
 # -- the pump: the dial, and the first flush alone ----------------------------------------
 
 async def test_only_the_first_flush_of_a_tenure_has_a_span(spans: InMemorySpanExporter) -> None:
-    from streamlease.dev.upstream import UpstreamServer
+    from streamlease.dev.upstream import UpstreamOptions, UpstreamServer
 
-    async with UpstreamServer(streams=1, rate=200.0) as up:
+    async with UpstreamServer(UpstreamOptions(streams=1, rate=200.0)) as up:
         sink = FakeSink()
         pump, _ = make_pump(up.url_for("s001"), sink, last_seq=10)
         with tracing.span("acquire", stream="s001") as acquisition:

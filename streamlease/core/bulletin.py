@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from streamlease.core.balance import Balance, counts_of, donors, shares_of, shed_of
@@ -90,20 +90,38 @@ class Bulletin:
         return max(0, min(capacity, self.level))
 
 
-def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], leader: str,
-            leader_held: int, leader_active: bool, servable_orphans: int, gen: int,
-            total_at_least: int = 0, name_donors: bool = True) -> Bulletin:
-    """The bulletin from every member row as the leader read them (its own count live).
-    ``name_donors`` False: no donors now (a hand-over is still settling, so the rows
-    undercount its takers)."""
-    rows = list(members)
-    counts, active = counts_of(rows, leader, leader_held, observed_dead)
-    if leader_active:
+@dataclass(frozen=True)
+class FleetRead:
+    """What a bulletin is composed from: every member row as the leader read them, with
+    the leader's own live figures and what it adds to the rows' picture."""
+
+    members: Sequence[MemberRecord]
+    observed_dead: frozenset[str]
+    leader: str
+    leader_held: int  # the leader's own count, live
+    leader_active: bool
+    servable_orphans: int
+    gen: int
+    total_at_least: int = 0
+    # False: no donors now (a hand-over is still settling, so the rows undercount its takers)
+    name_donors: bool = True
+    feed: int = 0  # the leader's vouching stretch (``Bulletin.feed``)
+    notices: tuple[Notice, ...] = ()
+    shards: int = 1
+
+
+def compose(read: FleetRead) -> Bulletin:
+    """The bulletin from every member row as the leader read them (its own count live)."""
+    rows, leader, observed_dead = list(read.members), read.leader, read.observed_dead
+    servable_orphans = read.servable_orphans
+    counts, active = counts_of(rows, leader, read.leader_held, observed_dead)
+    if read.leader_active:
         active.add(leader)
     else:
         active.discard(leader)
     capacities = {m.worker_id: m.capacity for m in rows}
-    total, shares = shares_of(counts, active, capacities, servable_orphans, total_at_least)
+    total, shares = shares_of(counts, active, capacities, servable_orphans,
+                              read.total_at_least)
     level = max((shares[m] for m in active), default=0)
     gaps = [max(0, shares[m] - counts.get(m, 0)) for m in active]
     statuses: dict[str, int] = {}
@@ -119,14 +137,15 @@ def compose(members: Iterable[MemberRecord], observed_dead: frozenset[str], lead
                        _heirs(survivors, capacities, row))
                   for row in fenced[:MAX_DEALS])
     return Bulletin(
-        gen=gen, level=level, total=total, deficit=sum(gaps),
+        gen=read.gen, level=level, total=total, deficit=sum(gaps),
         below=sum(1 for g in gaps if g > 0), active=len(active),
         draining=any(m.status is MemberStatus.DRAINING and m.worker_id not in observed_dead
                      for m in rows),
         donors=tuple(donors(counts, active, shares, servable_orphans)[:MAX_DONORS])
-        if name_donors else (),
-        deals=deals, statuses=tuple(sorted(statuses.items())),
-        successor=min((m for m in active if m != leader), default=None))
+        if read.name_donors else (),
+        deals=deals, statuses=tuple(sorted(statuses.items())), feed=read.feed,
+        notices=read.notices, successor=min((m for m in active if m != leader), default=None),
+        shards=read.shards)
 
 
 def _heirs(survivors: dict[str, int], capacities: dict[str, int],

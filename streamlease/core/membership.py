@@ -127,11 +127,6 @@ class Observer:
             del self._seen[gone]
         return dead
 
-    def unchanged_for(self, worker_id: str, now: float) -> float | None:
-        """Seconds since this member's current key was first received (None: unseen)."""
-        seen = self._seen.get(worker_id)
-        return None if seen is None else max(0.0, now - seen.since)
-
 
 # One outcome for every lease's renewal (``core.keepalive``); a member's refused heartbeat
 # (its epoch moved on: a peer declared it dead, or a duplicate id) is counted as "fenced"
@@ -142,13 +137,6 @@ HeartbeatOutcome = KeepOutcome
 def heartbeat_label(outcome: KeepOutcome) -> str:
     """A member heartbeat's outcome as the ``streamlease_member_heartbeats_total`` label."""
     return outcome_label(outcome, "fenced")
-
-
-def heartbeat_strained(outcome: HeartbeatOutcome, seconds: float, slow_s: float) -> bool:
-    """A member heartbeat that went unanswered (unknown, throttled) or took longer than
-    ``slow_s``: the store is strained (read the fleet less often, pace the sink)."""
-    return outcome in (HeartbeatOutcome.UNKNOWN, HeartbeatOutcome.THROTTLED) or \
-        seconds > slow_s
 
 
 class MemberState(StrEnum):

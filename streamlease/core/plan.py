@@ -56,46 +56,47 @@ class Plan:
     servable: int = 0  # orphans that could be acquired, before any cap
 
 
-def plan_cycle(
-    candidates: list[StreamRecord],
-    *,
-    held: set[str],
-    max_streams: int,
-    per_cycle: int,
-    now_wall_ms: int,
-    timings: LeaseTimings,
-    allowed_prefixes: AllowList,
-    rng: random.Random,
-    want: int | None = None,
-    rank: Callable[[StreamRecord], int] | None = None,
-    catalog: Catalog = BUILTIN_CATALOG,
-) -> Plan:
+@dataclass(frozen=True)
+class Cycle:
+    """What one reconcile cycle plans from: the orphan query's candidates, the streams
+    this worker holds, its capacity, and what it may serve (``item_problem``; ``catalog``:
+    the worker's upstream profiles, since a candidate read in full, as an offered stream
+    is, names its ``profile``). ``rank`` puts some candidates before others (lower first;
+    the caller's: orphans that have waited longest) before the cap cuts."""
+
+    candidates: list[StreamRecord]
+    held: set[str]
+    max_streams: int
+    per_cycle: int
+    now_wall_ms: int
+    timings: LeaseTimings
+    allowed_urls: AllowList
+    catalog: Catalog = BUILTIN_CATALOG
+    rank: Callable[[StreamRecord], int] | None = None
+
+
+def plan_cycle(cycle: Cycle, rng: random.Random) -> Plan:
     """Pick the streams to try this cycle.
 
     Candidates come from the orphan query and may be stale by the time we act; the
     conditional acquire is the real arbiter, this only avoids pointless calls. Shuffling
-    spreads a fleet that wakes together over different streams, and the per-cycle cap
-    keeps one worker from grabbing everything a dead peer left behind. ``want`` caps the
-    take further (the balance plan's), and ``rank`` puts some before others (lower
-    first; the caller's: orphans that have waited longest), before the cap cuts.
-    ``catalog``: the worker's upstream profiles (a candidate read in full, as an offered
-    stream is, names its ``profile``).
+    (with ``rng``) spreads a fleet that wakes together over different streams, and the
+    per-cycle cap keeps one worker from grabbing everything a dead peer left behind.
     """
-    free = max(0, max_streams - len(held))
-    budget = min(free, per_cycle, per_cycle if want is None else want)
+    budget = min(max(0, cycle.max_streams - len(cycle.held)), cycle.per_cycle)
     acquirable: list[StreamRecord] = []
     unservable: list[tuple[StreamRecord, str]] = []
-    for record in candidates:
-        if record.stream_id in held:
+    for record in cycle.candidates:
+        if record.stream_id in cycle.held:
             continue
-        problem = item_problem(record, allowed_prefixes, catalog)
+        problem = item_problem(record, cycle.allowed_urls, cycle.catalog)
         if problem is not None:
             if record.last_error != error_text(problem):
                 unservable.append((record, problem))
             continue
-        if can_acquire(record, now_wall_ms, timings):
+        if can_acquire(record, cycle.now_wall_ms, cycle.timings):
             acquirable.append(record)
     rng.shuffle(acquirable)
-    if rank is not None:
-        acquirable.sort(key=rank)  # stable: shuffled within each rank
+    if cycle.rank is not None:
+        acquirable.sort(key=cycle.rank)  # stable: shuffled within each rank
     return Plan(acquire=acquirable[:budget], unservable=unservable, servable=len(acquirable))

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from streamlease.core.changes import ChangeRecord
 from streamlease.core.model import StreamRecord
 from streamlease.core.plan import VALID_STATES
 
@@ -208,21 +209,20 @@ class ViewTracker:
 
     # -- the feed ----------------------------------------------------------------------
 
-    def follow(self, stream_id: str, old: StreamRecord | None, new: StreamRecord | None,
-               shard_id: str, sequence_number: str, written_ms: int | None, now_s: float,
-               now_ms: int) -> Followed:
-        """One change the feed read, written at ``written_ms`` (its approximate creation
-        time, None if unknown)."""
+    def follow(self, change: ChangeRecord, now_s: float, now_ms: int) -> Followed:
+        """One change the feed read, written at its approximate creation time
+        (``written_ms``, None if unknown)."""
+        stream_id, written_ms = change.stream_id, change.approximate_at_ms
         try:
-            seq: int | None = int(sequence_number)
+            seq: int | None = int(change.sequence_number)
         except ValueError:
             seq = None
         if seq is not None:
-            if seq <= self._followed.get(shard_id, -1):
+            if seq <= self._followed.get(change.shard_id, -1):
                 return Followed.REPEATED
-            self._followed[shard_id] = seq
+            self._followed[change.shard_id] = seq
         self._expire(now_s)
-        before, after = view_key(old), view_key(new)
+        before, after = view_key(change.old), view_key(change.new)
         versions = [*self._recent.pop(stream_id, ([before], 0.0, None))[0], after]
         self._recent[stream_id] = (versions[-MAX_VERSIONS:], now_s, written_ms)
         applied = False

@@ -157,28 +157,108 @@ class StopRequest:
             signal.signal(sig, self.on_signal)
 
 
-class Demo:
-    def __init__(self, args: argparse.Namespace, stop: StopRequest) -> None:
+class Screen:
+    """What the demo shows on stdout: the live table (or a summary line a second), and the
+    recent events under it."""
+
+    def __init__(self, args: argparse.Namespace, stop: StopRequest, logs: Path) -> None:
         self.args = args
         self.stop = stop
-        self.logs = Path(args.log_dir)
-        self.logs.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(self.logs / "demo.log")
-        handler.setFormatter(TextFormatter())
-        logging.getLogger().handlers[:] = [handler]
-        LOGGER.setLevel(logging.INFO)
-        for noisy in ("botocore", "aiobotocore", "aioboto3", "asyncio"):
-            logging.getLogger(noisy).setLevel(logging.ERROR)
+        self.logs = logs
         self.stdout_gone = False
-        self.setup: asyncio.Timeout | None = None  # cancels the setup on a stop request
+        self.events: list[str] = []
+
+    def say(self, text: str) -> None:
+        """Write to stdout. If nobody reads it any more (EPIPE: the pipe's reader went away;
+        EIO: the terminal was closed), stdout goes to /dev/null from then on, so no later
+        write or the flush at exit fails, and the demo stops."""
+        if self.stdout_gone:
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError as exc:
+            self.stdout_gone = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            event(logging.INFO, "demo.stdout_closed", "stdout is gone", error=str(exc))
+            self.stop.request("stdout-closed")
+
+    def note(self, text: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')}  {text}")
+        del self.events[:-8]
+
+    def keys_on(self) -> bool:
+        """Keys are read from a terminal on stdin, also when stdout is a pipe (``| tee``)."""
+        return sys.stdin.isatty() and not self.args.headless
+
+    def live_table(self) -> bool:
+        return sys.stdout.isatty() and not self.args.headless
+
+    def track_takeovers(self, before: dict[str, StreamRecord],
+                        after: dict[str, StreamRecord]) -> None:
+        for sid, rec in after.items():
+            old = before.get(sid)
+            if old is not None and rec.fence != old.fence and rec.lease_owner:
+                self.note(f"{sid}: {old.lease_owner or '-'} -> {rec.lease_owner} "
+                          f"(fence {rec.fence}, resumes after seq {rec.last_seq or 0})")
+
+    def render(self, records: dict[str, StreamRecord], before: dict[str, StreamRecord],
+               dt: float, members: list[MemberReport], leader: LeaderRecord | None,
+               workers: int) -> None:
+        now_ms = time.time_ns() // 1_000_000
+        leader_id = leader.owner if leader is not None and not leader.resigned else None
+        lines = [f"streamlease fleet: {workers} workers, {len(records)} streams "
+                 f"(Ctrl-C to stop; logs in {self.logs}/)", ""]
+        lines.append(f"{'MEMBER':<10} {'STATUS':<9} {'LIVENESS':<8} {'HOLDS':>5} {'SHARE':>5}  ")
+        for m in members:
+            held = sum(1 for r in records.values()
+                       if r.lease_owner == m.member.worker_id
+                       and (r.lease_expires_at_ms or 0) > now_ms)
+            bar = "#" * held + "." * max(0, m.share - held)
+            role = "  leader" if m.member.worker_id == leader_id else ""
+            lines.append(f"{m.member.worker_id:<10} {m.member.status.value:<9} {m.liveness:<8} "
+                         f"{held:>5} {m.share:>5}  {bar}{role}")
+        lines.append("")
+        lines.append(f"{'STREAM':<8} {'STATE':<8} {'OWNER':<10} {'FENCE':>5} {'LAST_SEQ':>9} "
+                     f"{'MSG/S':>6} {'LEASE LEFT':>10}")
+        for sid, r in sorted(records.items()):
+            prev = before.get(sid)
+            rate = ((r.last_seq or 0) - (prev.last_seq or 0)) / dt if prev and dt > 0 else 0.0
+            left = ((r.lease_expires_at_ms or 0) - now_ms) / 1000
+            lease = f"{left:.1f}s" if left > 0 else "free"
+            lines.append(f"{sid:<8} {r.desired_state or '-':<8} {r.lease_owner or '-':<10} "
+                         f"{r.fence or 0:>5} {r.last_seq or 0:>9} {rate:>6.1f} {lease:>10}")
+        lines += ["", "recent events:"] + [f"  {e}" for e in self.events]
+        if self.keys_on():
+            lines += ["", "keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
+                          "s stop a stream   r restart stopped   q quit"]
+        if self.live_table():
+            self.say("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+        else:
+            owned = sum(1 for r in records.values() if (r.lease_expires_at_ms or 0) > now_ms)
+            alive = sum(1 for m in members if m.liveness == "alive")
+            self.say(f"{time.strftime('%H:%M:%S')} owned {owned}/{len(records)} "
+                     f"delivered {sum(r.last_seq or 0 for r in records.values())} "
+                     f"members {alive} alive, leader {leader_id or '-'}\n")
+
+
+class Children:
+    """The demo's child processes: the servers, then the workers (started, killed and
+    replaced on demand); every way out stops the workers first, the servers last."""
+
+    def __init__(self, args: argparse.Namespace, stop: StopRequest, logs: Path,
+                 screen: Screen) -> None:
+        self.args = args
+        self.stop = stop
+        self.logs = logs
+        self.screen = screen
         self.env = {**os.environ, **local_aws_env(), "PYTHONUNBUFFERED": "1"}
         self.servers: list[Child] = []
         self.workers: dict[str, Child] = {}
         self.counter = 0
-        self.events: list[str] = []
         self.rng = random.Random()
-        self.keys: asyncio.Queue[str] = asyncio.Queue()
-        self.wake = asyncio.Event()  # a key, Ctrl-C or SIGTERM: redraw now
         # What the test feeds require (--token), handed to the workers as FEED_TOKEN.
         self.feed_token = secrets.token_urlsafe(16)
 
@@ -239,7 +319,7 @@ class Demo:
             choice = f"mongodb://127.0.0.1:{port}/streamlease"
         self.env["STREAMLEASE_LEADER_BACKEND"] = choice
         os.environ["STREAMLEASE_LEADER_BACKEND"] = choice  # for this process's own reads
-        self.note(f"leader lease on {choice}")
+        self.screen.note(f"leader lease on {choice}")
         return {"STREAMLEASE_LEADER_BACKEND": choice}
 
     def write_env(self, local: dict[str, str]) -> None:
@@ -261,24 +341,76 @@ class Demo:
         # A worker's stdout (the stdout sink, a processor's prints) goes to its log.
         self.workers[name] = self.child(name, self.python("run"), env, signal.SIGKILL,
                                         capture=False)
-        self.note(f"started {name}")
+        self.screen.note(f"started {name}")
 
-    def say(self, text: str) -> None:
-        """Write to stdout. If nobody reads it any more (EPIPE: the pipe's reader went away;
-        EIO: the terminal was closed), stdout goes to /dev/null from then on, so no later
-        write or the flush at exit fails, and the demo stops."""
-        if self.stdout_gone:
+    def kill_one(self, sig: int, replace: bool) -> None:
+        if not self.workers:
             return
+        victim = self.rng.choice(sorted(self.workers))
+        child = self.workers.pop(victim)
+        stop_all([child], sig, WORKER_STOP_S, cut_short=lambda: self.stop.hurry)
+        code = child.popen.returncode
+        event(logging.INFO, "demo.child_exited", "child exited", child=victim, pid=child.pid,
+              code=code)
+        how = "kill -9" if sig == signal.SIGKILL else "SIGTERM"
+        self.screen.note(f"{how} {victim} (exit {code})")
+        if replace:
+            self.start_worker()
+
+    def stop_workers(self) -> None:
+        """SIGTERM every worker at once (each releases its leases), wait for all of them at
+        most WORKER_STOP_S (less after a second Ctrl-C), then SIGKILL the stragglers."""
+        workers, self.workers = self.workers, {}
+        if not workers:
+            return
+        event(logging.INFO, "demo.stopping_workers", "SIGTERM to every worker",
+              workers=",".join(sorted(workers)))
+        stop_all(workers.values(), signal.SIGTERM, WORKER_STOP_S,
+                 cut_short=lambda: self.stop.hurry)
+        for name, worker in sorted(workers.items()):
+            code = worker.popen.returncode
+            event(logging.INFO, "demo.child_exited", "child exited", child=name,
+                  pid=worker.pid, code=code)
+            self.screen.say(f"{name} exited {code}\n")
+
+    def shutdown(self) -> None:
+        """Stop every child: workers first, servers once no worker is left. Safe to call
+        more than once and after any failure."""
         try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except OSError as exc:
-            self.stdout_gone = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
-            event(logging.INFO, "demo.stdout_closed", "stdout is gone", error=str(exc))
-            self.stop.request("stdout-closed")
+            self.stop_workers()
+        finally:
+            servers, self.servers = self.servers[::-1], []
+            if servers:
+                event(logging.INFO, "demo.stopping_servers", "SIGTERM to the servers",
+                      servers=",".join(s.name for s in servers))
+                stop_all(servers, signal.SIGTERM, SERVER_STOP_S,
+                         cut_short=lambda: self.stop.hurry)
+                for server in servers:
+                    event(logging.INFO, "demo.child_exited", "child exited", child=server.name,
+                          pid=server.pid, code=server.popen.returncode)
+
+
+class Demo:
+    """The demo's run: set up the tables and streams, start the workers, then the live view
+    (keys, ``--kill-every``, ``--flip-every``) until a stop request, and the ordered stop."""
+
+    def __init__(self, args: argparse.Namespace, stop: StopRequest) -> None:
+        self.args = args
+        self.stop = stop
+        logs = Path(args.log_dir)
+        logs.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(logs / "demo.log")
+        handler.setFormatter(TextFormatter())
+        logging.getLogger().handlers[:] = [handler]
+        LOGGER.setLevel(logging.INFO)
+        for noisy in ("botocore", "aiobotocore", "aioboto3", "asyncio"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
+        self.screen = Screen(args, stop, logs)
+        self.fleet = Children(args, stop, logs, self.screen)
+        self.setup: asyncio.Timeout | None = None  # cancels the setup on a stop request
+        self.rng = random.Random()
+        self.keys: asyncio.Queue[str] = asyncio.Queue()
+        self.wake = asyncio.Event()  # a key, Ctrl-C or SIGTERM: redraw now
 
     def _stop_requested(self) -> None:
         """In the event loop, after a stop request: redraw now, and cancel the setup."""
@@ -286,10 +418,6 @@ class Demo:
         if self.setup is not None:
             with contextlib.suppress(RuntimeError):  # already expiring or left
                 self.setup.reschedule(asyncio.get_running_loop().time())
-
-    def note(self, text: str) -> None:
-        self.events.append(f"{time.strftime('%H:%M:%S')}  {text}")
-        del self.events[:-8]
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -309,7 +437,7 @@ class Demo:
         return 0
 
     async def _run(self) -> None:
-        upstream = self.start_servers()
+        upstream = self.fleet.start_servers()
         async with connect_admin("streamlease-streams", "streamlease-events",
                                  "streamlease-fleet") as stores:
             store = stores.admin
@@ -330,30 +458,23 @@ class Demo:
             finally:
                 self.setup = None
             if self.args.feed:
-                self.note(f"feed {self.args.feed}: profile {self.args.feed} from "
+                self.screen.note(f"feed {self.args.feed}: profile {self.args.feed} from "
                           f"{self.args.profiles}")
             for _ in range(self.args.workers):
-                self.start_worker()
+                self.fleet.start_worker()
             await self.watch(stores)
             await self.stop_fleet(store)
-
-    def keys_on(self) -> bool:
-        """Keys are read from a terminal on stdin, also when stdout is a pipe (``| tee``)."""
-        return sys.stdin.isatty() and not self.args.headless
-
-    def live_table(self) -> bool:
-        return sys.stdout.isatty() and not self.args.headless
 
     async def watch(self, stores: Stores) -> None:
         loop = asyncio.get_running_loop()
         saved = None
         fd = sys.stdin.fileno()
-        if self.keys_on():
+        if self.screen.keys_on():
             saved = termios.tcgetattr(fd)
             tty.setcbreak(fd)
             loop.add_reader(fd, self._read_keys, fd)
-            if not self.live_table():
-                self.say("keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
+            if not self.screen.live_table():
+                self.screen.say("keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
                          "s stop a stream   r restart stopped   q quit\n")
         try:
             await self._watch(stores)
@@ -375,29 +496,16 @@ class Demo:
             self.keys.put_nowait(key)
         self.wake.set()
 
-    def kill_one(self, sig: int, replace: bool) -> None:
-        if not self.workers:
-            return
-        victim = self.rng.choice(sorted(self.workers))
-        child = self.workers.pop(victim)
-        stop_all([child], sig, WORKER_STOP_S, cut_short=lambda: self.stop.hurry)
-        code = child.popen.returncode
-        event(logging.INFO, "demo.child_exited", "child exited", child=victim, pid=child.pid,
-              code=code)
-        self.note(f"{'kill -9' if sig == signal.SIGKILL else 'SIGTERM'} {victim} (exit {code})")
-        if replace:
-            self.start_worker()
-
     async def flip(self, store: AdminStore, records: dict[str, StreamRecord]) -> None:
         stopped = [s for s, r in records.items() if r.stopped]
         started = [s for s, r in records.items() if r.started]
         for sid in stopped:
             await store.set_state(sid, "STARTED")
-            self.note(f"{sid}: STARTED again")
+            self.screen.note(f"{sid}: STARTED again")
         if started:
             sid = self.rng.choice(started)
             await store.set_state(sid, "STOPPED")
-            self.note(f"{sid}: STOPPED")
+            self.screen.note(f"{sid}: STOPPED")
 
     async def on_key(self, key: str, store: AdminStore,
                      records: dict[str, StreamRecord]) -> bool:
@@ -405,22 +513,22 @@ class Demo:
         if key == "q":
             return False
         if key == "k":
-            self.kill_one(signal.SIGKILL, replace=False)
+            self.fleet.kill_one(signal.SIGKILL, replace=False)
         elif key == "-":
-            self.kill_one(signal.SIGTERM, replace=False)
+            self.fleet.kill_one(signal.SIGTERM, replace=False)
         elif key == "+":
-            self.start_worker()
+            self.fleet.start_worker()
         elif key == "s":
             started = [s for s, r in records.items() if r.started]
             if started:
                 sid = self.rng.choice(started)
                 await store.set_state(sid, "STOPPED")
-                self.note(f"{sid}: STOPPED")
+                self.screen.note(f"{sid}: STOPPED")
         elif key == "r":
             for sid, r in records.items():
                 if r.stopped:
                     await store.set_state(sid, "STARTED")
-                    self.note(f"{sid}: STARTED again")
+                    self.screen.note(f"{sid}: STARTED again")
         return True
 
     async def read_fleet(self, stores: Stores, reads: list[FleetRead],
@@ -451,7 +559,7 @@ class Demo:
                 break
             if next_kill is not None and now >= next_kill:
                 next_kill = now + self.args.kill_every
-                self.kill_one(signal.SIGKILL, replace=True)
+                self.fleet.kill_one(signal.SIGKILL, replace=True)
             records = {r.stream_id: r for r in await store.list_streams()}
             if next_flip is not None and now >= next_flip:
                 next_flip = now + self.args.flip_every
@@ -459,10 +567,11 @@ class Demo:
             while not self.keys.empty():
                 if not await self.on_key(self.keys.get_nowait(), store, records):
                     self.stop.request("q")
-            self.track_takeovers(previous, records)
+            self.screen.track_takeovers(previous, records)
             started_count = sum(1 for r in records.values() if r.started)
             members, leader = await self.read_fleet(stores, reads, started_count)
-            self.render(records, previous, now - last_at, members, leader)
+            self.screen.render(records, previous, now - last_at, members, leader,
+                               len(self.fleet.workers))
             previous, last_at = records, now
             self.wake.clear()
             if self.keys.empty() and not self.stop.requested:
@@ -472,8 +581,8 @@ class Demo:
     async def stop_fleet(self, store: AdminStore) -> None:
         """Stop the workers while the servers still run, so they can release; then count
         the leases they still hold (0 unless a worker had to be killed)."""
-        stopped = set(self.workers)
-        self.stop_workers()
+        stopped = set(self.fleet.workers)
+        self.fleet.stop_workers()
         held: str = "not checked (hurried)"
         if not self.stop.hurry:
             try:
@@ -485,86 +594,8 @@ class Demo:
                                if r.lease_owner in stopped and (r.lease_expires_at_ms or 0) > 0))
         event(logging.INFO, "demo.leases_held", "leases the stopped workers still hold",
               workers=len(stopped), held=held)
-        self.say(f"\nstopped {len(stopped)} workers; leases they still hold: {held} "
-                 f"(0: every lease was released); logs in {self.logs}/\n")
-
-    def track_takeovers(self, before: dict[str, StreamRecord],
-                        after: dict[str, StreamRecord]) -> None:
-        for sid, rec in after.items():
-            old = before.get(sid)
-            if old is not None and rec.fence != old.fence and rec.lease_owner:
-                self.note(f"{sid}: {old.lease_owner or '-'} -> {rec.lease_owner} "
-                          f"(fence {rec.fence}, resumes after seq {rec.last_seq or 0})")
-
-    def render(self, records: dict[str, StreamRecord], before: dict[str, StreamRecord],
-               dt: float, members: list[MemberReport], leader: LeaderRecord | None) -> None:
-        now_ms = time.time_ns() // 1_000_000
-        leader_id = leader.owner if leader is not None and not leader.resigned else None
-        lines = [f"streamlease fleet: {len(self.workers)} workers, {len(records)} streams "
-                 f"(Ctrl-C to stop; logs in {self.logs}/)", ""]
-        lines.append(f"{'MEMBER':<10} {'STATUS':<9} {'LIVENESS':<8} {'HOLDS':>5} {'SHARE':>5}  ")
-        for m in members:
-            held = sum(1 for r in records.values()
-                       if r.lease_owner == m.member.worker_id
-                       and (r.lease_expires_at_ms or 0) > now_ms)
-            bar = "#" * held + "." * max(0, m.share - held)
-            role = "  leader" if m.member.worker_id == leader_id else ""
-            lines.append(f"{m.member.worker_id:<10} {m.member.status.value:<9} {m.liveness:<8} "
-                         f"{held:>5} {m.share:>5}  {bar}{role}")
-        lines.append("")
-        lines.append(f"{'STREAM':<8} {'STATE':<8} {'OWNER':<10} {'FENCE':>5} {'LAST_SEQ':>9} "
-                     f"{'MSG/S':>6} {'LEASE LEFT':>10}")
-        for sid, r in sorted(records.items()):
-            prev = before.get(sid)
-            rate = ((r.last_seq or 0) - (prev.last_seq or 0)) / dt if prev and dt > 0 else 0.0
-            left = ((r.lease_expires_at_ms or 0) - now_ms) / 1000
-            lease = f"{left:.1f}s" if left > 0 else "free"
-            lines.append(f"{sid:<8} {r.desired_state or '-':<8} {r.lease_owner or '-':<10} "
-                         f"{r.fence or 0:>5} {r.last_seq or 0:>9} {rate:>6.1f} {lease:>10}")
-        lines += ["", "recent events:"] + [f"  {e}" for e in self.events]
-        if self.keys_on():
-            lines += ["", "keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
-                          "s stop a stream   r restart stopped   q quit"]
-        if self.live_table():
-            self.say("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
-        else:
-            owned = sum(1 for r in records.values() if (r.lease_expires_at_ms or 0) > now_ms)
-            alive = sum(1 for m in members if m.liveness == "alive")
-            self.say(f"{time.strftime('%H:%M:%S')} owned {owned}/{len(records)} "
-                     f"delivered {sum(r.last_seq or 0 for r in records.values())} "
-                     f"members {alive} alive, leader {leader_id or '-'}\n")
-
-    def stop_workers(self) -> None:
-        """SIGTERM every worker at once (each releases its leases), wait for all of them at
-        most WORKER_STOP_S (less after a second Ctrl-C), then SIGKILL the stragglers."""
-        workers, self.workers = self.workers, {}
-        if not workers:
-            return
-        event(logging.INFO, "demo.stopping_workers", "SIGTERM to every worker",
-              workers=",".join(sorted(workers)))
-        stop_all(workers.values(), signal.SIGTERM, WORKER_STOP_S,
-                 cut_short=lambda: self.stop.hurry)
-        for name, worker in sorted(workers.items()):
-            code = worker.popen.returncode
-            event(logging.INFO, "demo.child_exited", "child exited", child=name,
-                  pid=worker.pid, code=code)
-            self.say(f"{name} exited {code}\n")
-
-    def shutdown(self) -> None:
-        """Stop every child: workers first, servers once no worker is left. Safe to call
-        more than once and after any failure."""
-        try:
-            self.stop_workers()
-        finally:
-            servers, self.servers = self.servers[::-1], []
-            if servers:
-                event(logging.INFO, "demo.stopping_servers", "SIGTERM to the servers",
-                      servers=",".join(s.name for s in servers))
-                stop_all(servers, signal.SIGTERM, SERVER_STOP_S,
-                         cut_short=lambda: self.stop.hurry)
-                for server in servers:
-                    event(logging.INFO, "demo.child_exited", "child exited", child=server.name,
-                          pid=server.pid, code=server.popen.returncode)
+        self.screen.say(f"\nstopped {len(stopped)} workers; leases they still hold: {held} "
+                 f"(0: every lease was released); logs in {self.fleet.logs}/\n")
 
 
 def wait_accepting(server: Child, port: int, stop: Callable[[], bool],
@@ -646,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return asyncio.run(demo.run())
     finally:
-        demo.shutdown()
+        demo.fleet.shutdown()
 
 
 if __name__ == "__main__":

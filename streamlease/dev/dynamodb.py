@@ -126,6 +126,7 @@ import base64
 import contextlib
 import copy
 import functools
+import inspect
 import io
 import json
 import logging
@@ -406,6 +407,7 @@ def install_fast_transactions() -> None:
 
 
 _original_query: Callable[..., Any] | None = None
+_query_signature: inspect.Signature | None = None
 
 
 class _KeyedView:
@@ -442,24 +444,20 @@ def _key_matches(item: Any, hash_conditions: list[tuple[str, Any]],
     return bool(found) and bool(found.compare(comparison, values))
 
 
-def _keyed_query(self: Any, hash_key: Any, range_comparison: str | None,
-                 range_objs: list[Any], limit: int, exclusive_start_key: Any,
-                 scan_index_forward: bool, projection_expressions: Any,
-                 index_name: str | None = None, consistent_read: bool = False,
-                 filter_expression: Any = None,
-                 hash_key_conditions: list[tuple[str, Any]] | None = None,
-                 range_key_conditions: list[tuple[str, str, list[Any]]] | None = None,
-                 **filter_kwargs: Any) -> Any:
-    """moto's Query, over only the items its key condition matches: moto sorts (and sizes)
-    every item of the table before it applies the key condition, so a Query cost O(table)
-    under the request lock where DynamoDB's costs O(items returned). A base-table Query
-    reads its one partition; an index Query the items whose index keys match."""
-    assert _original_query is not None
-    args = (hash_key, range_comparison, range_objs, limit, exclusive_start_key,
-            scan_index_forward, projection_expressions)
-    kwargs = dict(index_name=index_name, consistent_read=consistent_read,
-                  filter_expression=filter_expression, hash_key_conditions=hash_key_conditions,
-                  range_key_conditions=range_key_conditions, **filter_kwargs)
+def _keyed_query(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """moto's Query (its arguments as ``Table.query`` names them), over only the items its
+    key condition matches: moto sorts (and sizes) every item of the table before it applies
+    the key condition, so a Query cost O(table) under the request lock where DynamoDB's
+    costs O(items returned). A base-table Query reads its one partition; an index Query the
+    items whose index keys match."""
+    assert _original_query is not None and _query_signature is not None
+    given = _query_signature.bind(self, *args, **kwargs).arguments
+    hash_key, range_comparison = given["hash_key"], given["range_comparison"]
+    index_name: str | None = given.get("index_name")
+    hash_key_conditions: list[tuple[str, Any]] | None = given.get("hash_key_conditions")
+    range_key_conditions: list[tuple[str, str, list[Any]]] | None = \
+        given.get("range_key_conditions")
+    filter_kwargs = given.get("filter_kwargs")
     if index_name is None and hash_key is not None and hash_key.type == "S":
         # One partition (an events table grows with every batch a sink writes, and a
         # take-over's resume read queries it for one stream's newest item).
@@ -489,10 +487,11 @@ def _keyed_query(self: Any, hash_key: Any, range_comparison: str | None,
 def install_keyed_queries() -> None:
     """Patch moto (in this process) so a Query reads only the items its key condition
     matches (see ``_keyed_query``): the same answer, at DynamoDB's cost shape."""
-    global _original_query
+    global _original_query, _query_signature
     with _PATCH_LOCK:
         if _original_query is not None:
             return
+        _query_signature = inspect.signature(Table.query)
         _original_query = Table.query
         Table.query = _keyed_query  # type: ignore[method-assign]
 
@@ -1187,48 +1186,64 @@ def _all_tables() -> Iterator[Any]:
             yield from list(backend.tables.values())
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """How an ``EmbeddedDynamoDB`` serves. ``serialize``: one request at a time (the lock
+    that makes moto atomic); ``latency_s`` in ``latency_mode`` (see the module doc);
+    ``index_lag_s``/``index_lag_jitter_s``/``stale_reads_s``: see the module doc (all 0:
+    every read is current). ``stream_retention_s``/``stream_records_max``: how long, and
+    how many, DynamoDB Streams records a table's stream keeps. ``faults``: serve the
+    ``/_faults`` control (``fault_control``), the latency and lags given here its initial
+    fault set. ``seed`` seeds the throttle draws and, without an ``rng``, the lag draws."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    serialize: bool = True
+    fast_transactions: bool = True
+    latency_s: float = 0.0
+    latency_mode: str = "serial"
+    index_lag_s: float = 0.0
+    index_lag_jitter_s: float = 0.0
+    stale_reads_s: float = 0.0
+    stream_retention_s: float = DEFAULT_STREAM_RETENTION_S
+    stream_records_max: int = DEFAULT_STREAM_RECORDS_MAX
+    faults: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.stream_retention_s <= 0 or self.stream_records_max < 1:
+            raise ValueError("stream_retention_s and stream_records_max must be positive")
+        if self.latency_mode not in LATENCY_MODES:
+            raise ValueError(f"latency_mode must be one of {LATENCY_MODES}, "
+                             f"got {self.latency_mode!r}")
+        if not 0.0 <= self.latency_s <= MAX_LATENCY_MS / 1000:
+            raise ValueError(f"latency_s must be 0-{MAX_LATENCY_MS / 1000:g}, "
+                             f"got {self.latency_s!r}")
+
+
 class EmbeddedDynamoDB:
     """A DynamoDB-compatible HTTP server on loopback, in a background thread."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, serialize: bool = True,
-                 fast_transactions: bool = True, latency_s: float = 0.0,
-                 latency_mode: str = "serial", index_lag_s: float = 0.0,
-                 index_lag_jitter_s: float = 0.0, stale_reads_s: float = 0.0,
-                 stream_retention_s: float = DEFAULT_STREAM_RETENTION_S,
-                 stream_records_max: int = DEFAULT_STREAM_RECORDS_MAX,
+    def __init__(self, options: ServerOptions = ServerOptions(), *,
                  clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None, faults: bool = False,
-                 seed: int | None = None) -> None:
-        """``index_lag_s``/``index_lag_jitter_s``/``stale_reads_s``: see the module doc
-        (all 0: every read is current). ``stream_retention_s``/``stream_records_max``: how
-        long, and how many, DynamoDB Streams records a table's stream keeps. ``clock``
-        (monotonic seconds) and ``rng`` decide which past a lagged read sees, and when
-        stream records and shard iterators expire; tests inject them to step time by hand.
-        ``faults``: serve the ``/_faults`` control (``fault_control``), the latency and
-        lags given here its initial fault set. ``seed`` seeds the throttle draws and, without
-        ``rng``, the lag draws."""
-        if stream_retention_s <= 0 or stream_records_max < 1:
-            raise ValueError("stream_retention_s and stream_records_max must be positive")
-        if latency_mode not in LATENCY_MODES:
-            raise ValueError(f"latency_mode must be one of {LATENCY_MODES}, got {latency_mode!r}")
-        if not 0.0 <= latency_s <= MAX_LATENCY_MS / 1000:
-            raise ValueError(f"latency_s must be 0-{MAX_LATENCY_MS / 1000:g}, got {latency_s!r}")
-        self.host = host
-        self.requested_port = port
-        self.serialize = serialize
-        self.fast_transactions = fast_transactions
-        self.latency_s = latency_s
-        self.latency_mode = latency_mode
-        self.consistency = Consistency(IndexLag(index_lag_s, index_lag_jitter_s), stale_reads_s)
-        self.replica_lag = ReplicaLag(self.consistency, clock, rng or random.Random(seed))
+                 rng: random.Random | None = None) -> None:
+        """``clock`` (monotonic seconds) and ``rng`` decide which past a lagged read sees,
+        and when stream records and shard iterators expire; tests inject them to step time
+        by hand."""
+        self.options = options
+        self.host = options.host
+        self.consistency = Consistency(IndexLag(options.index_lag_s, options.index_lag_jitter_s),
+                                       options.stale_reads_s)
+        self.replica_lag = ReplicaLag(self.consistency, clock, rng or random.Random(options.seed))
         self.fault_control: FaultControl | None = None
-        if faults:
+        if options.faults:
             self.fault_control = FaultControl(FaultSet(
-                latency_ms=latency_s * 1000, latency_mode=latency_mode,
-                index_lag_ms=index_lag_s * 1000, index_lag_jitter_ms=index_lag_jitter_s * 1000,
-                stale_reads_ms=stale_reads_s * 1000), seed)
-        self.stream_retention = StreamRetention(stream_retention_s, stream_records_max,
-                                                clock=clock)
+                latency_ms=options.latency_s * 1000, latency_mode=options.latency_mode,
+                index_lag_ms=options.index_lag_s * 1000,
+                index_lag_jitter_ms=options.index_lag_jitter_s * 1000,
+                stale_reads_ms=options.stale_reads_s * 1000), options.seed)
+        self.stream_retention = StreamRetention(options.stream_retention_s,
+                                                options.stream_records_max, clock=clock)
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -1238,12 +1253,12 @@ class EmbeddedDynamoDB:
         install_plain_json_answers()
         install_keyed_queries()
         install_parse_caches()
-        if self.fast_transactions:
+        if self.options.fast_transactions:
             install_fast_transactions()
         install_streams()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         # Connections stay open between requests, as DynamoDB's do (see keepalive.py).
-        self._server = make_server(self.host, self.requested_port, self._app(), threaded=True,
+        self._server = make_server(self.host, self.options.port, self._app(), threaded=True,
                                    request_handler=KeepAliveHandler)
         self._server.daemon_threads = True  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -1252,6 +1267,7 @@ class EmbeddedDynamoDB:
         return self
 
     def _app(self) -> WSGIApp:
+        options = self.options
         app: WSGIApp = StreamsRoutingApp(create_backend_app("dynamodb"),
                                          create_backend_app("dynamodbstreams"))
         app = StreamRecordsApp(app, self.stream_retention)
@@ -1263,15 +1279,16 @@ class EmbeddedDynamoDB:
             app = ConsistencyApp(app, self.replica_lag)
         if control is not None:
             app = ServedFaultsApp(app, control, self.replica_lag, self.stream_retention)
-            return FaultsApp(SerializedApp(app) if self.serialize else app, control)
+            return FaultsApp(SerializedApp(app) if options.serialize else app, control)
         # Serial latency is served under the lock (a saturated server), parallel latency
         # before it (a slow path to a server with capacity to spare); see the module doc.
-        if self.latency_s and self.latency_mode == "serial":
-            app = DelayedApp(app, self.latency_s)
-        if self.serialize:
+        latency = options.latency_s
+        if latency and options.latency_mode == "serial":
+            app = DelayedApp(app, latency)
+        if options.serialize:
             app = SerializedApp(app)
-        if self.latency_s and self.latency_mode == "parallel":
-            app = DelayedApp(app, self.latency_s)
+        if latency and options.latency_mode == "parallel":
+            app = DelayedApp(app, latency)
         return app
 
     @property
@@ -1348,12 +1365,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} must be 0-{MAX_LAG_MS:g}, got {value:g}")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    server = EmbeddedDynamoDB(args.host, args.port, serialize=not args.no_lock,
-                              latency_s=args.latency_ms / 1000, latency_mode=args.latency_mode,
-                              index_lag_s=args.index_lag_ms / 1000,
-                              index_lag_jitter_s=args.index_lag_jitter_ms / 1000,
-                              stale_reads_s=args.stale_reads_ms / 1000,
-                              faults=args.faults, seed=args.seed)
+    server = EmbeddedDynamoDB(ServerOptions(
+        args.host, args.port, serialize=not args.no_lock, latency_s=args.latency_ms / 1000,
+        latency_mode=args.latency_mode, index_lag_s=args.index_lag_ms / 1000,
+        index_lag_jitter_s=args.index_lag_jitter_ms / 1000,
+        stale_reads_s=args.stale_reads_ms / 1000, faults=args.faults, seed=args.seed))
     try:
         server.start()
     except OSError as exc:

@@ -83,6 +83,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 from urllib.parse import parse_qs
@@ -107,6 +108,7 @@ __all__ = [
     "POLICY_VIOLATION",
     "STREAM_ID_PATTERN",
     "Mode",
+    "UpstreamOptions",
     "UpstreamServer",
     "declared_stream_ids",
     "frame_for",
@@ -498,143 +500,65 @@ class _HttpError(Exception):
         self.message = message
 
 
-class UpstreamServer:
-    """The reference upstream, every mode on one port. ``async with UpstreamServer(...)``."""
+@dataclass(frozen=True)
+class UpstreamOptions:
+    """What an ``UpstreamServer`` serves (see the module doc), and where."""
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        streams: int = 12,
-        rate: float = 10.0,
-        initial_backlog: int = 0,
-        retention: int | None = None,
-        token: str | None = None,
-        gateway_heartbeat_ms: int = DEFAULT_GATEWAY_HEARTBEAT_MS,
-        idle_heartbeat_s: float = DEFAULT_IDLE_HEARTBEAT_S,
-    ) -> None:
+    host: str = "127.0.0.1"
+    port: int = 0
+    streams: int = 12
+    rate: float = 10.0
+    initial_backlog: int = 0
+    retention: int | None = None
+    token: str | None = None
+    gateway_heartbeat_ms: int = DEFAULT_GATEWAY_HEARTBEAT_MS
+    idle_heartbeat_s: float = DEFAULT_IDLE_HEARTBEAT_S
+
+    def __post_init__(self) -> None:
+        rate, idle_heartbeat_s = self.rate, self.idle_heartbeat_s
         if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
             raise ValueError(f"rate must be a finite number > 0, got {rate!r}")
-        if streams < 0:
-            raise ValueError(f"streams must be >= 0, got {streams!r}")
-        if initial_backlog < 0:
-            raise ValueError(f"initial_backlog must be >= 0, got {initial_backlog!r}")
-        if retention is not None and retention < 1:
-            raise ValueError(f"retention must be >= 1 or None, got {retention!r}")
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {port!r}")
-        if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
+        if self.streams < 0:
+            raise ValueError(f"streams must be >= 0, got {self.streams!r}")
+        if self.initial_backlog < 0:
+            raise ValueError(f"initial_backlog must be >= 0, got {self.initial_backlog!r}")
+        if self.retention is not None and self.retention < 1:
+            raise ValueError(f"retention must be >= 1 or None, got {self.retention!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port!r}")
+        if self.token is not None and not re.fullmatch(r"[\x21-\x7e]+", self.token):
             raise ValueError("token must be non-empty printable ASCII without spaces")
-        if not 1 <= gateway_heartbeat_ms <= _MAX_GATEWAY_HEARTBEAT_MS:
+        if not 1 <= self.gateway_heartbeat_ms <= _MAX_GATEWAY_HEARTBEAT_MS:
             raise ValueError(f"gateway_heartbeat_ms must be in 1..{_MAX_GATEWAY_HEARTBEAT_MS}, "
-                             f"got {gateway_heartbeat_ms!r}")
+                             f"got {self.gateway_heartbeat_ms!r}")
         if not (math.isfinite(idle_heartbeat_s) and idle_heartbeat_s > 0):
             raise ValueError(f"idle_heartbeat_s must be a finite number > 0, "
                              f"got {idle_heartbeat_s!r}")
-        # "localhost" may resolve to two addresses, which with port 0 get two different ports.
-        self._host = "127.0.0.1" if host == "localhost" else host
-        self._requested_port = port
-        self.rate = float(rate)
-        self.initial_backlog = initial_backlog
-        self.retention = retention
-        self.token = token
-        self.gateway_heartbeat_ms = gateway_heartbeat_ms
-        self.idle_heartbeat_s = float(idle_heartbeat_s)
-        self._declared = declared_stream_ids(streams)
+
+
+class _Feed:
+    """Every stream of every mode on the one clock, their counters, and the fault hooks
+    that act on them (the server's state; ``_Sessions`` serves it)."""
+
+    def __init__(self, options: UpstreamOptions) -> None:
+        self.rate = float(options.rate)
+        self.initial_backlog = options.initial_backlog
+        self.retention = options.retention
+        self.token = options.token
+        self.gateway_heartbeat_ms = options.gateway_heartbeat_ms
+        self.idle_heartbeat_s = float(options.idle_heartbeat_s)
+        self._declared = declared_stream_ids(options.streams)
         self._streams: dict[tuple[Mode, str], _Stream] = {
             (DEFAULT_MODE, sid): _Stream(DEFAULT_MODE, sid) for sid in self._declared
         }
         self._counters = {mode: _ModeCounters() for mode in MODES}
-        self._server: Server | None = None
-        self._port: int | None = None
         self._t0 = time.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
-
-    # -- lifecycle -----------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Bind the socket and start serving; the clock of every stream starts now."""
-        if self._server is not None:
-            raise RuntimeError("UpstreamServer already started")
-        server = await serve(
-            self._handle,
-            self._host,
-            self._requested_port,
-            compression=None,
-            process_request=self._process_request,
-            close_timeout=_CLOSE_TIMEOUT,
-            max_size=2**16,
-        )
-        self._t0 = time.monotonic()
-        self._server = server
-        self._port = int(server.sockets[0].getsockname()[1])
-        log.info("upstream listening on %s", self.base_url)
-
-    async def stop(self) -> None:
-        """Close every connection, stop the server and wait for every task it started."""
-        server = self._server
-        if server is None:
-            return
-        self._server = None
-        server.close()  # closes open connections with 1001; handlers notice and return
-        await server.wait_closed()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    # -- addresses and state -------------------------------------------------------------
-
-    @property
-    def host(self) -> str:
-        return self._host
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("UpstreamServer not started")
-        return self._port
-
-    @property
-    def base_url(self) -> str:
-        return f"ws://{_format_host(self._host)}:{self.port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{_format_host(self._host)}:{self.port}"
 
     @property
     def stream_ids(self) -> list[str]:
         """The pre-declared stream ids (``s001``, ...)."""
         return list(self._declared)
-
-    def url_for(
-        self, stream_id: str, from_seq: int | None = None, *, mode: str = DEFAULT_MODE
-    ) -> str:
-        """The WebSocket URL of ``stream_id`` under ``mode`` (optionally with ``from_seq``,
-        which only ``streams`` and ``subscribe`` take from the query: ``gateway`` resumes by
-        its identify message, ``live`` and ``binary`` do not replay)."""
-        checked = _check_mode(mode)
-        _check_stream_id(stream_id)
-        url = f"{self.base_url}/{checked}/{stream_id}"
-        if from_seq is not None:
-            if checked not in ("streams", "subscribe"):
-                raise ValueError(f"mode {checked} does not take from_seq in the URL")
-            url += f"?from_seq={from_seq}"
-        return url
 
     def head(self) -> int:
         """The newest message number produced now (the same for every stream: one clock)."""
@@ -778,6 +702,325 @@ class UpstreamServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _replay_start(self, stream: _Stream, from_seq: int) -> int:
+        start = from_seq + stream.pending_skip
+        stream.pending_skip = 0
+        if self.retention is not None:
+            start = max(start, self.head() - self.retention + 1)
+        return start
+
+    def _live_start(self, stream: _Stream) -> int:
+        start = self.head() + 1 + stream.pending_skip
+        stream.pending_skip = 0
+        return start
+
+
+class _Sessions:
+    """The WebSocket side: each connection's opening exchange (by mode), then its frames,
+    from the feed's clock."""
+
+    def __init__(self, feed: _Feed) -> None:
+        self.feed = feed
+
+    async def handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None  # the handshake succeeded
+        path, params = _split_target(ws.request.path)
+        route = _route(path)
+        assert route is not None  # checked in _process_request
+        mode, stream_id = route
+        stream = self.feed._stream(stream_id, mode)
+        conn = _Connection(ws, stream)
+        stream.connections.add(conn)
+        self.feed._counters[mode].opened += 1
+        helpers: list[asyncio.Task[None]] = []
+        try:
+            start = await self._open(conn, params, helpers)
+            if start is not None:
+                await self._pump(conn, start)
+        except ConnectionClosed:
+            pass
+        finally:
+            stream.connections.discard(conn)
+            for task in helpers:
+                task.cancel()
+            if helpers:
+                await asyncio.wait(helpers)
+
+    async def _open(
+        self, conn: _Connection, params: dict[str, list[str]], helpers: list[asyncio.Task[None]]
+    ) -> int | None:
+        """The mode's opening exchange: the first number to send, or None if it failed (the
+        connection is then closing). Starts the connection's reader in ``helpers``."""
+        stream = conn.stream
+        mode = stream.mode
+        if mode == "gateway":
+            return await self._open_gateway(conn, helpers)
+        if mode == "streams":
+            start = self.feed._replay_start(stream, _parse_from_seq(params))  # validated already
+        elif mode == "binary":
+            start = self.feed._live_start(stream)
+        else:  # subscribe, live: the client's first message subscribes
+            message = await self._first_message(conn)
+            if message is None:
+                return None
+            obj = _json_object(message)
+            if mode == "subscribe":
+                if obj != {"op": "subscribe", "channel": stream.id}:
+                    await self._refuse(conn, POLICY_VIOLATION,
+                                       'expected {"op":"subscribe","channel":<this id>} first')
+                    return None
+                await conn.ws.send(_dumps({"type": "subscribed", "channel": stream.id}))
+                start = self.feed._replay_start(stream, _parse_from_seq(params))
+            else:
+                if obj is None or obj.get("method") != "SUBSCRIBE" or \
+                        obj.get("params") != [stream.id] or "id" not in obj:
+                    await self._refuse(conn, POLICY_VIOLATION,
+                                       'expected {"method":"SUBSCRIBE","params":[<this id>],'
+                                       '"id":…} first')
+                    return None
+                start = self.feed._live_start(stream)  # only what is due from now on
+                await conn.ws.send(_dumps({"result": None, "id": obj["id"]}))
+        if mode != "streams":
+            stream.subscriptions.append(start)
+        helpers.append(asyncio.create_task(self._read_until_closed(conn)))
+        return start
+
+    async def _first_message(self, conn: _Connection) -> str | bytes | None:
+        """The client's first message, or None (closed with 1008) after the handshake timeout."""
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                return await conn.ws.recv()
+        except TimeoutError:
+            self.feed._counters[conn.stream.mode].timed_out += 1
+            await conn.ws.close(POLICY_VIOLATION, "no subscription in time")
+            return None
+
+    async def _refuse(self, conn: _Connection, code: int, reason: str) -> None:
+        self.feed._counters[conn.stream.mode].refused += 1
+        await conn.ws.close(code, reason)
+
+    async def _open_gateway(
+        self, conn: _Connection, helpers: list[asyncio.Task[None]]
+    ) -> int | None:
+        """Hello, identify, READY; the heartbeat watchdog runs from hello on."""
+        stream, ws = conn.stream, conn.ws
+        conn.last_heartbeat = time.monotonic()
+        hello = {"heartbeat_interval_ms": self.feed.gateway_heartbeat_ms}
+        await ws.send(_dumps({"op": 10, "d": hello}))
+        helpers.append(asyncio.create_task(self._gateway_watchdog(conn)))
+        obj = _json_object(await ws.recv())  # a silent client is closed by the watchdog
+        d = None if obj is None else obj.get("d")
+        if obj is None or not _is_int(obj.get("op")) or obj["op"] != 2 or not isinstance(d, dict):
+            await self._refuse(conn, GATEWAY_DECODE_ERROR, "expected identify (op 2) first")
+            return None
+        token = d.get("token")
+        if self.feed.token is not None and not (
+                isinstance(token, str) and _same_secret(token, self.feed.token)):
+            await self._refuse(conn, GATEWAY_AUTH_FAILED, "authentication failed")
+            return None
+        from_seq = d.get("from_seq", 1)
+        if not _is_int(from_seq) or not 1 <= from_seq <= POISON_SEQ:
+            await self._refuse(conn, GATEWAY_DECODE_ERROR, "from_seq must be an integer >= 1")
+            return None
+        await ws.send(_dumps({"op": 9, "t": "READY"}))
+        start = self.feed._replay_start(stream, from_seq)
+        stream.subscriptions.append(start)
+        helpers.append(asyncio.create_task(self._read_gateway(conn)))
+        return start
+
+    async def _gateway_watchdog(self, conn: _Connection) -> None:
+        """Close with 4009 once the client has sent no heartbeat for 3 intervals."""
+        limit = GATEWAY_MISSED_HEARTBEATS * self.feed.gateway_heartbeat_ms / 1000
+        while True:
+            left = conn.last_heartbeat + limit - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(max(left, _MIN_SLEEP))
+        if conn.closed or conn.drop_mode is not None:
+            return
+        self.feed._counters["gateway"].timed_out += 1
+        self.feed._end(conn, GATEWAY_HEARTBEAT_TIMEOUT, "no heartbeat in time")
+
+    async def _read_gateway(self, conn: _Connection) -> None:
+        """Answer each heartbeat ``{"op":1}`` with ``{"op":11}``; discard anything else."""
+        try:
+            async for message in conn.ws:
+                obj = _json_object(message)
+                if obj is None or not _is_int(obj.get("op")) or obj["op"] != 1:
+                    continue
+                conn.last_heartbeat = time.monotonic()
+                if not conn.stream.paused() and conn.drop_mode is None:
+                    await conn.ws.send('{"op":11}')
+                    conn.stream.control_sent += 1
+        except ConnectionClosed:
+            pass
+        finally:
+            conn.closed = True
+            conn.wake.set()
+
+    @staticmethod
+    async def _read_until_closed(conn: _Connection) -> None:
+        """Discard whatever the client sends (so closing handshakes go through); note closure."""
+        try:
+            async for _ in conn.ws:
+                pass
+        except ConnectionClosed:
+            pass
+        finally:
+            conn.closed = True
+            conn.wake.set()
+
+    async def _send_heartbeat(self, conn: _Connection) -> None:
+        await conn.ws.send(_heartbeat_frame(conn.stream.mode))
+        conn.stream.control_sent += 1
+        conn.last_sent = time.monotonic()
+
+    async def _pump(self, conn: _Connection, start: int) -> None:
+        """Send ``start``, ``start + 1``, ... : the backlog at once, then live as produced,
+        with the mode's heartbeats in between."""
+        ws, stream = conn.ws, conn.stream
+        mode = stream.mode
+        heartbeats = mode in _HEARTBEATS
+        make = frame_maker(mode, stream.id)
+        seq = start
+        sends = 0
+        conn.last_sent = time.monotonic()
+        while True:
+            conn.wake.clear()  # clear before checking, so a wake-up during the checks is kept
+            if conn.closed:
+                return
+            if conn.drop_mode is not None:
+                if conn.drop_mode == "close":
+                    await ws.close(conn.close_code, conn.close_reason)
+                return
+            now = time.monotonic()
+            if stream.paused_until > now:
+                await conn.sleep(stream.paused_until - now)
+                continue
+            head = self.feed._head_at(now)
+            if seq > head:
+                wake_at = self.feed._due(seq)
+                if heartbeats:
+                    idle_at = conn.last_sent + self.feed.idle_heartbeat_s
+                    if now >= idle_at:
+                        await self._send_heartbeat(conn)
+                        continue
+                    wake_at = min(wake_at, idle_at)
+                await conn.sleep(wake_at - now)
+                continue
+            while seq <= head:
+                if conn.closed or conn.drop_mode is not None:
+                    break
+                if stream.paused_until and stream.paused_until > time.monotonic():
+                    break
+                if stream.malformed:
+                    kind = stream.malformed.popleft()
+                    await ws.send(_hostile_frame(kind, stream.id, seq, mode))
+                    stream.malformed_sent += 1
+                await ws.send(make(seq))
+                stream.frames_sent += 1
+                seq += 1
+                sends += 1
+                if heartbeats:
+                    conn.data_sent += 1
+                    if conn.data_sent % HEARTBEAT_EVERY == 0:
+                        await self._send_heartbeat(conn)
+                if sends % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # let other connections and handshakes run
+            if heartbeats:
+                conn.last_sent = time.monotonic()
+
+
+class UpstreamServer(_Feed):
+    """The reference upstream, every mode on one port.
+    ``async with UpstreamServer(UpstreamOptions(...))``."""
+
+    def __init__(self, options: UpstreamOptions = UpstreamOptions()) -> None:
+        super().__init__(options)
+        # "localhost" may resolve to two addresses, which with port 0 get two different ports.
+        self._host = "127.0.0.1" if options.host == "localhost" else options.host
+        self._requested_port = options.port
+        self._sessions = _Sessions(self)
+        self._server: Server | None = None
+        self._port: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the socket and start serving; the clock of every stream starts now."""
+        if self._server is not None:
+            raise RuntimeError("UpstreamServer already started")
+        server = await serve(
+            self._sessions.handle,
+            self._host,
+            self._requested_port,
+            compression=None,
+            process_request=self._process_request,
+            close_timeout=_CLOSE_TIMEOUT,
+            max_size=2**16,
+        )
+        self._t0 = time.monotonic()
+        self._server = server
+        self._port = int(server.sockets[0].getsockname()[1])
+        log.info("upstream listening on %s", self.base_url)
+
+    async def stop(self) -> None:
+        """Close every connection, stop the server and wait for every task it started."""
+        server = self._server
+        if server is None:
+            return
+        self._server = None
+        server.close()  # closes open connections with 1001; handlers notice and return
+        await server.wait_closed()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- addresses and state -------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("UpstreamServer not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"ws://{_format_host(self._host)}:{self.port}"
+
+    def url_for(
+        self, stream_id: str, from_seq: int | None = None, *, mode: str = DEFAULT_MODE
+    ) -> str:
+        """The WebSocket URL of ``stream_id`` under ``mode`` (optionally with ``from_seq``,
+        which only ``streams`` and ``subscribe`` take from the query: ``gateway`` resumes by
+        its identify message, ``live`` and ``binary`` do not replay)."""
+        checked = _check_mode(mode)
+        _check_stream_id(stream_id)
+        url = f"{self.base_url}/{checked}/{stream_id}"
+        if from_seq is not None:
+            if checked not in ("streams", "subscribe"):
+                raise ValueError(f"mode {checked} does not take from_seq in the URL")
+            url += f"?from_seq={from_seq}"
+        return url
+
     # -- HTTP ----------------------------------------------------------------------------
 
     def _authorized(self, mode: Mode, headers: Headers) -> bool:
@@ -874,227 +1117,6 @@ class UpstreamServer:
             return {"stream": stream_id, "paused_for": seconds}
         except ValueError as exc:
             raise _HttpError(400, f"bad request: {exc}") from None
-
-    # -- WebSocket -----------------------------------------------------------------------
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        assert ws.request is not None  # the handshake succeeded
-        path, params = _split_target(ws.request.path)
-        route = _route(path)
-        assert route is not None  # checked in _process_request
-        mode, stream_id = route
-        stream = self._stream(stream_id, mode)
-        conn = _Connection(ws, stream)
-        stream.connections.add(conn)
-        self._counters[mode].opened += 1
-        helpers: list[asyncio.Task[None]] = []
-        try:
-            start = await self._open(conn, params, helpers)
-            if start is not None:
-                await self._pump(conn, start)
-        except ConnectionClosed:
-            pass
-        finally:
-            stream.connections.discard(conn)
-            for task in helpers:
-                task.cancel()
-            if helpers:
-                await asyncio.wait(helpers)
-
-    async def _open(
-        self, conn: _Connection, params: dict[str, list[str]], helpers: list[asyncio.Task[None]]
-    ) -> int | None:
-        """The mode's opening exchange: the first number to send, or None if it failed (the
-        connection is then closing). Starts the connection's reader in ``helpers``."""
-        stream = conn.stream
-        mode = stream.mode
-        if mode == "gateway":
-            return await self._open_gateway(conn, helpers)
-        if mode == "streams":
-            start = self._replay_start(stream, _parse_from_seq(params))  # validated already
-        elif mode == "binary":
-            start = self._live_start(stream)
-        else:  # subscribe, live: the client's first message subscribes
-            message = await self._first_message(conn)
-            if message is None:
-                return None
-            obj = _json_object(message)
-            if mode == "subscribe":
-                if obj != {"op": "subscribe", "channel": stream.id}:
-                    await self._refuse(conn, POLICY_VIOLATION,
-                                       'expected {"op":"subscribe","channel":<this id>} first')
-                    return None
-                await conn.ws.send(_dumps({"type": "subscribed", "channel": stream.id}))
-                start = self._replay_start(stream, _parse_from_seq(params))
-            else:
-                if obj is None or obj.get("method") != "SUBSCRIBE" or \
-                        obj.get("params") != [stream.id] or "id" not in obj:
-                    await self._refuse(conn, POLICY_VIOLATION,
-                                       'expected {"method":"SUBSCRIBE","params":[<this id>],'
-                                       '"id":…} first')
-                    return None
-                start = self._live_start(stream)  # only what is due from now on
-                await conn.ws.send(_dumps({"result": None, "id": obj["id"]}))
-        if mode != "streams":
-            stream.subscriptions.append(start)
-        helpers.append(asyncio.create_task(self._read_until_closed(conn)))
-        return start
-
-    async def _first_message(self, conn: _Connection) -> str | bytes | None:
-        """The client's first message, or None (closed with 1008) after the handshake timeout."""
-        try:
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-                return await conn.ws.recv()
-        except TimeoutError:
-            self._counters[conn.stream.mode].timed_out += 1
-            await conn.ws.close(POLICY_VIOLATION, "no subscription in time")
-            return None
-
-    async def _refuse(self, conn: _Connection, code: int, reason: str) -> None:
-        self._counters[conn.stream.mode].refused += 1
-        await conn.ws.close(code, reason)
-
-    async def _open_gateway(
-        self, conn: _Connection, helpers: list[asyncio.Task[None]]
-    ) -> int | None:
-        """Hello, identify, READY; the heartbeat watchdog runs from hello on."""
-        stream, ws = conn.stream, conn.ws
-        conn.last_heartbeat = time.monotonic()
-        await ws.send(_dumps({"op": 10, "d": {"heartbeat_interval_ms": self.gateway_heartbeat_ms}}))
-        helpers.append(asyncio.create_task(self._gateway_watchdog(conn)))
-        obj = _json_object(await ws.recv())  # a silent client is closed by the watchdog
-        d = None if obj is None else obj.get("d")
-        if obj is None or not _is_int(obj.get("op")) or obj["op"] != 2 or not isinstance(d, dict):
-            await self._refuse(conn, GATEWAY_DECODE_ERROR, "expected identify (op 2) first")
-            return None
-        token = d.get("token")
-        if self.token is not None and not (
-                isinstance(token, str) and _same_secret(token, self.token)):
-            await self._refuse(conn, GATEWAY_AUTH_FAILED, "authentication failed")
-            return None
-        from_seq = d.get("from_seq", 1)
-        if not _is_int(from_seq) or not 1 <= from_seq <= POISON_SEQ:
-            await self._refuse(conn, GATEWAY_DECODE_ERROR, "from_seq must be an integer >= 1")
-            return None
-        await ws.send(_dumps({"op": 9, "t": "READY"}))
-        start = self._replay_start(stream, from_seq)
-        stream.subscriptions.append(start)
-        helpers.append(asyncio.create_task(self._read_gateway(conn)))
-        return start
-
-    async def _gateway_watchdog(self, conn: _Connection) -> None:
-        """Close with 4009 once the client has sent no heartbeat for 3 intervals."""
-        limit = GATEWAY_MISSED_HEARTBEATS * self.gateway_heartbeat_ms / 1000
-        while True:
-            left = conn.last_heartbeat + limit - time.monotonic()
-            if left <= 0:
-                break
-            await asyncio.sleep(max(left, _MIN_SLEEP))
-        if conn.closed or conn.drop_mode is not None:
-            return
-        self._counters["gateway"].timed_out += 1
-        self._end(conn, GATEWAY_HEARTBEAT_TIMEOUT, "no heartbeat in time")
-
-    async def _read_gateway(self, conn: _Connection) -> None:
-        """Answer each heartbeat ``{"op":1}`` with ``{"op":11}``; discard anything else."""
-        try:
-            async for message in conn.ws:
-                obj = _json_object(message)
-                if obj is None or not _is_int(obj.get("op")) or obj["op"] != 1:
-                    continue
-                conn.last_heartbeat = time.monotonic()
-                if not conn.stream.paused() and conn.drop_mode is None:
-                    await conn.ws.send('{"op":11}')
-                    conn.stream.control_sent += 1
-        except ConnectionClosed:
-            pass
-        finally:
-            conn.closed = True
-            conn.wake.set()
-
-    @staticmethod
-    async def _read_until_closed(conn: _Connection) -> None:
-        """Discard whatever the client sends (so closing handshakes go through); note closure."""
-        try:
-            async for _ in conn.ws:
-                pass
-        except ConnectionClosed:
-            pass
-        finally:
-            conn.closed = True
-            conn.wake.set()
-
-    def _replay_start(self, stream: _Stream, from_seq: int) -> int:
-        start = from_seq + stream.pending_skip
-        stream.pending_skip = 0
-        if self.retention is not None:
-            start = max(start, self.head() - self.retention + 1)
-        return start
-
-    def _live_start(self, stream: _Stream) -> int:
-        start = self.head() + 1 + stream.pending_skip
-        stream.pending_skip = 0
-        return start
-
-    async def _send_heartbeat(self, conn: _Connection) -> None:
-        await conn.ws.send(_heartbeat_frame(conn.stream.mode))
-        conn.stream.control_sent += 1
-        conn.last_sent = time.monotonic()
-
-    async def _pump(self, conn: _Connection, start: int) -> None:
-        """Send ``start``, ``start + 1``, ... : the backlog at once, then live as produced,
-        with the mode's heartbeats in between."""
-        ws, stream = conn.ws, conn.stream
-        mode = stream.mode
-        heartbeats = mode in _HEARTBEATS
-        make = frame_maker(mode, stream.id)
-        seq = start
-        sends = 0
-        conn.last_sent = time.monotonic()
-        while True:
-            conn.wake.clear()  # clear before checking, so a wake-up during the checks is kept
-            if conn.closed:
-                return
-            if conn.drop_mode is not None:
-                if conn.drop_mode == "close":
-                    await ws.close(conn.close_code, conn.close_reason)
-                return
-            now = time.monotonic()
-            if stream.paused_until > now:
-                await conn.sleep(stream.paused_until - now)
-                continue
-            head = self._head_at(now)
-            if seq > head:
-                wake_at = self._due(seq)
-                if heartbeats:
-                    idle_at = conn.last_sent + self.idle_heartbeat_s
-                    if now >= idle_at:
-                        await self._send_heartbeat(conn)
-                        continue
-                    wake_at = min(wake_at, idle_at)
-                await conn.sleep(wake_at - now)
-                continue
-            while seq <= head:
-                if conn.closed or conn.drop_mode is not None:
-                    break
-                if stream.paused_until and stream.paused_until > time.monotonic():
-                    break
-                if stream.malformed:
-                    kind = stream.malformed.popleft()
-                    await ws.send(_hostile_frame(kind, stream.id, seq, mode))
-                    stream.malformed_sent += 1
-                await ws.send(make(seq))
-                stream.frames_sent += 1
-                seq += 1
-                sends += 1
-                if heartbeats:
-                    conn.data_sent += 1
-                    if conn.data_sent % HEARTBEAT_EVERY == 0:
-                        await self._send_heartbeat(conn)
-                if sends % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # let other connections and handshakes run
-            if heartbeats:
-                conn.last_sent = time.monotonic()
 
 
 # -- command line ------------------------------------------------------------------------
@@ -1196,7 +1218,7 @@ async def _serve(args: argparse.Namespace) -> int:
         except (NotImplementedError, RuntimeError):  # not the main thread, or not Unix
             continue
         installed.append(sig)
-    up = UpstreamServer(
+    up = UpstreamServer(UpstreamOptions(
         host=args.host,
         port=args.port,
         streams=args.streams,
@@ -1205,7 +1227,7 @@ async def _serve(args: argparse.Namespace) -> int:
         retention=args.retention,
         token=args.token,
         gateway_heartbeat_ms=args.gateway_heartbeat_ms,
-    )
+    ))
     try:
         try:
             await up.start()

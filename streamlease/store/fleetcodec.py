@@ -30,6 +30,7 @@ from streamlease.core.leadership import LeaderRecord
 from streamlease.core.membership import MemberRecord, MemberStatus, next_epoch
 from streamlease.core.schedule import checked
 from streamlease.store.codec import Expr, n, s
+from streamlease.store.protocols import Heartbeat
 
 PK = "Pk"
 SK = "Sk"
@@ -236,21 +237,20 @@ def high_water_expr(deleted_epoch: int) -> Expr:
     )
 
 
-def heartbeat_expr(epoch: int, status: MemberStatus, streams: int, capacity: int,
-                   handoffs: int, now_ms: int, bulletin: str | None = None) -> Expr:
+def heartbeat_expr(beat: Heartbeat) -> Expr:
     """Counter + 1, only under this member's epoch: a fenced member's heartbeat fails.
     The leader's heartbeat also writes its bulletin; any other member's removes one it
     wrote while it led."""
-    values = {":epoch": n(epoch), ":one": n(1), ":status": s(status.value),
-              ":streams": n(streams), ":cap": n(capacity), ":handoffs": n(handoffs),
-              ":now": n(now_ms)}
+    values = {":epoch": n(beat.epoch), ":one": n(1), ":status": s(beat.status.value),
+              ":streams": n(beat.streams), ":cap": n(beat.capacity),
+              ":handoffs": n(beat.handoffs), ":now": n(beat.now_wall_ms)}
     update = ("SET #hb = #hb + :one, #status = :status, #streams = :streams, #cap = :cap, "
               "#handoffs = :handoffs, #hbat = :now")
-    if bulletin is None:
+    if beat.bulletin is None:
         update += " REMOVE #bulletin"
     else:
         update += ", #bulletin = :bulletin"
-        values[":bulletin"] = s(bulletin)
+        values[":bulletin"] = s(beat.bulletin)
     return Expr(
         condition="#epoch = :epoch", update=update,
         names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#handoffs", "#hbat",
@@ -353,11 +353,9 @@ def leader_acquire_expr(owner: str, ttl_ms: int, now_ms: int, seen: LeaderRecord
                 names=_used(_LEADER_NAMES, condition, update), values=values)
 
 
-def leader_acquire_item(table: str, name: str, owner: str, ttl_ms: int, now_ms: int,
-                        seen: LeaderRecord | None, fence: int) -> dict[str, Any]:
-    """The lease's part of an acquisition (``leader_acquire_expr``), as a transaction
+def leader_acquire_item(table: str, name: str, lease: Expr) -> dict[str, Any]:
+    """The lease's part of an acquisition (its ``leader_acquire_expr``), as a transaction
     item: it goes together with ``fence_mark_item`` for the same fence."""
-    lease = leader_acquire_expr(owner, ttl_ms, now_ms, seen, fence)
     return {"Update": {"TableName": table, "Key": leader_key(name), **lease.update_kwargs()}}
 
 

@@ -22,6 +22,9 @@ Every other read is current, as the DynamoDB store's consistent reads are.
 
 It has no failure modes of its own: tests wrap it to inject throttling, timeouts and
 lost answers.
+
+``MemoryTables`` holds the data, a class for each role works on it, and ``MemoryStore``
+plays every role but the leader's and the jobs' (``MemoryLeader``, ``MemoryJobs``).
 """
 
 from __future__ import annotations
@@ -66,10 +69,12 @@ from streamlease.store import codec, fleetcodec, schema
 from streamlease.store.protocols import (
     Acquired,
     ForceReleased,
+    Heartbeat,
     HeartbeatResult,
     RenewResult,
     SinkOutcome,
     Stores,
+    TakeOver,
 )
 from streamlease.store.versions import MAX_LAG_S, IndexLag, VersionLog
 
@@ -117,8 +122,9 @@ class _LoopTime:
         return asyncio.get_running_loop().time()
 
 
-class MemoryStore:
-    """One object playing every role (``stores()`` hands it out as ``Stores``)."""
+class MemoryTables:
+    """The tables every role reads and writes, and how a write is kept for the reads that
+    lag (``VersionLog``)."""
 
     def __init__(self, clock: Monotonic | None = None, *, index_lag_s: float | None = None,
                  index_lag_jitter_s: float | None = None, stale_reads_s: float | None = None,
@@ -158,11 +164,81 @@ class MemoryStore:
         self.tables_created = False
         self.calls: list[str] = []  # method names, in call order (for tests)
 
-    def stores(self) -> Stores:
-        return Stores(leases=self, sink=self, admin=self, fleet=self,
-                      leader=MemoryLeader(self), jobs=MemoryJobs(self))
+    def _called(self, name: str) -> None:
+        self.calls.append(name)
 
-    # -- LeaseStore -------------------------------------------------------------------
+    def _set(self, item: Item, changes: Item) -> None:
+        _check_index_keys({**item, **changes})
+        self._remember(item[codec.PK]["S"])
+        item.update(changes)
+
+    def _remember(self, pk: str) -> None:
+        """Keep the item as it is before a write, for index reads and stale reads that
+        lag (a shallow copy: writes replace attribute values, never change them)."""
+        if self._versions.window_s > 0:
+            before = self.items.get(pk)
+            self._versions.record(pk, dict(before) if before is not None else None,
+                                  self.clock.monotonic())
+
+    def _index_read(self, index: str) -> list[Item]:
+        """The items an index read returns: the table as it was a lag ago, each item
+        cut to what the index projects."""
+        items: Mapping[str, Item] = self.items
+        if self.index_lag.enabled:
+            now = self.clock.monotonic()
+            self._versions.prune(now)
+            past = self._versions.as_of(now - self.index_lag.draw(self.rng))
+            if past:
+                then = dict(self.items)
+                for pk, version in past.items():
+                    if version is None:
+                        then.pop(pk, None)
+                    else:
+                        then[pk] = version
+                items = then
+        keep = PROJECTIONS[index]
+        return [{k: v for k, v in item.items() if k in keep} for item in items.values()]
+
+    def _row(self, worker_id: str, shard: int) -> MemberRecord | None:
+        """The row of ``worker_id`` if it lives under ``shard`` (a write under another key
+        finds no row, as on DynamoDB)."""
+        row = self.members_by_id.get(worker_id)
+        return row if row is not None and row.shard == shard else None
+
+    def _read(self, versions: VersionLog[K, V], table: dict[K, V], key: K,
+              consistent: bool) -> V | None:
+        """``table[key]``, or for an eventually consistent read (``stale_reads_s``) the
+        version it had ``uniform(0, stale_reads_s)`` ago (kept by ``_write``)."""
+        current = table.get(key)
+        if consistent or not self.stale_reads_s:
+            return current
+        now = self.clock.monotonic()
+        versions.prune(now)
+        older, before = versions.version_at(
+            key, now - self.rng.uniform(0.0, self.stale_reads_s))
+        return before if older else current
+
+    def _write(self, versions: VersionLog[K, V], table: dict[K, V], key: K,
+               value: V | None) -> None:
+        """Write (None: delete) ``table[key]``, keeping the version it replaces for
+        eventually consistent reads (``stale_reads_s``)."""
+        if self.stale_reads_s:
+            versions.record(key, table.get(key), self.clock.monotonic())
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+
+    def _put_member(self, worker_id: str, row: MemberRecord | None) -> None:
+        self._write(self._member_versions, self.members_by_id, worker_id, row)
+
+    def _put_leader(self, name: str, record: LeaderRecord) -> None:
+        self._write(self._leader_versions, self.leaders, name, record)
+
+
+class MemoryLeases(MemoryTables):
+    """``LeaseStore``: the streams table's leases, as the DynamoDB store's conditions
+    decide."""
 
     async def acquire(self, stream_id: str, owner: str, now_wall_ms: int,
                       timings: LeaseTimings, timeout: float | None = None,
@@ -299,21 +375,20 @@ class MemoryStore:
                          **_trace_parent(trace_parent)})
         return True
 
-    async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
-                        now_wall_ms: int, timings: LeaseTimings, timeout: float | None = None,
-                        epoch: int = 0) -> Acquired | None:
+    async def take_over(self, claim: TakeOver, timeout: float | None = None) -> Acquired | None:
         self._called("take_over")
-        item = self.items.get(stream_key(stream_id))
+        item = self.items.get(stream_key(claim.stream_id))
         if item is None:
             return None
-        expiry = expiry_for(now_wall_ms, timings)
+        owner, epoch = claim.owner, claim.epoch
+        expiry = expiry_for(claim.now_wall_ms, claim.timings)
         if codec.LAST_SEQ in item and _n(item, codec.LAST_SEQ) is None:
             return None  # a wrongly typed checkpoint: the condition refuses it
         if codec.LEASE_EPOCH in item and _n(item, codec.LEASE_EPOCH) is None:
             return None  # a wrongly typed epoch compares false on DynamoDB too
         if codec.FENCE in item and _n(item, codec.FENCE) is None:
             raise StoreError("ValidationException: fence is not a number")
-        if not can_take_over(_record(item), dead_owner, fenced_epoch):
+        if not can_take_over(_record(item), claim.dead_owner, claim.fenced_epoch):
             return _resent_acquire(item, owner, expiry)
         fence = _n(item, codec.FENCE)
         if fence is None:
@@ -321,7 +396,7 @@ class MemoryStore:
         self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
                          codec.FENCE: codec.n(fence + 1), codec.LEASE_EPOCH: codec.n(epoch)})
         record = _record(item)
-        return Acquired(Tenure(stream_id, owner, fence + 1, record.last_seq, expiry, epoch),
+        return Acquired(Tenure(claim.stream_id, owner, fence + 1, record.last_seq, expiry, epoch),
                         record)
 
     async def scan_pages(self, timeout: float | None = None,
@@ -347,7 +422,9 @@ class MemoryStore:
             self._set(item, {codec.LAST_ERROR: codec.s(error_text(message)),
                              codec.LAST_ERROR_AT: codec.n(at_ms)})
 
-    # -- Sink -------------------------------------------------------------------------
+
+class MemorySink(MemoryTables):
+    """``Sink``: fenced batches into the events table, the checkpoint moved with them."""
 
     async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
                           now_wall_ms: int, timeout: float | None = None) -> SinkOutcome:
@@ -391,7 +468,9 @@ class MemoryStore:
             return None
         return codec.decode_event_mark(items[max(items)])
 
-    # -- FleetStore -------------------------------------------------------------------
+
+class MemoryFleet(MemoryTables):
+    """``FleetStore``: member rows, the layout and the bulletin replicas."""
 
     async def register(self, worker_id: str, capacity: int, now_wall_ms: int,
                        status: MemberStatus = MemberStatus.ACTIVE,
@@ -406,24 +485,16 @@ class MemoryStore:
         self._put_member(worker_id, record)
         return record
 
-    def _row(self, worker_id: str, shard: int) -> MemberRecord | None:
-        """The row of ``worker_id`` if it lives under ``shard`` (a write under another key
-        finds no row, as on DynamoDB)."""
-        row = self.members_by_id.get(worker_id)
-        return row if row is not None and row.shard == shard else None
-
-    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
-                        capacity: int, handoffs: int, now_wall_ms: int,
-                        timeout: float | None = None,
-                        bulletin: str | None = None, shard: int = 0) -> HeartbeatResult:
+    async def heartbeat(self, beat: Heartbeat, timeout: float | None = None) -> HeartbeatResult:
         self._called("heartbeat")
-        old = self._row(worker_id, shard)
-        if old is None or old.epoch != epoch:
+        old = self._row(beat.worker_id, beat.shard)
+        if old is None or old.epoch != beat.epoch:
             return HeartbeatResult(HeartbeatOutcome.FENCED)
-        new = dataclasses.replace(old, heartbeat=old.heartbeat + 1, status=status,
-                                  streams=streams, capacity=capacity, handoffs=handoffs,
-                                  heartbeat_at_ms=now_wall_ms, bulletin=bulletin)
-        self._put_member(worker_id, new)
+        new = dataclasses.replace(old, heartbeat=old.heartbeat + 1, status=beat.status,
+                                  streams=beat.streams, capacity=beat.capacity,
+                                  handoffs=beat.handoffs, heartbeat_at_ms=beat.now_wall_ms,
+                                  bulletin=beat.bulletin)
+        self._put_member(beat.worker_id, new)
         return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat)
 
     async def member(self, worker_id: str, timeout: float | None = None,
@@ -431,36 +502,6 @@ class MemoryStore:
         self._called("member")
         row = self._read(self._member_versions, self.members_by_id, worker_id, consistent)
         return row if row is not None and row.shard == shard else None
-
-    def _read(self, versions: VersionLog[K, V], table: dict[K, V], key: K,
-              consistent: bool) -> V | None:
-        """``table[key]``, or for an eventually consistent read (``stale_reads_s``) the
-        version it had ``uniform(0, stale_reads_s)`` ago (kept by ``_write``)."""
-        current = table.get(key)
-        if consistent or not self.stale_reads_s:
-            return current
-        now = self.clock.monotonic()
-        versions.prune(now)
-        older, before = versions.version_at(
-            key, now - self.rng.uniform(0.0, self.stale_reads_s))
-        return before if older else current
-
-    def _write(self, versions: VersionLog[K, V], table: dict[K, V], key: K,
-               value: V | None) -> None:
-        """Write (None: delete) ``table[key]``, keeping the version it replaces for
-        eventually consistent reads (``stale_reads_s``)."""
-        if self.stale_reads_s:
-            versions.record(key, table.get(key), self.clock.monotonic())
-        if value is None:
-            table.pop(key, None)
-        else:
-            table[key] = value
-
-    def _put_member(self, worker_id: str, row: MemberRecord | None) -> None:
-        self._write(self._member_versions, self.members_by_id, worker_id, row)
-
-    def _put_leader(self, name: str, record: LeaderRecord) -> None:
-        self._write(self._leader_versions, self.leaders, name, record)
 
     async def members(self, timeout: float | None = None) -> list[MemberRecord]:
         return (await self.roster(timeout))[0]
@@ -523,7 +564,9 @@ class MemoryStore:
         self._put_member(worker_id, None)
         return True
 
-    # -- AdminStore -------------------------------------------------------------------
+
+class MemoryAdmin(MemoryTables):
+    """``AdminStore``: what operators and tests do to the tables."""
 
     async def create_tables(self) -> list[str]:
         created = [] if self.tables_created else ["streams", "events"]
@@ -598,43 +641,13 @@ class MemoryStore:
         items = self.events.get(stream_key(stream_id), {})
         return [items[sk] for sk in sorted(items)]
 
-    # -- plumbing ---------------------------------------------------------------------
 
-    def _called(self, name: str) -> None:
-        self.calls.append(name)
+class MemoryStore(MemoryLeases, MemorySink, MemoryFleet, MemoryAdmin):
+    """One object playing every role (``stores()`` hands it out as ``Stores``)."""
 
-    def _set(self, item: Item, changes: Item) -> None:
-        _check_index_keys({**item, **changes})
-        self._remember(item[codec.PK]["S"])
-        item.update(changes)
-
-    def _remember(self, pk: str) -> None:
-        """Keep the item as it is before a write, for index reads and stale reads that
-        lag (a shallow copy: writes replace attribute values, never change them)."""
-        if self._versions.window_s > 0:
-            before = self.items.get(pk)
-            self._versions.record(pk, dict(before) if before is not None else None,
-                                  self.clock.monotonic())
-
-    def _index_read(self, index: str) -> list[Item]:
-        """The items an index read returns: the table as it was a lag ago, each item
-        cut to what the index projects."""
-        items: Mapping[str, Item] = self.items
-        if self.index_lag.enabled:
-            now = self.clock.monotonic()
-            self._versions.prune(now)
-            past = self._versions.as_of(now - self.index_lag.draw(self.rng))
-            if past:
-                then = dict(self.items)
-                for pk, version in past.items():
-                    if version is None:
-                        then.pop(pk, None)
-                    else:
-                        then[pk] = version
-                items = then
-        keep = PROJECTIONS[index]
-        return [{k: v for k, v in item.items() if k in keep} for item in items.values()]
-
+    def stores(self) -> Stores:
+        return Stores(leases=self, sink=self, admin=self, fleet=self,
+                      leader=MemoryLeader(self), jobs=MemoryJobs(self))
 
 
 class MemoryLeader:
@@ -642,9 +655,8 @@ class MemoryLeader:
 
     conditional_puts = True
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: MemoryTables) -> None:
         self.store = store
-
 
     async def read(self, name: str, timeout: float | None = None,
                    consistent: bool = True) -> LeaderRecord | None:
@@ -733,7 +745,7 @@ class MemoryLeader:
 class MemoryJobs:
     """``JobStore`` over a MemoryStore's data."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: MemoryTables) -> None:
         self.store = store
 
     async def put_job(self, job: Job) -> bool:

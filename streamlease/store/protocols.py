@@ -61,6 +61,37 @@ class ForceReleased:
 
 
 @dataclass(frozen=True)
+class TakeOver:
+    """A survivor's claim on a fenced member's stream (``LeaseStore.take_over``): the
+    lease passes from ``dead_owner``, if it was taken under an epoch older than
+    ``fenced_epoch``, to ``owner`` under its own member ``epoch``."""
+
+    stream_id: str
+    dead_owner: str
+    fenced_epoch: int
+    owner: str
+    now_wall_ms: int
+    timings: LeaseTimings
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What one heartbeat writes into a member row (``FleetStore.heartbeat``): under
+    ``epoch``, in the row under key ``shard``; ``bulletin`` None leaves it none."""
+
+    worker_id: str
+    epoch: int
+    status: MemberStatus
+    streams: int
+    capacity: int
+    handoffs: int
+    now_wall_ms: int
+    bulletin: str | None = None
+    shard: int = 0
+
+
+@dataclass(frozen=True)
 class HeartbeatResult:
     outcome: HeartbeatOutcome
     heartbeat: int | None = None  # the counter as written (RENEWED)
@@ -134,13 +165,11 @@ class LeaseStore(Protocol):
         lease is held, and it was taken under an epoch older than ``fenced_epoch``. False
         if any of that no longer holds."""
 
-    async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
-                        now_wall_ms: int, timings: LeaseTimings, timeout: float | None = None,
-                        epoch: int = 0) -> Acquired | None:
+    async def take_over(self, claim: TakeOver, timeout: float | None = None) -> Acquired | None:
         """Take a fenced member's stream straight over (``can_take_over``): owner, expiry
-        and epoch become this worker's, fence + 1, in one conditional write. None if the
+        and epoch become the claim's, fence + 1, in one conditional write. None if the
         stream is not (or no longer) leased to an incarnation older than
-        ``fenced_epoch``."""
+        ``claim.fenced_epoch``."""
 
     def scan_pages(self, timeout: float | None = None,
                    page_size: int = 500) -> AsyncIterator[list[StreamRecord]]:
@@ -186,12 +215,9 @@ class FleetStore(Protocol):
         worker id is moved on under its key; a new one is created under the key the
         layout gives it (the record's ``shard``)."""
 
-    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
-                        capacity: int, handoffs: int, now_wall_ms: int,
-                        timeout: float | None = None,
-                        bulletin: str | None = None, shard: int = 0) -> HeartbeatResult:
-        """Counter + 1 under this epoch; FENCED if the epoch moved on. The row carries
-        ``bulletin`` afterwards (None: no bulletin)."""
+    async def heartbeat(self, beat: Heartbeat, timeout: float | None = None) -> HeartbeatResult:
+        """Counter + 1 under ``beat.epoch``; FENCED if the epoch moved on. The row carries
+        ``beat``'s values afterwards (its bulletin: None, no bulletin)."""
 
     async def member(self, worker_id: str, timeout: float | None = None,
                      consistent: bool = True, shard: int = 0) -> MemberRecord | None:

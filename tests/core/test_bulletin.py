@@ -11,7 +11,7 @@ import pytest
 
 from streamlease.core import bulletin as bulletins
 from streamlease.core.balance import counts_of, plan
-from streamlease.core.bulletin import Bulletin, Deal, compose, newly_donor, plan_from
+from streamlease.core.bulletin import Bulletin, Deal, FleetRead, compose, newly_donor, plan_from
 from streamlease.core.deal import deal_weights
 from streamlease.core.membership import MemberRecord, MemberStatus
 
@@ -36,7 +36,7 @@ def test_every_member_gets_the_share_and_shedding_it_would_compute_from_every_ro
     rng = random.Random(seed)
     rows, orphans = fleet(rng)
     leader = rows[0].worker_id
-    news = compose(rows, frozenset(), leader, rows[0].streams, True, orphans, gen=1)
+    news = compose(FleetRead(rows, frozenset(), leader, rows[0].streams, True, orphans, gen=1))
     for member in rows:
         if member.status is not MemberStatus.ACTIVE:
             continue
@@ -51,14 +51,15 @@ def test_every_member_gets_the_share_and_shedding_it_would_compute_from_every_ro
 
 
 def test_a_member_that_takes_nothing_has_no_share_and_sheds_nothing() -> None:
-    news = compose([row("a", 10), row("b", 30)], frozenset(), "a", 10, True, 0, gen=1)
+    news = compose(FleetRead([row("a", 10), row("b", 30)], frozenset(), "a", 10, True, 0,
+                             gen=1))
     drained = plan_from(news, "b", 100, 30, False, 0)
     assert (drained.share, drained.take, drained.shed) == (0, 0, 0)
 
 
 def test_the_gaps_count_the_members_below_their_share() -> None:
-    news = compose([row("a", 30), row("b", 0), row("c", 0)], frozenset(), "a", 30, True, 0,
-                   gen=1)
+    news = compose(FleetRead([row("a", 30), row("b", 0), row("c", 0)], frozenset(), "a", 30,
+                             True, 0, gen=1))
     assert (news.level, news.total, news.deficit, news.below) == (10, 30, 20, 2)
     # a is far above its band: it sheds half its excess; b and c take what it sheds.
     assert plan_from(news, "a", 100, 30, True, 0).shed == 10
@@ -69,7 +70,7 @@ def test_a_fenced_members_streams_are_dealt_to_the_survivors_by_room() -> None:
     rows = [row("a", 10, capacity=12), row("b", 10), row("c", 0),
             row("dead", 20, status=MemberStatus.DEAD, epoch=5),
             row("gone", 9, status=MemberStatus.DEAD, released=True, epoch=3)]
-    news = compose(rows, frozenset(), "a", 10, True, 0, gen=1)
+    news = compose(FleetRead(rows, frozenset(), "a", 10, True, 0, gen=1))
     assert [d.member for d in news.deals] == ["dead"]
     deal = news.deals[0]
     assert (deal.epoch, deal.streams) == (5, 20)
@@ -81,26 +82,27 @@ def test_a_fenced_members_streams_are_dealt_to_the_survivors_by_room() -> None:
 
 def test_draining_and_unresponsive_members_are_counted_and_shown() -> None:
     rows = [row("a", 5), row("b", 5, status=MemberStatus.DRAINING), row("c", 5)]
-    news = compose(rows, frozenset({"c"}), "a", 5, True, 0, gen=4)
+    news = compose(FleetRead(rows, frozenset({"c"}), "a", 5, True, 0, gen=4))
     assert news.draining
     assert dict(news.statuses) == {"ACTIVE": 1, "DRAINING": 1, "UNRESPONSIVE": 1}
     assert news.active == 1  # c is observed dead, b drains
-    assert not compose(rows[:1], frozenset(), "a", 5, True, 0, gen=1).draining
+    assert not compose(FleetRead(rows[:1], frozenset(), "a", 5, True, 0, gen=1)).draining
 
 
 def test_donors_are_named_only_when_asked() -> None:
     """c sits below its band (2 of a share of 4) and nobody is above it: the largest
     holder gives one, unless a hand-over is still settling."""
     rows = [row("a", 5), row("b", 5), row("c", 2)]
-    assert compose(rows, frozenset(), "a", 5, True, 0, gen=1).donors == ("a",)
-    assert compose(rows, frozenset(), "a", 5, True, 0, gen=1, name_donors=False).donors == ()
+    assert compose(FleetRead(rows, frozenset(), "a", 5, True, 0, gen=1)).donors == ("a",)
+    assert compose(FleetRead(rows, frozenset(), "a", 5, True, 0, gen=1,
+                             name_donors=False)).donors == ()
 
 
 def test_the_successor_is_the_first_member_taking_streams_by_id_the_leader_aside() -> None:
     rows = [row("a", 5), row("b", 5, status=MemberStatus.DRAINING), row("c", 5), row("d", 1)]
-    assert compose(rows, frozenset(), "a", 5, True, 0, gen=1).successor == "c"
-    assert compose(rows, frozenset({"c"}), "a", 5, True, 0, gen=1).successor == "d"
-    assert compose(rows[:2], frozenset(), "a", 5, True, 0, gen=1).successor is None
+    assert compose(FleetRead(rows, frozenset(), "a", 5, True, 0, gen=1)).successor == "c"
+    assert compose(FleetRead(rows, frozenset({"c"}), "a", 5, True, 0, gen=1)).successor == "d"
+    assert compose(FleetRead(rows[:2], frozenset(), "a", 5, True, 0, gen=1)).successor is None
 
 
 def test_a_bulletin_reads_back_as_written() -> None:
@@ -133,7 +135,7 @@ def test_a_bulletin_stays_small_however_many_members_die_at_once() -> None:
     rows = [row(f"w{i:04d}", 100, capacity=150) for i in range(700)]
     rows += [row(f"x{i:04d}", 100, status=MemberStatus.DEAD, epoch=9) for i in range(300)]
     rows[5] = row("w0005", 10, capacity=150)  # the most room
-    news = compose(rows, frozenset(), "w0000", 100, True, 0, gen=1)
+    news = compose(FleetRead(rows, frozenset(), "w0000", 100, True, 0, gen=1))
     assert len(news.deals) == bulletins.MAX_DEALS
     assert [d.member for d in news.deals] == [f"x{i:04d}" for i in range(bulletins.MAX_DEALS)]
     for deal in news.deals:

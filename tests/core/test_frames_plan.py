@@ -9,7 +9,7 @@ import pytest
 from streamlease.core.frames import Frame, Malformed, export_line, parse_frame
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.model import StreamRecord
-from streamlease.core.plan import item_problem, plan_cycle
+from streamlease.core.plan import Cycle, item_problem, plan_cycle
 from streamlease.core.tally import Tally, view_key
 from streamlease.core.urls import parse_allowed_urls
 
@@ -48,9 +48,9 @@ WSS = parse_allowed_urls("wss://")
 
 def plan(cands: list[StreamRecord], held: set[str] | None = None, max_streams: int = 100,
          per_cycle: int = 10, seed: int = 1) -> tuple[list[str], list[tuple[str, str]]]:
-    p = plan_cycle(cands, held=held or set(), max_streams=max_streams, per_cycle=per_cycle,
-                   now_wall_ms=1_000_000, timings=T, allowed_prefixes=WSS,
-                   rng=random.Random(seed))
+    p = plan_cycle(Cycle(cands, held=held or set(), max_streams=max_streams,
+                         per_cycle=per_cycle, now_wall_ms=1_000_000, timings=T,
+                         allowed_urls=WSS), random.Random(seed))
     return [r.stream_id for r in p.acquire], [(r.stream_id, why) for r, why in p.unservable]
 
 
@@ -71,9 +71,9 @@ def test_plan_ranks_before_the_cap_cuts_and_shuffles_within_a_rank() -> None:
     waited = {"s3": 0, "s17": 0, "s8": 1}  # lower first; the rest rank 2
 
     def picked(seed: int) -> list[str]:
-        p = plan_cycle(cands, held=set(), max_streams=4, per_cycle=10,
-                       now_wall_ms=1_000_000, timings=T, allowed_prefixes=WSS,
-                       rng=random.Random(seed), rank=lambda r: waited.get(r.stream_id, 2))
+        p = plan_cycle(Cycle(cands, held=set(), max_streams=4, per_cycle=10,
+                             now_wall_ms=1_000_000, timings=T, allowed_urls=WSS,
+                             rank=lambda r: waited.get(r.stream_id, 2)), random.Random(seed))
         return [r.stream_id for r in p.acquire]
     for seed in range(5):
         first = picked(seed)

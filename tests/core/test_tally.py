@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from streamlease.core.changes import ChangeEvent, ChangeRecord
 from streamlease.core.model import StreamRecord
 from streamlease.core.tally import Followed, Tally, ViewTracker, view_key
 
@@ -23,6 +24,14 @@ def record(sid: str, state: str, expiry: int | None) -> StreamRecord:
     return StreamRecord(stream_id=sid, desired_state=state, ws_url="wss://x",
                         lease_owner="w1" if expiry else None, lease_expires_at_ms=expiry,
                         fence=1, last_seq=None)
+
+
+def fed(sid: str, old: StreamRecord | None, new: StreamRecord | None, shard: str, seq: str,
+        written_ms: int | None) -> ChangeRecord:
+    """A change as the feed reads it."""
+    kind = ChangeEvent.INSERT if old is None else ChangeEvent.REMOVE if new is None \
+        else ChangeEvent.MODIFY
+    return ChangeRecord(sid, kind, old, new, written_ms, shard, seq)
 
 
 def random_version(rng: random.Random, sid: str) -> StreamRecord | None:
@@ -127,7 +136,7 @@ def simulate(case: Case) -> tuple[ViewTracker, Tally]:
         if step.kind == "follow":
             sid, old, new, n, written = step.payload  # type: ignore[misc]
             # DynamoDB Streams' creation time is rounded down to the second.
-            tracker.follow(sid, old, new, "shard-1", f"{n:021d}", int(written) * 1000,
+            tracker.follow(fed(sid, old, new, "shard-1", f"{n:021d}", int(written) * 1000),
                            step.at, int(step.at * 1000))
         elif step.kind == "begin":
             tracker.begin_sweep(int(step.at * 1000))
@@ -169,7 +178,7 @@ def test_the_simulation_makes_the_races_happen() -> None:
 
 def test_nothing_is_published_before_a_terms_first_sweep_ends() -> None:
     tracker = ViewTracker()
-    tracker.follow("a", None, record("a", "STARTED", 0), "s", "1", None, 0.0, 0)
+    tracker.follow(fed("a", None, record("a", "STARTED", 0), "s", "1", None), 0.0, 0)
     assert tracker.counts(0) is None
     tracker.begin_sweep(0)
     tracker.page([record("a", "STARTED", 0)], 0.5)
@@ -186,7 +195,7 @@ def test_a_change_made_while_a_sweep_runs_is_counted_once() -> None:
     # Followed before the page that holds it was read: the page shows it already.
     tracker = ViewTracker()
     tracker.begin_sweep(0)
-    tracker.follow("a", free, held, "s", "1", None, 1.0, 0)
+    tracker.follow(fed("a", free, held, "s", "1", None), 1.0, 0)
     tracker.page([held], 2.0)
     tracker.end_sweep(3.0)
     assert tracker.counts(BASE_MS) == {("STARTED", "live"): 1}
@@ -195,25 +204,25 @@ def test_a_change_made_while_a_sweep_runs_is_counted_once() -> None:
     tracker.begin_sweep(0)
     tracker.page([held], 1.0)
     tracker.end_sweep(1.5)
-    tracker.follow("a", free, held, "s", "1", None, 2.0, 0)
+    tracker.follow(fed("a", free, held, "s", "1", None), 2.0, 0)
     assert tracker.counts(BASE_MS) == {("STARTED", "live"): 1}
     # Written after its page was read: the page shows it as it was.
     tracker = ViewTracker()
     tracker.begin_sweep(0)
     tracker.page([free], 1.0)
-    tracker.follow("a", free, held, "s", "1", None, 2.0, 0)
+    tracker.follow(fed("a", free, held, "s", "1", None), 2.0, 0)
     tracker.end_sweep(3.0)
     assert tracker.counts(BASE_MS) == {("STARTED", "live"): 1}
     # Followed just before a sweep began, then read by a stale page (an eventually
     # consistent Scan): counted as the feed reported it.
     tracker = ViewTracker()
-    tracker.follow("a", free, held, "s", "1", None, 1.0, 0)
+    tracker.follow(fed("a", free, held, "s", "1", None), 1.0, 0)
     tracker.begin_sweep(0)
     tracker.page([free], 1.5)
     tracker.end_sweep(2.0)
     assert tracker.counts(BASE_MS) == {("STARTED", "live"): 1}
     # Read again from a checkpoint: followed once.
-    assert tracker.follow("a", free, held, "s", "1", None, 4.0, 0) is Followed.REPEATED
+    assert tracker.follow(fed("a", free, held, "s", "1", None), 4.0, 0) is Followed.REPEATED
     assert tracker.counts(BASE_MS) == {("STARTED", "live"): 1}
 
 
@@ -224,14 +233,14 @@ def test_a_change_written_before_the_sweep_began_is_already_counted() -> None:
     tracker.begin_sweep(100_000)
     tracker.page([free], 1.0)
     tracker.end_sweep(2.0)
-    followed = tracker.follow("a", held, free, "s", "7", 50_000, 60.0, 110_000)
+    followed = tracker.follow(fed("a", held, free, "s", "7", 50_000), 60.0, 110_000)
     assert followed is Followed.FOLLOWED  # long behind, but already counted: no sweep
     assert tracker.counts(BASE_MS) == {("STARTED", "none"): 1}
     # Written after the sweep began, delivered more than ten seconds later: sweep again.
-    assert tracker.follow("a", free, held, "s", "8", 100_500, 61.0, 120_000) is Followed.LATE
-    assert tracker.follow("a", held, free, "s", "9", 100_600, 61.0, 120_000) is Followed.LATE
+    assert tracker.follow(fed("a", free, held, "s", "8", 100_500), 61.0, 120_000) is Followed.LATE
+    assert tracker.follow(fed("a", held, free, "s", "9", 100_600), 61.0, 120_000) is Followed.LATE
     # Written as the sweep began: not known to be in it, followed.
-    assert tracker.follow("a", free, held, "s", "10", 99_000, 61.0, 105_000) \
+    assert tracker.follow(fed("a", free, held, "s", "10", 99_000), 61.0, 105_000) \
         is Followed.FOLLOWED
     assert tracker.counts(BASE_MS) == {("STARTED", "live"): 1}
 
@@ -251,12 +260,12 @@ def test_the_races_a_review_found() -> None:
     # Deleted while a sweep ran, before its page: never negative; the sweep asks again.
     tracker = ViewTracker()
     tracker.begin_sweep(0)
-    tracker.follow("a", free, None, "s", "1", None, 1.0, 0)
+    tracker.follow(fed("a", free, None, "s", "1", None), 1.0, 0)
     assert tracker.end_sweep(2.0) is True
     assert tracker.counts(BASE_MS) == {}
     # Created just before a sweep began, missing from its stale first page: counted.
     tracker = ViewTracker()
-    tracker.follow("a", None, free, "s", "1", 9_500, 1.0, 10_000)
+    tracker.follow(fed("a", None, free, "s", "1", 9_500), 1.0, 10_000)
     tracker.begin_sweep(10_000)
     tracker.page([], 1.5)
     assert tracker.end_sweep(2.0) is False
@@ -264,8 +273,8 @@ def test_the_races_a_review_found() -> None:
     # A version repeated long before the sweep (free -> held -> free, the last written
     # 5 s before it began): the page's "free" is the truth, not a stale "held".
     tracker = ViewTracker()
-    tracker.follow("a", free, held, "s", "1", 4_000, 1.0, 4_000)
-    tracker.follow("a", held, free, "s", "2", 5_000, 2.0, 5_000)
+    tracker.follow(fed("a", free, held, "s", "1", 4_000), 1.0, 4_000)
+    tracker.follow(fed("a", held, free, "s", "2", 5_000), 2.0, 5_000)
     tracker.begin_sweep(10_000)
     tracker.page([free], 2.5)
     tracker.end_sweep(3.0)

@@ -22,7 +22,7 @@ import pytest
 from streamlease.core.frames import Frame
 from streamlease.core.lease import LeaseTimings
 from streamlease.dev import local_aws_env
-from streamlease.dev.dynamodb import EmbeddedDynamoDB
+from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions
 from streamlease.store import codec, dynamodb
 from streamlease.store.protocols import Stores
 from tests.fleet.harness import dynamodb_server
@@ -45,7 +45,7 @@ async def rounds_with_several_winners(endpoint: str, rounds: int, stop_at_first:
     os.environ.update(local_aws_env(endpoint))
     bad = 0
     async with dynamodb.connect("race-streams", "race-events", "race-fleet",
-                                control_connections=60) as stores:
+                                dynamodb.ConnectOptions(control_connections=60)) as stores:
         await stores.admin.create_tables()
         for r in range(rounds):
             sid = f"r{r}"
@@ -188,7 +188,7 @@ async def timed_list_tables(endpoint: str, calls: int, concurrent: bool) -> floa
 async def test_injected_latency_delays_every_request(env_for: None) -> None:
     """Lower bounds only: a busy machine makes requests slower, never faster. Without
     the delay 20 calls take a few tens of milliseconds, so the bound can fail."""
-    with EmbeddedDynamoDB(latency_s=0.05) as server:
+    with EmbeddedDynamoDB(ServerOptions(latency_s=0.05)) as server:
         elapsed = await timed_list_tables(server.endpoint_url, 20, concurrent=False)
     assert elapsed >= 20 * 0.05
 
@@ -198,9 +198,9 @@ async def test_serial_latency_saturates_and_parallel_latency_overlaps(env_for: N
     delays), parallel mode lets the delays overlap. The delay (half a second) dwarfs a
     request's own cost, so the two modes stay far apart on a loaded machine too: parallel
     measured about 0.6 s against serial's 3 s; three delays is the bound."""
-    with EmbeddedDynamoDB(latency_s=0.5, latency_mode="serial") as server:
+    with EmbeddedDynamoDB(ServerOptions(latency_s=0.5, latency_mode="serial")) as server:
         serial = await timed_list_tables(server.endpoint_url, 6, concurrent=True)
-    with EmbeddedDynamoDB(latency_s=0.5, latency_mode="parallel") as server:
+    with EmbeddedDynamoDB(ServerOptions(latency_s=0.5, latency_mode="parallel")) as server:
         parallel = await timed_list_tables(server.endpoint_url, 6, concurrent=True)
     print(f"6 concurrent requests, 500 ms each: serial {serial:.2f} s, "
           f"parallel {parallel:.2f} s")
@@ -212,7 +212,7 @@ def test_latency_options_are_checked() -> None:
     from streamlease.dev.dynamodb import main
 
     with pytest.raises(ValueError, match="latency_mode"):
-        EmbeddedDynamoDB(latency_mode="sometimes")
+        EmbeddedDynamoDB(ServerOptions(latency_mode="sometimes"))
     with pytest.raises(SystemExit) as exited:
         main(["--port", "0", "--latency-ms", "-1"])
     assert exited.value.code == 2
@@ -247,7 +247,7 @@ async def lagged(**settings: Any) -> AsyncIterator[tuple[Any, str, StepClock]]:
     from streamlease.store import schema
 
     clock = StepClock()
-    with EmbeddedDynamoDB(clock=clock, rng=random.Random(7), **settings) as server:
+    with EmbeddedDynamoDB(ServerOptions(**settings), clock=clock, rng=random.Random(7)) as server:
         async with aioboto3.Session().client(
                 "dynamodb", endpoint_url=server.endpoint_url, region_name="us-east-1",
                 aws_access_key_id="local", aws_secret_access_key="local") as client:
@@ -490,9 +490,9 @@ def test_lag_options_are_checked(option: str, value: str,
     assert exited.value.code == 2
     assert f"{option} must be 0-10000" in capsys.readouterr().err
     with pytest.raises(ValueError, match="stale_reads_s"):
-        EmbeddedDynamoDB(stale_reads_s=11.0)
+        EmbeddedDynamoDB(ServerOptions(stale_reads_s=11.0))
     with pytest.raises(ValueError, match="index lag"):
-        EmbeddedDynamoDB(index_lag_s=-0.1)
+        EmbeddedDynamoDB(ServerOptions(index_lag_s=-0.1))
 
 
 async def test_the_instant_fixture_serves_a_current_index(instant_dynamo: Stores) -> None:

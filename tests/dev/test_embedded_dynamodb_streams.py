@@ -18,7 +18,7 @@ import aioboto3
 import pytest
 from botocore.exceptions import ClientError
 
-from streamlease.dev.dynamodb import EmbeddedDynamoDB
+from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions
 from streamlease.store import schema
 
 STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
@@ -65,7 +65,7 @@ class Served:
 @contextlib.asynccontextmanager
 async def served(**settings: Any) -> AsyncIterator[Served]:
     clock = StepClock()
-    with EmbeddedDynamoDB(clock=clock, **settings) as server:
+    with EmbeddedDynamoDB(ServerOptions(**settings), clock=clock) as server:
         session = aioboto3.Session()
         conn = {"endpoint_url": server.endpoint_url, "region_name": "us-east-1",
                 "aws_access_key_id": "local", "aws_secret_access_key": "local"}

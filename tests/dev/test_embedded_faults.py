@@ -24,7 +24,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 
-from streamlease.dev.dynamodb import EmbeddedDynamoDB
+from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions
 from streamlease.dev.faults import (
     COUNTERS,
     FaultControl,
@@ -612,7 +612,7 @@ def test_without_faults_the_path_is_no_control(dynamodb_endpoint: str) -> None:
 def test_zero_lags_keep_no_history_until_a_lag_is_set() -> None:
     """With a control, the consistency machinery is in place from the start but records
     nothing while every lag is 0 (``ConsistencyApp`` checks ``consistency.enabled``)."""
-    with EmbeddedDynamoDB(faults=True) as server:
+    with EmbeddedDynamoDB(ServerOptions(faults=True)) as server:
         control, db = Control(server.endpoint_url), client(server.endpoint_url)
         table = make_table(db)
         put(db, table, "a")

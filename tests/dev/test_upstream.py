@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedError, Inval
 from streamlease.dev.upstream import (
     MALFORMED_KINDS,
     POISON_SEQ,
+    UpstreamOptions,
     UpstreamServer,
     declared_stream_ids,
     frame_for,
@@ -127,14 +128,14 @@ def test_declared_stream_ids_are_zero_padded() -> None:
 )
 def test_constructor_rejects_bad_settings(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        UpstreamServer(**kwargs)
+        UpstreamServer(UpstreamOptions(**kwargs))
 
 
 # -- replay ----------------------------------------------------------------------------------
 
 
 async def test_replay_from_start_and_from_middle() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=40) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=40)) as up:
         async with ws_connect(up.url_for("s001", 1)) as ws:
             assert await recv_n(ws, 40) == expected("s001", 1, 40)
         async with ws_connect(up.url_for("s001", 17)) as ws:
@@ -148,7 +149,7 @@ async def test_replay_from_start_and_from_middle() -> None:
 
 async def test_any_valid_stream_id_is_served_and_created_on_first_use() -> None:
     stream_id = "Custom.stream-ID_9"
-    async with UpstreamServer(streams=2, rate=1.0, initial_backlog=5) as up:
+    async with UpstreamServer(UpstreamOptions(streams=2, rate=1.0, initial_backlog=5)) as up:
         async with ws_connect(up.url_for(stream_id, 2)) as ws:
             assert await recv_n(ws, 4) == expected(stream_id, 2, 5)
             stats = await get_json(up, "/stats")
@@ -158,7 +159,7 @@ async def test_any_valid_stream_id_is_served_and_created_on_first_use() -> None:
 
 
 async def test_two_connections_get_identical_content() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=30) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=30)) as up:
         url = up.url_for("s003", 1)
         async with ws_connect(url) as a, ws_connect(url) as b:
             frames_a, frames_b = await asyncio.gather(recv_n(a, 30), recv_n(b, 30))
@@ -171,7 +172,7 @@ async def test_two_connections_get_identical_content() -> None:
 async def test_live_messages_arrive_in_order_at_roughly_the_rate() -> None:
     rate = 40.0
     window = 0.75
-    async with UpstreamServer(rate=rate) as up:
+    async with UpstreamServer(UpstreamOptions(rate=rate)) as up:
         first = up.head() + 1
         frames: list[Frame] = []
         async with ws_connect(up.url_for("s001", first)) as ws:
@@ -192,7 +193,7 @@ async def test_live_messages_arrive_in_order_at_roughly_the_rate() -> None:
 
 async def test_initial_backlog_is_available_at_once_and_the_clock_starts_at_start() -> None:
     before_start = time.monotonic()
-    async with UpstreamServer(rate=2.0, initial_backlog=5) as up:
+    async with UpstreamServer(UpstreamOptions(rate=2.0, initial_backlog=5)) as up:
         assert up.head() == 5
         async with ws_connect(up.url_for("s001")) as ws:
             frames = await recv_n(ws, 5, within=1.0)
@@ -205,7 +206,7 @@ async def test_initial_backlog_is_available_at_once_and_the_clock_starts_at_star
 
 
 async def test_waiting_connections_sleep_instead_of_busy_looping() -> None:
-    async with UpstreamServer(rate=0.5) as up:
+    async with UpstreamServer(UpstreamOptions(rate=0.5)) as up:
         target = up.head() + 1  # due in up to 2 s
         clients = [await ws_connect(up.url_for(f"w{i}", target)) for i in range(50)]
         try:
@@ -222,7 +223,7 @@ async def test_waiting_connections_sleep_instead_of_busy_looping() -> None:
 
 async def test_a_fast_backlog_replay_does_not_starve_other_requests() -> None:
     backlog = 200_000
-    async with UpstreamServer(rate=1.0, initial_backlog=backlog) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=backlog)) as up:
         url = up.url_for("s001")
         async with connect(url, proxy=None, compression=None, max_queue=None) as fast:
             await recv_n(fast, 1)
@@ -236,7 +237,7 @@ async def test_a_fast_backlog_replay_does_not_starve_other_requests() -> None:
 
 
 async def test_from_seq_beyond_head_waits_then_delivers() -> None:
-    async with UpstreamServer(rate=20.0, initial_backlog=3) as up:
+    async with UpstreamServer(UpstreamOptions(rate=20.0, initial_backlog=3)) as up:
         target = up.head() + 6  # due in ~0.3 s
         async with ws_connect(up.url_for("s001", target)) as ws:
             (frame,) = await recv_n(ws, 1)
@@ -247,7 +248,7 @@ async def test_from_seq_beyond_head_waits_then_delivers() -> None:
 
 
 async def test_retention_starts_at_oldest_retained_seq() -> None:
-    async with UpstreamServer(rate=2.0, initial_backlog=100, retention=10) as up:
+    async with UpstreamServer(UpstreamOptions(rate=2.0, initial_backlog=100, retention=10)) as up:
         head_before = up.head()
         async with ws_connect(up.url_for("s001", 1)) as ws:
             (frame,) = await recv_n(ws, 1)
@@ -291,7 +292,7 @@ def _assert_hostile(kind: str, frame: Frame) -> None:
 
 @pytest.mark.parametrize("kind", MALFORMED_KINDS)
 async def test_malformed_frames_precede_real_frames(kind: str) -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=6) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=6)) as up:
         body = await get_json(up, f"/control/malformed?stream=s001&count=3&kind={kind}")
         assert body["pending"] == 3
         async with ws_connect(up.url_for("s001", 1)) as ws:
@@ -306,7 +307,7 @@ async def test_malformed_frames_precede_real_frames(kind: str) -> None:
 
 
 async def test_a_poisoned_frame_is_well_formed_with_the_largest_seq() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=3) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=3)) as up:
         assert up.inject_malformed("s003", 1, "poison") == 1
         async with ws_connect(up.url_for("s003", 2)) as ws:
             frames = await recv_n(ws, 3)
@@ -315,7 +316,7 @@ async def test_a_poisoned_frame_is_well_formed_with_the_largest_seq() -> None:
 
 
 async def test_malformed_in_process_defaults_to_one_notjson_frame() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=3) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=3)) as up:
         assert up.inject_malformed("s002") == 1
         with pytest.raises(ValueError):
             up.inject_malformed("s002", kind="nonsense")
@@ -326,7 +327,7 @@ async def test_malformed_in_process_defaults_to_one_notjson_frame() -> None:
 
 
 async def test_drop_closes_with_1011_and_reconnect_continues_without_gap() -> None:
-    async with UpstreamServer(rate=20.0, initial_backlog=10) as up:
+    async with UpstreamServer(UpstreamOptions(rate=20.0, initial_backlog=10)) as up:
         async with ws_connect(up.url_for("s002", 1)) as ws, ws_connect(up.url_for("s003")) as other:
             received = await recv_n(ws, 10)
             await recv_n(other, 1)
@@ -343,7 +344,7 @@ async def test_drop_closes_with_1011_and_reconnect_continues_without_gap() -> No
 
 
 async def test_drop_abort_and_drop_all_streams() -> None:
-    async with UpstreamServer(rate=5.0, initial_backlog=2) as up:
+    async with UpstreamServer(UpstreamOptions(rate=5.0, initial_backlog=2)) as up:
         async with ws_connect(up.url_for("s001")) as ws:
             await recv_n(ws, 2)
             assert await get_json(up, "/control/drop?stream=s001&abort=1") == {"dropped": 1}
@@ -362,7 +363,7 @@ async def test_drop_abort_and_drop_all_streams() -> None:
 
 
 async def test_gap_hook_applies_to_the_next_connection_only() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=20) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=20)) as up:
         assert await get_json(up, "/control/gap?stream=s004&skip=5") == {
             "stream": "s004",
             "skip": 5,
@@ -377,7 +378,7 @@ async def test_gap_hook_applies_to_the_next_connection_only() -> None:
 
 
 async def test_pause_stops_sending_while_head_advances() -> None:
-    async with UpstreamServer(rate=40.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=40.0)) as up:
         first = up.head() + 1
         async with ws_connect(up.url_for("s001", first)) as ws:
             frames = await recv_n(ws, 2)
@@ -402,7 +403,7 @@ async def test_pause_stops_sending_while_head_advances() -> None:
 
 
 async def test_pause_zero_resumes_at_once() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=5) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=5)) as up:
         up.pause("s001", 60)
         async with ws_connect(up.url_for("s001")) as ws:
             with pytest.raises(TimeoutError):
@@ -413,7 +414,7 @@ async def test_pause_zero_resumes_at_once() -> None:
 
 async def test_pause_takes_effect_in_the_middle_of_a_backlog_replay() -> None:
     backlog = 10_000
-    async with UpstreamServer(rate=1.0, initial_backlog=backlog) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=backlog)) as up:
         url = up.url_for("s006")
         async with ws_connect(url) as ws:
             frames = await recv_n(ws, 1)
@@ -443,7 +444,7 @@ async def test_pause_takes_effect_in_the_middle_of_a_backlog_replay() -> None:
     ],
 )
 async def test_bad_control_requests_are_rejected(target: str, status: int) -> None:
-    async with UpstreamServer(rate=1.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0)) as up:
         got, _, _ = await http_get(up.port, target)
     assert got == status
 
@@ -456,7 +457,7 @@ async def test_bad_control_requests_are_rejected(target: str, status: int) -> No
     ["/nope", "/streams/", "/streams/a/b", "/streams/bad%20id", "/streams/" + "x" * 129, "/"],
 )
 async def test_unknown_path_is_404(path: str) -> None:
-    async with UpstreamServer(rate=1.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0)) as up:
         with pytest.raises(InvalidStatus) as caught:
             async with ws_connect(up.base_url + path):
                 pass
@@ -467,7 +468,7 @@ async def test_unknown_path_is_404(path: str) -> None:
     "from_seq", ["abc", "0", "-1", "", "1.5", "%201", "+3", "%2B3", "%D9%A3", "1e3", "0x10"]
 )
 async def test_bad_from_seq_is_400(from_seq: str) -> None:
-    async with UpstreamServer(rate=1.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0)) as up:
         with pytest.raises(InvalidStatus) as caught:
             async with ws_connect(f"{up.url_for('s001')}?from_seq={from_seq}"):
                 pass
@@ -478,7 +479,7 @@ async def test_bad_from_seq_is_400(from_seq: str) -> None:
 
 
 async def test_streams_and_stats_json() -> None:
-    async with UpstreamServer(streams=3, rate=7.5, initial_backlog=5) as up:
+    async with UpstreamServer(UpstreamOptions(streams=3, rate=7.5, initial_backlog=5)) as up:
         assert await get_json(up, "/streams") == {"streams": ["s001", "s002", "s003"], "rate": 7.5}
         async with ws_connect(up.url_for("s001")) as ws:
             await recv_n(ws, 5)
@@ -500,7 +501,7 @@ async def test_streams_and_stats_json() -> None:
 
 
 async def test_stop_closes_connections_and_leaves_no_task_behind() -> None:
-    up = UpstreamServer(rate=5.0, initial_backlog=3)
+    up = UpstreamServer(UpstreamOptions(rate=5.0, initial_backlog=3))
     await up.start()
     waiting = await ws_connect(up.url_for("s001", 10**6))  # waits far beyond the head
     paused = await ws_connect(up.url_for("s002"))

@@ -25,6 +25,7 @@ from streamlease.dev.upstream import (
     MALFORMED_KINDS,
     MODES,
     POISON_SEQ,
+    UpstreamOptions,
     UpstreamServer,
     frame_for,
     main,
@@ -235,7 +236,7 @@ def test_unknown_modes_and_numbers_are_refused() -> None:
 
 
 async def test_subscribe_replays_after_the_subscription_with_heartbeats_interleaved() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=30) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=30)) as up:
         url = up.url_for("s001", 4, mode="subscribe")
         async with client(url) as ws:
             # Nothing comes before the subscription.
@@ -266,7 +267,7 @@ async def test_subscribe_replays_after_the_subscription_with_heartbeats_interlea
     ],
 )
 async def test_subscribe_closes_1008_on_anything_else_first(first: Frame) -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=3) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=3)) as up:
         async with client(up.url_for("s001", mode="subscribe")) as ws:
             await ws.send(first)
             assert await recv_until_closed(ws) == []
@@ -281,7 +282,7 @@ async def test_no_subscription_in_time_is_closed_1008(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(upstream, "HANDSHAKE_TIMEOUT_S", 0.1)
-    async with UpstreamServer(rate=50.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=50.0)) as up:
         async with client(up.url_for("s001", mode=mode)) as ws:
             assert await recv_until_closed(ws) == []
             assert close_code(ws) == 1008
@@ -292,7 +293,8 @@ async def test_no_subscription_in_time_is_closed_1008(
 
 
 async def test_gateway_hello_identify_ready_then_replay_from_the_identify() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=20, gateway_heartbeat_ms=5000) as up:
+    options = UpstreamOptions(rate=1.0, initial_backlog=20, gateway_heartbeat_ms=5000)
+    async with UpstreamServer(options) as up:
         async with client(up.url_for("s001", mode="gateway")) as ws:
             assert json.loads(await recv(ws)) == {"op": 10, "d": {"heartbeat_interval_ms": 5000}}
             await ws.send('{"op":2,"d":{"token":"anything","from_seq":7}}')
@@ -332,7 +334,7 @@ async def test_gateway_hello_identify_ready_then_replay_from_the_identify() -> N
     ],
 )
 async def test_gateway_closes_4002_when_the_first_message_is_not_an_identify(first: Frame) -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=3, token=TOKEN) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=3, token=TOKEN)) as up:
         async with client(up.url_for("s001", mode="gateway")) as ws:
             await recv(ws)  # hello
             await ws.send(first)
@@ -351,7 +353,7 @@ async def test_gateway_closes_4002_when_the_first_message_is_not_an_identify(fir
     ],
 )
 async def test_gateway_closes_4004_on_a_wrong_or_missing_token(identify: str) -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=3, token=TOKEN) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=3, token=TOKEN)) as up:
         async with client(up.url_for("s001", mode="gateway")) as ws:
             await recv(ws)
             await ws.send(identify)
@@ -363,7 +365,7 @@ async def test_gateway_closes_4004_on_a_wrong_or_missing_token(identify: str) ->
 
 
 async def test_gateway_closes_4009_without_heartbeats() -> None:
-    async with UpstreamServer(rate=20.0, gateway_heartbeat_ms=150) as up:
+    async with UpstreamServer(UpstreamOptions(rate=20.0, gateway_heartbeat_ms=150)) as up:
         async with feed(up, "gateway", "s001") as ws:
             frames = await recv_until_closed(ws)
             assert close_code(ws) == 4009
@@ -377,7 +379,7 @@ async def test_gateway_closes_4009_without_heartbeats() -> None:
 
 async def test_gateway_heartbeats_keep_the_connection_open() -> None:
     beat = 0.05
-    async with UpstreamServer(rate=20.0, gateway_heartbeat_ms=200) as up:
+    async with UpstreamServer(UpstreamOptions(rate=20.0, gateway_heartbeat_ms=200)) as up:
         async with feed(up, "gateway", "s001") as ws:
 
             async def heartbeat() -> None:
@@ -401,7 +403,7 @@ async def test_gateway_heartbeats_keep_the_connection_open() -> None:
 
 
 async def test_live_sends_only_what_is_due_after_the_subscription() -> None:
-    async with UpstreamServer(rate=100.0, initial_backlog=50) as up:
+    async with UpstreamServer(UpstreamOptions(rate=100.0, initial_backlog=50)) as up:
         async with client(up.url_for("s001", mode="live") + "?from_seq=1") as ws:
             with pytest.raises(TimeoutError):  # nothing before the subscription
                 await recv(ws, within=0.1)
@@ -430,7 +432,7 @@ async def test_live_sends_only_what_is_due_after_the_subscription() -> None:
     ],
 )
 async def test_live_closes_1008_on_anything_else_first(first: str) -> None:
-    async with UpstreamServer(rate=50.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=50.0)) as up:
         async with client(up.url_for("s001", mode="live")) as ws:
             await ws.send(first)
             assert await recv_until_closed(ws) == []
@@ -440,7 +442,7 @@ async def test_live_closes_1008_on_anything_else_first(first: str) -> None:
 
 @pytest.mark.parametrize("mode", ["live", "binary"])
 async def test_no_replay_a_reconnect_misses_what_was_due_while_disconnected(mode: str) -> None:
-    async with UpstreamServer(rate=50.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=50.0)) as up:
         async with feed(up, mode, "s001") as ws:
             first_seqs = data_of(mode, await recv_frames(ws, mode, 3))
             assert up.drop("s001", mode=mode) == 1
@@ -461,7 +463,7 @@ async def test_no_replay_a_reconnect_misses_what_was_due_while_disconnected(mode
 
 
 async def test_binary_data_frames_with_text_heartbeats_and_no_replay() -> None:
-    async with UpstreamServer(rate=100.0, initial_backlog=40) as up:
+    async with UpstreamServer(UpstreamOptions(rate=100.0, initial_backlog=40)) as up:
         head_before = up.head()
         async with client(up.url_for("s001", mode="binary") + "?from_seq=1") as ws:
             frames = await recv_frames(ws, "binary", 11)
@@ -480,7 +482,8 @@ async def test_binary_data_frames_with_text_heartbeats_and_no_replay() -> None:
 @pytest.mark.parametrize("mode", ["subscribe", "live", "binary"])
 async def test_an_idle_connection_gets_heartbeats(mode: str) -> None:
     # One message every 1000 s: after the backlog (subscribe), nothing but heartbeats.
-    async with UpstreamServer(rate=0.001, initial_backlog=2, idle_heartbeat_s=0.05) as up, \
+    options = UpstreamOptions(rate=0.001, initial_backlog=2, idle_heartbeat_s=0.05)
+    async with UpstreamServer(options) as up, \
             feed(up, mode, "s001") as ws:
         frames = [await recv(ws) for _ in range(5 if mode == "subscribe" else 3)]
     if mode == "subscribe":
@@ -510,7 +513,7 @@ async def test_an_idle_connection_gets_heartbeats(mode: str) -> None:
 async def test_a_missing_or_wrong_token_is_401_before_the_upgrade(
     mode: str, headers: dict[str, str]
 ) -> None:
-    async with UpstreamServer(rate=1.0, token=TOKEN) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, token=TOKEN)) as up:
         with pytest.raises(InvalidStatus) as caught:
             async with client(up.url_for("s001", mode=mode), headers):
                 pass
@@ -523,10 +526,10 @@ async def test_a_missing_or_wrong_token_is_401_before_the_upgrade(
 async def test_the_right_token_is_accepted_and_without_a_token_nothing_is_checked(
     mode: str
 ) -> None:
-    async with UpstreamServer(rate=50.0, initial_backlog=3, token=TOKEN) as up, \
+    async with UpstreamServer(UpstreamOptions(rate=50.0, initial_backlog=3, token=TOKEN)) as up, \
             feed(up, mode, "s001") as ws:
         assert len(data_of(mode, await recv_frames(ws, mode, 2))) == 2
-    async with UpstreamServer(rate=50.0, initial_backlog=3) as up:
+    async with UpstreamServer(UpstreamOptions(rate=50.0, initial_backlog=3)) as up:
         query = "?from_seq=1" if mode == "subscribe" else ""
         async with client(up.url_for("s001", mode=mode) + query) as ws:  # no headers
             await open_feed(up, mode, "s001", ws, token="whatever")
@@ -534,7 +537,7 @@ async def test_the_right_token_is_accepted_and_without_a_token_nothing_is_checke
 
 
 async def test_the_default_mode_never_checks_the_token() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=2, token=TOKEN) as up, \
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=2, token=TOKEN)) as up, \
             client(up.url_for("s001")) as ws:
         assert [await recv(ws) for _ in range(2)] == [frame_for("s001", 1), frame_for("s001", 2)]
 
@@ -544,7 +547,7 @@ async def test_the_default_mode_never_checks_the_token() -> None:
 
 @pytest.mark.parametrize("mode", NEW_MODES)
 async def test_drop_closes_a_connection_of_that_mode_only(mode: str) -> None:
-    async with UpstreamServer(rate=50.0, initial_backlog=5) as up, \
+    async with UpstreamServer(UpstreamOptions(rate=50.0, initial_backlog=5)) as up, \
             feed(up, mode, "s001") as ws, client(up.url_for("s001")) as default:
         await recv_frames(ws, mode, 1)
         await recv(default)
@@ -559,7 +562,7 @@ async def test_drop_closes_a_connection_of_that_mode_only(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["subscribe", "gateway", "live"])
 async def test_drop_closes_a_connection_still_in_its_opening_exchange(mode: str) -> None:
-    async with UpstreamServer(rate=50.0) as up, \
+    async with UpstreamServer(UpstreamOptions(rate=50.0)) as up, \
             client(up.url_for("s001", mode=mode), auth_headers(mode)) as ws:
         await wait_until(lambda: up.stats()["modes"][mode]["connections"] == 1)
         assert up.drop("s001", mode=mode) == 1
@@ -572,7 +575,7 @@ async def test_drop_closes_a_connection_still_in_its_opening_exchange(mode: str)
 
 
 async def test_drop_every_mode_at_once() -> None:
-    async with UpstreamServer(rate=50.0, initial_backlog=2) as up:
+    async with UpstreamServer(UpstreamOptions(rate=50.0, initial_backlog=2)) as up:
         async with feed(up, "subscribe", "a") as s, feed(up, "gateway", "b") as g, \
                 feed(up, "live", "c") as li, feed(up, "binary", "d") as b, \
                 client(up.url_for("e")) as d:
@@ -589,7 +592,7 @@ async def test_drop_every_mode_at_once() -> None:
 @pytest.mark.parametrize("mode", ["subscribe", "gateway", "live"])
 @pytest.mark.parametrize("kind", MALFORMED_KINDS)
 async def test_malformed_frames_in_the_modes_own_shape(mode: str, kind: str) -> None:
-    async with UpstreamServer(rate=100.0, initial_backlog=10) as up:
+    async with UpstreamServer(UpstreamOptions(rate=100.0, initial_backlog=10)) as up:
         assert await get_json(
             up, f"/control/malformed?stream=s001&count=2&kind={kind}&mode={mode}"
         ) == {"stream": "s001", "kind": kind, "pending": 2}
@@ -619,7 +622,7 @@ async def test_malformed_frames_in_the_modes_own_shape(mode: str, kind: str) -> 
 
 async def test_binary_mode_has_only_text_hostile_frames() -> None:
     assert malformed_kinds("binary") == ("notjson", "array")
-    async with UpstreamServer(rate=100.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=100.0)) as up:
         with pytest.raises(ValueError):
             up.inject_malformed("s001", kind="binary", mode="binary")
         status, _, _ = await http_get(up.port, "/control/malformed?stream=s001&kind=poison"
@@ -634,7 +637,7 @@ async def test_binary_mode_has_only_text_hostile_frames() -> None:
 
 @pytest.mark.parametrize("mode", ["subscribe", "gateway"])
 async def test_gap_applies_to_the_next_connection_of_that_mode(mode: str) -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=20) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=20)) as up:
         assert await get_json(up, f"/control/gap?stream=s004&skip=5&mode={mode}") == {
             "stream": "s004", "skip": 5}
         async with client(up.url_for("s004", 3)) as default:  # another stream
@@ -646,7 +649,7 @@ async def test_gap_applies_to_the_next_connection_of_that_mode(mode: str) -> Non
 
 
 async def test_gap_on_live_starts_later_than_due() -> None:
-    async with UpstreamServer(rate=100.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=100.0)) as up:
         up.inject_gap("s001", 30, mode="live")
         head_before = up.head()
         async with feed(up, "live", "s001") as ws:
@@ -657,7 +660,8 @@ async def test_gap_on_live_starts_later_than_due() -> None:
 
 @pytest.mark.parametrize("mode", NEW_MODES)
 async def test_pause_sends_nothing_at_all_then_resumes(mode: str) -> None:
-    async with UpstreamServer(rate=50.0, initial_backlog=5, idle_heartbeat_s=0.02) as up:
+    options = UpstreamOptions(rate=50.0, initial_backlog=5, idle_heartbeat_s=0.02)
+    async with UpstreamServer(options) as up:
         up.pause("s001", 60, mode=mode)
         async with feed(up, mode, "s001") as ws:
             if mode == "gateway":
@@ -673,7 +677,7 @@ async def test_pause_sends_nothing_at_all_then_resumes(mode: str) -> None:
 
 
 async def test_the_same_id_under_each_path_is_an_independent_stream() -> None:
-    async with UpstreamServer(rate=1.0, initial_backlog=10) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0, initial_backlog=10)) as up:
         up.pause("s001", 60)  # the default mode's s001 only
         async with feed(up, "subscribe", "s001", from_seq=3) as a, \
                 feed(up, "gateway", "s001", from_seq=5) as b:
@@ -715,7 +719,7 @@ async def test_url_for_each_mode() -> None:
     ],
 )
 async def test_bad_paths_of_the_new_modes(path: str, status: int) -> None:
-    async with UpstreamServer(rate=1.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0)) as up:
         with pytest.raises(InvalidStatus) as caught:
             async with client(up.base_url + path):
                 pass
@@ -731,7 +735,7 @@ async def test_bad_paths_of_the_new_modes(path: str, status: int) -> None:
     ],
 )
 async def test_bad_mode_in_a_control_request_is_400(target: str) -> None:
-    async with UpstreamServer(rate=1.0) as up:
+    async with UpstreamServer(UpstreamOptions(rate=1.0)) as up:
         status, _, _ = await http_get(up.port, target)
     assert status == 400
 
@@ -787,7 +791,7 @@ async def test_main_as_subprocess_takes_the_token_and_the_gateway_interval() -> 
 
 
 async def test_stop_leaves_no_task_behind_with_every_mode_open() -> None:
-    up = UpstreamServer(rate=5.0, initial_backlog=3, gateway_heartbeat_ms=60_000)
+    up = UpstreamServer(UpstreamOptions(rate=5.0, initial_backlog=3, gateway_heartbeat_ms=60_000))
     await up.start()
     conns = [await client(up.url_for("s001", mode=m)) for m in NEW_MODES]
     await conns[1].recv()  # the gateway's hello: waiting for identify

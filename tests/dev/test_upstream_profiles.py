@@ -25,7 +25,7 @@ from streamlease.core.profiles import (
     render_headers,
     reply_matches,
 )
-from streamlease.dev.upstream import UpstreamServer, mode_frame, mode_seq
+from streamlease.dev.upstream import UpstreamOptions, UpstreamServer, mode_frame, mode_seq
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "profiles.toml"
@@ -124,7 +124,7 @@ async def test_each_profile_speaks_to_its_feed_and_classifies_every_real_frame(
 ) -> None:
     profile = profiles()[mode]
     from_seq = 7
-    async with UpstreamServer(rate=100.0, initial_backlog=30, token=TOKEN) as up:
+    async with UpstreamServer(UpstreamOptions(rate=100.0, initial_backlog=30, token=TOKEN)) as up:
         session = await run(up, profile, mode, "s001", from_seq, data=12,
                             keepalives=2 if profile.keepalive else 0)
         stats = up.stats()["modes"][mode]
@@ -170,7 +170,8 @@ async def test_each_profile_speaks_to_its_feed_and_classifies_every_real_frame(
 @pytest.mark.parametrize("mode", SHAPES)
 async def test_a_wrong_token_in_the_profile_is_refused(mode: str) -> None:
     profile = profiles()[mode]
-    async with UpstreamServer(rate=100.0, initial_backlog=3, token=TOKEN + "-other") as up:
+    options = UpstreamOptions(rate=100.0, initial_backlog=3, token=TOKEN + "-other")
+    async with UpstreamServer(options) as up:
         with pytest.raises(Exception) as caught:  # 401 at the upgrade, or 4004 for the gateway
             await run(up, profile, mode, "s001", 1, data=1)
         stats = up.stats()["modes"][mode]

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadtest.audit import find_handoff, find_takeovers
 from loadtest.otlp import Receiver, Span
-from loadtest.tracing_scenario import find_handoff, find_takeovers
 from tests.fleet.conftest import FleetFactory
 from tests.fleet.harness import Fleet, wait_until
 

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from streamlease.dev import local_aws_env
-from streamlease.dev.dynamodb import EmbeddedDynamoDB
+from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions
 from streamlease.store import dynamodb
 
 NOW = 1_800_000_000_000
@@ -31,7 +31,8 @@ class StepClock:
 async def test_only_a_calm_read_sees_the_lease_as_it_was_a_moment_ago(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = StepClock()
-    with EmbeddedDynamoDB(clock=clock, rng=random.Random(7), stale_reads_s=1.0) as server:
+    with EmbeddedDynamoDB(ServerOptions(stale_reads_s=1.0), clock=clock,
+                          rng=random.Random(7)) as server:
         for name, value in local_aws_env(server.endpoint_url).items():
             monkeypatch.setenv(name, value)
         suffix = uuid.uuid4().hex[:8]

@@ -18,7 +18,9 @@ T = LeaseTimings(20.0, 5.0, 1.0, 2.0)
 
 async def race(table: str, events: str, fleet: str, owner: str, start_at: float,
                ids: list[str]) -> None:
-    async with dynamodb.connect(table, events, fleet, control_connections=len(ids) + 5) as stores:
+    async with dynamodb.connect(table, events, fleet,
+                                dynamodb.ConnectOptions(control_connections=len(ids) + 5)
+                                ) as stores:
         await stores.admin.get(ids[0])  # open a connection before the start line
         await asyncio.sleep(max(0.0, start_at - time.time()))
         now = int(time.time() * 1000)

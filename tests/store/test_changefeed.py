@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from streamlease.core.changes import Action, ChangeEvent
 from streamlease.core.lease import LeaseTimings
-from streamlease.dev.dynamodb import EmbeddedDynamoDB
+from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions
 from streamlease.metrics import CHANGE_FEED_ERROR_KINDS, Metrics
 from streamlease.store import schema
 from streamlease.store.dynamodb.changefeed import (
@@ -27,6 +27,7 @@ from streamlease.store.dynamodb.changefeed import (
     Fault,
     FaultKind,
     FeedResult,
+    FeedSource,
     Opened,
     open_streams_client,
     streams_endpoint,
@@ -88,7 +89,7 @@ async def test_records_of_the_fleet_s_own_writes(dynamo: Stores,
     streams_table, _, fleet_table = table_names
     async with open_streams_client("us-east-1") as client, \
             fleet_checkpoints(fleet_table) as saved:
-        reader = ChangeFeedReader(client, streams_table, saved, fence=1, clock=Clock())
+        reader = ChangeFeedReader(FeedSource(client, streams_table, saved, Clock()), fence=1)
         opened = await reader.open()
         assert isinstance(opened, Opened) and opened.backstop  # first start: LATEST
         assert batches(await reader.poll())[0].records == ()
@@ -136,7 +137,7 @@ async def test_a_new_leader_resumes_after_the_checkpoint_and_fences_the_old_one_
             fleet_checkpoints(fleet_table) as on_dynamodb:
         saved: FeedCheckpointStore = on_dynamodb if store == "dynamodb" \
             else MemoryFeedCheckpoints()
-        old = ChangeFeedReader(client, streams_table, saved, fence=4, clock=Clock())
+        old = ChangeFeedReader(FeedSource(client, streams_table, saved, Clock()), fence=4)
         await old.open()
         await old.poll()
         await dynamo.admin.put_started("a", "wss://x/a")
@@ -144,7 +145,7 @@ async def test_a_new_leader_resumes_after_the_checkpoint_and_fences_the_old_one_
         assert [c.stream_id for c in read.records] == ["a"]
         assert await old.commit(read)
         await dynamo.admin.put_started("b", "wss://x/b")  # after the old leader's checkpoint
-        new = ChangeFeedReader(client, streams_table, saved, fence=5, clock=Clock())
+        new = ChangeFeedReader(FeedSource(client, streams_table, saved, Clock()), fence=5)
         opened = await new.open()
         assert isinstance(opened, Opened) and opened.resumed == 1 and not opened.backstop
         (resumed,) = batches(await new.poll())
@@ -164,8 +165,8 @@ async def test_a_table_without_a_stream_means_the_backstop(
     async with aioboto3.Session().client("dynamodb", region_name="us-east-1") as raw:
         await raw.create_table(**schema.streams_table(plain))
     async with open_streams_client("us-east-1") as client:
-        reader = ChangeFeedReader(client, plain, MemoryFeedCheckpoints(), fence=1,
-                                  clock=Clock(), metrics=metrics)
+        reader = ChangeFeedReader(FeedSource(client, plain, MemoryFeedCheckpoints(), Clock(),
+                                             metrics=metrics), fence=1)
         opened = await reader.open()
         assert isinstance(opened, Fault) and opened.kind is FaultKind.NO_STREAM
         assert opened.backstop
@@ -176,7 +177,7 @@ async def test_a_table_without_a_stream_means_the_backstop(
 
 async def test_a_checkpoint_below_the_trim_horizon_is_trimmed_then_reads_on() -> None:
     """Against a server whose stream keeps 3 records: the checkpoint's successor is gone."""
-    with EmbeddedDynamoDB(stream_records_max=3) as server:
+    with EmbeddedDynamoDB(ServerOptions(stream_records_max=3)) as server:
         session = aioboto3.Session()
         conn = {"endpoint_url": server.endpoint_url, "region_name": "us-east-1",
                 "aws_access_key_id": "local", "aws_secret_access_key": "local"}
@@ -187,7 +188,7 @@ async def test_a_checkpoint_below_the_trim_horizon_is_trimmed_then_reads_on() ->
             await db.create_table(**schema.streams_table(table),
                                   StreamSpecification=schema.STREAM_SPECIFICATION)
             saved = MemoryFeedCheckpoints()
-            reader = ChangeFeedReader(client, table, saved, fence=1, clock=Clock(), limit=1)
+            reader = ChangeFeedReader(FeedSource(client, table, saved, Clock(), limit=1), fence=1)
             await reader.open()
             await reader.poll()
             for sid in "abcdef":
@@ -292,8 +293,8 @@ class FakeStreams:
 
 def reader_on(fake: FakeStreams, saved: FeedCheckpointStore | None = None,
               metrics: Metrics | None = None, fence: int = 1) -> ChangeFeedReader:
-    return ChangeFeedReader(DynamoClient(fake), "t", saved or MemoryFeedCheckpoints(),
-                            fence=fence, clock=Clock(), metrics=metrics)
+    return ChangeFeedReader(FeedSource(DynamoClient(fake), "t", saved or MemoryFeedCheckpoints(),
+                                       Clock(), metrics=metrics), fence=fence)
 
 
 def counter(metrics: Metrics, name: str, **labels: str) -> float:

@@ -183,8 +183,8 @@ async def test_reads_are_metered_by_the_items_they_return(
     from streamlease.store import dynamodb
 
     counted: list[tuple[str, int]] = []
-    async with dynamodb.connect(*table_names,
-                                count_read=lambda op, n: counted.append((op, n))) as stores:
+    async with dynamodb.connect(*table_names, dynamodb.ConnectOptions(
+            count_read=lambda op, n: counted.append((op, n)))) as stores:
         await stores.admin.create_tables()
         for sid in ("a", "b", "c"):
             await stores.admin.put_started(sid, f"ws://127.0.0.1:1/{sid}")

@@ -14,7 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from streamlease.dev import local_aws_env
-from streamlease.dev.dynamodb import EmbeddedDynamoDB
+from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions
 from streamlease.errors import StoreError, StoreThrottled, StoreUnavailable, TableMissing
 from streamlease.metrics import DYNAMODB_OUTCOMES, Metrics
 from streamlease.store import dynamodb
@@ -251,9 +251,9 @@ async def test_the_embedded_server_answers_two_requests_for_150_ids(
         dynamodb_endpoint: str, table_names: tuple[str, str, str]) -> None:
     seen: list[tuple[str, str]] = []
     counted: list[tuple[str, int]] = []
-    async with dynamodb.connect(*table_names,
-                                observe=lambda op, result, s: seen.append((op, result)),
-                                count_read=lambda op, n: counted.append((op, n))) as stores:
+    async with dynamodb.connect(*table_names, dynamodb.ConnectOptions(
+            observe=lambda op, result, s: seen.append((op, result)),
+            count_read=lambda op, n: counted.append((op, n)))) as stores:
         await stores.admin.create_tables()
         sids = [f"s{i:03}" for i in range(150)]
         await asyncio.gather(*(stores.admin.put_started(sid, URL) for sid in sids[:140]))
@@ -275,7 +275,7 @@ async def test_on_a_server_with_stale_reads_check_many_may_see_the_previous_vers
     now = [5000.0]
     timings = LeaseTimings(lease_s=20.0, heartbeat_s=5.0, skew_margin_s=1.0,
                            safety_margin_s=2.0)
-    with EmbeddedDynamoDB(stale_reads_s=1.0, clock=lambda: now[0],
+    with EmbeddedDynamoDB(ServerOptions(stale_reads_s=1.0), clock=lambda: now[0],
                           rng=random.Random(7)) as server:
         for name, value in local_aws_env(server.endpoint_url).items():
             monkeypatch.setenv(name, value)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from streamlease.core.lease import LeaseTimings
 from streamlease.core.membership import HeartbeatOutcome, MemberStatus
 from streamlease.core.model import Tenure
-from streamlease.store.protocols import Stores
+from streamlease.store.protocols import Heartbeat, Stores, TakeOver
 from tests.store.lag import eventually
 
 NOW = 1_800_000_000_000
@@ -18,7 +18,7 @@ async def test_register_heartbeat_and_read_every_member_in_one_query(stores: Sto
     a = await fleet.register("a", 100, NOW)
     b = await fleet.register("b", 50, NOW)
     assert a.status is MemberStatus.ACTIVE and a.heartbeat == 0 and a.epoch > NOW
-    ok = await fleet.heartbeat("a", a.epoch, MemberStatus.ACTIVE, 7, 100, 1, NOW + 5)
+    ok = await fleet.heartbeat(Heartbeat("a", a.epoch, MemberStatus.ACTIVE, 7, 100, 1, NOW + 5))
     assert ok.outcome is HeartbeatOutcome.RENEWED and ok.heartbeat == 1
     rows = {m.worker_id: m for m in await fleet.members()}
     assert set(rows) == {"a", "b"}
@@ -31,7 +31,7 @@ async def test_a_new_incarnation_fences_the_old_one(stores: Stores) -> None:
     old = await fleet.register("a", 100, NOW)
     new = await fleet.register("a", 100, NOW + 1, MemberStatus.DRAINING)
     assert new.epoch > old.epoch and new.status is MemberStatus.DRAINING
-    gone = await fleet.heartbeat("a", old.epoch, MemberStatus.ACTIVE, 0, 100, 0, NOW + 2)
+    gone = await fleet.heartbeat(Heartbeat("a", old.epoch, MemberStatus.ACTIVE, 0, 100, 0, NOW + 2))
     assert gone.outcome is HeartbeatOutcome.FENCED
     # Deleted (a clean exit) and registered again: the epoch still moves forward.
     assert await fleet.leave("a", new.epoch) is True
@@ -42,13 +42,13 @@ async def test_a_new_incarnation_fences_the_old_one(stores: Stores) -> None:
 async def test_one_peer_fences_a_member_exactly_as_seen(stores: Stores) -> None:
     fleet = stores.fleet
     a = await fleet.register("a", 100, NOW)
-    await fleet.heartbeat("a", a.epoch, MemberStatus.ACTIVE, 3, 100, 0, NOW)
+    await fleet.heartbeat(Heartbeat("a", a.epoch, MemberStatus.ACTIVE, 3, 100, 0, NOW))
     (seen,) = [m for m in await fleet.members() if m.worker_id == "a"]
     fenced = await fleet.fence(seen, "b", NOW + 30_000)
     assert fenced is not None and fenced.status is MemberStatus.DEAD
     assert fenced.epoch == seen.epoch + 1 and not fenced.released
     assert await fleet.fence(seen, "c", NOW + 30_001) is None  # only one peer wins
-    refused = await fleet.heartbeat("a", a.epoch, MemberStatus.ACTIVE, 3, 100, 0, NOW)
+    refused = await fleet.heartbeat(Heartbeat("a", a.epoch, MemberStatus.ACTIVE, 3, 100, 0, NOW))
     assert refused.outcome is HeartbeatOutcome.FENCED
     assert await fleet.mark_released("a", seen.epoch) is False  # the old epoch: no
     assert await fleet.mark_released("a", fenced.epoch) is True
@@ -60,7 +60,7 @@ async def test_a_member_that_heartbeated_meanwhile_is_not_fenced(stores: Stores)
     fleet = stores.fleet
     a = await fleet.register("a", 100, NOW)
     (seen,) = await fleet.members()
-    await fleet.heartbeat("a", a.epoch, MemberStatus.ACTIVE, 0, 100, 0, NOW + 1)
+    await fleet.heartbeat(Heartbeat("a", a.epoch, MemberStatus.ACTIVE, 0, 100, 0, NOW + 1))
     assert await fleet.fence(seen, "b", NOW + 2) is None
 
 
@@ -158,7 +158,7 @@ async def test_take_over_passes_a_dead_incarnations_stream_in_one_write(stores: 
     assert await leases.acquire("other", "z", NOW, T, epoch=5) is not None
     fenced_epoch = 6
     later = NOW + 1_000
-    got = await leases.take_over("held", "a", fenced_epoch, "b", later, T, epoch=3)
+    got = await leases.take_over(TakeOver("held", "a", fenced_epoch, "b", later, T, epoch=3))
     assert got is not None
     assert (got.tenure.owner, got.tenure.fence, got.tenure.expires_at_ms, got.tenure.epoch) == \
         ("b", 2, later + T.lease_ms, 3)
@@ -166,9 +166,12 @@ async def test_take_over_passes_a_dead_incarnations_stream_in_one_write(stores: 
     assert record is not None and (record.lease_owner, record.fence, record.lease_epoch,
                                    record.lease_expires_at_ms) == ("b", 2, 3, later + T.lease_ms)
     for sid in ("released", "newer", "stopped", "other"):
-        assert await leases.take_over(sid, "a", fenced_epoch, "b", later, T, epoch=3) is None, sid
-    assert await leases.take_over("held", "a", fenced_epoch, "c", later, T, epoch=4) is None
-    assert await leases.take_over("missing", "a", fenced_epoch, "b", later, T, epoch=3) is None
+        claim = TakeOver(sid, "a", fenced_epoch, "b", later, T, epoch=3)
+        assert await leases.take_over(claim) is None, sid
+    claim = TakeOver("held", "a", fenced_epoch, "c", later, T, epoch=4)
+    assert await leases.take_over(claim) is None
+    claim = TakeOver("missing", "a", fenced_epoch, "b", later, T, epoch=3)
+    assert await leases.take_over(claim) is None
     # The holder it passed from cannot renew or release any more.
     assert await leases.release(Tenure("held", "a", 1, None, NOW + T.lease_ms)) is False
 
@@ -177,6 +180,6 @@ async def test_a_resent_take_over_that_applied_returns_the_tenure(stores: Stores
     leases, admin = stores.leases, stores.admin
     await admin.put_started("s", "wss://x/")
     assert await leases.acquire("s", "a", NOW, T, epoch=5) is not None
-    first = await leases.take_over("s", "a", 6, "b", NOW + 10, T, epoch=3)
-    again = await leases.take_over("s", "a", 6, "b", NOW + 10, T, epoch=3)
+    first = await leases.take_over(TakeOver("s", "a", 6, "b", NOW + 10, T, epoch=3))
+    again = await leases.take_over(TakeOver("s", "a", 6, "b", NOW + 10, T, epoch=3))
     assert first is not None and again is not None and again.tenure == first.tenure

@@ -7,7 +7,7 @@ from streamlease.core import layout
 from streamlease.core.layout import Replica
 from streamlease.core.membership import HeartbeatOutcome, MemberStatus
 from streamlease.store import fleetcodec
-from streamlease.store.protocols import Stores
+from streamlease.store.protocols import Heartbeat, Stores
 from tests.store.lag import eventually
 
 NOW = 1_800_000_000_000
@@ -37,12 +37,12 @@ async def test_new_rows_take_their_key_and_every_key_is_read(stores: Stores) -> 
     records = {w: await fleet.register(w, 100, NOW) for w in spread}
     for worker_id, record in records.items():
         assert record.shard == layout.shard_of(worker_id, 4) != 0
-        beat = await fleet.heartbeat(worker_id, record.epoch, MemberStatus.ACTIVE, 5, 100, 0,
-                                     NOW + 1, shard=record.shard)
+        beat = await fleet.heartbeat(Heartbeat(worker_id, record.epoch, MemberStatus.ACTIVE, 5,
+                                               100, 0, NOW + 1, shard=record.shard))
         assert beat.outcome is HeartbeatOutcome.RENEWED
         # The same write under another key finds no row: as a fence would.
-        wrong = await fleet.heartbeat(worker_id, record.epoch, MemberStatus.ACTIVE, 5, 100, 0,
-                                      NOW + 1, shard=0)
+        wrong = await fleet.heartbeat(Heartbeat(worker_id, record.epoch, MemberStatus.ACTIVE, 5,
+                                                100, 0, NOW + 1, shard=0))
         assert wrong.outcome is HeartbeatOutcome.FENCED
         assert await fleet.member(worker_id, shard=record.shard) is not None
         assert await fleet.member(worker_id, shard=0) is None
@@ -63,7 +63,8 @@ async def test_a_worker_id_keeps_its_row_wherever_it_lives(stores: Stores) -> No
     again = await fleet.register(worker_id, 100, NOW + 1)
     assert again.shard == 0 and again.epoch > first.epoch, "moved on, not created anew"
     assert [m.worker_id for m in await fleet.members()] == [worker_id]
-    old = await fleet.heartbeat(worker_id, first.epoch, MemberStatus.ACTIVE, 0, 100, 0, NOW)
+    old = await fleet.heartbeat(Heartbeat(worker_id, first.epoch, MemberStatus.ACTIVE, 0, 100,
+                                          0, NOW))
     assert old.outcome is HeartbeatOutcome.FENCED
     # Gone after a clean exit: the next registration creates it under the new layout, its
     # epoch still above the deleted one.

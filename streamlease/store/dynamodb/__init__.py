@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aioboto3
 
@@ -24,9 +25,8 @@ from streamlease.store.dynamodb.leases import DynamoLeaseStore
 from streamlease.store.dynamodb.sink import DynamoSink
 from streamlease.store.protocols import Stores
 
-__all__ = ["DynamoAdmin", "DynamoFleetStore", "DynamoLeaderBackend", "DynamoLeaseStore",
-           "DynamoSink", "connect",
-           "connect_admin", "region"]
+__all__ = ["ConnectOptions", "DynamoAdmin", "DynamoFleetStore", "DynamoLeaderBackend",
+           "DynamoLeaseStore", "DynamoSink", "connect", "connect_admin", "region"]
 
 
 def region(session: aioboto3.Session) -> str:
@@ -37,26 +37,38 @@ def region(session: aioboto3.Session) -> str:
     return str(name)
 
 
+@dataclass(frozen=True)
+class ConnectOptions:
+    """How ``connect`` opens its clients: the two pools' sizes, the timeout of each call,
+    the events' time to live (0: none), who hears each call's outcome (``observe``) and the
+    items every read returns (``count_read``: the sink only writes, so these are the
+    control plane's: the streams table and its indexes, the fleet table)."""
+
+    sink_connections: int = 50
+    control_connections: int = 20
+    observe: Observer | None = None
+    call_timeout_s: float = 10.0
+    events_ttl_s: int = 0
+    count_read: ReadCounter | None = None
+
+
 @contextlib.asynccontextmanager
-async def connect(table: str, events_table: str, fleet_table: str, *, sink_connections: int = 50,
-                  control_connections: int = 20, observe: Observer | None = None,
-                  call_timeout_s: float = 10.0, events_ttl_s: int = 0,
-                  count_read: ReadCounter | None = None) -> AsyncIterator[Stores]:
-    """Open the clients this process uses. Raises ConfigError without a region.
-    ``count_read`` hears the items every read returns (the sink only writes, so these
-    are the control plane's: the streams table and its indexes, the fleet table)."""
+async def connect(table: str, events_table: str, fleet_table: str,
+                  options: ConnectOptions = ConnectOptions()) -> AsyncIterator[Stores]:
+    """Open the clients this process uses. Raises ConfigError without a region."""
     session = aioboto3.Session()
     name = region(session)
     async with contextlib.AsyncExitStack() as stack:
         control_raw = await stack.enter_async_context(session.client(
-            "dynamodb", region_name=name, config=client_config(control_connections)))
+            "dynamodb", region_name=name, config=client_config(options.control_connections)))
         data_raw = await stack.enter_async_context(session.client(
-            "dynamodb", region_name=name, config=client_config(sink_connections)))
-        control = DynamoClient(control_raw, observe, call_timeout_s, count_read)
-        data = DynamoClient(data_raw, observe, call_timeout_s, count_read)
+            "dynamodb", region_name=name, config=client_config(options.sink_connections)))
+        calls = (options.observe, options.call_timeout_s, options.count_read)
+        control = DynamoClient(control_raw, *calls)
+        data = DynamoClient(data_raw, *calls)
         yield Stores(
             leases=DynamoLeaseStore(control, table),
-            sink=DynamoSink(data, table, events_table, events_ttl_s),
+            sink=DynamoSink(data, table, events_table, options.events_ttl_s),
             admin=DynamoAdmin(control, table, events_table, fleet_table),
             fleet=DynamoFleetStore(control, fleet_table),
             leader=DynamoLeaderBackend(control, fleet_table),

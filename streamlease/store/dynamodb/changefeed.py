@@ -214,19 +214,31 @@ def parent_first(shards: Mapping[str, _Shard]) -> list[str]:
     return ordered
 
 
+@dataclass(frozen=True)
+class FeedSource:
+    """What every leader term's reader shares: the DynamoDB Streams ``client``, the streams
+    ``table``, where the ``checkpoints`` are kept, the ``clock`` (lag, checkpoint times),
+    at most ``limit`` records a GetRecords, and ``metrics`` (lag and faults)."""
+
+    client: DynamoClient
+    table: str
+    checkpoints: FeedCheckpointStore
+    clock: Clock
+    limit: int = MAX_LIMIT
+    metrics: FeedMetrics | None = None
+
+
 class ChangeFeedReader(DynamoTable):
     """The streams table's change feed, read under one leader fence (see the module doc)."""
 
-    def __init__(self, client: DynamoClient, table: str, checkpoints: FeedCheckpointStore,
-                 fence: int, clock: Clock, *, limit: int = MAX_LIMIT,
-                 metrics: FeedMetrics | None = None) -> None:
-        super().__init__(client)
-        self.table = table
-        self.checkpoints = checkpoints
+    def __init__(self, source: FeedSource, fence: int) -> None:
+        super().__init__(source.client)
+        self.table = source.table
+        self.checkpoints = source.checkpoints
         self.fence = fence
-        self.clock = clock
-        self.limit = max(1, min(MAX_LIMIT, limit))
-        self.metrics = metrics
+        self.clock = source.clock
+        self.limit = max(1, min(MAX_LIMIT, source.limit))
+        self.metrics = source.metrics
         self.stream_arn: str | None = None
         self._state = _State()
         self._describe = True

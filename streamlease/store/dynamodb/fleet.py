@@ -12,9 +12,9 @@ from streamlease.core.layout import Replica
 from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from streamlease.errors import StoreError, StoreThrottled
 from streamlease.store import fleetcodec
-from streamlease.store.codec import s
+from streamlease.store.codec import Expr, s
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
-from streamlease.store.protocols import HeartbeatResult
+from streamlease.store.protocols import Heartbeat, HeartbeatResult
 
 REGISTER_ATTEMPTS = 5
 
@@ -32,27 +32,25 @@ class DynamoFleetStore(DynamoTable):
         # mark and the create; a row deleted or created concurrently fails a condition and
         # the loop goes round again.
         order = layout.search_order(worker_id, await self.layout(timeout))
+        moved = fleetcodec.register_expr(capacity, now_wall_ms, status, incarnation, None)
         for _ in range(REGISTER_ATTEMPTS):
             for shard in order:  # move an existing row on, wherever it lives
-                record = await self._register_at(worker_id, shard, capacity, now_wall_ms,
-                                                 status, incarnation, None, timeout)
+                record = await self._register_at(worker_id, shard, moved, timeout)
                 if record is not None:
                     return record
             # No row anywhere: create one above the mark, under this layout's key.
-            record = await self._register_at(worker_id, order[0], capacity, now_wall_ms,
-                                             status, incarnation,
-                                             await self._high_water(timeout), timeout)
+            created = fleetcodec.register_expr(capacity, now_wall_ms, status, incarnation,
+                                               await self._high_water(timeout))
+            record = await self._register_at(worker_id, order[0], created, timeout)
             if record is not None:
                 return record
         raise StoreError(f"registering {worker_id}: its row kept changing under "
                          f"{REGISTER_ATTEMPTS} attempts")
 
-    async def _register_at(self, worker_id: str, shard: int, capacity: int, now_wall_ms: int,
-                           status: MemberStatus, incarnation: str, high_water: int | None,
+    async def _register_at(self, worker_id: str, shard: int, expr: Expr,
                            timeout: float | None) -> MemberRecord | None:
-        """One registration write under ``shard`` (``register_expr``); None if its
+        """One registration write (a ``register_expr``) under ``shard``; None if its
         condition failed."""
-        expr = fleetcodec.register_expr(capacity, now_wall_ms, status, incarnation, high_water)
         try:
             resp = await self._call("update_item", timeout, TableName=self.table,
                                     Key=fleetcodec.member_key(worker_id, shard),
@@ -75,15 +73,11 @@ class DynamoFleetStore(DynamoTable):
                                 Key=fleetcodec.high_water_key(), ConsistentRead=True)
         return fleetcodec.decode_high_water(resp.get("Item"))
 
-    async def heartbeat(self, worker_id: str, epoch: int, status: MemberStatus, streams: int,
-                        capacity: int, handoffs: int, now_wall_ms: int,
-                        timeout: float | None = None,
-                        bulletin: str | None = None, shard: int = 0) -> HeartbeatResult:
-        expr = fleetcodec.heartbeat_expr(epoch, status, streams, capacity, handoffs,
-                                         now_wall_ms, bulletin)
+    async def heartbeat(self, beat: Heartbeat, timeout: float | None = None) -> HeartbeatResult:
+        expr = fleetcodec.heartbeat_expr(beat)
         try:
             resp = await self._call("update_item", timeout, TableName=self.table,
-                                    Key=fleetcodec.member_key(worker_id, shard),
+                                    Key=fleetcodec.member_key(beat.worker_id, beat.shard),
                                     ReturnValues="UPDATED_NEW", **expr.update_kwargs())
         except ConditionFailed:
             return HeartbeatResult(HeartbeatOutcome.FENCED)

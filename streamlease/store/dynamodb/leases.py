@@ -18,7 +18,7 @@ from streamlease.core.model import OwnedStream, StreamRecord, Tenure, stream_key
 from streamlease.errors import StoreError, StoreThrottled, StoreUnavailable
 from streamlease.store import codec
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
-from streamlease.store.protocols import Acquired, RenewResult, SinkOutcome
+from streamlease.store.protocols import Acquired, RenewResult, SinkOutcome, TakeOver
 
 BATCH_GET_KEYS = 100  # DynamoDB's limit on the keys of one BatchGetItem
 # Waits before asking again for keys a BatchGetItem left unprocessed (DynamoDB does that
@@ -219,14 +219,13 @@ class DynamoLeaseStore(DynamoTable):
             return False
         return True
 
-    async def take_over(self, stream_id: str, dead_owner: str, fenced_epoch: int, owner: str,
-                        now_wall_ms: int, timings: LeaseTimings, timeout: float | None = None,
-                        epoch: int = 0) -> Acquired | None:
-        expiry = expiry_for(now_wall_ms, timings)
-        expr = codec.take_over_expr(dead_owner, fenced_epoch, owner, epoch, expiry)
+    async def take_over(self, claim: TakeOver, timeout: float | None = None) -> Acquired | None:
+        owner, expiry = claim.owner, expiry_for(claim.now_wall_ms, claim.timings)
+        expr = codec.take_over_expr(claim.dead_owner, claim.fenced_epoch, owner, claim.epoch,
+                                    expiry)
         try:
             resp = await self._call(
-                "update_item", timeout, TableName=self.table, Key=codec.key(stream_id),
+                "update_item", timeout, TableName=self.table, Key=codec.key(claim.stream_id),
                 ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 **expr.update_kwargs(),
             )
@@ -237,7 +236,8 @@ class DynamoLeaseStore(DynamoTable):
             return None
         record = codec.decode_record(resp["Attributes"])
         if record is None:
-            raise StoreError(f"take-over of {stream_id} returned an item without a stream key")
+            raise StoreError(f"take-over of {claim.stream_id} returned an item without a "
+                             "stream key")
         return acquired(record, owner, expiry)
 
     async def scan_pages(self, timeout: float | None = None,

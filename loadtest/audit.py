@@ -1,14 +1,21 @@
-"""Tracing in the load test: linked hand-offs in the chaos run, and what tracing costs.
+"""The load test's auditor: which figures are correctness figures, and what a run's traces
+show of its hand-offs.
 
-**The chaos run** (``loadtest.chaos.run_chaos`` with ``--tracing on``, the default) exports
-its workers' spans to an OTLP/HTTP receiver on loopback (``loadtest.otlp``). Afterwards,
-per SIGTERM of the schedule (the rolling deploy), each stream the worker released on the way
-out (its log's ``lease.released`` with reason ``shutdown``: counted from the logs, so a
-hand-off whose spans never arrived counts too) is a hand-off. It is *linked* when the
-trace shows it end to end: the old holder's ``streamlease.release`` span (reason
-``shutdown``, released), an ``streamlease.acquire`` span on another worker whose link names
-that release span, and a ``streamlease.first_flush`` for the stream in the acquisition's
-trace on the same worker. ``tracing.handoffs_linked`` is the linked share (target 1.0).
+**Correctness** (``correctness_failures``): every scenario section's sink audit
+(``CORRECTNESS``: lost, duplicated, out of order, stale writes accepted, fleet-caused gaps),
+job slots run twice and changes lost; per sink, lost, duplicated within one tenure, stale
+writes accepted, and duplicated for the exactly-once ones; per upstream resume mode, what
+``upstream_correctness_keys`` names. A run with any of them non-zero exits non-zero.
+
+**Traces of the chaos run** (``chaos_figures``; the workers export their spans to an
+OTLP/HTTP receiver on loopback, ``loadtest.otlp``). Per SIGTERM of the schedule (the rolling
+deploy), each stream the worker released on the way out (its log's ``lease.released`` with
+reason ``shutdown``: counted from the logs, so a hand-off whose spans never arrived counts
+too) is a hand-off. It is *linked* when the trace shows it end to end: the old holder's
+``streamlease.release`` span (reason ``shutdown``, released), an ``streamlease.acquire``
+span on another worker whose link names that release span, and a
+``streamlease.first_flush`` for the stream in the acquisition's trace on the same worker.
+``tracing.handoffs_linked`` is the linked share (target 1.0).
 
 Per kill -9 of the schedule, each survivor's ``streamlease.takeover`` span for the victim
 (a root) with its child ``streamlease.acquire`` spans (``how=takeover``) is a take-over.
@@ -17,39 +24,84 @@ The slowest hand-off (release start to first flush end) and the slowest take-ove
 the last first flush in the take-over's trace) are kept in the JSON as span timelines
 (``tracing.slowest_handoff``, ``tracing.slowest_takeover``), which the report draws
 (``latest-trace.png``).
-
-**The ``tracing`` scenario**: one worker replaying the same backlog into the no-op Python
-processor (the throughput scenario's ``python_processor`` phase) with tracing off and on
-(default sampling, exporting to the receiver), alternating off, on, on, off so a drift of
-the machine's load cancels out: ``tracing.throughput_ratio`` = on / off (target >= 0.95).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.common import Server
-from loadtest.otlp import Receiver, Span
+from loadtest.fleet import pct
+from loadtest.otlp import Span
+from loadtest.registry import REPLAYING_MODES, UPSTREAM_MODES, get_path
+from streamlease.core.sinks import EXACTLY_ONCE
 
+CORRECTNESS = ("lost", "duplicated", "out_of_order", "stale_accepted", "fleet_caused_gaps")
+# A scenario section's own correctness figures, beyond the sink audit's.
+SECTION_CORRECTNESS = (*CORRECTNESS, "double_runs", "lost_changes")
+# Sections one level down that carry an audit of their own.
+NESTED_SECTIONS = ("balance.during_startup", "change_feed.off")
+# Per sink (``sinks.<name>``): messages lost, duplicated within one tenure, stale writes
+# accepted; ``duplicated`` too for the exactly-once sinks (the others may duplicate across
+# a takeover).
+SINK_CORRECTNESS = ("lost", "dup_outside_takeover", "stale_accepted")
 # Spans of one stream shown in a take-over's picture at most (the slowest ones).
 TAKEOVER_STREAMS_SHOWN = 6
 UNLINKED_LISTED = 10
-# The tracing scenario: backlogged streams, seconds per phase, phase order.
-COST_STREAMS = 10
-COST_SECONDS = 10.0
-COST_BACKLOG = 400_000
-COST_ORDER = ("off", "on", "on", "off")
 
 
-def without_otel(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without any ``OTEL_*`` variable: tracing off, whatever the caller set."""
-    return {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+def sink_kind(name: str) -> str:
+    """The sink kind of a scenario sink name (``sqs_fifo`` is an ``sqs`` sink)."""
+    return name.split("_", 1)[0]
+
+
+def exactly_once(name: str) -> bool:
+    return sink_kind(name) in EXACTLY_ONCE
+
+
+def upstream_correctness_keys(mode: str, section: dict[str, Any]) -> tuple[str, ...]:
+    """Per resume mode: what must be 0 (``lost`` only where the feed replays;
+    ``lost_outside_gaps`` where it cannot)."""
+    keys = ("duplicated", "out_of_order", "stale_accepted", "mismatched")
+    replays = section.get("replays", mode in REPLAYING_MODES)
+    return (*keys, "lost") if replays else (*keys, "lost_outside_gaps")
+
+
+def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
+    """Every non-zero correctness figure, top-level (chaos), in a scenario's section, of a
+    sink (``sinks.<name>.<figure>``) or of an upstream mode (``upstreams.<mode>.<figure>``)."""
+    bad = {k: result[k] for k in CORRECTNESS if result.get(k)}
+    for name, section in result.items():
+        if isinstance(section, dict):
+            bad.update({f"{name}.{k}": section[k] for k in SECTION_CORRECTNESS
+                        if section.get(k)})
+    for path in NESTED_SECTIONS:
+        section = get_path(result, path)
+        if isinstance(section, dict):
+            bad.update({f"{path}.{k}": section[k] for k in SECTION_CORRECTNESS
+                        if section.get(k)})
+    sinks = result.get("sinks")
+    for name, found in (sinks.items() if isinstance(sinks, dict) else ()):
+        if not isinstance(found, dict):
+            continue
+        keys: tuple[str, ...] = SINK_CORRECTNESS
+        if found.get("exactly_once", exactly_once(name)):
+            keys = (*keys, "duplicated")
+        bad.update({f"sinks.{name}.{k}": found[k] for k in keys if found.get(k)})
+    upstreams = result.get("upstreams")
+    for mode, found in (upstreams.items() if isinstance(upstreams, dict) else ()):
+        if isinstance(found, dict) and mode in UPSTREAM_MODES:
+            bad.update({f"upstreams.{mode}.{k}": found[k]
+                        for k in upstream_correctness_keys(mode, found) if found.get(k)})
+    return bad
+
+
+# -- the chaos run's traces -------------------------------------------------------------------
 
 
 def released_on_shutdown(log: Path) -> list[str]:
@@ -212,7 +264,7 @@ def takeover_timeline(t: Takeover, victim: str) -> dict[str, Any]:
 
 
 def chaos_figures(spans: list[Span], sigterms: list[tuple[str, list[str]]],
-                  kills: list[tuple[str, int | None]], rejected: int = 0) -> dict[str, Any]:
+                  kills: Sequence[tuple[str, int | None]], rejected: int = 0) -> dict[str, Any]:
     """The ``tracing`` section of the chaos run. ``sigterms``: per SIGTERM of the schedule,
     the worker and the streams it logged releasing on shutdown; ``kills``: per kill -9, the
     victim and the wall time of the kill (epoch ns, None if unknown)."""
@@ -229,7 +281,7 @@ def chaos_figures(spans: list[Span], sigterms: list[tuple[str, list[str]]],
         "takeovers": len(takeovers),
         "takeover_streams": sum(len(t.acquired) for t in takeovers),
         "spans_received": len(spans),
-        "spans_by_name": _count(s.what for s in spans),
+        "spans_by_name": dict(sorted(Counter(s.what for s in spans).items())),
         "exports_rejected": rejected,
     }
     if linked:
@@ -243,16 +295,7 @@ def chaos_figures(spans: list[Span], sigterms: list[tuple[str, list[str]]],
     return out
 
 
-def _count(names: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
-
-
 def _percentiles(values: list[float]) -> dict[str, float | None]:
-    from loadtest.fleet import pct
-
     return {"p50": pct(values, 50), "p99": pct(values, 99),
             "max": round(max(values), 2) if values else None}
 
@@ -261,60 +304,3 @@ def wall_ns(monotonic_from_start: float, fleet_now: float) -> int:
     """The wall time (epoch ns) of a moment ``monotonic_from_start`` seconds into a fleet's
     run, read now when the run is ``fleet_now`` seconds in (the spans carry wall times)."""
     return time.time_ns() - int((fleet_now - monotonic_from_start) * 1e9)
-
-
-# -- the tracing scenario: throughput with tracing on / off ---------------------------------
-
-
-async def measure_tracing_cost(env: dict[str, str], quick: bool) -> dict[str, Any]:
-    """One worker, the no-op Python processor, the same backlog: delivered msgs/s with
-    tracing off and on (default sampling), in ``COST_ORDER``."""
-    from loadtest.throughput import PYTHON_PROCESSOR_ENV, ROOT, _worker_phase
-
-    seconds = 4.0 if quick else COST_SECONDS
-    base = without_otel(env)
-    path = os.pathsep.join(p for p in (str(ROOT), base.get("PYTHONPATH", "")) if p)
-    extra = {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path}
-    backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
-                     "--initial-backlog", str(COST_BACKLOG))
-    rates: dict[str, list[float]] = {"off": [], "on": []}
-    cpu: dict[str, list[float]] = {"off": [0.0, 0.0], "on": [0.0, 0.0]}  # msgs, CPU s
-    spans_per_run: list[int] = []
-    load_before = os.getloadavg()[0]
-    try:
-        with Receiver() as receiver:
-            for i, mode in enumerate(COST_ORDER):
-                print(f"tracing: no-op processor, tracing {mode} ({i + 1}/{len(COST_ORDER)}) "
-                      "...", flush=True)
-                before = len(receiver.spans())
-                # The SDK's default batch delay: what a deployment runs with.
-                phase_env = {**base, **receiver.env(None)} if mode == "on" else base
-                found = await _worker_phase(phase_env, backlog.url, COST_STREAMS, seconds,
-                                            extra, COST_STREAMS)
-                rates[mode].append(found["msgs_per_s"])
-                cpu[mode][0] += found["messages"]
-                cpu[mode][1] += found["cpu_s"]
-                if mode == "on":
-                    spans_per_run.append(len(receiver.spans()) - before)
-            names = sorted({s.what for s in receiver.spans()})
-    finally:
-        backlog.stop()
-    if not all(spans_per_run):
-        raise RuntimeError(f"a run with tracing on exported no span ({spans_per_run}): the "
-                           "ratio would compare tracing off with itself")
-    mean = {m: sum(v) / len(v) for m, v in rates.items()}
-    per_cpu = {m: msgs / s if s else 0.0 for m, (msgs, s) in cpu.items()}
-    return {"tracing": {
-        "throughput_ratio": round(mean["on"] / mean["off"], 3) if mean["off"] else None,
-        "throughput": {
-            "msgs_per_s": {m: round(v) for m, v in mean.items()},
-            "runs": {m: [round(x) for x in v] for m, v in rates.items()},
-            "order": list(COST_ORDER),
-            "msgs_per_cpu_s": {m: round(v) for m, v in per_cpu.items()},
-            "cpu_ratio": round(per_cpu["on"] / per_cpu["off"], 3) if per_cpu["off"] else None,
-            "spans_per_run_on": spans_per_run, "span_names": names,
-            "sampler": "parentbased_always_on (the default)",
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "streams": COST_STREAMS, "seconds": seconds,
-            "sink": PYTHON_PROCESSOR_ENV["STREAMLEASE_SINK"],
-        }}}
