@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from streamlease.core import layout
@@ -353,9 +354,22 @@ def leader_acquire_expr(owner: str, ttl_ms: int, now_ms: int, seen: LeaderRecord
                 names=_used(_LEADER_NAMES, condition, update), values=values)
 
 
-def leader_acquire_item(table: str, name: str, lease: Expr) -> dict[str, Any]:
-    """The lease's part of an acquisition (its ``leader_acquire_expr``), as a transaction
+@dataclass(frozen=True)
+class LeaderAcquisition:
+    """One attempt at a leader lease: ``leader_acquire_expr``'s arguments."""
+
+    owner: str
+    ttl_ms: int
+    now_ms: int
+    seen: LeaderRecord | None
+    fence: int
+
+
+def leader_acquire_item(table: str, name: str, attempt: LeaderAcquisition) -> dict[str, Any]:
+    """The lease's part of an acquisition (``leader_acquire_expr``), as a transaction
     item: it goes together with ``fence_mark_item`` for the same fence."""
+    lease = leader_acquire_expr(attempt.owner, attempt.ttl_ms, attempt.now_ms, attempt.seen,
+                                attempt.fence)
     return {"Update": {"TableName": table, "Key": leader_key(name), **lease.update_kwargs()}}
 
 

@@ -5,18 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from streamlease.core import layout
 from streamlease.core.layout import Replica
 from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from streamlease.errors import StoreError, StoreThrottled
 from streamlease.store import fleetcodec
-from streamlease.store.codec import Expr, s
+from streamlease.store.codec import s
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
 from streamlease.store.protocols import Heartbeat, HeartbeatResult
 
 REGISTER_ATTEMPTS = 5
+
+
+class Registration(NamedTuple):
+    """A registration's ``fleetcodec.register_expr`` arguments."""
+
+    capacity: int
+    now_ms: int
+    status: MemberStatus
+    incarnation: str
+    high_water: int | None
 
 
 class DynamoFleetStore(DynamoTable):
@@ -32,25 +42,24 @@ class DynamoFleetStore(DynamoTable):
         # mark and the create; a row deleted or created concurrently fails a condition and
         # the loop goes round again.
         order = layout.search_order(worker_id, await self.layout(timeout))
-        moved = fleetcodec.register_expr(capacity, now_wall_ms, status, incarnation, None)
+        moved = Registration(capacity, now_wall_ms, status, incarnation, None)
         for _ in range(REGISTER_ATTEMPTS):
             for shard in order:  # move an existing row on, wherever it lives
                 record = await self._register_at(worker_id, shard, moved, timeout)
                 if record is not None:
                     return record
             # No row anywhere: create one above the mark, under this layout's key.
-            created = fleetcodec.register_expr(capacity, now_wall_ms, status, incarnation,
-                                               await self._high_water(timeout))
+            created = moved._replace(high_water=await self._high_water(timeout))
             record = await self._register_at(worker_id, order[0], created, timeout)
             if record is not None:
                 return record
         raise StoreError(f"registering {worker_id}: its row kept changing under "
                          f"{REGISTER_ATTEMPTS} attempts")
 
-    async def _register_at(self, worker_id: str, shard: int, expr: Expr,
+    async def _register_at(self, worker_id: str, shard: int, registration: Registration,
                            timeout: float | None) -> MemberRecord | None:
-        """One registration write (a ``register_expr``) under ``shard``; None if its
-        condition failed."""
+        """One registration write under ``shard``; None if its condition failed."""
+        expr = fleetcodec.register_expr(*registration)
         try:
             resp = await self._call("update_item", timeout, TableName=self.table,
                                     Key=fleetcodec.member_key(worker_id, shard),

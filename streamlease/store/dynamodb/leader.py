@@ -60,10 +60,10 @@ class DynamoLeaderBackend(DynamoTable):
         ttl_ms = round(ttl_s * 1000)
         for _ in range(ACQUIRE_ATTEMPTS):
             fence = next_fence(current, high_water, now_wall_ms)
-            lease = fleetcodec.leader_acquire_expr(owner, ttl_ms, now_wall_ms, seen, fence)
+            attempt = fleetcodec.LeaderAcquisition(owner, ttl_ms, now_wall_ms, seen, fence)
             try:
                 await self._call("transact_write_items", timeout, TransactItems=[
-                    fleetcodec.leader_acquire_item(self.table, name, lease),
+                    fleetcodec.leader_acquire_item(self.table, name, attempt),
                     fleetcodec.fence_mark_item(self.table, name, fence)])
             except TransactionCancelled as cancelled:
                 codes = cancelled.codes
