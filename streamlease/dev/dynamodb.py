@@ -542,26 +542,6 @@ def _find_table(backend: Any, name: Any) -> Any:
         return None
 
 
-class ConsistencyApp:
-    """WSGI middleware, innermost (under the request lock): stamps each request with the
-    time it is served, for the writes it records and the reads it lags."""
-
-    def __init__(self, app: WSGIApp, lag: ReplicaLag) -> None:
-        self.app = app
-        self.lag = lag
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        if not self.lag.consistency.enabled:
-            # No read lags (a fault control set every lag to 0): the patched paths see no
-            # request, so nothing is recorded and no view is built.
-            return list(self.app(environ, start_response))
-        _local.request = _Request(self.lag, self.lag.clock())
-        try:
-            return list(self.app(environ, start_response))
-        finally:
-            _local.request = None
-
-
 def _viewed_get_table(self: Any, table_name: str) -> Any:
     request = _current()
     if request is not None and request.views and table_name in request.views:
@@ -658,7 +638,7 @@ def _streams_request() -> _StreamsRequest | None:
 
 
 def _pending_add(self: Any, old: Any, new: Any) -> None:
-    """moto's per-write hook, deferred to the end of the request (see ``StreamRecordsApp``)."""
+    """moto's per-write hook, deferred to the end of the request (see ``RequestContextApp``)."""
     request = _streams_request()
     if request is None:
         _original_shard_add(self, old, new)
@@ -707,15 +687,21 @@ def _flush(request: _StreamsRequest) -> None:
         _trim(shard, request.retention, request.now)
 
 
-class StreamRecordsApp:
-    """WSGI middleware, innermost (under the request lock): collects the stream records a
-    request's writes produce and writes them when, and only if, the request succeeded."""
+class RequestContextApp:
+    """WSGI middleware, innermost (under the request lock): what the patched moto paths know
+    of the request they serve. While some read lags, the time it is served, for the writes
+    it records and the reads it lags (at lag 0 they see no request: nothing is recorded, no
+    view is built). And the stream records its writes produce, written when, and only if,
+    the request succeeded."""
 
-    def __init__(self, app: WSGIApp, retention: StreamRetention) -> None:
+    def __init__(self, app: WSGIApp, lag: ReplicaLag, retention: StreamRetention) -> None:
         self.app = app
+        self.lag = lag
         self.retention = retention
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if self.lag.consistency.enabled:
+            _local.request = _Request(self.lag, self.lag.clock())
         request = _StreamsRequest(self.retention, self.retention.clock())
         status: list[int] = []
 
@@ -731,6 +717,7 @@ class StreamRecordsApp:
             return body
         finally:
             _streams_local.request = None
+            _local.request = None
 
 
 class StreamsRoutingApp:
@@ -758,10 +745,9 @@ def _stream_table(backend: Any, arn: str) -> Any:
     """The table whose current stream ``arn`` names, else ResourceNotFoundException."""
     parts = str(arn).split(":", 5)
     path = parts[5].split("/") if len(parts) == 6 else []
-    if len(path) < 4 or path[0] != "table" or path[2] != "stream":
-        raise _StreamsError("ResourceNotFoundException", f"Requested resource not found: "
-                            f"Stream: {arn} not found")
-    table = backend.dynamodb.tables.get(path[1])
+    table = None
+    if len(path) >= 4 and path[0] == "table" and path[2] == "stream":
+        table = backend.dynamodb.tables.get(path[1])
     if (table is None or table.stream_shard is None
             or table.latest_stream_label != "/".join(path[3:])):
         raise _StreamsError("ResourceNotFoundException", f"Requested resource not found: "
@@ -849,8 +835,8 @@ def _get_records(self: Any, iterator_arn: str, limit: int) -> dict[str, Any]:
 
 def install_patches() -> None:
     """Patch moto, once in this process (see the module doc). Requests served without this
-    server's middleware (direct backend calls; without a ``ConsistencyApp``, without a
-    ``StreamRecordsApp``) take moto's own paths: current reads, stream records at once."""
+    server's ``RequestContextApp`` (direct backend calls) take moto's own paths: current
+    reads, stream records at once."""
     global _patched
     with _PATCH_LOCK:
         if _patched:
@@ -1111,12 +1097,8 @@ class EmbeddedDynamoDB:
         options = self.options
         app: WSGIApp = StreamsRoutingApp(create_backend_app("dynamodb"),
                                          create_backend_app("dynamodbstreams"))
-        app = StreamRecordsApp(app, self.stream_retention)
+        app = RequestContextApp(app, self.replica_lag, self.stream_retention)
         control = self.fault_control
-        if self.consistency.enabled or control is not None:
-            # With a fault control the lags may be set at any moment; at 0 the app only
-            # checks ``consistency.enabled`` (see ConsistencyApp).
-            app = ConsistencyApp(app, self.replica_lag)
         if control is not None:
             app = ServedFaultsApp(app, control, self.replica_lag, self.stream_retention)
             return FaultsApp(SerializedApp(app) if options.serialize else app, control)

@@ -295,10 +295,6 @@ def _route(path: str) -> tuple[Mode, str] | None:
     return None
 
 
-def _format_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 def _json_object(message: str | bytes) -> dict[str, Any] | None:
     if not isinstance(message, str):
         return None
@@ -463,13 +459,8 @@ class _Feed:
         return stream
 
     def stats(self) -> dict[str, Any]:
-        """Head, and per mode: open connections, connections opened, refused and timed out,
-        and per stream frames sent; ``streams`` at the top level is the default mode's.
-
-        For every mode but the default, each stream also has ``control_sent`` (heartbeats and
-        heartbeat acks) and ``subscriptions``: the first message number offered to each
-        subscription, oldest first (the last 1000). Under ``live`` and ``binary`` that is the
-        first number due after it subscribed: all a client of it could have seen."""
+        """What ``/stats`` answers (docs/upstream-protocol.md); ``streams`` at the top level
+        is the default mode's."""
         head = self.head()
         by_mode: dict[Mode, dict[str, Any]] = {mode: {} for mode in MODES}
         for (mode, sid), stream in sorted(self._streams.items()):
@@ -649,7 +640,7 @@ class _Sessions:
                 await conn.ws.send(_dumps({"result": None, "id": obj["id"]}))
         if mode != "streams":
             stream.subscriptions.append(start)
-        helpers.append(asyncio.create_task(self._read_until_closed(conn)))
+        helpers.append(asyncio.create_task(self._read(conn)))
         return start
 
     async def _first_message(self, conn: _Connection) -> str | bytes | None:
@@ -691,7 +682,7 @@ class _Sessions:
         await ws.send(_dumps({"op": 9, "t": "READY"}))
         start = self.feed._replay_start(stream, from_seq)
         stream.subscriptions.append(start)
-        helpers.append(asyncio.create_task(self._read_gateway(conn)))
+        helpers.append(asyncio.create_task(self._read(conn)))
         return start
 
     async def _gateway_watchdog(self, conn: _Connection) -> None:
@@ -707,10 +698,15 @@ class _Sessions:
         self.feed._counters["gateway"].timed_out += 1
         self.feed._end(conn, GATEWAY_HEARTBEAT_TIMEOUT, "no heartbeat in time")
 
-    async def _read_gateway(self, conn: _Connection) -> None:
-        """Answer each heartbeat ``{"op":1}`` with ``{"op":11}``; discard anything else."""
+    @staticmethod
+    async def _read(conn: _Connection) -> None:
+        """Read until the connection closes (so closing handshakes go through), then note it.
+        The gateway answers each heartbeat ``{"op":1}`` with ``{"op":11}``; anything else is
+        discarded."""
         try:
             async for message in conn.ws:
+                if conn.stream.mode != "gateway":
+                    continue
                 obj = _json_object(message)
                 if obj is None or not _is_int(obj.get("op")) or obj["op"] != 1:
                     continue
@@ -718,18 +714,6 @@ class _Sessions:
                 if not conn.stream.paused() and conn.drop_mode is None:
                     await conn.ws.send('{"op":11}')
                     conn.stream.control_sent += 1
-        except ConnectionClosed:
-            pass
-        finally:
-            conn.closed = True
-            conn.wake.set()
-
-    @staticmethod
-    async def _read_until_closed(conn: _Connection) -> None:
-        """Discard whatever the client sends (so closing handshakes go through); note closure."""
-        try:
-            async for _ in conn.ws:
-                pass
         except ConnectionClosed:
             pass
         finally:
@@ -859,7 +843,8 @@ class UpstreamServer(_Feed):
 
     @property
     def base_url(self) -> str:
-        return f"ws://{_format_host(self._host)}:{self.port}"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"ws://{host}:{self.port}"
 
     def url_for(self, stream_id: str, from_seq: int | None = None, *,
                 mode: str = DEFAULT_MODE) -> str:
