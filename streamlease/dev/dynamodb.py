@@ -366,7 +366,6 @@ def _keyed_query(self: Any, *args: Any, **kwargs: Any) -> Any:
     return _original_query(_KeyedView(self, items), *args, **kwargs)
 
 
-
 # -- Eventual consistency -----------------------------------------------------------------
 
 Key = tuple[Any, Any]  # (hash DynamoType, range DynamoType or None)
@@ -406,11 +405,8 @@ class _History:
 
 
 class ReplicaLag:
-    """The tables as eventually consistent reads see them (see the module doc).
-
-    Every method runs under the server's request lock; a lock of its own keeps the
-    history whole when the server runs without one (``--no-lock``, a test of races).
-    """
+    """The tables as eventually consistent reads see them (see the module doc). A lock of
+    its own keeps the history whole also without the request lock (``--no-lock``)."""
 
     def __init__(self, consistency: Consistency, clock: Callable[[], float],
                  rng: random.Random) -> None:
@@ -1176,13 +1172,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--port must be 0-65535, got {args.port}")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         parser.error(f"--host must be a loopback address, got {args.host!r}")
-    if not 0.0 <= args.latency_ms <= MAX_LATENCY_MS:
-        parser.error(f"--latency-ms must be 0-{MAX_LATENCY_MS:g}, got {args.latency_ms:g}")
-    for option in ("index_lag_ms", "index_lag_jitter_ms", "stale_reads_ms"):
+    for option, limit in (("latency_ms", MAX_LATENCY_MS), ("index_lag_ms", MAX_LAG_MS),
+                          ("index_lag_jitter_ms", MAX_LAG_MS), ("stale_reads_ms", MAX_LAG_MS)):
         value = getattr(args, option)
-        if not 0.0 <= value <= MAX_LAG_MS:  # also refuses nan
+        if not 0.0 <= value <= limit:  # also refuses nan
             flag = "--" + option.replace("_", "-")
-            parser.error(f"{flag} must be 0-{MAX_LAG_MS:g}, got {value:g}")
+            parser.error(f"{flag} must be 0-{limit:g}, got {value:g}")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     server = EmbeddedDynamoDB(ServerOptions(

@@ -39,12 +39,10 @@ from websockets.http11 import Request, Response
 
 log = logging.getLogger(__name__)
 
-STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-"""Stream ids the server accepts (matched against the whole id)."""
+STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # matched against the whole id
 
 Mode = Literal["streams", "subscribe", "gateway", "live", "binary"]
-MODES: tuple[Mode, ...] = ("streams", "subscribe", "gateway", "live", "binary")
-"""Every mode; a mode's path is ``/<mode>/<stream_id>``."""
+MODES: tuple[Mode, ...] = ("streams", "subscribe", "gateway", "live", "binary")  # /<mode>/<id>
 DEFAULT_MODE: Mode = "streams"
 _HEARTBEATS: frozenset[str] = frozenset({"subscribe", "live", "binary"})
 
@@ -55,28 +53,23 @@ _BINARY_MALFORMED_KINDS: tuple[str, ...] = ("notjson", "array")
 
 POISON_SEQ = 2**63 - 1
 
-BINARY_MAGIC = b"SLB1"
-"""The first four bytes of every binary data frame; the next eight are ``n``, big-endian."""
+BINARY_MAGIC = b"SLB1"  # a binary data frame's first four bytes; then n, 8 bytes big-endian
 _BINARY_PAYLOAD_BYTES = 32
 
-HEARTBEAT_EVERY = 5
-"""Data frames of one connection between two heartbeats (subscribe, live, binary)."""
+HEARTBEAT_EVERY = 5  # data frames of one connection between two heartbeats
 DEFAULT_IDLE_HEARTBEAT_S = 1.0
 DEFAULT_GATEWAY_HEARTBEAT_MS = 1000
-GATEWAY_MISSED_HEARTBEATS = 3
-"""The gateway closes a connection that sent no heartbeat for this many intervals."""
+GATEWAY_MISSED_HEARTBEATS = 3  # intervals without a heartbeat before the gateway closes
 
 POLICY_VIOLATION = 1008
 GATEWAY_DECODE_ERROR = 4002
 GATEWAY_AUTH_FAILED = 4004
 GATEWAY_HEARTBEAT_TIMEOUT = 4009
 
-YIELD_EVERY = 64
-"""A sender yields to the event loop after this many sends (a tight send loop starves others)."""
+YIELD_EVERY = 64  # sends between yields to the loop (a tight send loop starves the others)
 
 DROP_CLOSE_CODE = 1011
-HANDSHAKE_TIMEOUT_S = 10.0
-"""How long ``subscribe`` and ``live`` wait for the client's subscription."""
+HANDSHAKE_TIMEOUT_S = 10.0  # how long subscribe and live wait for the subscription
 _MAX_MALFORMED_COUNT = 1_000_000
 _MAX_PAUSE_SECONDS = 3600.0
 _MAX_GATEWAY_HEARTBEAT_MS = 3_600_000
