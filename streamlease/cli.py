@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 from streamlease import __version__, jobcli
-from streamlease.clock import Clock
+from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import (
     WorkerConfig,
     allowed_prefixes,
@@ -340,6 +340,13 @@ async def _ctl_stop(tables: Tables, args: argparse.Namespace) -> int:
     return EXIT_FAILED if missing else EXIT_OK
 
 
+def _print_rows(rows: Sequence[tuple[str, ...]]) -> None:
+    """``rows`` as aligned columns, the first row the header."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
 def _lease_left_s(record: StreamRecord, now_ms: int) -> float | None:
     if record.lease_expires_at_ms is None:
         return None
@@ -369,7 +376,6 @@ def record_json(record: StreamRecord, now_ms: int) -> dict[str, Any]:
 
 
 async def _ctl_list(tables: Tables, args: argparse.Namespace) -> int:
-    from streamlease.clock import SYSTEM_CLOCK
     async with _store(tables) as store:
         records = await store.list_streams()
     now_ms = SYSTEM_CLOCK.wall_ms()
@@ -389,14 +395,11 @@ async def _ctl_list(tables: Tables, args: argparse.Namespace) -> int:
             "-" if r.last_seq is None else str(r.last_seq),
             (r.last_error or "")[:60],
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_rows(rows)
     return EXIT_OK
 
 
 async def _ctl_owners(tables: Tables, args: argparse.Namespace) -> int:
-    from streamlease.clock import SYSTEM_CLOCK
     async with _store(tables) as store:
         records = await store.list_streams()
     now_ms = SYSTEM_CLOCK.wall_ms()
@@ -444,7 +447,6 @@ def member_json(report: roster.MemberReport) -> dict[str, Any]:
 
 
 async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
-    from streamlease.clock import SYSTEM_CLOCK
     window = args.observe if args.observe is not None else \
         OBSERVE_HEARTBEATS * member_heartbeat_value()
     # Member rows only (and the leader lease): never the streams table, whose Scan grows
@@ -471,9 +473,7 @@ async def _ctl_members(tables: Tables, args: argparse.Namespace) -> int:
                  str(sum(r.share for r in reports)),
                  str(sum(r.member.capacity for r in reports if r.member.live_status)),
                  "", "", ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_rows(rows)
     counts = ", ".join(f"{sum(r.liveness == state for r in reports)} {state}"
                        for state in ("alive", "silent", "dead"))
     watched = reads[-1].received_at - reads[0].received_at
@@ -500,7 +500,6 @@ async def _leader_text() -> str:
 
 
 async def _ctl_show(tables: Tables, args: argparse.Namespace) -> int:
-    from streamlease.clock import SYSTEM_CLOCK
     async with _store(tables) as store:
         record = await store.get(args.id)
     if record is None:

@@ -1,34 +1,18 @@
 """``make run``: a whole fleet on loopback, with a live view of who owns what.
 
-Starts the embedded DynamoDB, the reference upstream with a dozen streams, registers
-them, and runs several ``streamlease run`` worker processes. Every second it prints the
-streams table (state, owner, fence, last_seq, messages/s, lease left) and the
-takeovers since the last refresh. ``--kill-every N`` kills a random worker with SIGKILL
-every N seconds and starts a replacement, so self-healing happens in front of you;
-``--flip-every N`` stops a random stream and restarts it a cycle later. In a terminal,
-keys act at once: ``k`` kill -9 a worker, ``+`` add one, ``-`` SIGTERM one, ``s`` stop a
-random stream, ``r`` restart every stopped stream, ``q`` quit. ``--feed NAME`` serves the
-streams from one of the upstream's test feeds instead of its default protocol (``subscribe``,
-``gateway``, ``live`` or ``binary``): the upstream then requires a token, and the workers speak
-the feed's profile from ``examples/profiles.toml`` of the source checkout, with the token in
-``FEED_TOKEN``. ``--leader mongodb`` keeps the fleet leader lease on MongoDB instead of the
-fleet table: the demo starts a MongoDB wire server (SecantusDB, from the lock's test
-dependencies) on loopback and shows the leader and its fence as that server has them;
-``--leader URL`` (``mongodb://...`` or ``redis://...``) uses a server already running.
+Starts the embedded DynamoDB and the reference upstream, registers the streams, runs
+``streamlease run`` worker processes and redraws the members and the streams table every
+second; the options, keys and feeds are in docs/development.md ("`make run`, the demo").
 
 Every way out stops the workers with SIGTERM first, so they release their leases, waits
-for them (at most the workers' shutdown budget plus a margin, then SIGKILL), and only then
-stops the servers: Ctrl-C, ``q``, ``--duration``, SIGTERM, SIGHUP (a closed terminal) and a
-closed stdout (``make run | head``: the reader went away). Children run in sessions of
-their own, so a terminal's signals reach only the demo, which stops them in that order; a
-second Ctrl-C cuts the workers' drain short (SIGKILL), nothing more. If the demo itself is
-killed (SIGKILL), the kernel signals every child (Linux ``PR_SET_PDEATHSIG``): the servers
-get SIGTERM, the workers SIGKILL, because the leases live in the embedded DynamoDB that
-stops at the same moment, so a draining worker would only retry its releases against a
-closed port for its whole shutdown budget. What happened is logged to ``demo.log`` in the
-log directory: every child's pid, the stop request, each exit code and the leases the
-stopped workers still held.
-Needs no AWS account and no network.
+for them (their shutdown budget plus a margin, then SIGKILL), and only then stops the
+servers. Children run in sessions of their own, so a terminal's signals reach only the
+demo; a second Ctrl-C cuts the workers' drain short. If the demo itself is killed, the
+kernel signals every child (Linux ``PR_SET_PDEATHSIG``): the servers get SIGTERM, the
+workers SIGKILL, because the leases live in the embedded DynamoDB that stops at the same
+moment, so a draining worker would only retry its releases against a closed port for its
+whole shutdown budget. ``demo.log`` in the log directory records every child's pid, the
+stop request, each exit code and the leases the stopped workers still held.
 """
 
 from __future__ import annotations
@@ -97,6 +81,8 @@ TIMINGS = {
 WORKER_STOP_S = float(TIMINGS["STREAMLEASE_SHUTDOWN_SECONDS"]) + 5.0
 SERVER_STOP_S = 5.0
 EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KEYS = ("keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   s stop a stream   "
+        "r restart stopped   q quit")
 FEEDS = tuple(mode for mode in MODES if mode != DEFAULT_MODE)
 """The reference upstream's test feeds; each has the profile of the same name in
 EXAMPLE_PROFILES."""
@@ -232,8 +218,7 @@ class Screen:
                          f"{r.fence or 0:>5} {r.last_seq or 0:>9} {rate:>6.1f} {lease:>10}")
         lines += ["", "recent events:"] + [f"  {e}" for e in self.events]
         if self.keys_on():
-            lines += ["", "keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
-                          "s stop a stream   r restart stopped   q quit"]
+            lines += ["", KEYS]
         if self.live_table():
             self.say("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
         else:
@@ -474,8 +459,7 @@ class Demo:
             tty.setcbreak(fd)
             loop.add_reader(fd, self._read_keys, fd)
             if not self.screen.live_table():
-                self.screen.say("keys: k kill -9 a worker   + add a worker   - SIGTERM a worker   "
-                         "s stop a stream   r restart stopped   q quit\n")
+                self.screen.say(KEYS + "\n")
         try:
             await self._watch(stores)
         finally:
@@ -496,12 +480,15 @@ class Demo:
             self.keys.put_nowait(key)
         self.wake.set()
 
-    async def flip(self, store: AdminStore, records: dict[str, StreamRecord]) -> None:
-        stopped = [s for s, r in records.items() if r.stopped]
+    async def restart_stopped(self, store: AdminStore,
+                              records: dict[str, StreamRecord]) -> None:
+        for sid, r in records.items():
+            if r.stopped:
+                await store.set_state(sid, "STARTED")
+                self.screen.note(f"{sid}: STARTED again")
+
+    async def stop_one(self, store: AdminStore, records: dict[str, StreamRecord]) -> None:
         started = [s for s, r in records.items() if r.started]
-        for sid in stopped:
-            await store.set_state(sid, "STARTED")
-            self.screen.note(f"{sid}: STARTED again")
         if started:
             sid = self.rng.choice(started)
             await store.set_state(sid, "STOPPED")
@@ -519,16 +506,9 @@ class Demo:
         elif key == "+":
             self.fleet.start_worker()
         elif key == "s":
-            started = [s for s, r in records.items() if r.started]
-            if started:
-                sid = self.rng.choice(started)
-                await store.set_state(sid, "STOPPED")
-                self.screen.note(f"{sid}: STOPPED")
+            await self.stop_one(store, records)
         elif key == "r":
-            for sid, r in records.items():
-                if r.stopped:
-                    await store.set_state(sid, "STARTED")
-                    self.screen.note(f"{sid}: STARTED again")
+            await self.restart_stopped(store, records)
         return True
 
     async def read_fleet(self, stores: Stores, reads: list[FleetRead],
@@ -563,7 +543,8 @@ class Demo:
             records = {r.stream_id: r for r in await store.list_streams()}
             if next_flip is not None and now >= next_flip:
                 next_flip = now + self.args.flip_every
-                await self.flip(store, records)
+                await self.restart_stopped(store, records)
+                await self.stop_one(store, records)
             while not self.keys.empty():
                 if not await self.on_key(self.keys.get_nowait(), store, records):
                     self.stop.request("q")
@@ -633,30 +614,29 @@ def leader_choice(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make run", description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
-    parser.add_argument("--streams", type=int, default=12, help="streams (default 12)")
-    parser.add_argument("--rate", type=float, default=5.0, help="messages/s per stream")
-    parser.add_argument("--kill-every", type=float, default=0.0,
-                        help="kill -9 a random worker every N seconds (and start a new one)")
-    parser.add_argument("--flip-every", type=float, default=0.0,
-                        help="stop a random stream every N seconds, restarting the last one")
-    parser.add_argument("--duration", type=float, default=0.0,
-                        help="stop by itself after N seconds (0: run until Ctrl-C)")
-    parser.add_argument("--headless", action="store_true",
-                        help="one summary line a second instead of the live table")
-    parser.add_argument("--log-dir", default=".run", help="worker and server logs")
-    parser.add_argument("--sink", default="dynamodb",
-                        help="where the workers deliver (STREAMLEASE_SINK): dynamodb (the "
-                             "events table), file:///DIR, stdout (into each worker's log), "
-                             "python:MODULE:ATTR, ...")
-    parser.add_argument("--leader", type=leader_choice, default="dynamodb",
-                        help="where the fleet leader lease lives: dynamodb (the fleet table, "
-                             "default), mongodb (a MongoDB wire server the demo starts), or "
-                             "a mongodb:// or redis:// URL of a running server")
-    parser.add_argument("--feed", choices=FEEDS,
-                        help="serve the streams from this test feed of the upstream, through "
-                             "its profile in examples/profiles.toml (default: the built-in "
-                             "protocol)")
+    add = parser.add_argument
+    add("--workers", type=int, default=3, help="worker processes (default 3)")
+    add("--streams", type=int, default=12, help="streams (default 12)")
+    add("--rate", type=float, default=5.0, help="messages/s per stream")
+    add("--kill-every", type=float, default=0.0,
+        help="kill -9 a random worker every N seconds (and start a new one)")
+    add("--flip-every", type=float, default=0.0,
+        help="stop a random stream every N seconds, restarting the last one")
+    add("--duration", type=float, default=0.0,
+        help="stop by itself after N seconds (0: run until Ctrl-C)")
+    add("--headless", action="store_true",
+        help="one summary line a second instead of the live table")
+    add("--log-dir", default=".run", help="worker and server logs")
+    add("--sink", default="dynamodb",
+        help="where the workers deliver (STREAMLEASE_SINK): dynamodb (the events table), "
+             "file:///DIR, stdout (into each worker's log), python:MODULE:ATTR, ...")
+    add("--leader", type=leader_choice, default="dynamodb",
+        help="where the fleet leader lease lives: dynamodb (the fleet table, default), "
+             "mongodb (a MongoDB wire server the demo starts), or a mongodb:// or redis:// "
+             "URL of a running server")
+    add("--feed", choices=FEEDS,
+        help="serve the streams from this test feed of the upstream, through its profile in "
+             "examples/profiles.toml (default: the built-in protocol)")
     args = parser.parse_args(argv)
     try:
         parse_sink(args.sink)

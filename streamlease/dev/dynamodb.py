@@ -1,120 +1,43 @@
-"""An embedded DynamoDB-compatible server for development and tests (moto, served atomically).
+"""An embedded DynamoDB-compatible server for development and tests: moto, served atomically
+and made to keep the promises of DynamoDB that the fleet relies on.
 
-moto's DynamoDB backend checks a condition and then writes without a lock, so two
-concurrent requests can both pass the same conditional write: a lease store tested on
-it can see two owners that real DynamoDB would never allow. This server fixes both
-measured problems without forking moto:
+docs/development.md ("Test stores and the embedded DynamoDB") says what this adds to moto,
+why, and what each change measured. In short:
 
-* **Atomicity.** Every request runs under one lock, so each request sees the state the
-  previous one left, as DynamoDB promises for single-item conditional writes and
-  transactions. Connections are still accepted concurrently.
-* **Index keys typed as DynamoDB types them.** DynamoDB refuses a write that puts, say,
-  a string into a number-typed index key; moto stores it, and every later query of that
-  index then fails with HTTP 500. Here such a write is refused with DynamoDB's
-  ValidationException and the item is left as it was.
-* **Transactions that stay fast.** moto deep-copies every table a transaction touches
-  (to roll back on failure), so a transaction costs O(table size). Here tables are
-  "copied" by reference and only the items the transaction touches are backed up and
-  restored, which gives the same all-or-nothing result in O(items touched).
-
-**Injected latency** (``--latency-ms N``, for load tests of a slow store): every request
-waits N ms before it is served, in one of two places:
-
-* ``--latency-mode serial`` (the default): inside the request lock. The server then
-  behaves as a slow *and saturated* store: it completes at most 1000/N requests a
-  second whatever the clients' parallelism, and a request's latency grows with the
-  number of requests queued ahead of it. This is the overload that turned renew
-  timeouts into ownership churn, and the one a lease protocol must survive.
-* ``--latency-mode parallel``: before the lock. Concurrent requests wait out their
-  delays together, so throughput stays near the unslowed server's: a slow network or
-  a distant, well-provisioned service, as DynamoDB is from another region.
-
-The lock is not fair (a waiting request may be overtaken), so in serial mode the tail
-latency under saturation is longer than queue length x N.
-
-**Eventual consistency, as DynamoDB documents it** (off unless asked for):
-
-* ``--index-lag-ms N --index-lag-jitter-ms J``: a read of a global secondary index (a
-  Query or Scan with ``IndexName``) sees the table as it was ``N + uniform(0, J)`` ms
-  ago, drawn anew for every request (so two pages of one query may see different
-  moments, as they can on DynamoDB). Writes and every condition they check always see
-  the current table.
-* ``--stale-reads-ms N``: a base-table read without ``ConsistentRead=true`` (GetItem,
-  Query, Scan, BatchGetItem) sees the table as it was up to N ms ago. Consistent reads,
-  TransactGetItems, conditional writes and transactions always see the current table.
-
-Index reads return only the index's projected attributes (moto's projection does that:
-``KEYS_ONLY`` gives the table's and the index's keys, ``INCLUDE`` those plus the named
-attributes). The past is kept as, per table and item, the versions that writes replaced
-in the last lag window (recorded under the request lock, stamped with the request's
-monotonic time); a lagged read runs moto's own query code on a view of the table with
-those older versions put back, so key conditions, filters, ``Select``, ``Limit`` and
-pagination behave as on a current read. Only writes served through this server are
-remembered: an item put into the backend directly (``backend()``, for seeding tests) is
-visible to every read at once.
-
-**Reads answered cheaply.** moto writes every answer by walking the API's shape model,
-attribute by attribute, under the request lock: a Query returning 500 leases cost about
-as much as the search itself and delayed every other request. Query, Scan, GetItem and
-BatchGetItem answers are written as DynamoDB's JSON directly (the same document; anything
-unexpected still goes through moto's writer).
-
-**Index queries that cost what DynamoDB's cost.** moto answers a Query of a global
-secondary index by sorting (and sizing) every item of the table before it applies the key
-condition: an orphan query of a 2,000-stream table took about 55 ms under the request lock
-however few items it returned, and every other request waited behind it. Here moto's own
-query code runs over only the items the key condition matches (the same answer, page for
-page): about 11 ms at 2,000 items returning none. A read still scans the table's items in
-Python, so it grows with the table, but the sort and the per-item sizing do not.
-
-**Connections kept open, expressions parsed once.** werkzeug closes every connection after
-one answer, so each request cost a TCP connection and a server thread; here connections
-stay open between requests, as DynamoDB's do (``streamlease.dev.keepalive``). moto parses
-the same expression texts on every request; here each text is parsed once
-(``streamlease.dev.parsecache``), and a condition that does not parse is refused with
-DynamoDB's ValidationException instead of moto's HTTP 500. Together they took take-overs
-(a conditional write and a read each, 16 in flight) from 171 a second to 282, and one
-client's acquires from 217 to 316 (``make bench``, 2 cores).
-
-**Memory that follows the tables.** moto keeps every model object it ever built in a
-class-level list (for its dashboard): every item version any write created, and every
-deleted table with its items. A long session (``make run``, a load test, the test suite)
-would grow without bound and pause for ever longer full collections, long enough on a
-loaded machine to stall every heartbeat. This server keeps none of them: memory holds the
-current tables and the versions the lag window still needs.
-
-**DynamoDB Streams on the same endpoint.** A table created (or updated) with a
-``StreamSpecification`` has a stream, served on this port: requests whose
-``X-Amz-Target`` is ``DynamoDBStreams_20120810.*`` (ListStreams, DescribeStream,
-GetShardIterator, GetRecords) go to moto's ``dynamodbstreams`` service, the rest to
-DynamoDB. moto's stream is made to keep DynamoDB's promises where the fleet relies on them:
-
-* one record per item a successful request changed: none for a request that failed (a
-  cancelled transaction, a refused write), none for a write that left the item as it was,
-  and one INSERT for an ``UpdateItem`` that creates its item (moto writes two);
-* records are trimmed (oldest first) past ``stream_retention_s`` (24 h, as DynamoDB) or
-  past ``stream_records_max`` per table, so a long session's memory stays bounded; an
-  iterator or sequence number below the trim horizon gets ``TrimmedDataAccessException``;
-* a shard iterator lives 15 minutes: an older (or unknown) one gets
-  ``ExpiredIteratorException``, and expired iterators are forgotten;
-* a missing table, a table without a stream, a stream ARN of an earlier incarnation of
-  the table or an unknown shard get ``ResourceNotFoundException`` (moto answers HTTP 500).
-
-moto keeps one shard per table, never split or closed: shard lineage (parent and child
-shards) cannot be exercised here.
-
-**Store faults, set live** (``--faults``; for tests and load tests only, never a
-deployment): the server answers ``GET /_faults`` (the active faults and, per kind, the
-requests they affected) and ``PUT /_faults`` (a JSON object replacing the fault set; ``{}``
-clears it; a bad body gets HTTP 400 and a one-line reason, and nothing changes) on its own
-port, so a fault generator can change them while workers use the store: latency (serial
-or parallel, as above, but adjustable), throttling with DynamoDB's errors (seeded:
-``--seed``), one client's access key cut off (its requests stalled or their connections
-reset), Streams unavailable or trimmed, a table's writes refused, and the lags above. The
-schema and each fault's answer: ``streamlease.dev.faults``. The latency and lags given on
-the command line are the initial set. With the control the consistency machinery is
-always in place, and at lag 0 it only checks ``Consistency.enabled``; without
-``--faults``, ``/_faults`` is a path like any other (moto's).
+* **Atomicity.** moto checks a condition and then writes without a lock, so two concurrent
+  requests can both pass one conditional write. Here every request runs under one lock
+  (connections are still accepted concurrently).
+* **DynamoDB's refusals at DynamoDB's cost.** A write that gives an index key the wrong
+  type gets DynamoDB's ValidationException (moto stores it, and every later query of the
+  index fails with HTTP 500). A transaction backs up only the items it touches (moto
+  deep-copies every table it touches); an index Query searches only the items its key
+  condition matches (moto sorts and sizes the whole table first); reads and item writes
+  answer as DynamoDB's JSON directly (moto walks the API's shape model per attribute, under
+  the lock); expressions are parsed once (``parsecache``); connections stay open
+  (``keepalive``); and moto's class-level lists of every model it built are not kept, so
+  memory follows the tables however long a session runs.
+* **Injected latency** (``--latency-ms N``). ``--latency-mode serial`` waits inside the
+  lock: a slow *and saturated* store, at most 1000/N requests a second, the overload that
+  turned renew timeouts into ownership churn (the lock is not fair, so the tail is longer
+  than queue length x N). ``parallel`` waits before it: a slow network.
+* **Eventual consistency** (``--index-lag-ms``, ``--index-lag-jitter-ms``,
+  ``--stale-reads-ms``; off unless asked for). An index read, or a base-table read without
+  ``ConsistentRead``, sees the table as it was a while ago; writes and their conditions see
+  the current table. The past is the item versions that writes served here replaced within
+  the lag window (recorded under the lock, stamped with the request's monotonic time); a
+  lagged read runs moto's own query code on a view with those versions put back, so
+  filters, ``Select``, ``Limit`` and pagination behave as on a current read. An item put
+  into the backend directly (``backend()``, to seed tests) is visible to every read at once.
+* **DynamoDB Streams on the same endpoint** (``X-Amz-Target: DynamoDBStreams_20120810.*``):
+  one record per item a successful request changed (none for a failed request or a write
+  that changed nothing; one INSERT for an UpdateItem that creates its item, where moto
+  writes two), records trimmed past ``stream_retention_s`` or ``stream_records_max``,
+  iterators expiring after 15 minutes, and DynamoDB's errors where moto answers HTTP 500.
+  moto keeps one shard per table, never split or closed: shard lineage cannot be tested here.
+* **Store faults set live** (``--faults``; tests and load tests only): ``GET`` and ``PUT
+  /_faults`` on this port, the schema in ``streamlease.dev.faults``. The latency and lags
+  given on the command line are the initial set; without ``--faults``, ``/_faults`` is a
+  path like any other (moto's).
 
 Loopback only, no persistence: state lives as long as the process.
 """
@@ -148,6 +71,8 @@ from typing import Any
 
 from streamlease.dev.faults import (
     CONTROL_PATH,
+    LATENCY_MODES,
+    MAX_LAG_MS,
     FaultControl,
     FaultRequest,
     FaultSet,
@@ -182,17 +107,20 @@ except ImportError as exc:  # pragma: no cover - exercised by the CLI without th
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
+# moto's own methods, taken before ``install_patches`` replaces them.
+_original_transact = DynamoDBBackend.transact_write_items
+_original_put = DynamoDBBackend.put_item
+_original_update = DynamoDBBackend.update_item
+_original_get_table = DynamoDBBackend.get_table
+_original_query: Callable[..., Any] = Table.query
+_query_signature = inspect.signature(Table.query)
+_original_table_put = Table.put_item
+_original_table_delete = Table.delete_item
+_original_shard_add = StreamShard.add
 _PATCH_LOCK = threading.Lock()
 _patched = False
-_original_transact: Callable[..., Any] | None = None
-_original_put: Callable[..., Any] | None = None
-_original_update: Callable[..., Any] | None = None
-_lag_installed = False
 
-
-LATENCY_MODES = ("serial", "parallel")
 MAX_LATENCY_MS = 10_000.0
-MAX_LAG_MS = 10_000.0
 
 
 class DelayedApp:
@@ -266,7 +194,6 @@ def _restore(touched: list[tuple[Any, ...]]) -> None:
 
 
 def _fast_transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
-    assert _original_transact is not None
     touched = _touched_items(self, transact_items)
     with _tables_by_reference():
         try:
@@ -296,7 +223,6 @@ def _index_key_mismatch(table: Any, attrs: dict[str, Any]) -> str | None:
 
 def _typed_put_item(self: Any, table_name: str, item_attrs: dict[str, Any],
                     *args: Any, **kwargs: Any) -> Any:
-    assert _original_put is not None
     problem = _index_key_mismatch(self.get_table(table_name), item_attrs)
     if problem:
         raise MockValidationException(problem)
@@ -305,7 +231,6 @@ def _typed_put_item(self: Any, table_name: str, item_attrs: dict[str, Any],
 
 def _typed_update_item(self: Any, table_name: str, key: dict[str, Any],
                        *args: Any, **kwargs: Any) -> Any:
-    assert _original_update is not None
     table = self.get_table(table_name)
     touched = _touched_items(self, [{"Update": {"TableName": table_name, "Key": key}}])
     item = _original_update(self, table_name, key, *args, **kwargs)
@@ -319,18 +244,6 @@ def _typed_update_item(self: Any, table_name: str, key: dict[str, Any],
         _, hash_value, range_value, backup = touched[0]
         request.lag.record(table, (hash_value, range_value), backup, request.t)
     return item
-
-
-def install_typed_index_keys() -> None:
-    """Patch moto (in this process) to refuse wrongly typed index keys like DynamoDB."""
-    global _original_put, _original_update
-    with _PATCH_LOCK:
-        if _original_put is not None:
-            return
-        _original_put = DynamoDBBackend.put_item
-        _original_update = DynamoDBBackend.update_item
-        DynamoDBBackend.put_item = _typed_put_item  # type: ignore[method-assign]
-        DynamoDBBackend.update_item = _typed_update_item  # type: ignore[method-assign]
 
 
 class _Untracked(list[Any]):
@@ -354,7 +267,6 @@ _READ_ACTIONS = ("query", "scan", "get_item", "batch_get_item")
 # Item writes answer with the item's attributes when asked (ReturnValues): every
 # conditional lease write a worker makes, written the same way.
 _WRITE_ACTIONS = ("update_item", "put_item", "delete_item")
-_plain_answers = False
 
 
 def _json_default(value: Any) -> Any:
@@ -379,35 +291,6 @@ def _plain_json(original: Callable[..., Any]) -> Callable[..., Any]:
             return result  # anything unexpected takes moto's own writer
         return body, {"Content-Type": "application/x-amz-json-1.0"}
     return handler
-
-
-def install_plain_json_answers() -> None:
-    """Patch moto (in this process) to write the answers of reads and item writes as
-    plain JSON (see ``_plain_json``): the same answer, without the cost of moto's generic
-    writer."""
-    global _plain_answers
-    with _PATCH_LOCK:
-        if _plain_answers:
-            return
-        for action in (*_READ_ACTIONS, *_WRITE_ACTIONS):
-            setattr(DynamoHandler, action, _plain_json(getattr(DynamoHandler, action)))
-        _plain_answers = True
-
-
-def install_fast_transactions() -> None:
-    """Patch moto (in this process) to back up touched items instead of whole tables."""
-    global _patched, _original_transact
-    with _PATCH_LOCK:
-        if _patched:
-            return
-        _original_transact = DynamoDBBackend.transact_write_items
-        DynamoDBBackend.transact_write_items = _fast_transact_write_items  # type: ignore[method-assign]
-        _patched = True
-
-
-
-_original_query: Callable[..., Any] | None = None
-_query_signature: inspect.Signature | None = None
 
 
 class _KeyedView:
@@ -450,7 +333,6 @@ def _keyed_query(self: Any, *args: Any, **kwargs: Any) -> Any:
     the key condition, so a Query cost O(table) under the request lock where DynamoDB's
     costs O(items returned). A base-table Query reads its one partition; an index Query the
     items whose index keys match."""
-    assert _original_query is not None and _query_signature is not None
     given = _query_signature.bind(self, *args, **kwargs).arguments
     hash_key, range_comparison = given["hash_key"], given["range_comparison"]
     index_name: str | None = given.get("index_name")
@@ -483,17 +365,6 @@ def _keyed_query(self: Any, *args: Any, **kwargs: Any) -> Any:
                 items.append(item)
     return _original_query(_KeyedView(self, items), *args, **kwargs)
 
-
-def install_keyed_queries() -> None:
-    """Patch moto (in this process) so a Query reads only the items its key condition
-    matches (see ``_keyed_query``): the same answer, at DynamoDB's cost shape."""
-    global _original_query, _query_signature
-    with _PATCH_LOCK:
-        if _original_query is not None:
-            return
-        _query_signature = inspect.signature(Table.query)
-        _original_query = Table.query
-        Table.query = _keyed_query  # type: ignore[method-assign]
 
 # -- Eventual consistency -----------------------------------------------------------------
 
@@ -534,11 +405,8 @@ class _History:
 
 
 class ReplicaLag:
-    """The tables as eventually consistent reads see them (see the module doc).
-
-    Every method runs under the server's request lock; a lock of its own keeps the
-    history whole when the server runs without one (``--no-lock``, a test of races).
-    """
+    """The tables as eventually consistent reads see them (see the module doc). A lock of
+    its own keeps the history whole also without the request lock (``--no-lock``)."""
 
     def __init__(self, consistency: Consistency, clock: Callable[[], float],
                  rng: random.Random) -> None:
@@ -664,43 +532,16 @@ def _table_id(table: Any) -> tuple[str, str, str]:
 
 
 def _find_table(backend: Any, name: Any) -> Any:
-    assert _original_get_table is not None
     try:
         return _original_get_table(backend, name)
     except Exception:  # moto's own handler reports a missing table
         return None
 
 
-class ConsistencyApp:
-    """WSGI middleware, innermost (under the request lock): stamps each request with the
-    time it is served, for the writes it records and the reads it lags."""
-
-    def __init__(self, app: WSGIApp, lag: ReplicaLag) -> None:
-        self.app = app
-        self.lag = lag
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        if not self.lag.consistency.enabled:
-            # No read lags (a fault control set every lag to 0): the patched paths see no
-            # request, so nothing is recorded and no view is built.
-            return list(self.app(environ, start_response))
-        _local.request = _Request(self.lag, self.lag.clock())
-        try:
-            return list(self.app(environ, start_response))
-        finally:
-            _local.request = None
-
-
-_original_get_table: Callable[..., Any] | None = None
-_original_table_put: Callable[..., Any] | None = None
-_original_table_delete: Callable[..., Any] | None = None
-
-
 def _viewed_get_table(self: Any, table_name: str) -> Any:
     request = _current()
     if request is not None and request.views and table_name in request.views:
         return request.views[table_name]
-    assert _original_get_table is not None
     return _original_get_table(self, table_name)
 
 
@@ -728,7 +569,6 @@ def _stored(table: Any, hash_value: Any, range_value: Any) -> Any:
 
 
 def _recorded_put(self: Any, item_attrs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-    assert _original_table_put is not None
     request = _current()
     if request is None:
         return _original_table_put(self, item_attrs, *args, **kwargs)
@@ -746,32 +586,11 @@ def _recorded_put(self: Any, item_attrs: dict[str, Any], *args: Any, **kwargs: A
 
 
 def _recorded_delete(self: Any, hash_value: Any, range_value: Any) -> Any:
-    assert _original_table_delete is not None
     item = _original_table_delete(self, hash_value, range_value)
     request = _current()
     if request is not None and item is not None:
         request.lag.record(self, (hash_value, range_value), item, request.t)
     return item
-
-
-def install_replica_lag() -> None:
-    """Patch moto (in this process) so that servers with a ``Consistency`` can lag reads.
-
-    Requests served without a ``ConsistencyApp`` (servers without lag, direct backend
-    calls) take the unpatched paths' behaviour."""
-    global _lag_installed, _original_get_table, _original_table_put, _original_table_delete
-    with _PATCH_LOCK:
-        if _lag_installed:
-            return
-        _original_get_table = DynamoDBBackend.get_table
-        _original_table_put = Table.put_item
-        _original_table_delete = Table.delete_item
-        DynamoDBBackend.get_table = _viewed_get_table  # type: ignore[method-assign]
-        Table.put_item = _recorded_put  # type: ignore[method-assign]
-        Table.delete_item = _recorded_delete  # type: ignore[method-assign,assignment]
-        for action in _READ_ACTIONS:
-            setattr(DynamoHandler, action, _lagged(action, getattr(DynamoHandler, action)))
-        _lag_installed = True
 
 
 # -- DynamoDB Streams ---------------------------------------------------------------------
@@ -807,8 +626,6 @@ class _StreamsRequest:
 
 
 _streams_local = threading.local()  # .request: the _StreamsRequest being served, if any
-_original_shard_add: Callable[..., Any] | None = None
-_streams_installed = False
 
 
 def _streams_request() -> _StreamsRequest | None:
@@ -817,8 +634,7 @@ def _streams_request() -> _StreamsRequest | None:
 
 
 def _pending_add(self: Any, old: Any, new: Any) -> None:
-    """moto's per-write hook, deferred to the end of the request (see ``StreamRecordsApp``)."""
-    assert _original_shard_add is not None
+    """moto's per-write hook, deferred to the end of the request (see ``RequestContextApp``)."""
     request = _streams_request()
     if request is None:
         _original_shard_add(self, old, new)
@@ -856,7 +672,6 @@ def _trim(shard: Any, retention: StreamRetention, now: float) -> None:
 
 def _flush(request: _StreamsRequest) -> None:
     """Write the request's records: one per changed item, none for an unchanged one."""
-    assert _original_shard_add is not None
     for shard, old, new in request.pending.values():
         if old is None and new is None:
             continue
@@ -868,15 +683,21 @@ def _flush(request: _StreamsRequest) -> None:
         _trim(shard, request.retention, request.now)
 
 
-class StreamRecordsApp:
-    """WSGI middleware, innermost (under the request lock): collects the stream records a
-    request's writes produce and writes them when, and only if, the request succeeded."""
+class RequestContextApp:
+    """WSGI middleware, innermost (under the request lock): what the patched moto paths know
+    of the request they serve. While some read lags, the time it is served, for the writes
+    it records and the reads it lags (at lag 0 they see no request: nothing is recorded, no
+    view is built). And the stream records its writes produce, written when, and only if,
+    the request succeeded."""
 
-    def __init__(self, app: WSGIApp, retention: StreamRetention) -> None:
+    def __init__(self, app: WSGIApp, lag: ReplicaLag, retention: StreamRetention) -> None:
         self.app = app
+        self.lag = lag
         self.retention = retention
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if self.lag.consistency.enabled:
+            _local.request = _Request(self.lag, self.lag.clock())
         request = _StreamsRequest(self.retention, self.retention.clock())
         status: list[int] = []
 
@@ -892,6 +713,7 @@ class StreamRecordsApp:
             return body
         finally:
             _streams_local.request = None
+            _local.request = None
 
 
 class StreamsRoutingApp:
@@ -919,10 +741,9 @@ def _stream_table(backend: Any, arn: str) -> Any:
     """The table whose current stream ``arn`` names, else ResourceNotFoundException."""
     parts = str(arn).split(":", 5)
     path = parts[5].split("/") if len(parts) == 6 else []
-    if len(path) < 4 or path[0] != "table" or path[2] != "stream":
-        raise _StreamsError("ResourceNotFoundException", f"Requested resource not found: "
-                            f"Stream: {arn} not found")
-    table = backend.dynamodb.tables.get(path[1])
+    table = None
+    if len(path) >= 4 and path[0] == "table" and path[2] == "stream":
+        table = backend.dynamodb.tables.get(path[1])
     if (table is None or table.stream_shard is None
             or table.latest_stream_label != "/".join(path[3:])):
         raise _StreamsError("ResourceNotFoundException", f"Requested resource not found: "
@@ -1008,21 +829,33 @@ def _get_records(self: Any, iterator_arn: str, limit: int) -> dict[str, Any]:
     return result
 
 
-def install_streams() -> None:
-    """Patch moto (in this process) so its DynamoDB Streams keep DynamoDB's promises (see
-    the module doc). Writes served without a ``StreamRecordsApp`` (direct backend calls)
-    produce their records at once, as plain moto does."""
-    global _streams_installed, _original_shard_add
+def install_patches() -> None:
+    """Patch moto, once in this process (see the module doc). Requests served without this
+    server's ``RequestContextApp`` (direct backend calls) take moto's own paths: current
+    reads, stream records at once."""
+    global _patched
     with _PATCH_LOCK:
-        if _streams_installed:
+        if _patched:
             return
-        _original_shard_add = StreamShard.add
+        DynamoDBBackend.put_item = _typed_put_item  # type: ignore[method-assign]
+        DynamoDBBackend.update_item = _typed_update_item  # type: ignore[method-assign]
+        DynamoDBBackend.transact_write_items = _fast_transact_write_items  # type: ignore[method-assign]
+        DynamoDBBackend.get_table = _viewed_get_table  # type: ignore[method-assign]
+        Table.query = _keyed_query  # type: ignore[method-assign]
+        Table.put_item = _recorded_put  # type: ignore[method-assign]
+        Table.delete_item = _recorded_delete  # type: ignore[method-assign,assignment]
         StreamShard.add = _pending_add  # type: ignore[method-assign]
         DynamoDBStreamsBackend.describe_stream = _describe_stream  # type: ignore[method-assign]
         DynamoDBStreamsBackend.get_shard_iterator = (  # type: ignore[method-assign]
             _get_shard_iterator)  # type: ignore[assignment]
         DynamoDBStreamsBackend.get_records = _get_records  # type: ignore[method-assign]
-        _streams_installed = True
+        for action in (*_READ_ACTIONS, *_WRITE_ACTIONS):
+            handler = _plain_json(getattr(DynamoHandler, action))
+            if action in _READ_ACTIONS:
+                handler = _lagged(action, handler)
+            setattr(DynamoHandler, action, handler)
+        install_parse_caches()
+        _patched = True
 
 
 # -- Injected faults (--faults) -----------------------------------------------------------
@@ -1188,18 +1021,14 @@ def _all_tables() -> Iterator[Any]:
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """How an ``EmbeddedDynamoDB`` serves. ``serialize``: one request at a time (the lock
-    that makes moto atomic); ``latency_s`` in ``latency_mode`` (see the module doc);
-    ``index_lag_s``/``index_lag_jitter_s``/``stale_reads_s``: see the module doc (all 0:
-    every read is current). ``stream_retention_s``/``stream_records_max``: how long, and
-    how many, DynamoDB Streams records a table's stream keeps. ``faults``: serve the
-    ``/_faults`` control (``fault_control``), the latency and lags given here its initial
-    fault set. ``seed`` seeds the throttle draws and, without an ``rng``, the lag draws."""
+    """How an ``EmbeddedDynamoDB`` serves (the module doc explains each). ``serialize``:
+    the lock that makes moto atomic; lags all 0: every read is current; ``faults``: serve
+    the ``/_faults`` control, the latency and lags here its initial set; ``seed``: the
+    throttle draws and, without an ``rng``, the lag draws."""
 
     host: str = "127.0.0.1"
     port: int = 0
     serialize: bool = True
-    fast_transactions: bool = True
     latency_s: float = 0.0
     latency_mode: str = "serial"
     index_lag_s: float = 0.0
@@ -1248,14 +1077,8 @@ class EmbeddedDynamoDB:
         self._thread: threading.Thread | None = None
 
     def start(self) -> EmbeddedDynamoDB:
-        install_typed_index_keys()
+        install_patches()
         install_untracked_models()
-        install_plain_json_answers()
-        install_keyed_queries()
-        install_parse_caches()
-        if self.options.fast_transactions:
-            install_fast_transactions()
-        install_streams()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         # Connections stay open between requests, as DynamoDB's do (see keepalive.py).
         self._server = make_server(self.host, self.options.port, self._app(), threaded=True,
@@ -1270,13 +1093,8 @@ class EmbeddedDynamoDB:
         options = self.options
         app: WSGIApp = StreamsRoutingApp(create_backend_app("dynamodb"),
                                          create_backend_app("dynamodbstreams"))
-        app = StreamRecordsApp(app, self.stream_retention)
+        app = RequestContextApp(app, self.replica_lag, self.stream_retention)
         control = self.fault_control
-        if self.consistency.enabled or control is not None:
-            # With a fault control the lags may be set at any moment; at 0 the app only
-            # checks ``consistency.enabled`` (see ConsistencyApp).
-            install_replica_lag()
-            app = ConsistencyApp(app, self.replica_lag)
         if control is not None:
             app = ServedFaultsApp(app, control, self.replica_lag, self.stream_retention)
             return FaultsApp(SerializedApp(app) if options.serialize else app, control)
@@ -1324,45 +1142,42 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="streamlease dev dynamodb",
         description="Serve an embedded, atomic DynamoDB-compatible API on loopback.")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
-    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
-    parser.add_argument("--latency-ms", type=float, default=0.0,
-                        help="hold every request this long (load tests of a slow store)")
-    parser.add_argument("--latency-mode", choices=LATENCY_MODES, default="serial",
-                        help="serial: inside the request lock, a saturated store (1000/N "
-                             "requests/s at most); parallel: before it, a slow network")
-    parser.add_argument("--index-lag-ms", type=float, default=0.0,
-                        help="index reads (Query/Scan with IndexName) see the table as it "
-                             "was this long ago (DynamoDB's indexes are eventually "
-                             "consistent); default 0")
-    parser.add_argument("--index-lag-jitter-ms", type=float, default=0.0,
-                        help="plus uniform(0, this), drawn for every index read; default 0")
-    parser.add_argument("--stale-reads-ms", type=float, default=0.0,
-                        help="base-table reads without ConsistentRead see the table as it "
-                             "was up to this long ago; default 0")
-    parser.add_argument("--faults", action="store_true",
-                        help="serve a fault control on /_faults (GET: the active faults and "
-                             "counters; PUT: a JSON object replacing them) for tests and load "
-                             "tests: latency, throttling, cut clients, stream and write outages, "
-                             "lags; see streamlease/dev/faults.py")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the throttle and lag draws (a fault schedule replays)")
+    add = parser.add_argument
+    add("--port", type=int, default=8000, help="TCP port (0: pick a free one)")
+    add("--host", default="127.0.0.1", help="loopback address to bind")
+    add("--latency-ms", type=float, default=0.0,
+        help="hold every request this long (load tests of a slow store)")
+    add("--latency-mode", choices=LATENCY_MODES, default="serial",
+        help="serial: inside the request lock, a saturated store (1000/N requests/s at "
+             "most); parallel: before it, a slow network")
+    add("--index-lag-ms", type=float, default=0.0,
+        help="index reads (Query/Scan with IndexName) see the table as it was this long ago "
+             "(DynamoDB's indexes are eventually consistent); default 0")
+    add("--index-lag-jitter-ms", type=float, default=0.0,
+        help="plus uniform(0, this), drawn for every index read; default 0")
+    add("--stale-reads-ms", type=float, default=0.0,
+        help="base-table reads without ConsistentRead see the table as it was up to this "
+             "long ago; default 0")
+    add("--faults", action="store_true",
+        help="serve a fault control on /_faults (GET: the active faults and counters; PUT: a "
+             "JSON object replacing them) for tests and load tests: latency, throttling, cut "
+             "clients, stream and write outages, lags; see streamlease/dev/faults.py")
+    add("--seed", type=int, help="seed of the throttle and lag draws (a fault schedule replays)")
     # Test-only knobs: a tiny thread switch interval makes races likely, and --no-lock
     # serves plain moto, so the tests can show the race they guard against is real.
-    parser.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--no-lock", action="store_true", help=argparse.SUPPRESS)
+    add("--switch-interval", type=float, help=argparse.SUPPRESS)
+    add("--no-lock", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be 0-65535, got {args.port}")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         parser.error(f"--host must be a loopback address, got {args.host!r}")
-    if not 0.0 <= args.latency_ms <= MAX_LATENCY_MS:
-        parser.error(f"--latency-ms must be 0-{MAX_LATENCY_MS:g}, got {args.latency_ms:g}")
-    for option in ("index_lag_ms", "index_lag_jitter_ms", "stale_reads_ms"):
+    for option, limit in (("latency_ms", MAX_LATENCY_MS), ("index_lag_ms", MAX_LAG_MS),
+                          ("index_lag_jitter_ms", MAX_LAG_MS), ("stale_reads_ms", MAX_LAG_MS)):
         value = getattr(args, option)
-        if not 0.0 <= value <= MAX_LAG_MS:  # also refuses nan
+        if not 0.0 <= value <= limit:  # also refuses nan
             flag = "--" + option.replace("_", "-")
-            parser.error(f"{flag} must be 0-{MAX_LAG_MS:g}, got {value:g}")
+            parser.error(f"{flag} must be 0-{limit:g}, got {value:g}")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     server = EmbeddedDynamoDB(ServerOptions(

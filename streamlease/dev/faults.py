@@ -2,44 +2,16 @@
 --faults``), for tests and load tests only: a nemesis replaces the fault set over HTTP
 while real workers use the server.
 
-The control is ``/_faults`` on the server's own port: ``GET`` answers the active faults
-and, per kind, how many requests they affected; ``PUT`` with a JSON object replaces the
-whole set (``{}`` clears every fault; the counters keep counting). A body that does not
-parse or validate is refused with HTTP 400 and a one-line reason, and nothing changes.
-
-Every key is optional (absent: no such fault):
-
-* ``latency_ms`` (0-60000) and ``latency_mode`` (``serial``, the default: held inside the
-  request lock, a saturated store; ``parallel``: before it, a slow network). A delay
-  already under way is recomputed when the set changes (clearing the latency releases
-  the requests it holds).
-* ``throttle`` (0-1): the probability that a DynamoDB request is answered as DynamoDB
-  throttles: HTTP 400 ``ProvisionedThroughputExceededException``, or for
-  TransactWriteItems/TransactGetItems ``TransactionCanceledException`` with a
-  ``ThrottlingError`` reason per action. One draw per DynamoDB request (not cut) while
-  ``throttle`` > 0, from ``random.Random(seed)``: ``seed`` (an integer) re-seeds it, so a
-  schedule of requests and control calls replays.
-* ``cut`` (access key IDs, read from the ``Authorization`` header's
-  ``Credential=AKID/...``) and ``cut_mode``: ``stall`` (the default; the request is held,
-  unanswered, until the cut is lifted, then served; or until its client gives up) or
-  ``reset`` (the connection is closed at once, without an answer).
-* ``streams_unavailable`` (bool): every DynamoDB Streams call gets HTTP 500
-  ``InternalServerError``.
-* ``streams_trimmed`` (bool): GetRecords gets ``TrimmedDataAccessException``; turning it
-  on also drops every stream record retained so far, so a reader resuming after it is
-  cleared finds them gone (its old iterators point below the trim horizon).
-* ``write_outage`` (table names): PutItem, UpdateItem, DeleteItem, BatchWriteItem and
-  TransactWriteItems naming any of them get HTTP 500 ``InternalServerError``; reads work.
-* ``index_lag_ms``, ``index_lag_jitter_ms``, ``stale_reads_ms`` (0-10000): the server's
-  eventual consistency (see ``streamlease.dev.dynamodb``), from the next request served.
-  Only writes served while a lag is on are remembered for lagged reads.
+``GET /_faults`` answers the active faults and, per kind, how many requests they affected;
+``PUT /_faults`` with a JSON object replaces the whole set (``{}`` clears it; the counters
+keep counting), and a body that does not parse or validate gets HTTP 400 with a one-line
+reason and changes nothing. docs/development.md lists every key and what it does.
 
 A request meets the set current when it arrives (cut, throttle, refusals, parallel
 latency) and the set current when it is served under the request lock (serial latency,
 consistency). Each such decision reads one whole set: a ``PUT`` never shows half of
-itself to a request.
-
-Pure except ``FaultControl``, which holds the current set and the counters under a lock.
+itself to a request. Pure except ``FaultControl``, which holds the current set and the
+counters under a lock.
 """
 
 from __future__ import annotations
@@ -127,48 +99,38 @@ def _seed(key: str, value: object) -> int | None:
     return value
 
 
-_PARSERS: dict[str, Parser] = {
-    "latency_ms": _number(MAX_LATENCY_MS),
-    "latency_mode": _choice(LATENCY_MODES),
-    "throttle": _number(1.0),
-    "seed": _seed,
-    "cut": _names,
-    "cut_mode": _choice(CUT_MODES),
-    "streams_unavailable": _flag,
-    "streams_trimmed": _flag,
-    "write_outage": _names,
-    "index_lag_ms": _number(MAX_LAG_MS),
-    "index_lag_jitter_ms": _number(MAX_LAG_MS),
-    "stale_reads_ms": _number(MAX_LAG_MS),
-}
+def _key(default: Any, parse: Parser) -> Any:
+    """A ``FaultSet`` field: its default, and how a control body's value for it is read."""
+    return field(default=default, metadata={"parse": parse})
 
 
 @dataclass(frozen=True)
 class FaultSet:
     """The faults a server applies (see the module doc); the default: none."""
 
-    latency_ms: float = 0.0
-    latency_mode: str = "serial"
-    throttle: float = 0.0
-    seed: int | None = None
-    cut: frozenset[str] = frozenset()
-    cut_mode: str = "stall"
-    streams_unavailable: bool = False
-    streams_trimmed: bool = False
-    write_outage: frozenset[str] = frozenset()
-    index_lag_ms: float = 0.0
-    index_lag_jitter_ms: float = 0.0
-    stale_reads_ms: float = 0.0
+    latency_ms: float = _key(0.0, _number(MAX_LATENCY_MS))
+    latency_mode: str = _key("serial", _choice(LATENCY_MODES))
+    throttle: float = _key(0.0, _number(1.0))
+    seed: int | None = _key(None, _seed)
+    cut: frozenset[str] = _key(frozenset(), _names)
+    cut_mode: str = _key("stall", _choice(CUT_MODES))
+    streams_unavailable: bool = _key(False, _flag)
+    streams_trimmed: bool = _key(False, _flag)
+    write_outage: frozenset[str] = _key(frozenset(), _names)
+    index_lag_ms: float = _key(0.0, _number(MAX_LAG_MS))
+    index_lag_jitter_ms: float = _key(0.0, _number(MAX_LAG_MS))
+    stale_reads_ms: float = _key(0.0, _number(MAX_LAG_MS))
 
     @classmethod
     def from_json(cls, value: object) -> FaultSet:
         """The set a control body's JSON value describes; FaultError if it is not one."""
         if not isinstance(value, dict):
             raise FaultError(f"the body must be a JSON object, got {_shown(value)}")
-        unknown = sorted(set(value) - set(_PARSERS))
+        parsers = {f.name: f.metadata["parse"] for f in fields(cls)}
+        unknown = sorted(set(value) - set(parsers))
         if unknown:
-            raise FaultError(f"unknown key {unknown[0]!r} (known: {', '.join(_PARSERS)})")
-        return cls(**{key: _PARSERS[key](key, v) for key, v in value.items()})
+            raise FaultError(f"unknown key {unknown[0]!r} (known: {', '.join(parsers)})")
+        return cls(**{key: parsers[key](key, v) for key, v in value.items()})
 
     @classmethod
     def parse(cls, body: bytes) -> FaultSet:

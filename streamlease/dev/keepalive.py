@@ -1,17 +1,13 @@
 """HTTP/1.1 keep-alive for the embedded servers' WSGI apps.
 
-werkzeug's development server answers every request with ``Connection: close``: Python's
-``http.server`` cannot tell whether the application read a request body to its end, so
-the next request line might be found mid-body. Every request then costs the client a new
-TCP connection and the server a new thread, which on a loaded machine costs more than
-moto's own work, and nothing like it happens against DynamoDB, whose clients keep their
-connections open.
-
-This handler reads each body to its end itself (it must carry a ``Content-Length``, as
-every AWS SDK request does), gives the application the bytes it read, and answers with a
-``Content-Length``: the connection is then at the next request line and stays open. A
-request with a chunked body, or one that asks for ``Connection: close``, is served as
-werkzeug serves it, and its connection closed.
+werkzeug's development server closes the connection after every answer (``http.server``
+cannot tell whether the application read the body to its end, so the next request line
+might be found mid-body): every request cost a TCP connection and a server thread, more
+than moto's own work on a loaded machine, where DynamoDB's clients keep theirs open. This
+handler reads each body to its end itself (by its ``Content-Length``, which every AWS SDK
+sends), hands the application those bytes and answers with a ``Content-Length``, so the
+connection stays open. A chunked body or ``Connection: close`` is served as werkzeug
+serves it, and the connection closed.
 """
 
 from __future__ import annotations

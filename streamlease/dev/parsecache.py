@@ -1,20 +1,14 @@
 """Expressions parsed once per text, not once per request, in the embedded DynamoDB.
 
-moto parses an ``UpdateExpression`` twice per ``UpdateItem`` (once to validate the request,
-once to apply it) and lexes a ``ConditionExpression`` twice with regular expressions it
-compiles per token; under the embedded server's request lock that was about a fifth of
-the time a conditional write takes, and a fleet sends the same few expression texts over
-and over. Both results depend on the text alone (the placeholders' values are substituted
-later), so they are kept per text:
-
-* the update expression's syntax tree is shared: every reader either only searches it or
-  validates a deep copy of it (moto's ``Validator`` copies before it substitutes);
-* the condition's tokens are handed out in a fresh queue each time: the parser consumes
-  the queue and builds new nodes, never changing a token.
-
-A text that does not parse raises every time: failures are not kept. A condition that does
-not parse is refused as DynamoDB refuses it, with a ``ValidationException`` (moto lets the
-parser's ``ValueError`` out, an HTTP 500).
+moto parses an ``UpdateExpression`` twice per ``UpdateItem`` and lexes a
+``ConditionExpression`` twice with regular expressions it compiles per token: about a
+fifth of a conditional write's time under the request lock, for the same few texts a fleet
+sends over and over. Both results depend on the text alone (placeholder values are
+substituted later), and neither is changed by its readers: moto's ``Validator`` deep-copies
+the update tree before it substitutes, and the condition parser consumes a fresh queue of
+the shared tokens and builds new nodes. A text that does not parse raises every time
+(failures are not kept); a condition that does not parse gets DynamoDB's
+``ValidationException`` instead of moto's HTTP 500.
 """
 
 from __future__ import annotations

@@ -1,69 +1,14 @@
 """The reference upstream: a loopback WebSocket server serving many streams on one port.
 
-It speaks the default upstream protocol (docs/upstream-protocol.md: text frames, each a JSON
-object with an integer ``seq`` strictly increasing per stream; ``from_seq`` asks for a replay)
-and, on other paths, one test feed per shape of real upstream the worker's profiles adapt
-(docs/profiles.md). It is used by tests, the demo and the load test. It is a development tool:
-it binds to loopback unless told otherwise.
+It speaks the default upstream protocol on ``/streams/<id>`` and, on other paths, one test
+feed per shape of real upstream the worker's profiles adapt. docs/upstream-protocol.md
+states every mode's frames, refusals and tokens, the control endpoints and the flags. Used
+by tests, the demo and the load test; it binds to loopback unless told otherwise.
 
 Every path serves message numbers ``n = 1, 2, 3, ...`` on one clock that starts with the
-server, at ``rate`` messages per second: at time ``t`` after start the head is
-``initial_backlog + floor(t * rate)``, and message ``n`` of every stream of every mode is due
-at the same moment. A frame's content is a pure function of ``(mode, stream_id, n)``
-(:func:`mode_frame`), so an audit can check exactly what was delivered; :func:`mode_seq`
-reads ``n`` back from a data frame. A stream id (any id matching ``[A-Za-z0-9_.-]{1,128}``,
-created on first use) under two paths is two independent streams.
-
-Modes, by path (``<id>`` is the stream id):
-
-* ``/streams/<id>?from_seq=N`` (the default, :data:`DEFAULT_MODE`): the built-in protocol.
-  Replays from ``N`` (default 1); frames :func:`frame_for`; anything the client sends is
-  discarded.
-* ``/subscribe/<id>?from_seq=N``: replays like the default mode, after a subscription. The
-  client first sends ``{"op":"subscribe","channel":"<id>"}`` (any key order); the server
-  answers ``{"type":"subscribed","channel":"<id>"}``, then sends data frames
-  ``{"type":"data","seq":n,"payload":{"stream":"<id>","data":"<hex>"}}``. Anything else first
-  is closed with 1008; no subscription within 10 s is closed with 1008 too.
-* ``/gateway/<id>``: a chat gateway. The server sends hello
-  ``{"op":10,"d":{"heartbeat_interval_ms":H}}``; the client identifies with
-  ``{"op":2,"d":{"token":"<T>","from_seq":N}}`` (``from_seq`` optional, default 1); the server
-  answers ``{"op":9,"t":"READY"}`` and replays from ``N`` as
-  ``{"op":0,"t":"EVENT","d":{"s":n,"payload":{...}}}``. The client sends ``{"op":1}``
-  heartbeats, each answered ``{"op":11}``; no heartbeat for ``3 * H`` (counted from hello or
-  the last heartbeat) closes with 4009. A first message other than identify closes with 4002,
-  a wrong or missing token with 4004. Later messages other than heartbeats are discarded.
-* ``/live/<id>``: an exchange feed with no replay. The client sends
-  ``{"method":"SUBSCRIBE","params":["<id>"],"id":<any>}``; the server answers
-  ``{"result":null,"id":<same>}`` and from then on sends only the messages due after that
-  moment, ``{"e":"trade","u":n,"s":"<id>","p":"<price>","q":"<quantity>"}``. Anything else
-  first is closed with 1008. The query string is ignored.
-* ``/binary/<id>``: no replay, no subscription: from the moment the connection opens, binary
-  data frames ``b"SLB1" + n.to_bytes(8, "big") + 32 payload bytes``. The query string is
-  ignored.
-
-Control frames, interleaved with data in ``subscribe`` (``{"type":"heartbeat","ts":<ms>}``),
-``live`` (``{"e":"heartbeat"}``) and ``binary`` (text ``{"type":"heartbeat"}``): one after
-every :data:`HEARTBEAT_EVERY` data frames of a connection, and one whenever the connection has
-been sent nothing for ``idle_heartbeat_s`` (1 s).
-
-Authentication, with ``token`` set (``--token``): ``/subscribe/`` needs the header
-``Authorization: Bearer <token>`` and ``/live/`` and ``/binary/`` need ``X-Api-Key: <token>``
-(else HTTP 401 before the upgrade); ``/gateway/`` needs the token in identify (else 4004).
-Without a token nothing is checked. ``/streams/`` never checks.
-
-With ``retention`` set, a ``from_seq`` older than the oldest retained message starts at the
-oldest retained one (a gap the client must detect).
-
-Fault hooks, as methods (each takes ``mode``, default the default mode) and as plain HTTP
-GETs on the same port (``&mode=M``): ``/control/drop`` (every mode; ``mode=all`` drops every
-mode's connections), ``/control/pause`` (every mode: nothing at all is sent while paused),
-``/control/malformed`` (hostile frames in the mode's own shape; ``binary`` only has the
-text kinds ``notjson`` and ``array``) and ``/control/gap`` (the next connection or
-subscription starts later than it should). Plus ``/streams`` and ``/stats`` (per mode:
-connections, refusals, and the first number each subscription was offered).
-
-Run it with ``python -m streamlease.dev.upstream [--port N] [--streams N] [--rate R]
-[--token T] [--gateway-heartbeat-ms H]``.
+server, at ``rate`` messages per second: message ``n`` of every stream of every mode is due
+at the same moment, and a frame's content is a pure function of ``(mode, stream_id, n)``
+(:func:`mode_frame`), so an audit can check exactly what was delivered.
 """
 
 from __future__ import annotations
@@ -84,8 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeGuard
 from urllib.parse import parse_qs
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -93,41 +37,13 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-__all__ = [
-    "BINARY_MAGIC",
-    "DEFAULT_GATEWAY_HEARTBEAT_MS",
-    "DEFAULT_IDLE_HEARTBEAT_S",
-    "DEFAULT_MODE",
-    "GATEWAY_AUTH_FAILED",
-    "GATEWAY_DECODE_ERROR",
-    "GATEWAY_HEARTBEAT_TIMEOUT",
-    "HEARTBEAT_EVERY",
-    "MALFORMED_KINDS",
-    "MODES",
-    "POISON_SEQ",
-    "POLICY_VIOLATION",
-    "STREAM_ID_PATTERN",
-    "Mode",
-    "UpstreamOptions",
-    "UpstreamServer",
-    "declared_stream_ids",
-    "frame_for",
-    "main",
-    "malformed_kinds",
-    "mode_frame",
-    "mode_seq",
-]
-
 log = logging.getLogger(__name__)
 
-STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-"""Stream ids the server accepts (matched against the whole id)."""
+STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # matched against the whole id
 
 Mode = Literal["streams", "subscribe", "gateway", "live", "binary"]
-MODES: tuple[Mode, ...] = ("streams", "subscribe", "gateway", "live", "binary")
-"""Every mode; a mode's path is ``/<mode>/<stream_id>``."""
+MODES: tuple[Mode, ...] = ("streams", "subscribe", "gateway", "live", "binary")  # /<mode>/<id>
 DEFAULT_MODE: Mode = "streams"
-_REPLAYS: frozenset[str] = frozenset({"streams", "subscribe", "gateway"})
 _HEARTBEATS: frozenset[str] = frozenset({"subscribe", "live", "binary"})
 
 MALFORMED_KINDS: tuple[str, ...] = ("notjson", "noseq", "badseq", "binary", "array", "poison")
@@ -137,28 +53,23 @@ _BINARY_MALFORMED_KINDS: tuple[str, ...] = ("notjson", "array")
 
 POISON_SEQ = 2**63 - 1
 
-BINARY_MAGIC = b"SLB1"
-"""The first four bytes of every binary data frame; the next eight are ``n``, big-endian."""
+BINARY_MAGIC = b"SLB1"  # a binary data frame's first four bytes; then n, 8 bytes big-endian
 _BINARY_PAYLOAD_BYTES = 32
 
-HEARTBEAT_EVERY = 5
-"""Data frames of one connection between two heartbeats (subscribe, live, binary)."""
+HEARTBEAT_EVERY = 5  # data frames of one connection between two heartbeats
 DEFAULT_IDLE_HEARTBEAT_S = 1.0
 DEFAULT_GATEWAY_HEARTBEAT_MS = 1000
-GATEWAY_MISSED_HEARTBEATS = 3
-"""The gateway closes a connection that sent no heartbeat for this many intervals."""
+GATEWAY_MISSED_HEARTBEATS = 3  # intervals without a heartbeat before the gateway closes
 
 POLICY_VIOLATION = 1008
 GATEWAY_DECODE_ERROR = 4002
 GATEWAY_AUTH_FAILED = 4004
 GATEWAY_HEARTBEAT_TIMEOUT = 4009
 
-YIELD_EVERY = 64
-"""A sender yields to the event loop after this many sends (a tight send loop starves others)."""
+YIELD_EVERY = 64  # sends between yields to the loop (a tight send loop starves the others)
 
 DROP_CLOSE_CODE = 1011
-HANDSHAKE_TIMEOUT_S = 10.0
-"""How long ``subscribe`` and ``live`` wait for the client's subscription."""
+HANDSHAKE_TIMEOUT_S = 10.0  # how long subscribe and live wait for the subscription
 _MAX_MALFORMED_COUNT = 1_000_000
 _MAX_PAUSE_SECONDS = 3600.0
 _MAX_GATEWAY_HEARTBEAT_MS = 3_600_000
@@ -175,7 +86,7 @@ def _dumps(value: object) -> str:
     return json.dumps(value, separators=_JSON_SEPARATORS)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -191,8 +102,7 @@ def _check_mode(mode: str) -> Mode:
 def frame_for(stream_id: str, seq: int) -> str:
     """The frame the upstream sends for ``seq`` on ``stream_id``: identical on every replay."""
     digest = hashlib.blake2b(f"{stream_id}:{seq}".encode(), digest_size=8).hexdigest()
-    frame = {"seq": seq, "stream": stream_id, "data": digest}
-    return json.dumps(frame, separators=_JSON_SEPARATORS)
+    return _dumps({"seq": seq, "stream": stream_id, "data": digest})
 
 
 def _digest(mode: str, stream_id: str, n: int, size: int = 8) -> bytes:
@@ -217,16 +127,9 @@ def _data_object(mode: Mode, stream_id: str, n: int) -> dict[str, Any]:
 
 
 def mode_frame(mode: str, stream_id: str, n: int) -> str | bytes:
-    """The exact data frame of message ``n`` of ``stream_id`` under ``mode``.
-
-    ``streams``: :func:`frame_for`. ``subscribe``: ``{"type":"data","seq":n,"payload":P}``.
-    ``gateway``: ``{"op":0,"t":"EVENT","d":{"s":n,"payload":P}}``, where ``P`` is
-    ``{"stream":"<id>","data":"<16 hex digits>"}`` (blake2b of ``"<mode>/<id>:<n>"``).
-    ``live``: ``{"e":"trade","u":n,"s":"<id>","p":"<price>","q":"<quantity>"}``, the decimal
-    strings derived from the same digest. ``binary``: bytes ``b"SLB1"``, ``n`` as 8 bytes
-    big-endian, then the 32-byte blake2b of ``"binary/<id>:<n>"``. Compact JSON, every time
-    identical: a replay sends the same bytes.
-    """
+    """The exact data frame of message ``n`` of ``stream_id`` under ``mode`` (the shapes:
+    docs/upstream-protocol.md), its payload a blake2b of ``"<mode>/<id>:<n>"``: compact
+    JSON (bytes for ``binary``), so a replay sends the same bytes."""
     checked = _check_mode(mode)
     if not 1 <= n <= POISON_SEQ:
         raise ValueError(f"n must be in 1..{POISON_SEQ}, got {n!r}")
@@ -276,13 +179,8 @@ def mode_seq(mode: str, frame: str | bytes) -> int | None:
         if isinstance(frame, bytes) and len(frame) >= 12 and frame.startswith(BINARY_MAGIC):
             return int.from_bytes(frame[4:12], "big")
         return None
-    if isinstance(frame, bytes):
-        return None
-    try:
-        obj = json.loads(frame)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict):
+    obj = _json_object(frame)
+    if obj is None:
         return None
     value: object = None
     if checked == "streams":
@@ -297,7 +195,7 @@ def mode_seq(mode: str, frame: str | bytes) -> int | None:
             value = d.get("s")
     elif obj.get("e") == "trade":  # live
         value = obj.get("u")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if _is_int(value) else None
 
 
 def _heartbeat_frame(mode: Mode) -> str:
@@ -333,7 +231,7 @@ def _hostile_frame(kind: str, stream_id: str, seq: int, mode: Mode = DEFAULT_MOD
     if kind == "binary":
         return b"\x00\xffhostile binary frame\xfe"
     if kind == "array":
-        return json.dumps([seq, stream_id, "hostile"], separators=_JSON_SEPARATORS)
+        return _dumps([seq, stream_id, "hostile"])
     if mode == DEFAULT_MODE:
         if kind == "noseq":
             return _dumps({"stream": stream_id, "data": "hostile"})
@@ -371,12 +269,9 @@ def _parse_from_seq(params: dict[str, list[str]]) -> int:
     if not values:
         return 1
     text = values[0]
-    if not _DIGITS.fullmatch(text):
+    if not _DIGITS.fullmatch(text) or int(text) < 1:
         raise ValueError(f"from_seq must be an integer >= 1, got {text!r}")
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"from_seq must be an integer >= 1, got {text!r}")
-    return value
+    return int(text)
 
 
 def _split_target(target: str) -> tuple[str, dict[str, list[str]]]:
@@ -391,10 +286,6 @@ def _route(path: str) -> tuple[Mode, str] | None:
         if path.startswith(prefix):
             return mode, path[len(prefix):]
     return None
-
-
-def _format_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 def _json_object(message: str | bytes) -> dict[str, Any] | None:
@@ -419,18 +310,8 @@ def _one_header(headers: Headers, name: str) -> str | None:
 class _Stream:
     """The state of one stream of one mode: its connections, counters and pending faults."""
 
-    __slots__ = (
-        "connections",
-        "control_sent",
-        "frames_sent",
-        "id",
-        "malformed",
-        "malformed_sent",
-        "mode",
-        "paused_until",
-        "pending_skip",
-        "subscriptions",
-    )
+    __slots__ = ("connections", "control_sent", "frames_sent", "id", "malformed",
+                 "malformed_sent", "mode", "paused_until", "pending_skip", "subscriptions")
 
     def __init__(self, mode: Mode, stream_id: str) -> None:
         self.mode = mode
@@ -461,18 +342,8 @@ class _ModeCounters:
 class _Connection:
     """One open WebSocket connection to a stream."""
 
-    __slots__ = (
-        "close_code",
-        "close_reason",
-        "closed",
-        "data_sent",
-        "drop_mode",
-        "last_heartbeat",
-        "last_sent",
-        "stream",
-        "wake",
-        "ws",
-    )
+    __slots__ = ("close_code", "close_reason", "closed", "data_sent", "drop_mode",
+                 "last_heartbeat", "last_sent", "stream", "wake", "ws")
 
     def __init__(self, ws: ServerConnection, stream: _Stream) -> None:
         self.ws = ws
@@ -581,13 +452,8 @@ class _Feed:
         return stream
 
     def stats(self) -> dict[str, Any]:
-        """Head, and per mode: open connections, connections opened, refused and timed out,
-        and per stream frames sent; ``streams`` at the top level is the default mode's.
-
-        For every mode but the default, each stream also has ``control_sent`` (heartbeats and
-        heartbeat acks) and ``subscriptions``: the first message number offered to each
-        subscription, oldest first (the last 1000). Under ``live`` and ``binary`` that is the
-        first number due after it subscribed: all a client of it could have seen."""
+        """What ``/stats`` answers (docs/upstream-protocol.md); ``streams`` at the top level
+        is the default mode's."""
         head = self.head()
         by_mode: dict[Mode, dict[str, Any]] = {mode: {} for mode in MODES}
         for (mode, sid), stream in sorted(self._streams.items()):
@@ -616,16 +482,10 @@ class _Feed:
 
     # -- fault hooks ---------------------------------------------------------------------
 
-    def drop(
-        self, stream_id: str | None = None, *, abort: bool = False,
-        mode: str | None = DEFAULT_MODE,
-    ) -> int:
-        """Close every open connection of ``stream_id`` under ``mode`` (every stream if
-        ``stream_id`` is None; every mode if ``mode`` is None).
-
-        Closes with code 1011, or aborts the TCP connection when ``abort``. Returns how many
-        connections were dropped.
-        """
+    def drop(self, stream_id: str | None = None, *, abort: bool = False,
+             mode: str | None = DEFAULT_MODE) -> int:
+        """Close (code 1011) or, with ``abort``, abort every open connection of ``stream_id``
+        under ``mode`` (None: every stream, every mode); how many were dropped."""
         checked = None if mode is None else _check_mode(mode)
         if stream_id is not None:
             _check_stream_id(stream_id)
@@ -649,22 +509,15 @@ class _Feed:
                     self._end(conn, DROP_CLOSE_CODE, "dropped by control hook")
         return count
 
-    def inject_malformed(
-        self, stream_id: str, count: int = 1, kind: str = "notjson", *,
-        mode: str = DEFAULT_MODE,
-    ) -> int:
+    def inject_malformed(self, stream_id: str, count: int = 1, kind: str = "notjson", *,
+                         mode: str = DEFAULT_MODE) -> int:
         """Precede each of the next ``count`` data frames sent on ``stream_id`` under ``mode``
-        by a hostile frame (in the mode's own shape: :func:`malformed_kinds`).
-
-        Returns how many hostile frames are now pending on the stream.
-        """
+        by a hostile frame (:func:`malformed_kinds`); how many are now pending."""
         checked = _check_mode(mode)
         kinds = malformed_kinds(checked)
         if kind not in kinds:
-            raise ValueError(
-                f"unknown malformed kind {kind!r} for mode {checked}; expected one of "
-                f"{', '.join(kinds)}"
-            )
+            raise ValueError(f"unknown malformed kind {kind!r} for mode {checked}; expected "
+                             f"one of {', '.join(kinds)}")
         if not 1 <= count <= _MAX_MALFORMED_COUNT:
             raise ValueError(f"count must be in 1..{_MAX_MALFORMED_COUNT}, got {count!r}")
         stream = self._stream(stream_id, checked)
@@ -673,8 +526,7 @@ class _Feed:
 
     def inject_gap(self, stream_id: str, skip: int, *, mode: str = DEFAULT_MODE) -> None:
         """Make the next connection to ``stream_id`` under ``mode`` start ``skip`` numbers
-        later than it asked for (``live``/``binary``: than the first due after it subscribed).
-        """
+        later than it asked for (``live``/``binary``: than the first due after it subscribed)."""
         if skip < 0:
             raise ValueError(f"skip must be >= 0, got {skip!r}")
         self._stream(stream_id, _check_mode(mode)).pending_skip = skip
@@ -746,9 +598,8 @@ class _Sessions:
             if helpers:
                 await asyncio.wait(helpers)
 
-    async def _open(
-        self, conn: _Connection, params: dict[str, list[str]], helpers: list[asyncio.Task[None]]
-    ) -> int | None:
+    async def _open(self, conn: _Connection, params: dict[str, list[str]],
+                    helpers: list[asyncio.Task[None]]) -> int | None:
         """The mode's opening exchange: the first number to send, or None if it failed (the
         connection is then closing). Starts the connection's reader in ``helpers``."""
         stream = conn.stream
@@ -782,7 +633,7 @@ class _Sessions:
                 await conn.ws.send(_dumps({"result": None, "id": obj["id"]}))
         if mode != "streams":
             stream.subscriptions.append(start)
-        helpers.append(asyncio.create_task(self._read_until_closed(conn)))
+        helpers.append(asyncio.create_task(self._read(conn)))
         return start
 
     async def _first_message(self, conn: _Connection) -> str | bytes | None:
@@ -799,9 +650,8 @@ class _Sessions:
         self.feed._counters[conn.stream.mode].refused += 1
         await conn.ws.close(code, reason)
 
-    async def _open_gateway(
-        self, conn: _Connection, helpers: list[asyncio.Task[None]]
-    ) -> int | None:
+    async def _open_gateway(self, conn: _Connection,
+                            helpers: list[asyncio.Task[None]]) -> int | None:
         """Hello, identify, READY; the heartbeat watchdog runs from hello on."""
         stream, ws = conn.stream, conn.ws
         conn.last_heartbeat = time.monotonic()
@@ -825,7 +675,7 @@ class _Sessions:
         await ws.send(_dumps({"op": 9, "t": "READY"}))
         start = self.feed._replay_start(stream, from_seq)
         stream.subscriptions.append(start)
-        helpers.append(asyncio.create_task(self._read_gateway(conn)))
+        helpers.append(asyncio.create_task(self._read(conn)))
         return start
 
     async def _gateway_watchdog(self, conn: _Connection) -> None:
@@ -841,10 +691,15 @@ class _Sessions:
         self.feed._counters["gateway"].timed_out += 1
         self.feed._end(conn, GATEWAY_HEARTBEAT_TIMEOUT, "no heartbeat in time")
 
-    async def _read_gateway(self, conn: _Connection) -> None:
-        """Answer each heartbeat ``{"op":1}`` with ``{"op":11}``; discard anything else."""
+    @staticmethod
+    async def _read(conn: _Connection) -> None:
+        """Read until the connection closes (so closing handshakes go through), then note it.
+        The gateway answers each heartbeat ``{"op":1}`` with ``{"op":11}``; anything else is
+        discarded."""
         try:
             async for message in conn.ws:
+                if conn.stream.mode != "gateway":
+                    continue
                 obj = _json_object(message)
                 if obj is None or not _is_int(obj.get("op")) or obj["op"] != 1:
                     continue
@@ -852,18 +707,6 @@ class _Sessions:
                 if not conn.stream.paused() and conn.drop_mode is None:
                     await conn.ws.send('{"op":11}')
                     conn.stream.control_sent += 1
-        except ConnectionClosed:
-            pass
-        finally:
-            conn.closed = True
-            conn.wake.set()
-
-    @staticmethod
-    async def _read_until_closed(conn: _Connection) -> None:
-        """Discard whatever the client sends (so closing handshakes go through); note closure."""
-        try:
-            async for _ in conn.ws:
-                pass
         except ConnectionClosed:
             pass
         finally:
@@ -950,15 +793,9 @@ class UpstreamServer(_Feed):
         """Bind the socket and start serving; the clock of every stream starts now."""
         if self._server is not None:
             raise RuntimeError("UpstreamServer already started")
-        server = await serve(
-            self._sessions.handle,
-            self._host,
-            self._requested_port,
-            compression=None,
-            process_request=self._process_request,
-            close_timeout=_CLOSE_TIMEOUT,
-            max_size=2**16,
-        )
+        server = await serve(self._sessions.handle, self._host, self._requested_port,
+                             compression=None, process_request=self._process_request,
+                             close_timeout=_CLOSE_TIMEOUT, max_size=2**16)
         self._t0 = time.monotonic()
         self._server = server
         self._port = int(server.sockets[0].getsockname()[1])
@@ -982,12 +819,7 @@ class UpstreamServer(_Feed):
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     # -- addresses and state -------------------------------------------------------------
@@ -1004,11 +836,11 @@ class UpstreamServer(_Feed):
 
     @property
     def base_url(self) -> str:
-        return f"ws://{_format_host(self._host)}:{self.port}"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"ws://{host}:{self.port}"
 
-    def url_for(
-        self, stream_id: str, from_seq: int | None = None, *, mode: str = DEFAULT_MODE
-    ) -> str:
+    def url_for(self, stream_id: str, from_seq: int | None = None, *,
+                mode: str = DEFAULT_MODE) -> str:
         """The WebSocket URL of ``stream_id`` under ``mode`` (optionally with ``from_seq``,
         which only ``streams`` and ``subscribe`` take from the query: ``gateway`` resumes by
         its identify message, ``live`` and ``binary`` do not replay)."""
@@ -1122,36 +954,6 @@ class UpstreamServer(_Feed):
 # -- command line ------------------------------------------------------------------------
 
 
-def _int_in(low: int, high: int | None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"{low}..{high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _token(text: str) -> str:
-    if not re.fullmatch(r"[\x21-\x7e]+", text):
-        raise argparse.ArgumentTypeError("must be non-empty printable ASCII without spaces")
-    return text
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -1162,53 +964,27 @@ def _is_loopback(host: str) -> bool:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    # Values are checked by UpstreamOptions, whose ValueError main() turns into a usage error.
     parser = argparse.ArgumentParser(
         prog="streamlease dev upstream",
         description="The reference upstream: many WebSocket streams on one port, in every "
-        "test-feed mode.",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument(
-        "--port", type=_int_in(0, 65535), default=8765, help="port (default 8765; 0 = any free)"
-    )
-    parser.add_argument(
-        "--streams", type=_int_in(0, None), default=12, help="pre-declared streams s001... (12)"
-    )
-    parser.add_argument(
-        "--rate", type=_positive_rate, default=10.0, help="messages per second per stream (10)"
-    )
-    parser.add_argument(
-        "--initial-backlog",
-        type=_int_in(0, None),
-        default=0,
-        help="messages already available at start (0)",
-    )
-    parser.add_argument(
-        "--retention",
-        type=_int_in(1, None),
-        default=None,
-        help="messages kept per stream (default unlimited)",
-    )
-    parser.add_argument(
-        "--token",
-        type=_token,
-        default=None,
-        help="token the test feeds require: Authorization: Bearer (subscribe), X-Api-Key "
-        "(live, binary), identify (gateway); default: none checked",
-    )
-    parser.add_argument(
-        "--gateway-heartbeat-ms",
-        type=_int_in(1, _MAX_GATEWAY_HEARTBEAT_MS),
-        default=DEFAULT_GATEWAY_HEARTBEAT_MS,
-        help="heartbeat interval the gateway asks for; 3 missed close with 4009 (1000)",
-    )
-    parser.add_argument(
-        "--allow-remote", action="store_true", help="allow binding a non-loopback address"
-    )
+        "test-feed mode.")
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    add("--port", type=int, default=8765, help="port (default 8765; 0 = any free)")
+    add("--streams", type=int, default=12, help="pre-declared streams s001... (12)")
+    add("--rate", type=float, default=10.0, help="messages per second per stream (10)")
+    add("--initial-backlog", type=int, default=0, help="messages already available at start (0)")
+    add("--retention", type=int, help="messages kept per stream (default unlimited)")
+    add("--token", help="token the test feeds require: Authorization: Bearer (subscribe), "
+        "X-Api-Key (live, binary), identify (gateway); default: none checked")
+    add("--gateway-heartbeat-ms", type=int, default=DEFAULT_GATEWAY_HEARTBEAT_MS,
+        help="heartbeat interval the gateway asks for; 3 missed close with 4009 (1000)")
+    add("--allow-remote", action="store_true", help="allow binding a non-loopback address")
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(options: UpstreamOptions) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     installed: list[signal.Signals] = []
@@ -1218,21 +994,13 @@ async def _serve(args: argparse.Namespace) -> int:
         except (NotImplementedError, RuntimeError):  # not the main thread, or not Unix
             continue
         installed.append(sig)
-    up = UpstreamServer(UpstreamOptions(
-        host=args.host,
-        port=args.port,
-        streams=args.streams,
-        rate=args.rate,
-        initial_backlog=args.initial_backlog,
-        retention=args.retention,
-        token=args.token,
-        gateway_heartbeat_ms=args.gateway_heartbeat_ms,
-    ))
+    up = UpstreamServer(options)
     try:
         try:
             await up.start()
         except OSError as exc:
-            print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            print(f"error: cannot listen on {options.host}:{options.port}: {exc}",
+                  file=sys.stderr)
             return 1
         try:
             print(f"listening on {up.base_url}", flush=True)
@@ -1257,11 +1025,15 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad usage, 1 if it cannot bind."""
     parser = _build_parser()
-    args = parser.parse_args(argv)
-    if not args.allow_remote and not _is_loopback(args.host):
-        parser.error(f"--host {args.host} is not a loopback address (pass --allow-remote)")
+    args = vars(parser.parse_args(argv))
+    if not args.pop("allow_remote") and not _is_loopback(args["host"]):
+        parser.error(f"--host {args['host']} is not a loopback address (pass --allow-remote)")
+    try:
+        options = UpstreamOptions(**args)
+    except ValueError as exc:
+        parser.error(str(exc))
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(_serve(args))
+        return runner.run(_serve(options))
 
 
 if __name__ == "__main__":

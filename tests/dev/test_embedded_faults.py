@@ -611,7 +611,7 @@ def test_without_faults_the_path_is_no_control(dynamodb_endpoint: str) -> None:
 
 def test_zero_lags_keep_no_history_until_a_lag_is_set() -> None:
     """With a control, the consistency machinery is in place from the start but records
-    nothing while every lag is 0 (``ConsistencyApp`` checks ``consistency.enabled``)."""
+    nothing while every lag is 0 (``RequestContextApp`` checks ``consistency.enabled``)."""
     with EmbeddedDynamoDB(ServerOptions(faults=True)) as server:
         control, db = Control(server.endpoint_url), client(server.endpoint_url)
         table = make_table(db)
