@@ -1,46 +1,26 @@
 """The ``sinks`` scenario: every output through a short chaos run, audited at its destination.
 
-For each sink (``--sinks``; by default ``SINKS``) a fleet of its own: ``SINK_RUN``'s workers
-on its streams at the small profile's timings, ``STREAMLEASE_SINK`` naming the destination.
-Once every stream delivers: kill -9 of a worker holding streams (a new worker replaces it),
-SIGSTOP of another past its lease then SIGCONT, a new worker and SIGTERM of an old one;
-then every worker is stopped and the destination is read back and compared with the
-stream items' ``last_seq`` checkpoints (``audit_deliveries``):
+For each sink (``--sinks``; by default ``SINKS``) a fleet of its own (``SINK_RUN``),
+``STREAMLEASE_SINK`` naming the destination, through ``loadtest.fleet.short_chaos_run``;
+then the destination is read back and compared with the stream items' ``last_seq``
+checkpoints (``audit_deliveries``):
 
-* ``lost``: seqs 1..last_seq of a stream missing at the destination, plus copies whose
-  data is not the upstream's frame for that seq (a corrupted copy is not a delivery);
+* ``lost``: seqs 1..last_seq missing at the destination, plus copies whose data is not the
+  upstream's frame for that seq (a corrupted copy is not a delivery);
 * ``duplicated``: copies beyond the first of a seq;
-* ``dup_outside_takeover``: copies beyond the first under one fence: a duplicate within a
-  single tenure. An at-least-once sink may repeat a seq only across a takeover (the old
-  holder's write landed, its checkpoint did not), i.e. under two fences;
-* ``out_of_order``: within one fence, a copy whose seq is below the one before it (in the
-  destination's own order);
-* ``messages``: copies read back.
+* ``dup_outside_takeover``: copies beyond the first under one fence. An at-least-once sink
+  may repeat a seq only across a takeover (the old holder's write landed, its checkpoint
+  did not), i.e. under two fences;
+* ``out_of_order``: within one fence, a seq below the one before it (in the destination's
+  own order); ``messages``: copies read back.
 
-Destinations and how each is read:
-
-* ``dynamodb``: the events table (``Fleet.audit``; exactly once, one item per seq);
-* ``postgres``: a private cluster (``tests.pgserver``), ``SELECT`` of the messages table in
-  commit order (exactly once: the rows and the checkpoint in one transaction);
-* ``kinesis``: one stream of one shard on moto (``tests.motoserver``), read from
-  ``TRIM_HORIZON``;
-* ``sqs``: a standard queue on moto, received and deleted until empty: every send arrives
-  (re-sends included), order not guaranteed. ``sqs_fifo`` (not in the default set) is the
-  same through a FIFO queue, where SQS drops a re-send with the same
-  ``MessageDeduplicationId`` (``stream_id:seq``) within five minutes, so its audit sees
-  what a consumer sees, not every send. It is not a default because moto's FIFO emulation
-  slows down as messages accumulate (a ``SendMessageBatch`` of 5 takes seconds once a few
-  hundred were sent), so the run measures moto, not the worker;
-* ``s3``: one bucket on moto, every object listed and read, per stream in key (first seq)
-  order; a retried batch rewrites its own key, so only a takeover can duplicate;
-* ``http``: an aiohttp receiver in this process on 127.0.0.1 that fences like
-  ``examples/webhook_receiver.py`` (409 to a fence below the highest seen) but keeps every
-  accepted delivery, undeduplicated;
-* ``file``: ``file:///DIR``'s JSON lines; ``python``: ``loadtest.processors:recording``'s.
-
-A sink whose server cannot start here (no PostgreSQL binaries, no moto) is reported with
-``skipped`` and its reason. The ``dynamodb`` section also gets the cost and latency figures
-of ``loadtest.sink_cost``.
+Each destination's server starts here (PostgreSQL from ``tests.pgserver``; Kinesis, SQS and
+S3 on moto; a fencing webhook receiver in this process that keeps every accepted delivery,
+undeduplicated); one that cannot is reported with ``skipped`` and its reason. ``sqs_fifo``
+is not a default: SQS drops a re-send within five minutes, so its audit sees what a
+consumer sees, and moto's FIFO emulation slows as messages accumulate (the run would
+measure moto, not the worker). The ``dynamodb`` section also gets the cost and latency
+figures of ``loadtest.sink_cost``.
 """
 
 from __future__ import annotations
