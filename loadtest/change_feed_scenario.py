@@ -43,7 +43,15 @@ from typing import Any
 import aioboto3
 
 from loadtest.common import Server, choose_names, dynamodb_args
-from loadtest.fleet import Context, Fleet, LeaderWatch, by_label, pct, upstream_connections
+from loadtest.fleet import (
+    Context,
+    Fleet,
+    LeaderWatch,
+    by_label,
+    by_operation,
+    pct,
+    upstream_connections,
+)
 from loadtest.request_count import READ_OPERATIONS, WORKER_ACCESS_KEY, Key
 from streamlease.config import DEFAULTS
 from streamlease.core.model import StreamRecord
@@ -215,14 +223,8 @@ def stream_reads(before: collections.Counter[Key], after: collections.Counter[Ke
 def worker_reads(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
                  names: Sequence[str]) -> dict[str, int]:
     """Read requests the workers ``names`` counted themselves (every table), by operation."""
-    out: dict[str, int] = {}
-    for op in WORKER_READS:
-        prefix = f'streamlease_dynamodb_requests_total{{operation="{op}",'
-        total = sum(v - before[n].get(k, 0.0) for n in names
-                    for k, v in after[n].items() if k.startswith(prefix))
-        if total:
-            out[op] = int(total)
-    return out
+    found = by_operation(before, after, names)
+    return {op: int(found[op]) for op in WORKER_READS if found.get(op)}
 
 
 # -- one mode -----------------------------------------------------------------------------
@@ -413,19 +415,13 @@ async def _quiet_window(run: Run, quiet_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {"settled_after_s": None if settled is None else round(settled, 1),
                            "window_s": quiet_s}
     before_counts = fleet.request_counts()
-    fleet.scrape_all()
-    before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+    before = fleet.snapshot()
     start = fleet.now()
-    held: list[int] = []
-    while fleet.now() - start < quiet_s:
-        await asyncio.sleep(min(1.0, quiet_s - (fleet.now() - start)))
-        held.append(fleet.held_total())
+    mean_held = await fleet.mean_held(quiet_s)
     after_counts = fleet.request_counts()
-    fleet.scrape_all()
+    after = fleet.snapshot()
     end = fleet.now()
-    after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
     names = [name for name in before if name in after]
-    mean_held = sum(held) / len(held) if held else 0.0
     stream_minutes = mean_held * (end - start) / 60
     out.update(window_measured_s=round(end - start, 1), held_streams=round(mean_held, 1),
                stream_minutes=round(stream_minutes, 2),

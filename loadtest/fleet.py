@@ -75,6 +75,7 @@ from streamlease.store.protocols import AdminStore, Stores
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".run" / "loadtest"
+REQUESTS = "streamlease_dynamodb_requests_total"  # a worker's store requests, by operation
 
 
 @dataclass
@@ -622,6 +623,19 @@ class Fleet:
             if not w.paused and w.alive():
                 w.scrape()
 
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Every live worker's metrics by its name, scraped now."""
+        self.scrape_all()
+        return {w.name: dict(w.metrics) for w in self.workers.values()}
+
+    async def mean_held(self, seconds: float) -> float:
+        """The streams held, read every second for ``seconds``: their mean."""
+        start, held = self.now(), []
+        while self.now() - start < seconds:
+            await asyncio.sleep(min(1.0, seconds - (self.now() - start)))
+            held.append(self.held_total())
+        return sum(held) / len(held) if held else 0.0
+
     def log_events(self) -> dict[str, int]:
         """Warnings and errors in every worker's log, by event name."""
         counts: collections.Counter[str] = collections.Counter()
@@ -855,6 +869,20 @@ def every_stream_held(fleet: Fleet) -> bool:
 def metric_sum(workers: Iterable[WorkerProc], prefix: str) -> float:
     """Every series starting with ``prefix``, summed over ``workers``' last scrapes."""
     return sum(v for w in workers for k, v in w.metrics.items() if k.startswith(prefix))
+
+
+def by_operation(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                 names: Iterable[str], metric: str = REQUESTS) -> dict[str, float]:
+    """How much ``metric`` grew between two ``Fleet.snapshot``s of the workers ``names``,
+    summed by its ``operation`` label."""
+    prefix = f'{metric}{{operation="'
+    found: dict[str, float] = {}
+    for name in names:
+        for key, value in after[name].items():
+            if key.startswith(prefix):
+                op = key[len(prefix):].split('"', 1)[0]
+                found[op] = found.get(op, 0.0) + value - before[name].get(key, 0.0)
+    return found
 
 
 def by_label(workers: Iterable[WorkerProc], metric: str, label: str) -> dict[str, int]:

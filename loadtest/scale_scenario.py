@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import Any
 
 from loadtest.capacity import capacity_model, inputs_from_scale, model_text, per_worker_read_growth
 from loadtest.fleet import (
     Context,
     Fleet,
+    by_operation,
     every_stream_held,
     finish,
     rounded,
@@ -122,30 +122,18 @@ def _even_and_still(fleet: Fleet, workers: int, still_s: float) -> bool:
 async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
     """Counters of every live worker before and after ``window_s``: the store's
     requests/s by operation per 1,000 held streams, and the lease-upkeep rates."""
-    fleet.scrape_all()
-    before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
-    t0 = time.monotonic()
-    held_samples: list[int] = []
-    while time.monotonic() - t0 < window_s:
-        await asyncio.sleep(min(1.0, window_s - (time.monotonic() - t0)))
-        held_samples.append(fleet.held_total())
-    fleet.scrape_all()
-    elapsed = time.monotonic() - t0
-    after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+    before = fleet.snapshot()
+    t0 = fleet.now()
+    held = await fleet.mean_held(window_s)
+    after = fleet.snapshot()
+    elapsed = fleet.now() - t0
     names = [name for name in before if name in after]
-    held = sum(held_samples) / len(held_samples) if held_samples else 0.0
 
     def delta(prefix: str) -> float:
         return sum(v - before[name].get(k, 0.0) for name in names
                    for k, v in after[name].items() if k.startswith(prefix))
 
-    ops: dict[str, float] = {}
-    for name in names:
-        for k in after[name]:
-            if k.startswith('streamlease_dynamodb_requests_total{operation="'):
-                ops.setdefault(k.split('"', 2)[1], 0.0)
-    per_op = {op: delta(f'streamlease_dynamodb_requests_total{{operation="{op}",')
-              for op in sorted(ops)}
+    per_op = dict(sorted(by_operation(before, after, names).items()))
     per_1000 = {op: round(v / elapsed / (held / 1000), 3) for op, v in per_op.items() if v} \
         if held else {}
     stream_minutes = held * elapsed / 60
@@ -308,13 +296,11 @@ async def _reads_per_worker(ctx: Context, workers: int, per: int,
                 all(abs(c - share) <= 1 for c in counts.values()) and \
                 fleet.moves(fleet.now() - 10.0) == 0
         out["settled_s"] = rounded(await fleet.wait_until(even_and_quiet, 180.0))
-        fleet.scrape_all()
-        before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+        before = fleet.snapshot()
         start = fleet.now()
         await asyncio.sleep(window)
-        fleet.scrape_all()
+        after = fleet.snapshot()
         end = fleet.now()
-        after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
         names = [name for name in before if name in after]
         out.update(window_measured_s=round(end - start, 1), workers_measured=len(names),
                    moves_in_window=fleet.moves(start, end), held_at_end=fleet.counts())
@@ -351,22 +337,11 @@ def read_rates(before: dict[str, dict[str, float]], after: dict[str, dict[str, f
     if not names or elapsed_s <= 0:
         return {"items_per_worker_minute": None}
     worker_minutes = len(names) * elapsed_s / 60
-
-    def by_op(metric: str) -> dict[str, float]:
-        prefix = f'{metric}{{operation="'
-        found: dict[str, float] = {}
-        for name in names:
-            for key, value in after[name].items():
-                if key.startswith(prefix):
-                    op = key[len(prefix):].split('"', 1)[0]
-                    found[op] = found.get(op, 0.0) + value - before[name].get(key, 0.0)
-        return found
-
-    items = by_op(ITEMS_READ)
+    items = by_operation(before, after, names, ITEMS_READ)
     if not any(key.startswith(ITEMS_READ) for name in names for key in after[name]):
         return {"items_per_worker_minute": None,
                 "items_not_counted": f"the workers expose no {ITEMS_READ}"}
-    requests = {op: v for op, v in by_op("streamlease_dynamodb_requests_total").items()
+    requests = {op: v for op, v in by_operation(before, after, names).items()
                 if op in ("query", "scan", "get_item", "batch_get_item")}
     return {
         "items_per_worker_minute": round(sum(items.values()) / worker_minutes, 2),
