@@ -375,12 +375,6 @@ def _member_query(f: Shape) -> tuple[float, float]:
     return f.keys * pages, f.keys * units
 
 
-def _replica_writes(f: Shape) -> float:
-    """The leader's copies of its bulletin into every key of a spread layout, after each
-    heartbeat (``Publisher.replica_loop``)."""
-    return f.keys / f.settings.heartbeat_s if f.keys > 1 else 0.0
-
-
 def _campaign_reads(f: Shape) -> tuple[float, float]:
     """Leader-lease reads a second: the successor's (consistent, every observe_s) and the
     calm ones of the other members that do not lead (once a lease, eventually
@@ -413,15 +407,6 @@ def _moved(entry: int) -> float:
 
 def _renewals(f: Shape) -> float:
     return 0.0 if f.first_interval else f.streams / f.settings.stream_renew_s
-
-
-def _batched_checks(f: Shape) -> float:
-    """Each worker's batched read of its held items, while no change feed is live."""
-    return 0.0 if f.settings.change_feed else f.workers / f.settings.stream_check_s
-
-
-def _batch_requests(f: Shape) -> float:
-    return float(math.ceil(f.per_worker / BATCH_GET_KEYS))
 
 
 def _feed_shards(f: Shape) -> float:
@@ -478,7 +463,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("bulletin replicas",
          "membership/bulletin.py Publisher.replica_loop; store/dynamodb/fleet.py publish",
          "put_item", FLEET, MEMBER_KEYS, "member key", "keys / heartbeat once spread (leader)",
-         per_s=_replica_writes, write_units=lambda f: write_units(f.sizes.replica)),
+         per_s=lambda f: f.keys / f.settings.heartbeat_s if f.keys > 1 else 0.0,
+         write_units=lambda f: write_units(f.sizes.replica)),
     # The successor the bulletin names reads the lease consistently; the other ACTIVE
     # workers calmly (Listener.campaign_urgent), while the leader's row shows it alive.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
@@ -511,7 +497,9 @@ KINDS: tuple[Kind, ...] = (
     Kind("held items read (batched)", "watch.py HeldWatch.checks_loop; "
          "store/dynamodb/leases.py check_many", "batch_get_item", STREAMS, "each stream",
          "stream", "without the change feed: W / check x ceil(N / W / 100) requests",
-         per_s=_batched_checks, requests=_batch_requests, items=lambda f: f.per_worker,
+         per_s=lambda f: 0.0 if f.settings.change_feed else f.workers / f.settings.stream_check_s,
+         requests=lambda f: float(math.ceil(f.per_worker / BATCH_GET_KEYS)),
+         items=lambda f: f.per_worker,
          read_units=lambda f: f.per_worker * read_units(f.sizes.stream, False)),
     # By every admitting worker, jittered 20 %; nothing found at steady state (the minimum
     # unit); every fast_poll_s while a peer drains or hands streams over. With the change
@@ -746,12 +734,6 @@ def per_worker_read_growth(settings: Settings | None = None) -> dict[str, Any]:
                         for k, v in eight_by.items()}}
 
 
-def model_requests(shape: Shape) -> dict[str, tuple[float, float]]:
-    """Requests/s by operation: (steady, with every worker polling fast)."""
-    return _totals((x.kind.operation, x.requests_s, x.fast_requests_s) for x in loads(shape)
-                   if x.kind.operation != "-" and x.requests_s)
-
-
 AGREE = 0.25  # measured within 25 % of the model's range
 
 
@@ -768,7 +750,9 @@ def compare_measured(measured_per_1000: Mapping[str, float], shape: Shape,
     expects so rarely in the run's ``window_s`` that seeing none is likelier than one in
     twenty (fewer than ``RARE`` expected: the sweep's Scan, a few pages every 300 s with
     the change feed) agrees when none was seen: the window is too short to tell."""
-    model = model_requests(shape)
+    # Requests/s by operation: (steady, with every worker polling fast).
+    model = _totals((x.kind.operation, x.requests_s, x.fast_requests_s) for x in loads(shape)
+                    if x.kind.operation != "-" and x.requests_s)
     rows: dict[str, Any] = {}
     for op in sorted(set(model) | set(measured_per_1000)):
         low, high = (v * 1000 / shape.streams for v in model.get(op, (0.0, 0.0)))

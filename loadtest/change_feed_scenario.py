@@ -154,11 +154,6 @@ class Watch:
         return found
 
 
-def _region() -> str | None:
-    """The region the fleet's store uses (botocore does not always read AWS_REGION)."""
-    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-
-
 async def _none() -> None:
     return None
 
@@ -326,7 +321,8 @@ async def measure_mode(ctx: Context, mode: str) -> dict[str, Any]:
                                  index_lag_jitter_ms=INDEX_LAG_JITTER_MS),
                              upstream_args=("--initial-backlog", str(BACKLOG)),
                              watch_upstream=False, count_requests=True) as fleet, \
-                aioboto3.Session().client("dynamodb", region_name=_region()) as client:
+                aioboto3.Session().client("dynamodb", region_name=os.environ.get(  # its region
+                    "AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")) as client:
             watch = Watch(client, fleet.table, fleet.upstream_url, moved.url)
             run = Run(fleet, moved.url, watch)
             watcher = asyncio.ensure_future(watch.run())

@@ -67,6 +67,7 @@ from loadtest.common import (
     use_local_dynamodb,
     worker_child,
 )
+from loadtest.report import worker_order
 from streamlease.core.model import StreamRecord
 from streamlease.dev.procs import free_port
 from streamlease.dev.upstream import frame_for
@@ -514,7 +515,7 @@ class Fleet:
         """Streams held per live worker (0 for a live worker holding none), last sample
         (from the table, or from the workers' gauges when the table is read rarely)."""
         last = self.timeline[-1][1] if self.timeline else {}
-        return {name: last.get(name, 0) for name in sorted(self.workers, key=_worker_order)}
+        return {name: last.get(name, 0) for name in sorted(self.workers, key=worker_order)}
 
     def held_total(self) -> int:
         return sum(self.timeline[-1][1].values()) if self.timeline else 0
@@ -747,11 +748,6 @@ def _wait(popen: subprocess.Popen[bytes], timeout: float) -> bool:
         return True
     except subprocess.TimeoutExpired:
         return False
-
-
-def _worker_order(name: str) -> tuple[int, str]:
-    digits = name.lstrip("w")
-    return (int(digits), name) if digits.isdigit() else (1 << 30, name)
 
 
 @dataclass

@@ -1077,7 +1077,7 @@ def scale_reads_md(k: dict[str, Any]) -> list[str]:
 # -- the chart ----------------------------------------------------------------------------
 
 
-def _order(worker: str) -> tuple[int, str]:
+def worker_order(worker: str) -> tuple[int, str]:
     digits = worker.lstrip("w")
     return (int(digits), worker) if digits.isdigit() else (1 << 30, worker)
 
@@ -1113,7 +1113,7 @@ def timeline_png(r: dict[str, Any], path: Path) -> None:
 def _stack(ax: Any, timeline: list[Any], faults: list[dict[str, Any]], title: str) -> None:
     import matplotlib.pyplot as plt
 
-    workers = sorted({w for _, owned in timeline for w in owned}, key=_order)
+    workers = sorted({w for _, owned in timeline for w in owned}, key=worker_order)
     times = [t for t, _ in timeline]
     stacks = [[owned.get(w, 0) for _, owned in timeline] for w in workers]
     if stacks:
@@ -1140,7 +1140,7 @@ def _spread(ax: Any, b: dict[str, Any]) -> None:
 
     timeline = b["timeline"]
     times = [t for t, _ in timeline]
-    workers = sorted({w for _, owned in timeline for w in owned}, key=_order)
+    workers = sorted({w for _, owned in timeline for w in owned}, key=worker_order)
     palette = plt.get_cmap("tab20")
     for i, w in enumerate(workers):
         ax.step(times, [owned.get(w, math.nan) for _, owned in timeline], where="post",
@@ -1203,7 +1203,7 @@ def trace_png(r: dict[str, Any], path: Path) -> None:
 
 def _span_panel(ax: Any, t: dict[str, Any], palette: Any) -> None:
     spans = t["spans"]
-    workers = sorted({str(s.get("worker")) for s in spans}, key=_order)
+    workers = sorted({str(s.get("worker")) for s in spans}, key=worker_order)
     color = {w: palette(i % 10) for i, w in enumerate(workers)}
     end = max([s["end_ms"] for s in spans] + [t.get("killed_ms") or 0.0])
     start = min([s["start_ms"] for s in spans] + [t.get("killed_ms") or 0.0])

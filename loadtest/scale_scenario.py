@@ -72,7 +72,8 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
         section.update(steady)
         section.update(index_moves(steady["lease_writes_in_window"],
                                    steady["stream_minutes_in_window"],
-                                   steady["window_measured_s"], _renew_interval_s()))
+                                   steady["window_measured_s"],
+                                   WorkerConfig.from_env({}).stream_renew_s))  # its default
 
         await fleet.read_table()
         victim = max(fleet.workers, key=lambda w: len(fleet.held_by(w)[0]), default=None)
@@ -196,11 +197,6 @@ LEASE_WRITES = {
     "unserved_released": "streamlease_unserved_leases_released_total",
 }
 INDEX_WRITES_PER_MOVE = 2
-
-
-def _renew_interval_s() -> float:
-    """The workers' stream renewal interval: the scale run leaves it at its default."""
-    return WorkerConfig.from_env({}).stream_renew_s
 
 
 def index_moves(writes: dict[str, float], stream_minutes: float, window_s: float,

@@ -37,7 +37,7 @@ from loadtest.common import Tables, local_store, worker_child
 from loadtest.fleet import WorkerProc, pct, rounded
 from streamlease.config import DEFAULTS
 from streamlease.dev.procs import free_port
-from streamlease.dev.upstream import UpstreamOptions, UpstreamServer
+from streamlease.dev.upstream import UpstreamOptions, UpstreamServer, frame_for
 from streamlease.store import codec
 from streamlease.store.dynamodb import connect_admin
 
@@ -221,7 +221,7 @@ async def measure_sink_cost(windows: tuple[float, ...] = WINDOWS, streams: int =
         "targets": {"cost_per_stream_month_1hz": TARGET_USD, "added_latency_s": TARGET_LATENCY_S},
         "curve": {str(r["window_s"]): r for r in sorted(results, key=lambda r: r["window_s"])},
         "rate_msgs_per_s": rate,
-        "message_bytes": len(_sample_frame()),
+        "message_bytes": len(frame_for("w5p0-s1", 100_000)),
         "measured_s": seconds,
         "run_seconds": round(time.monotonic() - started, 1),
         "assumptions": "us-east-1 on-demand $0.625 per million WRU; a sink transaction "
@@ -230,11 +230,6 @@ async def measure_sink_cost(windows: tuple[float, ...] = WINDOWS, streams: int =
                        "(transactions); a 30-day month at 1 msg/s; storage, PITR, reads "
                        "and the lease upkeep not included",
     }
-
-
-def _sample_frame() -> str:
-    from streamlease.dev.upstream import frame_for
-    return frame_for("w5p0-s1", 100_000)
 
 
 def main() -> None:

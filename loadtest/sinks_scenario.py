@@ -208,15 +208,11 @@ class Servers:
         return self._postgres
 
 
-def _aws_session() -> Any:
-    import aioboto3
-
-    return aioboto3.Session()
-
-
 @contextlib.asynccontextmanager
 async def _aws(service: str, env: dict[str, str]) -> AsyncIterator[Any]:
-    async with _aws_session().client(service, region_name=env["AWS_REGION"],
+    import aioboto3
+
+    async with aioboto3.Session().client(service, region_name=env["AWS_REGION"],
                                      endpoint_url=env[f"AWS_ENDPOINT_URL_{service.upper()}"],
                                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]) as c:

@@ -203,11 +203,6 @@ COST_BACKLOG = 400_000
 COST_ORDER = ("off", "on", "on", "off")
 
 
-def without_otel(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without any ``OTEL_*`` variable: tracing off, whatever the caller set."""
-    return {k: v for k, v in env.items() if not k.startswith("OTEL_")}
-
-
 async def run_tracing(ctx: Context) -> dict[str, Any]:
     with local_store(ctx.args.dynamodb) as env:
         return await measure_tracing_cost(env, ctx.args.quick)
@@ -217,7 +212,9 @@ async def measure_tracing_cost(env: dict[str, str], quick: bool) -> dict[str, An
     """One worker, the no-op Python processor, the same backlog: delivered msgs/s with
     tracing off and on (default sampling), in ``COST_ORDER``."""
     seconds = 4.0 if quick else COST_SECONDS
-    base = {**without_otel(env), **python_processor_env(env)}
+    # Without any OTEL_* variable: tracing off, whatever the caller set.
+    base = {**{k: v for k, v in env.items() if not k.startswith("OTEL_")},
+            **python_processor_env(env)}
     backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
                      "--initial-backlog", str(COST_BACKLOG))
     rates: dict[str, list[float]] = {"off": [], "on": []}
