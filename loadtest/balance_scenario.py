@@ -122,12 +122,8 @@ def _best_spread(fleet: Fleet, since: float, until: float, workers: int) -> int 
 
 async def run_balance_startup(ctx: Context) -> dict[str, Any]:
     """40 streams, 2 workers started, and 2 more as soon as the first stream is held (the
-    first two are still taking the rest): how long from the 2 new workers' start until
-    every worker holds its share (10) +/-1 and stays there, the moves until then (new
-    tenures after each stream's first, from the table), and the longest any stream was
-    leased to no running worker after the new workers started (table reads every
-    ``sample_s``: that is the resolution; a stream not yet taken counts as unowned too).
-    The balance scenario's timings (the profile's: a 2 s lease at the small profile)."""
+    first two are still taking the rest): ``startup_balance``'s figures from then on, at
+    the balance scenario's timings."""
     p = ctx.profile
     args = ctx.args
     streams, workers = 40, 4

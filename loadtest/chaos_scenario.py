@@ -219,17 +219,10 @@ RRU_USD = 0.125 / 1e6
 
 
 def cost(per_min: dict[str, float], profile: dict[str, Any], batch_s: float) -> dict[str, Any]:
-    """Implied on-demand cost of 1,000 streams for a 30-day month, with its assumptions.
-
-    Write units per call: a stream renewal moves the index sort key (1 WRU on the table,
-    2 on the index: delete + put), acquire/release likewise; a member heartbeat is 1 WRU
-    on the fleet table (given per stream as ``member_heartbeat``; without that breakdown
-    ``heartbeat`` is priced as renewals); a sink transaction doubles its items' units
-    (transactions cost 2x): the streams item (``last_seq`` is not in the index) and one
-    events item per ~1 KB of messages; a query reads up to 4 KB (0.5 RRU eventually
-    consistent), a check-in is one consistent read (1 RRU), the sweep's scan about 0.5
-    RRU per 4 KB of table.
-    """
+    """Implied on-demand cost of 1,000 streams for a 30-day month, with its assumptions
+    (the returned ``assumptions``). Without a ``member_heartbeat`` figure ``heartbeat`` is
+    priced as renewals; a query reads up to 4 KB (0.5 RRU eventually consistent), a
+    check-in is one consistent read, the sweep's scan about 0.5 RRU per 4 KB of table."""
     minutes = 30 * 24 * 60 * 1000  # stream-minutes per month for 1,000 streams
     msg_bytes = 60
     batch_msgs = max(1.0, profile["rate"] * batch_s)  # a flush every batch_s at this rate

@@ -27,13 +27,8 @@ What the sampler records, every ``sample_s``:
   the streams leased to a running worker, from which spells of no owner are measured.
 
 Worker logs (JSON, INFO) go to ``.run/loadtest/<stamp>/<scenario>/``; ``log_events``
-counts their warnings and errors by event name, the evidence behind a figure.
-
-Besides the fleet, what scenarios do to one: ``Context`` (a run's arguments and profile,
-and the fleets it builds), the chaos steps (``kill_and_pause``, ``rolling_restart``,
-``short_chaos``), the figures read off the workers' metrics (``by_label``,
-``histogram_quantile``, ``churn_figures``, ``finish``), who leads (``leaders_now``), and
-one worker alone on fresh tables (``worker_phase``).
+counts their warnings and errors by event name, the evidence behind a figure. Below the
+fleet: what scenarios do to one, and one worker alone on fresh tables (``worker_phase``).
 """
 
 from __future__ import annotations

@@ -20,13 +20,10 @@ from loadtest.fleet import (
 
 
 async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
-    """kill -9 of a worker holding 100 streams at the default settings (no
-    STREAMLEASE_*_SECONDS, STREAMLEASE_MAX_STREAMS 100): 3 workers x 100 streams at a low
-    message rate; each kill's victim is replaced at once by a new worker (the survivors are
-    full at 100), as a container scheduler would. Each stream is timed from the signal
-    until it delivers again under another holder (its checkpoint passes the one read just
-    before the kill: this includes the default batch window), and, beside it, until the
-    upstream sees it connected again."""
+    """3 workers x 100 streams at a low message rate, no STREAMLEASE_* setting; each kill's
+    victim is replaced at once by a new worker (the survivors are full at 100), as a
+    container scheduler would. Timed until each stream delivers again under another holder
+    (the default batch window included), and until the upstream sees it connected again."""
     args = ctx.args
     workers, per = args.kill9_defaults_workers, args.kill9_defaults_streams
     n = workers * per

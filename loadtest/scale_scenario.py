@@ -23,17 +23,12 @@ from streamlease.core.stream import stream_buffer_bytes
 
 
 async def run_scale(ctx: Context) -> dict[str, Any]:
-    """2,000 idle streams on 4 workers at the default timings, on the embedded server.
-
-    Only STREAMLEASE_MAX_STREAMS (every stream fits on the survivors of a kill) and
-    STREAMLEASE_ACQUIRE_PER_CYCLE (so the first acquisition does not take minutes) are
-    raised; no STREAMLEASE_*_SECONDS is set. The table is read every 15 s (a Scan of 2,000
-    items occupies the serialised embedded server for about a second); who holds how many
-    comes from each worker's leases_held gauge every second, and the upstream's /stats
-    says which streams are connected. Failover of idle streams is timed until each is
-    connected again: nothing is delivered to observe, and the killed worker's sockets
-    closed with it, so a connection is a new holder's.
-    """
+    """2,000 idle streams on 4 workers, only STREAMLEASE_MAX_STREAMS (every stream fits on
+    the survivors of a kill) and STREAMLEASE_ACQUIRE_PER_CYCLE (so the first acquisition
+    does not take minutes) raised. The table is read every 15 s (a Scan of 2,000 items
+    occupies the serialised embedded server for about a second); who holds how many comes
+    from the workers' leases_held gauges. Idle streams deliver nothing, so failover is
+    timed until each is connected again (the killed worker's sockets closed with it)."""
     args = ctx.args
     n, workers = args.scale_streams, args.scale_workers
     # The buffer budget must cover every held stream's worst case; these streams are idle,
@@ -236,13 +231,11 @@ ITEMS_READ = "streamlease_dynamodb_items_read_total"
 
 
 async def run_scale_reads(ctx: Context) -> dict[str, Any]:
-    """Control-plane items read per worker-minute with 2 workers and with 8, each holding
-    the same number of idle streams, at the default timings (nothing raised), each fleet on
-    fresh tables, over a quiet window once it is even and has not moved for 10 s. The
-    workers count the items their reads returned (``streamlease_dynamodb_items_read_total``;
-    the sink only writes, so every read is the control plane's: the streams table and its
-    indexes, the fleet table). ``per_worker_read_growth`` is the 8-worker figure over the
-    2-worker one: 1.0 when a worker's reads do not grow with the fleet."""
+    """Control-plane items read per worker-minute with 2 workers and with 8 holding the
+    same idle streams each, at the default timings, over a quiet window once the fleet is
+    even and still for 10 s (``ITEMS_READ``: the sink only writes, so every read is the
+    control plane's). ``per_worker_read_growth``, 8 over 2, is 1.0 when a worker's reads
+    do not grow with the fleet."""
     args = ctx.args
     per, window = args.scale_reads_streams, args.scale_reads_window
     runs: dict[str, Any] = {}

@@ -1,5 +1,7 @@
-"""The ``slow_store`` scenario: every request to the store held 20 ms, then a rolling
-restart (moves and hand-off times as ``loadtest.fleet`` measures them)."""
+"""The ``slow_store`` scenario: 4 workers, 40 streams, every request to the embedded server
+held 20 ms, small profile timings, observed for 60 s; then every worker is restarted (a
+new one, then SIGTERM of an old one). Moves and hand-off times as ``loadtest.fleet``
+measures them."""
 
 from __future__ import annotations
 
@@ -18,9 +20,6 @@ from loadtest.fleet import (
 
 
 async def run_slow_store(ctx: Context) -> dict[str, Any]:
-    """4 workers, 40 streams, every request to the embedded server held 20 ms, small
-    profile timings, observed for 60 s; then every worker is restarted (a new one, then
-    SIGTERM of an old one) and each hand-off timed."""
     p = ctx.profile
     args = ctx.args
     if args.dynamodb != "embedded":
