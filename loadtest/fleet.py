@@ -47,8 +47,9 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -848,6 +849,28 @@ async def drop_connections(fleet: Fleet, count: int, feed: str | None = None) ->
         await asyncio.to_thread(
             get, f"{fleet.upstream_url.replace('ws://', 'http://')}/control/drop"
                  f"?stream={sid}{mode}")
+
+
+async def run_each(label: str, names: Iterable[str],
+                   run: Callable[[str], Awaitable[dict[str, Any]]],
+                   failed_section: Callable[[str], dict[str, Any]],
+                   summary: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """``run(name)`` for each of ``names`` (a sink, an upstream mode): its section, or
+    ``failed_section(name)`` with the error that stopped it, and a line of its ``summary``
+    figures each; and the names that failed."""
+    sections: dict[str, Any] = {}
+    failed: list[str] = []
+    for name in names:
+        try:
+            sections[name] = await run(name)
+        except Exception as exc:
+            traceback.print_exc()
+            failed.append(name)
+            sections[name] = {**failed_section(name), "error": f"{type(exc).__name__}: {exc}"}
+        s = sections[name]
+        print(f"{label}: {name}: " + (s.get("skipped") or s.get("error") or ", ".join(
+            f"{k} {s.get(k)}" for k in summary)), flush=True)
+    return sections, failed
 
 
 # -- figures from the workers' metrics --------------------------------------------------------

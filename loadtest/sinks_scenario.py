@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 from loadtest.audit import exactly_once, sink_kind
 from loadtest.common import PROFILES, choose_names, timing_env
-from loadtest.fleet import ROOT, Context, short_chaos_run
+from loadtest.fleet import ROOT, Context, run_each, short_chaos_run
 from loadtest.sink_cost import measure_sink_cost
 from streamlease.dev.upstream import frame_for
 
@@ -486,22 +486,11 @@ async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
 
 async def run_sinks(ctx: Context) -> dict[str, Any]:
     names = list(ctx.args.sinks)
-    sections: dict[str, Any] = {}
-    failed: list[str] = []
     async with Servers() as servers:
-        for name in names:
-            try:
-                sections[name] = await run_sink(ctx, name, servers)
-            except Exception as exc:
-                traceback.print_exc()
-                failed.append(name)
-                sections[name] = {"guarantee": guarantee(name),
-                                  "error": f"{type(exc).__name__}: {exc}"}
-            s = sections[name]
-            print(f"sinks: {name}: " + (s.get("skipped") or s.get("error") or
-                  ", ".join(f"{k} {s.get(k)}" for k in ("messages", "lost", "duplicated",
-                                                       "dup_outside_takeover",
-                                                       "out_of_order"))), flush=True)
+        sections, failed = await run_each(
+            "sinks", names, lambda name: run_sink(ctx, name, servers),
+            lambda name: {"guarantee": guarantee(name)},
+            ("messages", "lost", "duplicated", "dup_outside_takeover", "out_of_order"))
     if "dynamodb" in names:
         try:
             print("sinks: dynamodb cost and added latency per batch window ...", flush=True)

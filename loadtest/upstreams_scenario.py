@@ -49,6 +49,7 @@ from loadtest.fleet import (
     Context,
     Fleet,
     python_processor_env,
+    run_each,
     short_chaos_run,
     worker_phase,
 )
@@ -287,21 +288,11 @@ async def profile_throughput(env: dict[str, str], quick: bool) -> dict[str, Any]
 
 async def run_upstreams(ctx: Context) -> dict[str, Any]:
     names = list(getattr(ctx.args, "upstream_modes", None) or MODES)
-    section: dict[str, Any] = {}
-    failed: list[str] = []
-    for name in names:
-        try:
-            section[name] = await run_mode(ctx, name)
-        except Exception as exc:
-            traceback.print_exc()
-            failed.append(name)
-            section[name] = {"feed": MODES[name].path, "profile": MODES[name].profile,
-                             "error": f"{type(exc).__name__}: {exc}"}
-        s = section[name]
-        print(f"upstreams: {name}: " + (s.get("error") or ", ".join(
-            f"{k} {s.get(k)}" for k in ("messages", "lost", "duplicated", "out_of_order",
-                                        "gap_records", "lost_in_gaps", "loss_in_gaps"))),
-              flush=True)
+    section, failed = await run_each(
+        "upstreams", names, lambda name: run_mode(ctx, name),
+        lambda name: {"feed": MODES[name].path, "profile": MODES[name].profile},
+        ("messages", "lost", "duplicated", "out_of_order", "gap_records", "lost_in_gaps",
+         "loss_in_gaps"))
     try:
         with local_store(ctx.args.dynamodb) as env:
             section.update(await profile_throughput(env, bool(getattr(ctx.args, "quick",
