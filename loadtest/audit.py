@@ -2,10 +2,9 @@
 show of its hand-offs.
 
 **Correctness** (``correctness_failures``): every scenario section's sink audit
-(``CORRECTNESS``: lost, duplicated, out of order, stale writes accepted, fleet-caused gaps),
-job slots run twice and changes lost; per sink, lost, duplicated within one tenure, stale
-writes accepted, and duplicated for the exactly-once ones; per upstream resume mode, what
-``upstream_correctness_keys`` names. A run with any of them non-zero exits non-zero.
+(``CORRECTNESS``), job slots run twice and changes lost, and per sink and per upstream
+resume mode what ``SINK_CORRECTNESS`` and ``upstream_correctness_keys`` name. A run with
+any of them non-zero exits non-zero.
 
 **Traces of the chaos run** (``chaos_figures``; the workers export their spans to an
 OTLP/HTTP receiver on loopback, ``loadtest.otlp``). Per SIGTERM of the schedule (the rolling

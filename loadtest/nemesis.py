@@ -45,7 +45,6 @@ from loadtest.nemesis_plan import KINDS, Fault, Timing, decode, draw, encode
 from loadtest.report import markdown, write_file
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
-from streamlease.dev import local_aws_env
 from streamlease.dev.procs import carrying
 
 MARK = "STREAMLEASE_NEMESIS_MARK"
@@ -119,7 +118,7 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
     outcome = Outcome(seed, faults)
     marker = uuid.uuid4().hex
     # The fleet points this process's AWS variables at its own server: put them back after.
-    saved = {k: os.environ.get(k) for k in (*local_aws_env("http://127.0.0.1:1"), MARK)}
+    saved = dict(os.environ)
     os.environ[MARK] = marker  # every child inherits it: how leftovers are found
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     try:
@@ -135,11 +134,8 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
             outcome.violations.update(hands.violations)
             outcome.notes.extend(hands.notes)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(saved)
     outcome.orphans = await _orphans(marker)
     if outcome.orphans:
         outcome.violations["orphans"] += outcome.orphans
@@ -368,10 +364,8 @@ def accumulate(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         merged = collections.Counter(previous.get(key, {}))
         merged.update(new[key])
         out[key] = dict(sorted(merged.items()))
-    out["recovery_p99_s"] = max(filter(None, (previous.get("recovery_p99_s"),
-                                              new["recovery_p99_s"])), default=None)
-    out["recovery_max_s"] = max(filter(None, (previous.get("recovery_max_s"),
-                                              new["recovery_max_s"])), default=None)
+    for key in ("recovery_p99_s", "recovery_max_s"):
+        out[key] = max(filter(None, (previous.get(key), new[key])), default=None)
     out["failures"] = previous.get("failures", []) + new["failures"]
     return out
 
