@@ -680,7 +680,7 @@ def scale_figures(streams: int, settings: Settings) -> dict[str, Any]:
                                 "items_read_per_s": _r(x.items_s),
                                 "read_units_per_s": _r(x.read_units_s),
                                 "write_units_per_s": _r(x.write_units_s)}
-                  for x in found if x.kind.code != "(none yet)"},
+                  for x in found},
         "keys": [{"table": k.table, "key": k.key, "read_units_per_s": _r(k.read_units_s),
                   "write_units_per_s": _r(k.write_units_s),
                   "read_share": _sig(k.read_share), "write_share": _sig(k.write_share)}
@@ -910,8 +910,6 @@ def model_text(model: dict[str, Any]) -> str:
         "|---|---|---|---|" + "---|" * len(scales),
     ]
     for kind in model["request_kinds"]:
-        if kind["code"] == "(none yet)":
-            continue
         cells = []
         for fig in scales.values():
             k = fig["kinds"][kind["name"]]
