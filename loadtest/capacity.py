@@ -49,7 +49,9 @@ READ_UNIT = 4096
 WRITE_UNIT = 1024
 PAGE_BYTES = 1 << 20  # a Query or Scan page returns at most 1 MB
 SCAN_PAGE = 500  # DynamoLeaseStore.scan / owned_by page_size
-PRICE_READ = 0.125 / 1e6  # USD per read request unit, on-demand, us-east-1
+# USD per request unit: DynamoDB on-demand, us-east-1, standard table class (the November
+# 2024 price list).
+PRICE_READ = 0.125 / 1e6
 PRICE_WRITE = 0.625 / 1e6
 SECONDS_PER_MONTH = 30 * 86400
 MAX_SEARCH = 100_000_000  # streams: a key not past its budget below this is "never"

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from loadtest.audit import chaos_figures, released_on_shutdown, wall_ns
-from loadtest.capacity import Settings, scale_figures
+from loadtest.capacity import PRICE_READ, PRICE_WRITE, Settings, scale_figures
 from loadtest.common import dynamodb_args, timing_env
 from loadtest.fleet import (
     Context,
@@ -210,12 +210,6 @@ def default_flush_s(rate: float) -> float:
     return min(window, int(DEFAULTS["STREAMLEASE_BATCH_MAX_MESSAGES"]) / rate)
 
 
-# Prices: DynamoDB on-demand, us-east-1, standard table class, from the November 2024 price
-# list: $0.625 per million write request units, $0.125 per million read request units.
-WRU_USD = 0.625 / 1e6
-RRU_USD = 0.125 / 1e6
-
-
 def cost(per_min: dict[str, float], profile: dict[str, Any], batch_s: float) -> dict[str, Any]:
     """Implied on-demand cost of 1,000 streams for a 30-day month, with its assumptions
     (the returned ``assumptions``). Without a ``member_heartbeat`` figure ``heartbeat`` is
@@ -236,9 +230,9 @@ def cost(per_min: dict[str, float], profile: dict[str, Any], batch_s: float) -> 
     }
     rru = {"query": per_min["query"] * 0.5, "check": per_min.get("check", 0.0),
            "sweep_scan": per_min["sweep_scan"] * 0.5}
-    lease_usd = (wru["upkeep"] + wru["acquire_release"]) * minutes * WRU_USD + \
-        sum(rru.values()) * minutes * RRU_USD
-    sink_usd = wru["sink"] * minutes * WRU_USD
+    lease_usd = (wru["upkeep"] + wru["acquire_release"]) * minutes * PRICE_WRITE + \
+        sum(rru.values()) * minutes * PRICE_READ
+    sink_usd = wru["sink"] * minutes * PRICE_WRITE
     return {"total": round(lease_usd + sink_usd, 2), "lease_overhead": round(lease_usd, 2),
             "sink": round(sink_usd, 2),
             "assumptions": "us-east-1 on-demand $0.625/M WRU, $0.125/M RRU; stream renewal = "

@@ -33,6 +33,7 @@ from typing import Any
 
 import aioboto3
 
+from loadtest.capacity import PRICE_WRITE, WRITE_UNIT
 from loadtest.common import Tables, local_store, worker_child
 from loadtest.fleet import WorkerProc, pct, rounded
 from streamlease.config import DEFAULTS
@@ -41,8 +42,6 @@ from streamlease.dev.upstream import UpstreamOptions, UpstreamServer, frame_for
 from streamlease.store import codec
 from streamlease.store.dynamodb import connect_admin
 
-WRU_USD = 0.625 / 1e6  # us-east-1 on-demand, per write request unit
-WRITE_UNIT = 1024  # bytes of item a write unit covers
 MESSAGES_PER_MONTH_1HZ = 30 * 24 * 3600  # one stream at 1 msg/s for a 30-day month
 WINDOWS = (0.2, 1.0, 2.0, 4.5)
 DEFAULT_WINDOW = float(DEFAULTS["STREAMLEASE_BATCH_MAX_SECONDS"])
@@ -58,7 +57,7 @@ def transaction_wru(stream_item_bytes: int, events_item_bytes: list[int]) -> int
 
 
 def month_usd(wru_per_message: float, messages: int = MESSAGES_PER_MONTH_1HZ) -> float:
-    return wru_per_message * messages * WRU_USD
+    return wru_per_message * messages * PRICE_WRITE
 
 
 class _Run:
