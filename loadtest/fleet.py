@@ -84,7 +84,6 @@ class WorkerProc:
     skewed: str | None = None  # a faketime offset such as "-2s"
     metrics: dict[str, float] = field(default_factory=dict)  # last scrape
     paused: bool = False  # SIGSTOPped: its HTTP endpoint cannot answer
-    started_at: float = 0.0
 
     def scrape(self) -> None:
         found = scrape_metrics(self.port)
@@ -340,7 +339,7 @@ class Fleet:
                        **FAKETIME_ENV)
         log = self.log_dir / f"{name}.log"
         popen = worker_child(name, argv, env, log).popen
-        worker = WorkerProc(name, popen, port, log, skew, started_at=self.now())
+        worker = WorkerProc(name, popen, port, log, skew)
         self.workers[name] = worker
         self.events_log.append((self.now(), f"+{name}"))
         return worker
