@@ -515,6 +515,29 @@ class Fleet:
     def held_total(self) -> int:
         return sum(self.timeline[-1][1].values()) if self.timeline else 0
 
+    def all_held(self) -> bool:
+        return self.held_total() >= self.streams
+
+    async def start_and_hold(self, workers: int, timeout: float = 60.0) -> float | None:
+        """Start ``workers`` workers; seconds until every stream is held (None: timed out)."""
+        for _ in range(workers):
+            self.start_worker()
+        return await self.wait_until(self.all_held, timeout)
+
+    async def finish(self, section: dict[str, Any], only_delivered: bool = False) -> None:
+        """Scrape, note what no live worker holds, stop every worker (SIGTERM), audit the
+        sink into ``section``."""
+        await self.read_table()
+        self.scrape_all()
+        section["untracked_leases"] = self.untracked()
+        unheld = self.unheld()
+        section["unheld_at_end_count"] = len(unheld)
+        section["unheld_at_end"] = unheld[:20]
+        section["faults"] = self.fault_list()
+        section.update(churn_figures(self))
+        await self.stop_all()
+        section.update(await self.audit(only_delivered=only_delivered))
+
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> float | None:
         """Seconds until ``predicate`` (checked after every sample) held; None: timed out."""
         started = self.now()
@@ -875,10 +898,6 @@ async def run_each(label: str, names: Iterable[str],
 # -- figures from the workers' metrics --------------------------------------------------------
 
 
-def every_stream_held(fleet: Fleet) -> bool:
-    return fleet.held_total() >= fleet.streams
-
-
 def metric_sum(workers: Iterable[WorkerProc], prefix: str) -> float:
     """Every series starting with ``prefix``, summed over ``workers``' last scrapes."""
     return sum(v for w in workers for k, v in w.metrics.items() if k.startswith(prefix))
@@ -945,28 +964,6 @@ def churn_figures(fleet: Fleet) -> dict[str, Any]:
         "log_events": fleet.log_events(),
         "worker_exits": fleet.exits,
     }
-
-
-async def start_and_hold(fleet: Fleet, workers: int, timeout: float = 60.0) -> float | None:
-    """Start ``workers`` workers; seconds until every stream is held (None: timed out)."""
-    for _ in range(workers):
-        fleet.start_worker()
-    return await fleet.wait_until(lambda: every_stream_held(fleet), timeout)
-
-
-async def finish(fleet: Fleet, section: dict[str, Any], only_delivered: bool = False) -> None:
-    """Scrape, note what no live worker holds, stop every worker (SIGTERM), audit the
-    sink into ``section``."""
-    await fleet.read_table()
-    fleet.scrape_all()
-    section["untracked_leases"] = fleet.untracked()
-    unheld = fleet.unheld()
-    section["unheld_at_end_count"] = len(unheld)
-    section["unheld_at_end"] = unheld[:20]
-    section["faults"] = fleet.fault_list()
-    section.update(churn_figures(fleet))
-    await fleet.stop_all()
-    section.update(await fleet.audit(only_delivered=only_delivered))
 
 
 def rounded(value: float | None, digits: int = 2) -> float | None:

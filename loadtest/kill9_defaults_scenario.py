@@ -7,16 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from loadtest.fleet import (
-    Context,
-    Fault,
-    every_stream_held,
-    finish,
-    histogram_quantile,
-    pct,
-    rounded,
-    start_and_hold,
-)
+from loadtest.fleet import Context, Fault, histogram_quantile, pct, rounded
 
 
 async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
@@ -34,11 +25,11 @@ async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
     async with ctx.fleet("kill9_defaults", streams=n, rate=args.kill9_defaults_rate,
                          worker_env={}, sample_s=0.5, table_s=1.0,
                          watch_upstream=True) as fleet:
-        section["all_held_s"] = rounded(await start_and_hold(fleet, workers, timeout=240.0))
+        section["all_held_s"] = rounded(await fleet.start_and_hold(workers, timeout=240.0))
 
         def full() -> bool:
             counts = fleet.counts()
-            return every_stream_held(fleet) and len(counts) == workers and \
+            return fleet.all_held() and len(counts) == workers and \
                 max(counts.values(), default=0) >= per
         kills: list[dict[str, Any]] = []
         for _ in range(args.kill9_defaults_kills):
@@ -63,7 +54,7 @@ async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
         section["kill9_connected"] = fleet.failover("kill9_connected")
         section["takeover_delay_p99_s_bucket"] = histogram_quantile(
             fleet, "streamlease_takeover_delay_seconds", 0.99)
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out(every=4)
     connected = section["kill9_connected"]
     return {"failover": {"kill9_defaults": {

@@ -8,16 +8,7 @@ import math
 from typing import Any
 
 from loadtest.capacity import capacity_model, inputs_from_scale, model_text, per_worker_read_growth
-from loadtest.fleet import (
-    Context,
-    Fleet,
-    by_operation,
-    every_stream_held,
-    finish,
-    rounded,
-    rss_bytes,
-    start_and_hold,
-)
+from loadtest.fleet import Context, Fleet, by_operation, rounded, rss_bytes
 from streamlease.config import DEFAULTS, WorkerConfig
 from streamlease.core.stream import stream_buffer_bytes
 
@@ -88,7 +79,7 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
             section["kill9_p99"] = section["kill9"]["p99"]
         section["held_at_end"] = fleet.counts()
         section["upstream_rss_mb"] = _rss_mb(fleet.servers[-1].popen.pid)
-        await finish(fleet, section, only_delivered=True)
+        await fleet.finish(section, only_delivered=True)
         section["timeline"] = fleet.timeline_out(every=2)
     # Counted from the code (loadtest/capacity.py), not measured: the run has one fleet size.
     section["per_worker_read_growth_modelled"] = per_worker_read_growth()
@@ -107,7 +98,7 @@ def _even_and_still(fleet: Fleet, workers: int, still_s: float) -> bool:
     worker's count changed in the last ``still_s`` seconds of samples."""
     counts = fleet.counts()
     share = math.ceil(fleet.streams / workers)
-    if not every_stream_held(fleet) or len(counts) != workers or \
+    if not fleet.all_held() or len(counts) != workers or \
             any(abs(c - share) > 1 for c in counts.values()):
         return False
     recent = [owned for t, owned in fleet.timeline if t >= fleet.now() - still_s]
@@ -276,12 +267,12 @@ async def _reads_per_worker(ctx: Context, workers: int, per: int,
     out: dict[str, Any] = {"workers": workers, "streams": n}
     async with ctx.fleet(f"scale_reads_{workers}", streams=n, rate=1e-6, worker_env={},
                          sample_s=1.0) as fleet:
-        out["all_held_s"] = rounded(await start_and_hold(fleet, workers, timeout=180.0))
+        out["all_held_s"] = rounded(await fleet.start_and_hold(workers, timeout=180.0))
         share = math.ceil(n / workers)
 
         def even_and_quiet() -> bool:
             counts = fleet.counts()
-            return every_stream_held(fleet) and len(counts) == workers and \
+            return fleet.all_held() and len(counts) == workers and \
                 all(abs(c - share) <= 1 for c in counts.values()) and \
                 fleet.moves(fleet.now() - 10.0) == 0
         out["settled_s"] = rounded(await fleet.wait_until(even_and_quiet, 180.0))
@@ -295,7 +286,7 @@ async def _reads_per_worker(ctx: Context, workers: int, per: int,
                    moves_in_window=fleet.moves(start, end), held_at_end=fleet.counts())
         out.update(read_rates(before, after, names, end - start))
         out.update(read_rates_by_role(before, after, names, end - start))
-        await finish(fleet, out, only_delivered=True)
+        await fleet.finish(out, only_delivered=True)
     return out
 
 

@@ -9,15 +9,7 @@ import time
 from typing import Any
 
 from loadtest.common import timing_env
-from loadtest.fleet import (
-    Context,
-    Fleet,
-    every_stream_held,
-    faketime_library,
-    finish,
-    rounded,
-    start_and_hold,
-)
+from loadtest.fleet import Context, Fleet, faketime_library, rounded
 
 SETTLED_WINDOW_S = 20.0  # "settled": no move in this last part of an observation
 
@@ -56,7 +48,7 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         section["skewed_worker_max_streams"] = share
         await fleet.wait_until(lambda: fleet.counts().get(skewed.name, 0) >= share, 30.0)
         section["skewed_worker_held_at_start"] = fleet.counts().get(skewed.name, 0)
-        all_held = await start_and_hold(fleet, p["workers"] - 1)
+        all_held = await fleet.start_and_hold(p["workers"] - 1)
         section["all_held_s"] = rounded(all_held)
         # Workers that start together balance first (deliberate hand-overs); the question
         # is what happens after, so the observation starts once the fleet is even and quiet.
@@ -65,7 +57,7 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         def even_and_quiet() -> bool:
             counts = fleet.counts()
             recent = fleet.moves(fleet.now() - 3.0)
-            return every_stream_held(fleet) and recent == 0 and \
+            return fleet.all_held() and recent == 0 and \
                 max(counts.values(), default=0) - min(counts.values(), default=0) <= 2
         settle = await fleet.wait_until(even_and_quiet, 60.0)
         section["balanced_before_observing_s"] = rounded(settle)
@@ -91,7 +83,7 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         section.update(move_details=fleet.move_summary(), fence_bumps=fleet.fence_bumps())
         section["skewed_worker_held_at_end"] = fleet.counts().get(skewed.name)
         section["held_at_end"] = fleet.counts()
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out(every=4)
     return {"skew": section}
 

@@ -9,14 +9,7 @@ import asyncio
 from typing import Any
 
 from loadtest.common import dynamodb_args, timing_env
-from loadtest.fleet import (
-    Context,
-    finish,
-    histogram_quantile,
-    rolling_restart,
-    rounded,
-    start_and_hold,
-)
+from loadtest.fleet import Context, histogram_quantile, rolling_restart, rounded
 
 
 async def run_slow_store(ctx: Context) -> dict[str, Any]:
@@ -33,7 +26,7 @@ async def run_slow_store(ctx: Context) -> dict[str, Any]:
                          worker_env=timing_env(ctx.profile),
                          store_args=dynamodb_args(latency_ms=args.slow_store_ms,
                                                   latency_mode=args.slow_store_mode)) as fleet:
-        all_held = await start_and_hold(fleet, 4)
+        all_held = await fleet.start_and_hold(4)
         section["all_held_s"] = rounded(all_held)
         start = fleet.now()
         await fleet.read_table()
@@ -55,6 +48,6 @@ async def run_slow_store(ctx: Context) -> dict[str, Any]:
             fleet, "streamlease_dynamodb_request_seconds", 0.99)
         await rolling_restart(fleet, p)
         section["sigterm"] = fleet.failover("sigterm")
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out(every=4)
     return {"slow_store": section, "failover": {"sigterm_slow_store": section["sigterm"]}}
