@@ -19,14 +19,7 @@ from typing import Any
 from loadtest.audit import chaos_figures, released_on_shutdown, wall_ns
 from loadtest.capacity import PRICE_READ, PRICE_WRITE, Settings, scale_figures
 from loadtest.common import dynamodb_args, timing_env
-from loadtest.fleet import (
-    Context,
-    Fleet,
-    drop_connections,
-    kill_and_pause,
-    metric_sum,
-    rolling_restart,
-)
+from loadtest.fleet import Context, Fleet, kill_and_pause, metric_sum, rolling_restart
 from loadtest.otlp import Receiver
 from streamlease.config import DEFAULTS
 
@@ -128,7 +121,7 @@ async def chaos_schedule(fleet: Fleet, p: dict[str, Any]) -> None:
     for _ in range(p["rounds"]):
         await kill_and_pause(fleet, p, gap)
 
-        await drop_connections(fleet, 4)
+        await fleet.drop_connections(4)
         await asyncio.sleep(gap / 2)
         await rolling_restart(fleet, p)  # a rolling deploy
         await asyncio.sleep(gap)

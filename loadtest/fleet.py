@@ -376,6 +376,16 @@ class Fleet:
         for w in workers:
             await w.wait(wait_s)
 
+    async def drop_connections(self, count: int, feed: str | None = None) -> None:
+        """The upstream closes ``count`` random streams' connections (of ``feed``, a test
+        feed of its own, when given)."""
+        for sid in self.rng.sample(sorted(self.ids), k=min(count, len(self.ids))):
+            self.fault("drop", None)
+            mode = f"&mode={feed}" if feed else ""
+            await asyncio.to_thread(
+                get, f"{self.upstream_url.replace('ws://', 'http://')}/control/drop"
+                     f"?stream={sid}{mode}")
+
     def fault(self, kind: str, worker: str | None, recovery: str = "delivered") -> Fault:
         streams, before = self.held_by(worker) if worker else ([], {})
         f = Fault(kind, self.now(), worker, streams, before, recovery)
@@ -849,7 +859,7 @@ async def short_chaos_run(fleet: Fleet, run: dict[str, Any], p: dict[str, Any],
         and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
     started = fleet.now()
     if drop_feed is not None:
-        await drop_connections(fleet, run["drops"], drop_feed)
+        await fleet.drop_connections(run["drops"], drop_feed)
         await asyncio.sleep(run["gap"] / 2)
     await short_chaos(fleet, p, run["gap"])
     chaos_s = fleet.now() - started
@@ -860,17 +870,6 @@ async def short_chaos_run(fleet: Fleet, run: dict[str, Any], p: dict[str, Any],
             "faults": fleet.fault_list(),
             "failover_p99_s": {k: fleet.failover(k)["p99"] for k in ("kill9", "pause",
                                                                        "sigterm")}}
-
-
-async def drop_connections(fleet: Fleet, count: int, feed: str | None = None) -> None:
-    """The upstream closes ``count`` random streams' connections (of ``feed``, a test feed
-    of its own, when given)."""
-    for sid in fleet.rng.sample(sorted(fleet.ids), k=min(count, len(fleet.ids))):
-        fleet.fault("drop", None)
-        mode = f"&mode={feed}" if feed else ""
-        await asyncio.to_thread(
-            get, f"{fleet.upstream_url.replace('ws://', 'http://')}/control/drop"
-                 f"?stream={sid}{mode}")
 
 
 async def run_each(label: str, names: Iterable[str],
