@@ -161,18 +161,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          "sinks.dynamodb.cost_per_stream_month_1hz", "<= $1.50", at_most(1.5)),
         ("dynamodb sink: added latency p99 at 1 msg/s (default batch window)",
          "sinks.dynamodb.added_latency_s", "<= 5 s", at_most(5.0)),
-    ]
-    rows += sink_target_rows(r)
-    rows += upstream_target_rows(r)
-    rows += [
+        *sink_target_rows(r),
+        *upstream_target_rows(r),
         ("SIGTERM hand-offs in the chaos run whose trace links release to first "
          "delivery", "tracing.handoffs_linked", "100 % (1.0)", at_least(1.0)),
         ("no-op Python processor, one worker: throughput with tracing on (default "
          "sampling) / off", "tracing.throughput_ratio", ">= 0.95", at_least(0.95)),
-    ]
-    rows += [(f"change feed on: {label}", f"change_feed.{key}", text,
-              at_most(bound)) for key, label, text, bound in CHANGE_FEED_TARGETS]
-    rows += [
+        *((f"change feed on: {label}", f"change_feed.{key}", text, at_most(bound))
+          for key, label, text, bound in CHANGE_FEED_TARGETS),
         ("random fault schedules run (a minute each, `make nemesis`)",
          "nemesis.schedules", ">= 200", at_least(200)),
         ("schedules with any violation", "nemesis.violations", "0", at_most(0)),
