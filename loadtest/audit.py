@@ -2,10 +2,9 @@
 show of its hand-offs.
 
 **Correctness** (``correctness_failures``): every scenario section's sink audit
-(``CORRECTNESS``: lost, duplicated, out of order, stale writes accepted, fleet-caused gaps),
-job slots run twice and changes lost; per sink, lost, duplicated within one tenure, stale
-writes accepted, and duplicated for the exactly-once ones; per upstream resume mode, what
-``upstream_correctness_keys`` names. A run with any of them non-zero exits non-zero.
+(``CORRECTNESS``), job slots run twice and changes lost, and per sink and per upstream
+resume mode what ``SINK_CORRECTNESS`` and ``upstream_correctness_keys`` name. A run with
+any of them non-zero exits non-zero.
 
 **Traces of the chaos run** (``chaos_figures``; the workers export their spans to an
 OTLP/HTTP receiver on loopback, ``loadtest.otlp``). Per SIGTERM of the schedule (the rolling
@@ -287,17 +286,13 @@ def chaos_figures(spans: list[Span], sigterms: list[tuple[str, list[str]]],
     if linked:
         slow = max(linked, key=lambda h: h.total_ns or 0)
         out["slowest_handoff"] = handoff_timeline(slow, spans)
-        out["handoff_ms"] = _percentiles([(h.total_ns or 0) / 1e6 for h in linked])
+        ms = [(h.total_ns or 0) / 1e6 for h in linked]
+        out["handoff_ms"] = {"p50": pct(ms, 50), "p99": pct(ms, 99), "max": round(max(ms), 2)}
     with_streams = [(victim, t) for victim, t in found if t.acquired]
     if with_streams:
         victim, slow_t = max(with_streams, key=lambda pair: pair[1].total_ns)
         out["slowest_takeover"] = takeover_timeline(slow_t, victim)
     return out
-
-
-def _percentiles(values: list[float]) -> dict[str, float | None]:
-    return {"p50": pct(values, 50), "p99": pct(values, 99),
-            "max": round(max(values), 2) if values else None}
 
 
 def wall_ns(monotonic_from_start: float, fleet_now: float) -> int:

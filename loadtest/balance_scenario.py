@@ -9,16 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtest.common import timing_env
-from loadtest.fleet import (
-    Acquisition,
-    Context,
-    Fleet,
-    every_stream_held,
-    finish,
-    rolling_restart,
-    rounded,
-    start_and_hold,
-)
+from loadtest.fleet import Acquisition, Context, Fleet, rolling_restart, rounded
 
 MOVES_AFTER_S = 30.0
 STARTUP_QUIET_S = 20.0  # converged: in the band, with no move, for this long
@@ -40,7 +31,7 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
     section["rate"] = rate
     async with ctx.fleet("balance", streams=streams, rate=rate,
                          worker_env=timing_env(ctx.profile)) as fleet:
-        section["all_held_s"] = rounded(await start_and_hold(fleet, 2))
+        section["all_held_s"] = rounded(await fleet.start_and_hold(2))
         await asyncio.sleep(2.0)
         section["before_scale_out"] = fleet.counts()
         scale_at = fleet.now()
@@ -50,7 +41,7 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
 
         def balanced() -> bool:
             counts = fleet.counts()
-            return len(counts) == 4 and every_stream_held(fleet) and \
+            return len(counts) == 4 and fleet.all_held() and \
                 all(share - 1 <= c <= share + 1 for c in counts.values())
 
         # Converged: inside the band with every stream held, and the last move of the
@@ -89,7 +80,7 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
         restart_at = fleet.now()
         fleet.events_log.append((restart_at, "rolling restart"))
         await rolling_restart(fleet, p)
-        await fleet.wait_until(lambda: every_stream_held(fleet), 10.0)
+        await fleet.wait_until(fleet.all_held, 10.0)
         await asyncio.sleep(2.0)
         counts = fleet.counts()
         section["after_rolling_restart"] = counts
@@ -98,7 +89,7 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
         section["sigterm"] = fleet.failover("sigterm")
         section["moves_total"] = fleet.moves()
         section["fence_bumps"] = fleet.fence_bumps()
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out(every=2)
         section["live_workers"] = [(round(t, 2), n) for t, n in fleet.live[::2]]
         section["events"] = [(round(t, 2), label) for t, label in fleet.events_log]
@@ -122,12 +113,8 @@ def _best_spread(fleet: Fleet, since: float, until: float, workers: int) -> int 
 
 async def run_balance_startup(ctx: Context) -> dict[str, Any]:
     """40 streams, 2 workers started, and 2 more as soon as the first stream is held (the
-    first two are still taking the rest): how long from the 2 new workers' start until
-    every worker holds its share (10) +/-1 and stays there, the moves until then (new
-    tenures after each stream's first, from the table), and the longest any stream was
-    leased to no running worker after the new workers started (table reads every
-    ``sample_s``: that is the resolution; a stream not yet taken counts as unowned too).
-    The balance scenario's timings (the profile's: a 2 s lease at the small profile)."""
+    first two are still taking the rest): ``startup_balance``'s figures from then on, at
+    the balance scenario's timings."""
     p = ctx.profile
     args = ctx.args
     streams, workers = 40, 4
@@ -165,7 +152,7 @@ async def run_balance_startup(ctx: Context) -> dict[str, Any]:
                                        streams))
         section["fence_bumps"] = fleet.fence_bumps()
         section["state_reached"] = fleet.counts()
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out()
         section["events"] = [(round(t, 2), label) for t, label in fleet.events_log]
     return {"balance": {"during_startup": section}}

@@ -1,20 +1,12 @@
 """The capacity model: every request the control plane makes at steady state, counted from
-the code, per table and per partition-key value, against DynamoDB's limits.
-
-DynamoDB serves at most about 3,000 read units and 1,000 write units a second per
-partition. The model treats one partition-key value as one partition: a single item (the
-leader lease) cannot be split at all, and although DynamoDB may split a hot item collection
-(the member rows, the index's ``STARTED`` entries) by sort key on its own initiative, that
-is not something to size a fleet on (and ``STARTED``'s range key only grows, the pattern a
-split does not help). Each key is kept under half its limit (``BUDGET``); a table or index
-also has an account quota (40,000 read and write units a second by default, adjustable),
-shown beside the keys.
+the code, per table and per partition-key value, against DynamoDB's limits. What it
+assumes, and why one partition-key value counts as one partition, is in
+docs/performance.md ("Capacity model").
 
 ``KINDS`` is the one place that says what the code does: one entry per kind of request (or
 index write a request causes), with the code path it comes from, how often it happens as a
 function of the settings and the fleet's shape, and what each costs. Change the entry when
-the code changes. Data-plane traffic (sink transactions, the events table, a processor's
-own writes) is not counted: it scales with messages, not with the fleet.
+the code changes.
 
 Unit rules used (DynamoDB's): a read unit covers 4 KB of a strongly consistent read and
 8 KB of an eventually consistent one (index queries and scans here are eventually
@@ -30,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -57,7 +49,9 @@ READ_UNIT = 4096
 WRITE_UNIT = 1024
 PAGE_BYTES = 1 << 20  # a Query or Scan page returns at most 1 MB
 SCAN_PAGE = 500  # DynamoLeaseStore.scan / owned_by page_size
-PRICE_READ = 0.125 / 1e6  # USD per read request unit, on-demand, us-east-1
+# USD per request unit: DynamoDB on-demand, us-east-1, standard table class (the November
+# 2024 price list).
+PRICE_READ = 0.125 / 1e6
 PRICE_WRITE = 0.625 / 1e6
 SECONDS_PER_MONTH = 30 * 86400
 MAX_SEARCH = 100_000_000  # streams: a key not past its budget below this is "never"
@@ -168,13 +162,9 @@ class Sizes:
 
     @classmethod
     def from_codecs(cls) -> Sizes:
-        return cls(member_row=item_bytes(member_row()),
-                   leader_row=item_bytes(leader_member_row()),
-                   replica=item_bytes(replica_item()),
-                   high_water=item_bytes(high_water_item()),
-                   leader=item_bytes(leader_item()), stream=item_bytes(stream_item()),
-                   orphan_entry=item_bytes(orphan_index_entry()),
-                   owner_entry=item_bytes(owner_index_entry()))
+        return cls(*(item_bytes(build()) for build in (
+            member_row, leader_member_row, replica_item, high_water_item, leader_item,
+            stream_item, orphan_index_entry, owner_index_entry)))
 
 
 SIZES = Sizes.from_codecs()
@@ -387,12 +377,6 @@ def _member_query(f: Shape) -> tuple[float, float]:
     return f.keys * pages, f.keys * units
 
 
-def _replica_writes(f: Shape) -> float:
-    """The leader's copies of its bulletin into every key of a spread layout, after each
-    heartbeat (``Publisher.replica_loop``)."""
-    return f.keys / f.settings.heartbeat_s if f.keys > 1 else 0.0
-
-
 def _campaign_reads(f: Shape) -> tuple[float, float]:
     """Leader-lease reads a second: the successor's (consistent, every observe_s) and the
     calm ones of the other members that do not lead (once a lease, eventually
@@ -427,15 +411,6 @@ def _renewals(f: Shape) -> float:
     return 0.0 if f.first_interval else f.streams / f.settings.stream_renew_s
 
 
-def _batched_checks(f: Shape) -> float:
-    """Each worker's batched read of its held items, while no change feed is live."""
-    return 0.0 if f.settings.change_feed else f.workers / f.settings.stream_check_s
-
-
-def _batch_requests(f: Shape) -> float:
-    return float(math.ceil(f.per_worker / BATCH_GET_KEYS))
-
-
 def _feed_shards(f: Shape) -> float:
     """DynamoDB Streams shards: about one per table partition; a partition holds 10 GB,
     so one shard until the table is that large."""
@@ -447,18 +422,16 @@ def _feed_polls(f: Shape) -> float:
 
 
 KINDS: tuple[Kind, ...] = (
-    # OwnRow.heartbeat_loop -> _heartbeat -> DynamoFleetStore.heartbeat: UpdateItem of the
-    # worker's own row, conditioned on its epoch, every heartbeat (early beats that report
-    # a changed count or a hand-over are coalesced; none at steady state).
+    # The worker's own row, conditioned on its epoch; early beats (a changed count, a
+    # hand-over) are coalesced, and there are none at steady state.
     Kind("member heartbeat",
          "membership/row.py OwnRow._heartbeat; store/dynamodb/fleet.py heartbeat",
          "update_item", FLEET, MEMBER_KEYS, "member key", "W / heartbeat",
          per_s=lambda f: f.workers / f.settings.heartbeat_s,
          write_units=lambda f: write_units(f.sizes.member_row)),
-    # Watcher.observe_loop -> observe -> observe_all -> DynamoFleetStore.roster: the
-    # leader's consistent Query of every member key (one key, Pk = MEMBER, until the fleet
-    # passes STREAMLEASE_MEMBERS_PER_KEY rows a key), twice every observe_s (jittered 10 %:
-    # it is the fleet's only watcher); it composes the bulletin from them.
+    # The leader's consistent Query of every member key (one, Pk = MEMBER, until the fleet
+    # passes STREAMLEASE_MEMBERS_PER_KEY rows a key), jittered 10 %: it is the fleet's only
+    # watcher, and composes the bulletin from them.
     Kind("member read, leader (observe)",
          "membership/observe.py Watcher.observe_all; store/dynamodb/fleet.py roster",
          "query", FLEET, MEMBER_KEYS, "member key",
@@ -467,10 +440,8 @@ KINDS: tuple[Kind, ...] = (
          requests=lambda f: _member_query(f)[0],
          items=lambda f: f.workers + 1.0 + (1 + f.keys if f.keys > 1 else 0),
          read_units=lambda f: _member_query(f)[1]),
-    # Watcher.observe -> _observe_leader -> DynamoFleetStore.member (one key) or
-    # .replica (spread): every other worker reads the leader's row (its bulletin), or its
-    # own key's copy of it, with an eventually consistent GetItem every observe_s (every
-    # FEED_READ_S while the change feed is live: its notices ride the bulletin).
+    # Every other worker reads the bulletin: the leader's row, or its own key's copy once
+    # spread; faster while the change feed is live, as its notices ride the bulletin.
     Kind("member read, others (leader's row)",
          "membership/observe.py Watcher._observe_leader; "
          "store/dynamodb/fleet.py member, replica",
@@ -479,10 +450,9 @@ KINDS: tuple[Kind, ...] = (
          "observe_s; one item (its key's replica once spread), eventually consistent",
          per_s=lambda f: (f.workers - 1) / f.settings.leader_row_s,
          items=_one, read_units=lambda f: read_units(f.bulletin_bytes, False)),
-    # Watcher.observe_loop (handoff_read_s): for HANDOFF_READS_FOR_S after a notice for
-    # it (one per acquisition: the taker's offer) and while anyone drains (each worker once
-    # a deploy: every other member), a member reads the leader's row every HANDOFF_READ_S,
-    # spread so the fleet adds at most HANDOFF_READS_PER_S (none past a few hundred members).
+    # After a notice for it (one per acquisition: the taker's offer) and while anyone
+    # drains (each worker once a deploy), a member reads the leader's row faster, spread so
+    # the fleet adds at most HANDOFF_READS_PER_S (none past a few hundred members).
     Kind("member read, hand-offs (leader's row)",
          "membership/observe.py Watcher.observe_loop, Listener.handoff_read_s", "get_item",
          FLEET, MEMBER_KEYS, "member key",
@@ -491,118 +461,100 @@ KINDS: tuple[Kind, ...] = (
          "leader-row interval), with the change feed",
          per_s=lambda f: _handoff_reads_s(f),
          items=_one, read_units=lambda f: read_units(f.bulletin_bytes, False)),
-    # Publisher.replica_loop -> DynamoFleetStore.publish: once the rows spread, the
-    # leader copies each heartbeat's bulletin into every member key (a conditional PutItem
-    # each; none while the fleet has one key).
+    # Once the rows spread, a conditional PutItem of each heartbeat's bulletin per key.
     Kind("bulletin replicas",
          "membership/bulletin.py Publisher.replica_loop; store/dynamodb/fleet.py publish",
          "put_item", FLEET, MEMBER_KEYS, "member key", "keys / heartbeat once spread (leader)",
-         per_s=_replica_writes, write_units=lambda f: write_units(f.sizes.replica)),
-    # Leadership.run -> LeaderLease.acquire -> _try -> DynamoLeaderBackend.read: the
-    # successor the leader's bulletin names reads the lease (consistent GetItem) every
-    # observe_s, every other ACTIVE worker that does not lead once a lease, eventually
-    # consistent (Listener.campaign_urgent), while the leader's row shows it alive.
+         per_s=lambda f: f.keys / f.settings.heartbeat_s if f.keys > 1 else 0.0,
+         write_units=lambda f: write_units(f.sizes.replica)),
+    # The successor the bulletin names reads the lease consistently; the other ACTIVE
+    # workers calmly (Listener.campaign_urgent), while the leader's row shows it alive.
     Kind("leader campaign read", "leadership.py run; leader.py LeaderLease.acquire/_try",
          "get_item", FLEET, "LEADER (fleet)", "one",
          "1 / observe_s consistent + (W - 2) / (lease + observe_s) eventually consistent",
          per_s=lambda f: sum(_campaign_reads(f)),
          items=_one, read_units=_campaign_read_units),
-    # LeaderLease._renew -> DynamoLeaderBackend.renew: the leader, every heartbeat.
     Kind("leader renewal", "leader.py LeaderLease._renew", "update_item", FLEET,
          "LEADER (fleet)", "one", "1 / heartbeat",
          per_s=lambda f: 1 / f.settings.heartbeat_s,
          write_units=lambda f: write_units(f.sizes.leader)),
-    # JobRunner.run -> _refresh -> DynamoJobStore.list_jobs: the leader, a consistent Query
-    # of Pk = JOB every refresh_s (= heartbeat). Runs are read and written per slot: they
-    # follow the jobs' schedules, not the fleet, and are not counted.
+    # A consistent Query of Pk = JOB every refresh_s (= heartbeat). Runs follow the jobs'
+    # schedules, not the fleet, and are not counted.
     Kind("job list", "jobs.py JobRunner._refresh; store/dynamodb/jobs.py list_jobs", "query",
          FLEET, "JOB", "one", "1 / heartbeat (leader)",
          per_s=lambda f: 1 / f.settings.heartbeat_s,
          items=lambda f: float(f.settings.jobs),
          read_units=lambda f: read_units(f.settings.jobs * 200, True)),
-    # Supervisor._heartbeat_loop -> _renew_once -> DynamoLeaseStore.renew: UpdateItem of the
-    # stream's item every STREAM_RENEW_SECONDS (none in the first interval).
+    # None in a stream's first interval (``Shape.first_interval``).
     Kind("stream renewal", "heartbeat.py _renew_once; store/dynamodb/leases.py renew",
          "update_item", STREAMS, "each stream", "stream", "N / stream_renew",
          per_s=_renewals, write_units=lambda f: write_units(f.sizes.stream)),
-    # ... which moves the stream's entry in the orphan index (its range key
-    # lease_expires_at_ms changes): a delete and a put under STARTED.
+    # A renewal changes the orphan index's range key: a delete and a put under STARTED.
     Kind("stream renewal: index entry moves", "store/schema.py (range key lease_expires_at_ms)",
          "-", STATE_INDEX, "STARTED", "one", "2 x renewals",
          per_s=_renewals, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
-    # HeldWatch.checks_loop -> DynamoLeaseStore.check_many: while no change feed is
-    # live, each worker reads every held item every STREAM_CHECK_SECONDS, eventually
-    # consistent, 100 keys a BatchGetItem (a holder's consistent GetItem follows only for
-    # an item that looks changed).
+    # Eventually consistent, 100 keys a request; a consistent GetItem follows only for an
+    # item that looks changed.
     Kind("held items read (batched)", "watch.py HeldWatch.checks_loop; "
          "store/dynamodb/leases.py check_many", "batch_get_item", STREAMS, "each stream",
          "stream", "without the change feed: W / check x ceil(N / W / 100) requests",
-         per_s=_batched_checks, requests=_batch_requests, items=lambda f: f.per_worker,
+         per_s=lambda f: 0.0 if f.settings.change_feed else f.workers / f.settings.stream_check_s,
+         requests=lambda f: float(math.ceil(f.per_worker / BATCH_GET_KEYS)),
+         items=lambda f: f.per_worker,
          read_units=lambda f: f.per_worker * read_units(f.sizes.stream, False)),
-    # Reconciler.run -> _cycle -> DynamoLeaseStore.orphans: an index Query under STARTED
-    # every reconcile_s (jittered 20 %), by every admitting worker; nothing found at steady
-    # state (the minimum unit). While a peer drains or hands streams over: every fast_poll_s.
-    # With the change feed live, a worker with nothing to take or give (every freed or new
-    # stream is offered, and an offer starts a cycle) queries twelve times less often.
+    # By every admitting worker, jittered 20 %; nothing found at steady state (the minimum
+    # unit); every fast_poll_s while a peer drains or hands streams over. With the change
+    # feed live every freed or new stream is offered, and an offer starts a cycle, so a
+    # worker with nothing to take or give rests.
     Kind("orphan query", "intake.py Intake.plan; store/dynamodb/leases.py orphans", "query",
          STATE_INDEX, "STARTED", "one", "W / reconcile (x 12 with the change feed)",
          per_s=lambda f: f.workers / f.settings.orphan_query_s,
          read_units=lambda f: read_units(0, False),
          fast_per_s=lambda f: f.workers / f.settings.fast_poll_s),
-    # HeldWatch.stopped_loop -> DynamoLeaseStore.held_stopped: an index Query under
-    # STOPPED (lease still live) every member heartbeat, by every worker.
-    # With the change feed live the holder is told instead, and the query rests.
+    # Under STOPPED (lease still live); with the change feed live the holder is told.
     Kind("STOPPED query", "watch.py HeldWatch.stopped_loop; store/dynamodb/leases.py held_stopped",
          "query", STATE_INDEX, "STOPPED", "one", "W / heartbeat (none with the change feed)",
          per_s=lambda f: 0.0 if f.settings.change_feed else f.workers / f.settings.heartbeat_s,
          read_units=lambda f: read_units(0, False)),
-    # SelfAudit.run -> audit -> DynamoLeaseStore.owned_by: each worker queries the
-    # owner index under its own id every audit_s (1.6 leases, jittered 20 %): its held
-    # streams (and any released ones still naming it). A read of each only if unserved.
+    # Each worker under its own id, jittered 20 %: its held streams (and released ones
+    # still naming it); a read of one follows only if it is unserved.
     Kind("self-audit", "audit.py SelfAudit.audit; store/dynamodb/leases.py owned_by", "query",
          OWNER_INDEX, "each worker id", "worker", "W / audit (1.6 x lease)",
          per_s=lambda f: f.workers / f.settings.audit_s,
          requests=lambda f: _audit(f)[0], items=lambda f: f.per_worker,
          read_units=lambda f: _audit(f)[1]),
-    # Sweep.duty -> sweep -> DynamoLeaseStore.scan_pages: the leader Scans the whole
-    # streams table every sweep_s (jittered 20 %; ten times less often while the change
-    # feed is live), 500 items a page.
+    # The leader, jittered 20 %, 500 items a page.
     Kind("sweep Scan", "sweep.py Sweep.sweep; store/dynamodb/leases.py scan_pages", "scan",
          STREAMS, "every stream (Scan)", "stream",
          "1 / sweep (x 10 with the change feed; leader); reads all N items",
          per_s=lambda f: 1 / f.settings.sweep_every_s,
          requests=lambda f: _sweep(f)[0], items=lambda f: float(f.streams),
          read_units=lambda f: _sweep(f)[1]),
-    # Intake.acquire -> DynamoLeaseStore.acquire (a rolling deploy moves every
-    # stream once; hand-overs for balance add more): UpdateItem of the item ...
+    # A rolling deploy moves every stream once (hand-overs for balance add more): the
+    # item, its STARTED entry (new expiry) and its owner-index entry (the fence) move.
     Kind("acquisition", "intake.py Intake.acquire; store/dynamodb/leases.py acquire",
          "update_item", STREAMS, "each stream", "stream", "N x deploys a day / 86,400",
          per_s=lambda f: f.churn, write_units=lambda f: write_units(f.sizes.stream)),
-    # ... which moves its STARTED entry (new expiry) ...
     Kind("acquisition: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED",
          "one", "2 x acquisitions", per_s=lambda f: f.churn, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
-    # ... and its owner-index entry (the fence, usually the owner, changes).
     Kind("acquisition: owner entry moves", "store/schema.py", "-", OWNER_INDEX,
          "each worker id", "worker", "2 x acquisitions", per_s=lambda f: f.churn,
          requests=_zero, write_units=lambda f: _moved(f.sizes.owner_entry)),
-    # Supervisor._release -> DynamoLeaseStore.release (expiry 0; owner and fence kept).
+    # Expiry 0; owner and fence kept.
     Kind("release", "release.py release; store/dynamodb/leases.py release", "update_item",
          STREAMS, "each stream", "stream", "= acquisitions", per_s=lambda f: f.churn,
          write_units=lambda f: write_units(f.sizes.stream)),
     Kind("release: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED", "one",
          "2 x releases", per_s=lambda f: f.churn, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
-    # ChangeFeed.duty -> ChangeFeedReader.poll: the leader, and only it, reads each shard of
-    # the streams table's DynamoDB stream every FEED_POLL_S while it is idle (DynamoDB
-    # Streams allows five GetRecords a second a shard, about two readers). Streams reads
-    # are billed apart and use no table capacity; the records follow the table's writes.
+    # The leader alone polls each shard while idle (DynamoDB Streams allows five GetRecords
+    # a second a shard, about two readers); billed apart, using no table capacity.
     Kind("change feed", "feed.py ChangeFeed._tail; store/dynamodb/changefeed.py poll",
          "get_records", STREAMS, "-", "one", "shards / 0.25 s (leader), with the change feed",
          per_s=_feed_polls),
-    # ... and checkpoints each shard it read records from (PutItem under Pk = FEED), at
-    # most once a poll.
+    # Each shard it read records from, at most once a poll.
     Kind("change-feed checkpoint", "feed.py ChangeFeed._apply; "
          "store/dynamodb/feedcheckpoints.py save", "put_item", FLEET, "FEED", "one",
          "at most shards / 0.25 s (leader)",
@@ -654,18 +606,21 @@ class KeyLoad:
         return self.write_units_s / KEY_WRITE_LIMIT
 
 
+def _totals(rows: Iterable[tuple[Any, float, float]]) -> dict[Any, tuple[float, float]]:
+    """Pairs of figures summed by key, in the order the keys first appear."""
+    out: dict[Any, tuple[float, float]] = {}
+    for key, a, b in rows:
+        x, y = out.get(key, (0.0, 0.0))
+        out[key] = (x + a, y + b)
+    return out
+
+
 def key_loads(shape: Shape, kinds: tuple[Kind, ...] = KINDS) -> list[KeyLoad]:
     """Per partition-key value: spread loads divided over the keys that share them."""
-    found: dict[tuple[str, str], list[float]] = {}
-    for load in loads(shape, kinds):
-        k = load.kind
-        if k.key == "-":
-            continue
-        over = SPREAD[k.spread](shape)
-        key = "each stream" if k.spread == "stream" else k.key
-        slot = found.setdefault((k.table, key), [0.0, 0.0])
-        slot[0] += load.read_units_s / over
-        slot[1] += load.write_units_s / over
+    spread = [(x, x.kind, SPREAD[x.kind.spread](shape)) for x in loads(shape, kinds)
+              if x.kind.key != "-"]
+    found = _totals(((k.table, "each stream" if k.spread == "stream" else k.key),
+                     x.read_units_s / over, x.write_units_s / over) for x, k, over in spread)
     return [KeyLoad(t, key, r, w) for (t, key), (r, w) in found.items()]
 
 
@@ -682,12 +637,7 @@ def limits(shape: Shape) -> list[tuple[str, float]]:
 
 
 def table_loads(shape: Shape) -> dict[str, tuple[float, float]]:
-    found: dict[str, list[float]] = {}
-    for load in loads(shape):
-        slot = found.setdefault(load.kind.table, [0.0, 0.0])
-        slot[0] += load.read_units_s
-        slot[1] += load.write_units_s
-    return {t: (r, w) for t, (r, w) in found.items()}
+    return _totals((x.kind.table, x.read_units_s, x.write_units_s) for x in loads(shape))
 
 
 def passes(name: str, share: float, settings: Settings) -> int | None:
@@ -732,7 +682,7 @@ def scale_figures(streams: int, settings: Settings) -> dict[str, Any]:
                                 "items_read_per_s": _r(x.items_s),
                                 "read_units_per_s": _r(x.read_units_s),
                                 "write_units_per_s": _r(x.write_units_s)}
-                  for x in found if x.kind.code != "(none yet)"},
+                  for x in found},
         "keys": [{"table": k.table, "key": k.key, "read_units_per_s": _r(k.read_units_s),
                   "write_units_per_s": _r(k.write_units_s),
                   "read_share": _sig(k.read_share), "write_share": _sig(k.write_share)}
@@ -786,18 +736,6 @@ def per_worker_read_growth(settings: Settings | None = None) -> dict[str, Any]:
                         for k, v in eight_by.items()}}
 
 
-def model_requests(shape: Shape) -> dict[str, tuple[float, float]]:
-    """Requests/s by operation: (steady, with every worker polling fast)."""
-    out: dict[str, list[float]] = {}
-    for load in loads(shape):
-        if load.kind.operation == "-" or not load.requests_s:
-            continue
-        slot = out.setdefault(load.kind.operation, [0.0, 0.0])
-        slot[0] += load.requests_s
-        slot[1] += load.fast_requests_s
-    return {op: (a, b) for op, (a, b) in out.items()}
-
-
 AGREE = 0.25  # measured within 25 % of the model's range
 
 
@@ -814,7 +752,9 @@ def compare_measured(measured_per_1000: Mapping[str, float], shape: Shape,
     expects so rarely in the run's ``window_s`` that seeing none is likelier than one in
     twenty (fewer than ``RARE`` expected: the sweep's Scan, a few pages every 300 s with
     the change feed) agrees when none was seen: the window is too short to tell."""
-    model = model_requests(shape)
+    # Requests/s by operation: (steady, with every worker polling fast).
+    model = _totals((x.kind.operation, x.requests_s, x.fast_requests_s) for x in loads(shape)
+                    if x.kind.operation != "-" and x.requests_s)
     rows: dict[str, Any] = {}
     for op in sorted(set(model) | set(measured_per_1000)):
         low, high = (v * 1000 / shape.streams for v in model.get(op, (0.0, 0.0)))
@@ -972,8 +912,6 @@ def model_text(model: dict[str, Any]) -> str:
         "|---|---|---|---|" + "---|" * len(scales),
     ]
     for kind in model["request_kinds"]:
-        if kind["code"] == "(none yet)":
-            continue
         cells = []
         for fig in scales.values():
             k = fig["kinds"][kind["name"]]

@@ -1,54 +1,30 @@
 """The ``change_feed`` scenario: how soon the fleet acts on a change written to the streams
 table, what it reads while nothing changes, and whether a change written while the leader
-dies is lost; with the change feed on (``STREAMLEASE_CHANGE_FEED=on``) and off.
+dies is lost; with the change feed on (``STREAMLEASE_CHANGE_FEED=on``) and off, a fleet
+each at the worker's default timings.
 
-Each mode runs a fleet of its own at the worker's default timings (no STREAMLEASE_*_SECONDS
-set): 3 workers; 240 streams seeded (80 a worker) as ``ctl start`` writes them; the
-embedded DynamoDB with its index-lag model on (every index read INDEX_LAG_MS + up to
-INDEX_LAG_JITTER_MS behind) and counting requests by table (``loadtest.request_count``);
-the reference upstream with a backlog (a stream's first batch fills, and is delivered, as
-soon as it connects) and a second upstream on another port serving the same frames (a
-stream's URL can move to it without changing what it delivers). Then, in order:
+The embedded DynamoDB lags its index reads (``INDEX_LAG_MS`` + up to
+``INDEX_LAG_JITTER_MS``) and counts requests by table (``loadtest.request_count``); the
+upstream has a backlog (a stream's first batch fills, and is delivered, as soon as it
+connects) and a second upstream serves the same frames (a URL can move to it without
+changing what it delivers). Then, in order:
 
-1. **Changes** (``handwritten_p99``, ``stopped_p99``, ``url_change_p99``): N of each kind,
-   interleaved, spread over ``SPREAD_S``:
-
-   * an item written by hand (a PutItem of ``Pk``, ``desired_state`` STARTED and ``ws_url``
-     only), timed until it delivers: its ``last_seq``, checkpointed with its first events
-     in the sink, is above 0 (and, beside it, until the upstream sees it connected);
-   * a held stream flipped to STOPPED, timed until its ``lease_expires_at_ms`` is 0;
-   * a held stream's ``ws_url`` moved to the second upstream, timed until that upstream
-     sees it connected.
-
-   Seconds from the write being sent, watched every ``POLL_S`` (consistent BatchGetItem
-   reads of the pending items, the upstreams' ``/stats``): a time is at most one poll late.
-   A change not acted on ``CHANGE_WAIT_S`` after the last write is ``unacted``.
+1. **Changes** (``handwritten_p99``, ``stopped_p99``, ``url_change_p99``): an item written
+   by hand (``Pk``, ``desired_state`` and ``ws_url`` only) until it delivers, a held stream
+   flipped to STOPPED until released, a ``ws_url`` moved until the second upstream sees it
+   connected; timed from the write, watched every ``POLL_S`` (``Watch``).
 2. **Quiet window** (``reads_per_stream_minute``): once no tenure has begun for
-   ``SETTLED_S``, ``QUIET_S`` with nothing written: the read requests (GetItem,
-   BatchGetItem, Query, Scan) the workers sent to the streams table and its indexes,
-   counted at the server, per held stream-minute (held streams averaged over the window's
-   table reads). The workers' own counter has no table label, so their fleet-table reads
-   would count too: it is reported beside it (``reads_per_stream_minute_all_tables``).
-3. **Leader killed mid-feed** (``lost_changes``): ``KILL_CHANGES`` changes over
-   ``KILL_SPAN_S``, hand-written items and STOPPED flips of streams the other workers hold,
-   alternating; halfway, kill -9 of the leader (the worker whose ``streamlease_is_leader``
-   is 1). Then up to ``RECOVERY_S`` after the last write for each to be acted on (as in 1);
-   ``lost_changes`` counts those never acted on, but for hand-written items stamped while
-   every survivor is full (``waiting_for_room``: two survivors hold at most 200 of the
-   240 streams, and a new item waits for room with the dead leader's orphans). The flips
-   are of the survivors' streams: a dead holder's STOPPED stream is not released by anyone,
-   so it would say nothing about the feed.
+   ``SETTLED_S``, the read requests the workers sent to the streams table and its indexes,
+   counted at the server (the workers' own counter has no table label), per held
+   stream-minute.
+3. **Leader killed mid-feed** (``lost_changes``): hand-written items and STOPPED flips of
+   the survivors' streams (a dead holder's STOPPED stream is released by no one, so it
+   would say nothing of the feed), the leader killed halfway; a change never acted on is
+   lost, but for a hand-written item waiting for room (``split_for_room``).
 
-Phase 1's changes are written to ``changes.json`` beside the worker logs (kind, stream, when
-sent as wall-clock time, the seconds until acted on): with ``--worker-log-level DEBUG`` the
-logs show each hop of each change (the leader's ``feed.batch`` and ``feed.notice_posted``,
-the ``member.beat`` that published it, the holder's ``member.notice_heard`` and
-``stream.checked_now``, then ``lease.released`` or ``stream.url_changed``).
-
-At the end every worker is stopped (SIGTERM) and the sink audited (every seq of every
-stream that delivered, once, in order, byte-identical). The feed-on figures are the
-section's own keys (``change_feed.handwritten_p99``, ...), the feed-off ones the same under
-``change_feed.off``: the report shows them as before -> after.
+Phase 1's changes go to ``changes.json`` beside the worker logs, to line up with them
+(``--worker-log-level DEBUG`` logs each hop of each change). The feed-on figures are the
+section's own keys, the feed-off ones the same under ``change_feed.off``.
 """
 
 from __future__ import annotations
@@ -67,7 +43,15 @@ from typing import Any
 import aioboto3
 
 from loadtest.common import Server, choose_names, dynamodb_args
-from loadtest.fleet import Context, Fleet, LeaderWatch, by_label, pct, upstream_connections
+from loadtest.fleet import (
+    Context,
+    Fleet,
+    LeaderWatch,
+    by_label,
+    by_operation,
+    pct,
+    upstream_connections,
+)
 from loadtest.request_count import READ_OPERATIONS, WORKER_ACCESS_KEY, Key
 from streamlease.config import DEFAULTS
 from streamlease.core.model import StreamRecord
@@ -170,11 +154,6 @@ class Watch:
         return found
 
 
-def _region() -> str | None:
-    """The region the fleet's store uses (botocore does not always read AWS_REGION)."""
-    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-
-
 async def _none() -> None:
     return None
 
@@ -239,14 +218,8 @@ def stream_reads(before: collections.Counter[Key], after: collections.Counter[Ke
 def worker_reads(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
                  names: Sequence[str]) -> dict[str, int]:
     """Read requests the workers ``names`` counted themselves (every table), by operation."""
-    out: dict[str, int] = {}
-    for op in WORKER_READS:
-        prefix = f'streamlease_dynamodb_requests_total{{operation="{op}",'
-        total = sum(v - before[n].get(k, 0.0) for n in names
-                    for k, v in after[n].items() if k.startswith(prefix))
-        if total:
-            out[op] = int(total)
-    return out
+    found = by_operation(before, after, names)
+    return {op: int(found[op]) for op in WORKER_READS if found.get(op)}
 
 
 # -- one mode -----------------------------------------------------------------------------
@@ -348,7 +321,8 @@ async def measure_mode(ctx: Context, mode: str) -> dict[str, Any]:
                                  index_lag_jitter_ms=INDEX_LAG_JITTER_MS),
                              upstream_args=("--initial-backlog", str(BACKLOG)),
                              watch_upstream=False, count_requests=True) as fleet, \
-                aioboto3.Session().client("dynamodb", region_name=_region()) as client:
+                aioboto3.Session().client("dynamodb", region_name=os.environ.get(  # its region
+                    "AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")) as client:
             watch = Watch(client, fleet.table, fleet.upstream_url, moved.url)
             run = Run(fleet, moved.url, watch)
             watcher = asyncio.ensure_future(watch.run())
@@ -437,19 +411,13 @@ async def _quiet_window(run: Run, quiet_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {"settled_after_s": None if settled is None else round(settled, 1),
                            "window_s": quiet_s}
     before_counts = fleet.request_counts()
-    fleet.scrape_all()
-    before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+    before = fleet.snapshot()
     start = fleet.now()
-    held: list[int] = []
-    while fleet.now() - start < quiet_s:
-        await asyncio.sleep(min(1.0, quiet_s - (fleet.now() - start)))
-        held.append(fleet.held_total())
+    mean_held = await fleet.mean_held(quiet_s)
     after_counts = fleet.request_counts()
-    fleet.scrape_all()
+    after = fleet.snapshot()
     end = fleet.now()
-    after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
     names = [name for name in before if name in after]
-    mean_held = sum(held) / len(held) if held else 0.0
     stream_minutes = mean_held * (end - start) / 60
     out.update(window_measured_s=round(end - start, 1), held_streams=round(mean_held, 1),
                stream_minutes=round(stream_minutes, 2),
@@ -552,11 +520,6 @@ def split_for_room(pending: list[Change], records: dict[str, StreamRecord],
 
 
 # -- the scenario -------------------------------------------------------------------------
-
-# The figures the issue's targets table names (and the report shows before -> after).
-KEYS = ("handwritten_p99", "stopped_p99", "url_change_p99", "reads_per_stream_minute",
-        "lost_changes")
-
 
 async def run_change_feed(ctx: Context) -> dict[str, Any]:
     """Every mode of ``--change-feed-modes`` (default: on, then off) on a fleet of its own;

@@ -1,16 +1,11 @@
 """Shared plumbing for the benchmarks: local servers and workers as child processes.
 
 Every child the load test starts goes through here (``Server``, ``worker_child``,
-``death_signal`` for ``asyncio.create_subprocess_exec``), the way ``make run`` starts its
-own (``streamlease.dev.procs``): in a session of its own, and, on Linux, with
-``PR_SET_PDEATHSIG``, so a load test killed outright (SIGKILL, a crash) takes its children
-with it: the servers get SIGTERM, the workers SIGKILL. ``STOP`` turns SIGTERM, SIGINT and
-SIGHUP into an orderly stop (``until_stopped``), and ``stop_children`` stops
-whatever is still running at the end, workers first, then the servers.
-
-Beside them, what every scenario shares: the profiles' worker timings (``PROFILES``,
-``timing_env``), fresh table names and the variables that point a worker at them
-(``Tables``), and the embedded DynamoDB as an environment (``local_store``).
+``death_signal`` for ``asyncio.create_subprocess_exec``), as ``make run`` starts its own
+(``streamlease.dev.procs``): in a session of its own and, on Linux, with
+``PR_SET_PDEATHSIG``, so a load test killed outright takes its children with it. ``STOP``
+turns SIGTERM, SIGINT and SIGHUP into an orderly stop (``until_stopped``), and
+``stop_children`` stops whatever is still running at the end, workers first.
 """
 
 from __future__ import annotations

@@ -27,13 +27,8 @@ What the sampler records, every ``sample_s``:
   the streams leased to a running worker, from which spells of no owner are measured.
 
 Worker logs (JSON, INFO) go to ``.run/loadtest/<stamp>/<scenario>/``; ``log_events``
-counts their warnings and errors by event name, the evidence behind a figure.
-
-Besides the fleet, what scenarios do to one: ``Context`` (a run's arguments and profile,
-and the fleets it builds), the chaos steps (``kill_and_pause``, ``rolling_restart``,
-``short_chaos``), the figures read off the workers' metrics (``by_label``,
-``histogram_quantile``, ``churn_figures``, ``finish``), who leads (``leaders_now``), and
-one worker alone on fresh tables (``worker_phase``).
+counts their warnings and errors by event name, the evidence behind a figure. Below the
+fleet: what scenarios do to one, and one worker alone on fresh tables (``worker_phase``).
 """
 
 from __future__ import annotations
@@ -52,8 +47,9 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +63,7 @@ from loadtest.common import (
     use_local_dynamodb,
     worker_child,
 )
+from loadtest.report import worker_order
 from streamlease.core.model import StreamRecord
 from streamlease.dev.procs import free_port
 from streamlease.dev.upstream import frame_for
@@ -75,6 +72,7 @@ from streamlease.store.protocols import AdminStore, Stores
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".run" / "loadtest"
+REQUESTS = "streamlease_dynamodb_requests_total"  # a worker's store requests, by operation
 
 
 @dataclass
@@ -86,7 +84,6 @@ class WorkerProc:
     skewed: str | None = None  # a faketime offset such as "-2s"
     metrics: dict[str, float] = field(default_factory=dict)  # last scrape
     paused: bool = False  # SIGSTOPped: its HTTP endpoint cannot answer
-    started_at: float = 0.0
 
     def scrape(self) -> None:
         found = scrape_metrics(self.port)
@@ -342,7 +339,7 @@ class Fleet:
                        **FAKETIME_ENV)
         log = self.log_dir / f"{name}.log"
         popen = worker_child(name, argv, env, log).popen
-        worker = WorkerProc(name, popen, port, log, skew, started_at=self.now())
+        worker = WorkerProc(name, popen, port, log, skew)
         self.workers[name] = worker
         self.events_log.append((self.now(), f"+{name}"))
         return worker
@@ -378,6 +375,16 @@ class Fleet:
             w.signal_stop(signal.SIGTERM)
         for w in workers:
             await w.wait(wait_s)
+
+    async def drop_connections(self, count: int, feed: str | None = None) -> None:
+        """The upstream closes ``count`` random streams' connections (of ``feed``, a test
+        feed of its own, when given)."""
+        for sid in self.rng.sample(sorted(self.ids), k=min(count, len(self.ids))):
+            self.fault("drop", None)
+            mode = f"&mode={feed}" if feed else ""
+            await asyncio.to_thread(
+                get, f"{self.upstream_url.replace('ws://', 'http://')}/control/drop"
+                     f"?stream={sid}{mode}")
 
     def fault(self, kind: str, worker: str | None, recovery: str = "delivered") -> Fault:
         streams, before = self.held_by(worker) if worker else ([], {})
@@ -513,10 +520,33 @@ class Fleet:
         """Streams held per live worker (0 for a live worker holding none), last sample
         (from the table, or from the workers' gauges when the table is read rarely)."""
         last = self.timeline[-1][1] if self.timeline else {}
-        return {name: last.get(name, 0) for name in sorted(self.workers, key=_worker_order)}
+        return {name: last.get(name, 0) for name in sorted(self.workers, key=worker_order)}
 
     def held_total(self) -> int:
         return sum(self.timeline[-1][1].values()) if self.timeline else 0
+
+    def all_held(self) -> bool:
+        return self.held_total() >= self.streams
+
+    async def start_and_hold(self, workers: int, timeout: float = 60.0) -> float | None:
+        """Start ``workers`` workers; seconds until every stream is held (None: timed out)."""
+        for _ in range(workers):
+            self.start_worker()
+        return await self.wait_until(self.all_held, timeout)
+
+    async def finish(self, section: dict[str, Any], only_delivered: bool = False) -> None:
+        """Scrape, note what no live worker holds, stop every worker (SIGTERM), audit the
+        sink into ``section``."""
+        await self.read_table()
+        self.scrape_all()
+        section["untracked_leases"] = self.untracked()
+        unheld = self.unheld()
+        section["unheld_at_end_count"] = len(unheld)
+        section["unheld_at_end"] = unheld[:20]
+        section["faults"] = self.fault_list()
+        section.update(churn_figures(self))
+        await self.stop_all()
+        section.update(await self.audit(only_delivered=only_delivered))
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> float | None:
         """Seconds until ``predicate`` (checked after every sample) held; None: timed out."""
@@ -621,6 +651,19 @@ class Fleet:
         for w in self.workers.values():
             if not w.paused and w.alive():
                 w.scrape()
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Every live worker's metrics by its name, scraped now."""
+        self.scrape_all()
+        return {w.name: dict(w.metrics) for w in self.workers.values()}
+
+    async def mean_held(self, seconds: float) -> float:
+        """The streams held, read every second for ``seconds``: their mean."""
+        start, held = self.now(), []
+        while self.now() - start < seconds:
+            await asyncio.sleep(min(1.0, seconds - (self.now() - start)))
+            held.append(self.held_total())
+        return sum(held) / len(held) if held else 0.0
 
     def log_events(self) -> dict[str, int]:
         """Warnings and errors in every worker's log, by event name."""
@@ -735,11 +778,6 @@ def _wait(popen: subprocess.Popen[bytes], timeout: float) -> bool:
         return False
 
 
-def _worker_order(name: str) -> tuple[int, str]:
-    digits = name.lstrip("w")
-    return (int(digits), name) if digits.isdigit() else (1 << 30, name)
-
-
 @dataclass
 class Context:
     """A load-test run as a scenario sees it: its arguments, its profile's settings and
@@ -821,7 +859,7 @@ async def short_chaos_run(fleet: Fleet, run: dict[str, Any], p: dict[str, Any],
         and all(v > 0 for v in fleet.checkpoints().values()), run["settle_timeout"])
     started = fleet.now()
     if drop_feed is not None:
-        await drop_connections(fleet, run["drops"], drop_feed)
+        await fleet.drop_connections(run["drops"], drop_feed)
         await asyncio.sleep(run["gap"] / 2)
     await short_chaos(fleet, p, run["gap"])
     chaos_s = fleet.now() - started
@@ -834,27 +872,48 @@ async def short_chaos_run(fleet: Fleet, run: dict[str, Any], p: dict[str, Any],
                                                                        "sigterm")}}
 
 
-async def drop_connections(fleet: Fleet, count: int, feed: str | None = None) -> None:
-    """The upstream closes ``count`` random streams' connections (of ``feed``, a test feed
-    of its own, when given)."""
-    for sid in fleet.rng.sample(sorted(fleet.ids), k=min(count, len(fleet.ids))):
-        fleet.fault("drop", None)
-        mode = f"&mode={feed}" if feed else ""
-        await asyncio.to_thread(
-            get, f"{fleet.upstream_url.replace('ws://', 'http://')}/control/drop"
-                 f"?stream={sid}{mode}")
+async def run_each(label: str, names: Iterable[str],
+                   run: Callable[[str], Awaitable[dict[str, Any]]],
+                   failed_section: Callable[[str], dict[str, Any]],
+                   summary: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """``run(name)`` for each of ``names`` (a sink, an upstream mode): its section, or
+    ``failed_section(name)`` with the error that stopped it, and a line of its ``summary``
+    figures each; and the names that failed."""
+    sections: dict[str, Any] = {}
+    failed: list[str] = []
+    for name in names:
+        try:
+            sections[name] = await run(name)
+        except Exception as exc:
+            traceback.print_exc()
+            failed.append(name)
+            sections[name] = {**failed_section(name), "error": f"{type(exc).__name__}: {exc}"}
+        s = sections[name]
+        print(f"{label}: {name}: " + (s.get("skipped") or s.get("error") or ", ".join(
+            f"{k} {s.get(k)}" for k in summary)), flush=True)
+    return sections, failed
 
 
 # -- figures from the workers' metrics --------------------------------------------------------
 
 
-def every_stream_held(fleet: Fleet) -> bool:
-    return fleet.held_total() >= fleet.streams
-
-
 def metric_sum(workers: Iterable[WorkerProc], prefix: str) -> float:
     """Every series starting with ``prefix``, summed over ``workers``' last scrapes."""
     return sum(v for w in workers for k, v in w.metrics.items() if k.startswith(prefix))
+
+
+def by_operation(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                 names: Iterable[str], metric: str = REQUESTS) -> dict[str, float]:
+    """How much ``metric`` grew between two ``Fleet.snapshot``s of the workers ``names``,
+    summed by its ``operation`` label."""
+    prefix = f'{metric}{{operation="'
+    found: dict[str, float] = {}
+    for name in names:
+        for key, value in after[name].items():
+            if key.startswith(prefix):
+                op = key[len(prefix):].split('"', 1)[0]
+                found[op] = found.get(op, 0.0) + value - before[name].get(key, 0.0)
+    return found
 
 
 def by_label(workers: Iterable[WorkerProc], metric: str, label: str) -> dict[str, int]:
@@ -904,28 +963,6 @@ def churn_figures(fleet: Fleet) -> dict[str, Any]:
         "log_events": fleet.log_events(),
         "worker_exits": fleet.exits,
     }
-
-
-async def start_and_hold(fleet: Fleet, workers: int, timeout: float = 60.0) -> float | None:
-    """Start ``workers`` workers; seconds until every stream is held (None: timed out)."""
-    for _ in range(workers):
-        fleet.start_worker()
-    return await fleet.wait_until(lambda: every_stream_held(fleet), timeout)
-
-
-async def finish(fleet: Fleet, section: dict[str, Any], only_delivered: bool = False) -> None:
-    """Scrape, note what no live worker holds, stop every worker (SIGTERM), audit the
-    sink into ``section``."""
-    await fleet.read_table()
-    fleet.scrape_all()
-    section["untracked_leases"] = fleet.untracked()
-    unheld = fleet.unheld()
-    section["unheld_at_end_count"] = len(unheld)
-    section["unheld_at_end"] = unheld[:20]
-    section["faults"] = fleet.fault_list()
-    section.update(churn_figures(fleet))
-    await fleet.stop_all()
-    section.update(await fleet.audit(only_delivered=only_delivered))
 
 
 def rounded(value: float | None, digits: int = 2) -> float | None:

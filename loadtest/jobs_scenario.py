@@ -3,24 +3,13 @@
 Three workers at the profile's timings (no streams: the figures are the leader's). A job
 every 2 s runs ``JOB_SCRIPT``: it sleeps ``JOB_DELAY_S`` (so a run is "in the middle"
 for a while), then writes one item for its slot into a side table with
-``streamlease job write`` — the write the leader lease's fence guards. The side table's
+``streamlease job write``, the write the leader lease's fence guards. The side table's
 key is the slot *and* a per-execution id, so a second write for a slot is a second item,
-never an overwrite that would hide it. The schedule:
-
-1. steady for ``STEADY_BEFORE_S``;
-2. the leader's job process group, then the leader, SIGSTOPped in the middle of a run
-   (before the job's write); kept stopped until another worker leads and has run two
-   slots; then SIGCONT to the job first, so its write goes out — and must be refused —
-   while its leader is still stopped, and once the job has exited, to the leader;
-3. kill -9 of the leader, again in the middle of a run (its job lives on, orphaned, and
-   writes when its sleep ends: accepted only if no new leader has the lease yet):
-   ``leader_failover_s`` is the time until another worker's ``/metrics`` shows
-   ``streamlease_is_leader 1`` (``loadtest.fleet.LeaderWatch`` polls every 0.1 s: at most
-   one poll and one scrape late); a replacement worker is started afterwards;
-4. a rolling SIGTERM restart, one worker at a time (a new one, then SIGTERM of an old
-   one); when the one stopped is the leader, the time until another leads is recorded;
-5. steady for ``STEADY_AFTER_S``; then every worker stops and the audit reads every run
-   record and every side-table item.
+never an overwrite that would hide it. After ``STEADY_BEFORE_S``: the leader paused in the
+middle of a run (``_pause_leader``: its job's write must be refused while it is stopped),
+kill -9 of the leader in the middle of a run (its orphaned job writes when its sleep ends:
+accepted only if no new leader has the lease yet), a rolling SIGTERM restart, and
+``STEADY_AFTER_S``; then the audit reads every run record and every side-table item.
 
 The audit (``audit_jobs``, pure): ``double_runs`` counts slots with more than one item
 in the side table plus slots with more than one run record (impossible by the records'
@@ -52,7 +41,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,33 +166,31 @@ def audit_jobs(runs: Iterable[JobRun], items: Iterable[SideItem],
 # -- watching the fleet ---------------------------------------------------------------
 
 
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Every process: its pid and the fields of its ``stat`` after the command name."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 3:
+                yield int(entry.name), fields
+
+
 def job_group(worker_pid: int) -> int | None:
     """The process group of the job a worker runs (its child, in a session of its own)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == worker_pid:
-                return os.getpgid(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
+    for pid, fields in _processes():
+        if int(fields[1]) == worker_pid:
+            with contextlib.suppress(OSError):
+                return os.getpgid(pid)
     return None
 
 
 def group_alive(group: int) -> bool:
     """Whether any process of this group still runs (a zombie waiting for its stopped
     parent does not)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == group and fields[0] != "Z":
-                return True
-        except (OSError, IndexError, ValueError):
-            continue
-    return False
+    return any(int(fields[3]) == group and fields[0] != "Z" for _, fields in _processes())
 
 
 def finished_event(log: Path, slot: str) -> dict[str, Any] | None:

@@ -7,26 +7,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from loadtest.fleet import (
-    Context,
-    Fault,
-    every_stream_held,
-    finish,
-    histogram_quantile,
-    pct,
-    rounded,
-    start_and_hold,
-)
+from loadtest.fleet import Context, Fault, histogram_quantile, pct, rounded
 
 
 async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
-    """kill -9 of a worker holding 100 streams at the default settings (no
-    STREAMLEASE_*_SECONDS, STREAMLEASE_MAX_STREAMS 100): 3 workers x 100 streams at a low
-    message rate; each kill's victim is replaced at once by a new worker (the survivors are
-    full at 100), as a container scheduler would. Each stream is timed from the signal
-    until it delivers again under another holder (its checkpoint passes the one read just
-    before the kill: this includes the default batch window), and, beside it, until the
-    upstream sees it connected again."""
+    """3 workers x 100 streams at a low message rate, no STREAMLEASE_* setting; each kill's
+    victim is replaced at once by a new worker (the survivors are full at 100), as a
+    container scheduler would. Timed until each stream delivers again under another holder
+    (the default batch window included), and until the upstream sees it connected again."""
     args = ctx.args
     workers, per = args.kill9_defaults_workers, args.kill9_defaults_streams
     n = workers * per
@@ -37,11 +25,11 @@ async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
     async with ctx.fleet("kill9_defaults", streams=n, rate=args.kill9_defaults_rate,
                          worker_env={}, sample_s=0.5, table_s=1.0,
                          watch_upstream=True) as fleet:
-        section["all_held_s"] = rounded(await start_and_hold(fleet, workers, timeout=240.0))
+        section["all_held_s"] = rounded(await fleet.start_and_hold(workers, timeout=240.0))
 
         def full() -> bool:
             counts = fleet.counts()
-            return every_stream_held(fleet) and len(counts) == workers and \
+            return fleet.all_held() and len(counts) == workers and \
                 max(counts.values(), default=0) >= per
         kills: list[dict[str, Any]] = []
         for _ in range(args.kill9_defaults_kills):
@@ -66,7 +54,7 @@ async def run_kill9_defaults(ctx: Context) -> dict[str, Any]:
         section["kill9_connected"] = fleet.failover("kill9_connected")
         section["takeover_delay_p99_s_bucket"] = histogram_quantile(
             fleet, "streamlease_takeover_delay_seconds", 0.99)
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out(every=4)
     connected = section["kill9_connected"]
     return {"failover": {"kill9_defaults": {

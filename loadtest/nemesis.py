@@ -7,36 +7,17 @@ shrunk to a replayable seed.
     python -m loadtest.nemesis --help
 
 Schedule ``i`` of a run with seed ``S`` is drawn from seed ``S * 1000 + i``
-(``loadtest.nemesis_plan``): a random composition, faults overlapping as they fall, of
-every kind in ``loadtest.nemesis_plan.KINDS`` — kill -9, SIGTERM, SIGSTOP past the lease
-(the leader among the victims), one worker cut from the store, throttling, latency, index
-lag and stale reads, a worker whose clock is 2 s off, scale out and in, STOPPED/STARTED
-flips, ``ws_url`` changes, hand-written items, ``ctl release``, the change feed trimmed or
-down, a sink outage, upstream drops, stalls and malformed frames.
+(``loadtest.nemesis_plan``). docs/performance.md ("The nemesis") describes the fleet each
+schedule runs and what its audit checks, from the sink, the store and the job's own
+record, never from the workers' logs: nothing lost, duplicated, out of order or altered,
+no stale write accepted, every stream served again within ``member lease + 5 s`` of the
+heal, a STOPPED stream released in a calm fleet, no job slot run twice, no worker exited
+by itself, no process left running.
 
-Each schedule runs a fresh fleet (the embedded DynamoDB with its fault control, the
-reference upstream, three workers, twelve streams at 5 messages a second, a singleton job
-every 2 s), then heals every fault and checks, from the sink, the store and the job's own
-record, never from the workers' logs (``audit``):
-
-* no message lost, none duplicated, none out of order, none altered (the events table
-  against the upstream's own frames);
-* no write accepted under a fence below one already accepted for its stream, so no two
-  tenures' writes interleave (the events' fences, in seq order, never go down);
-* every STARTED stream served again within ``member lease + 5 s`` of the heal: a dead or
-  silent holder is found out within its member lease, and 5 s covers the reconcile cycle,
-  the take-over's writes and the first batch on a loaded 2-core machine;
-* a stream STOPPED in a calm fleet released within a heartbeat interval plus 2 s (the
-  contract's bound);
-* no job slot run twice (each run appends its slot to a file);
-* no worker exited by itself (a crash, whatever the store or the upstream did);
-* no process of the schedule left running once it is over.
-
-A failing schedule is shrunk (``loadtest.nemesis_plan.shrink``: fewer faults, re-run, while
-it still fails) and printed as the one line that replays it; its worker logs stay under
-``.run/nemesis/``. The figures go to ``loadtest/results/latest.json`` under ``nemesis``
-(every other key kept). Stopped by SIGTERM, SIGINT or SIGHUP, it stops every process it
-started and writes nothing.
+A failing schedule is shrunk (fewer faults, re-run, while it still fails) and printed as
+the one line that replays it; its worker logs stay under ``.run/nemesis/``. The figures
+go to ``loadtest/results/latest.json`` under ``nemesis`` (every other key kept). Stopped
+by SIGTERM, SIGINT or SIGHUP, it stops every process it started and writes nothing.
 """
 
 from __future__ import annotations
@@ -64,7 +45,6 @@ from loadtest.nemesis_plan import KINDS, Fault, Timing, decode, draw, encode
 from loadtest.report import markdown, write_file
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
-from streamlease.dev import local_aws_env
 from streamlease.dev.procs import carrying
 
 MARK = "STREAMLEASE_NEMESIS_MARK"
@@ -138,7 +118,7 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
     outcome = Outcome(seed, faults)
     marker = uuid.uuid4().hex
     # The fleet points this process's AWS variables at its own server: put them back after.
-    saved = {k: os.environ.get(k) for k in (*local_aws_env("http://127.0.0.1:1"), MARK)}
+    saved = dict(os.environ)
     os.environ[MARK] = marker  # every child inherits it: how leftovers are found
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     try:
@@ -154,11 +134,8 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
             outcome.violations.update(hands.violations)
             outcome.notes.extend(hands.notes)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(saved)
     outcome.orphans = await _orphans(marker)
     if outcome.orphans:
         outcome.violations["orphans"] += outcome.orphans
@@ -387,10 +364,8 @@ def accumulate(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         merged = collections.Counter(previous.get(key, {}))
         merged.update(new[key])
         out[key] = dict(sorted(merged.items()))
-    out["recovery_p99_s"] = max(filter(None, (previous.get("recovery_p99_s"),
-                                              new["recovery_p99_s"])), default=None)
-    out["recovery_max_s"] = max(filter(None, (previous.get("recovery_max_s"),
-                                              new["recovery_max_s"])), default=None)
+    for key in ("recovery_p99_s", "recovery_max_s"):
+        out[key] = max(filter(None, (previous.get(key), new[key])), default=None)
     out["failures"] = previous.get("failures", []) + new["failures"]
     return out
 

@@ -31,6 +31,7 @@ from loadtest.fleet import Fleet, WorkerProc, is_leader
 from loadtest.nemesis_plan import Fault
 from streamlease.errors import StoreError
 from streamlease.store import codec
+from streamlease.store.dynamodb import DynamoAdmin
 
 T = TypeVar("T")
 
@@ -148,9 +149,6 @@ class Hands:
             await self._keep_floor()
         return True
 
-    async def _leader_kill9(self, fault: Fault, index: int) -> bool:
-        return await self._kill9(fault, index)
-
     async def _sigterm(self, fault: Fault, index: int) -> bool:
         async with self._lock:
             name = self.victim(fault.target)
@@ -174,8 +172,7 @@ class Hands:
         self._resume(name)
         return True
 
-    async def _leader_pause(self, fault: Fault, index: int) -> bool:
-        return await self._pause(fault, index)
+    _leader_kill9, _leader_pause = _kill9, _pause  # the fault's target is "leader"
 
     def _resume(self, name: str) -> None:
         worker = self.paused.pop(name, None)
@@ -186,15 +183,10 @@ class Hands:
         async with self._lock:
             if len(self.fleet.workers) >= CEILING:
                 return False
-            self.start_worker()
+            self.start_worker(skew=f"{fault.value:+g}s" if fault.kind == "clock_skew" else None)
         return True
 
-    async def _clock_skew(self, fault: Fault, index: int) -> bool:
-        async with self._lock:
-            if len(self.fleet.workers) >= CEILING:
-                return False
-            self.start_worker(skew=f"{fault.value:+g}s")
-        return True
+    _clock_skew = _scale_out
 
     async def _scale_in(self, fault: Fault, index: int) -> bool:
         async with self._lock:
@@ -231,17 +223,19 @@ class Hands:
 
     # -- an operator ----------------------------------------------------------------------
 
+    def admin(self) -> DynamoAdmin:
+        assert self.fleet.store is not None
+        return self.fleet.store
+
     def started(self) -> list[str]:
         return [sid for sid in self.fleet.ids if sid not in self.flipped]
 
     async def _flip(self, fault: Fault, index: int) -> bool:
-        store = self.fleet.store
-        assert store is not None
         sid = self.rng.choice(self.started())
         self.flipped.add(sid)
         try:
             calm = self.calm()
-            await retrying(lambda: store.set_state(sid, "STOPPED"))
+            await retrying(lambda: self.admin().set_state(sid, "STOPPED"))
             bound = self.stop_bound()
             released = await self._released(sid, bound)
             # Judged only where nothing else could hold the holder up (a paused or cut
@@ -252,7 +246,7 @@ class Hands:
                                   f"released within {bound:g} s")
             await asyncio.sleep(max(0.0, fault.hold - bound))
         finally:
-            await retrying(lambda: store.set_state(sid, "STARTED"))
+            await retrying(lambda: self.admin().set_state(sid, "STARTED"))
             self.flipped.discard(sid)
         return True
 
@@ -270,21 +264,17 @@ class Hands:
     async def stopped_released(self, sid: str) -> bool:
         """STOP ``sid`` (in a calm fleet), whether it is released within the bound, and
         STARTED again: the end-of-schedule check of the contract's STOPPED rule."""
-        store = self.fleet.store
-        assert store is not None
-        await retrying(lambda: store.set_state(sid, "STOPPED"))
+        await retrying(lambda: self.admin().set_state(sid, "STOPPED"))
         try:
             return await self._released(sid, self.stop_bound())
         finally:
-            await retrying(lambda: store.set_state(sid, "STARTED"))
+            await retrying(lambda: self.admin().set_state(sid, "STARTED"))
 
     async def _released(self, sid: str, within: float) -> bool:
-        store = self.fleet.store
-        assert store is not None
         deadline = self.fleet.now() + within
         while self.fleet.now() < deadline:
             try:
-                records = await store.list_streams()
+                records = await self.admin().list_streams()
             except StoreError:
                 records = []  # the store is throttled or slow now: read again
             record = next((r for r in records if r.stream_id == sid), None)
@@ -297,21 +287,17 @@ class Hands:
         return False
 
     async def _url_change(self, fault: Fault, index: int) -> bool:
-        store = self.fleet.store
-        assert store is not None
         sid = self.rng.choice(self.started())
         url = f"{self.fleet.upstream_url}/{self.fleet.feed}/{sid}?nemesis={index}"
-        await retrying(lambda: store.put_started(sid, url))
+        await retrying(lambda: self.admin().put_started(sid, url))
         return True
 
     async def _hand_written(self, fault: Fault, index: int) -> bool:
-        store = self.fleet.store
-        assert store is not None
         self.hand_written += 1
         sid = f"h{index:03d}"
         item = {**codec.key(sid), codec.DESIRED_STATE: codec.s("STARTED"),
                 codec.WS_URL: codec.s(f"{self.fleet.upstream_url}/{self.fleet.feed}/{sid}")}
-        await retrying(lambda: store.put_item(item))
+        await retrying(lambda: self.admin().put_item(item))
         self.fleet.ids.append(sid)
         return True
 

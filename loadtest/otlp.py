@@ -63,10 +63,6 @@ class Span:
         """A ``streamlease.<key>`` attribute (None if absent)."""
         return self.attributes.get(PREFIX + key)
 
-    @property
-    def duration_ms(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e6
-
     def links_to(self, other: Span) -> bool:
         return any(k.trace_id == other.trace_id and k.span_id == other.span_id
                    for k in self.links)

@@ -38,20 +38,14 @@ def make() -> Noop:
     return Noop()
 
 
-class Recording:
+class Recording(Noop):
     def __init__(self, root: Path) -> None:
         self.root = root
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         text = "".join(json.dumps(record_line(ctx.stream_id, m.seq, ctx.fence, m.data),
                                   separators=(",", ":")) + "\n" for m in batch)
         await asyncio.to_thread(self._append, self.root / file_name(ctx.stream_id), text)
-
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
     @staticmethod
     def _append(path: Path, text: str) -> None:

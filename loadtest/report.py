@@ -20,18 +20,13 @@ from loadtest.registry import REPLAYING_MODES, UPSTREAM_MODES, get_path, owner
 def write_reports(result: dict[str, Any], out: Path) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    paths: dict[str, str] = {}
-    body = json.dumps(result, indent=2)
-    for name in ("latest.json", f"{stamp}.json"):
-        write_file(out / name, body)
-    paths["json"] = str(out / "latest.json")
-    md = markdown(result)
-    write_file(out / "latest.md", md)
-    write_file(out / f"{stamp}.md", md)
-    paths["md"] = str(out / "latest.md")
+    body, md = json.dumps(result, indent=2), markdown(result)
+    for name, text in (("latest.json", body), (f"{stamp}.json", body), ("latest.md", md),
+                       (f"{stamp}.md", md)):
+        write_file(out / name, text)
     png = out / "latest.png"
     timeline_png(result, png)
-    paths["png"] = str(png)
+    paths = {"json": str(out / "latest.json"), "md": str(out / "latest.md"), "png": str(png)}
     if trace_panels(result):
         trace = out / TRACE_PNG
         trace_png(result, trace)
@@ -75,6 +70,18 @@ def _v(value: Any) -> str:
 DEFAULT_MEMBER_LEASE_S = 5.0
 
 
+def at_most(bound: float) -> Any:
+    return lambda v: None if v is None or isinstance(v, str) else v <= bound
+
+
+def at_least(bound: float) -> Any:
+    return lambda v: None if v is None or isinstance(v, str) else v >= bound
+
+
+def _yes(v: Any) -> bool | None:
+    return None if v is None else v is True
+
+
 def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
     """(figure, JSON key, result, target, met) for the figures that have a target, but those
     of a scenario that did not run (the one that writes the key: ``loadtest.registry``)."""
@@ -82,12 +89,6 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
     kill9 = s.get("lease", 2.0) + 1.2 * s.get("reconcile", 0.5) + 0.5
     share = get_path(r, "balance.share") or 10
     streams = get_path(r, "balance.streams") or 40
-
-    def at_most(bound: float) -> Any:
-        return lambda v: None if v is None or isinstance(v, str) else v <= bound
-
-    def at_least(bound: float) -> Any:
-        return lambda v: None if v is None else v >= bound
 
     restart_target = get_path(r, "balance.after_rolling_restart_target") or share + 1
     member_lease = DEFAULT_MEMBER_LEASE_S
@@ -100,8 +101,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          "value <= 50 % of its limit)", "streams_per_table_at_defaults", ">= 1,000,000",
          at_least(1_000_000)),
         ("capacity model agrees with the scale run's requests/s by kind",
-         "capacity_model.measured_vs_model.agrees", "yes",
-         lambda v: None if v is None else v is True),
+         "capacity_model.measured_vs_model.agrees", "yes", _yes),
         ("kill -9 failover p99 (small profile)", "failover.kill9.p99",
          f"<= lease + 1.2 x reconcile + 0.5 = {kill9:.1f} s", at_most(kill9)),
         ("index reads 1 s behind: longest a stream stayed leased to a live "
@@ -112,8 +112,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          "accepted", "index_lag.lost", "0", at_most(0)),
         ("index reads 1 s behind: kill -9 failover p99", "index_lag.kill9_p99",
          f"<= lease + 1.2 x reconcile + 1.5 = {kill9 + 1.0:.1f} s", at_most(kill9 + 1.0)),
-        ("a worker's clock behind the others: settled", "skew.settled", "yes",
-         lambda v: None if v is None else v is True),
+        ("a worker's clock behind the others: settled", "skew.settled", "yes", _yes),
         ("a worker's clock behind: moves once the fleet is even", "skew.moves", "0",
          at_most(0)),
         ("a worker's clock behind: streams that delivered nothing while observed",
@@ -162,18 +161,14 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          "sinks.dynamodb.cost_per_stream_month_1hz", "<= $1.50", at_most(1.5)),
         ("dynamodb sink: added latency p99 at 1 msg/s (default batch window)",
          "sinks.dynamodb.added_latency_s", "<= 5 s", at_most(5.0)),
-    ]
-    rows += sink_target_rows(r)
-    rows += upstream_target_rows(r)
-    rows += [
+        *sink_target_rows(r),
+        *upstream_target_rows(r),
         ("SIGTERM hand-offs in the chaos run whose trace links release to first "
          "delivery", "tracing.handoffs_linked", "100 % (1.0)", at_least(1.0)),
         ("no-op Python processor, one worker: throughput with tracing on (default "
          "sampling) / off", "tracing.throughput_ratio", ">= 0.95", at_least(0.95)),
-    ]
-    rows += [(f"change feed on: {label}", f"change_feed.{key}", text,
-              at_most(bound)) for key, label, text, bound in CHANGE_FEED_TARGETS]
-    rows += [
+        *((f"change feed on: {label}", f"change_feed.{key}", text, at_most(bound))
+          for key, label, text, bound in CHANGE_FEED_TARGETS),
         ("random fault schedules run (a minute each, `make nemesis`)",
          "nemesis.schedules", ">= 200", at_least(200)),
         ("schedules with any violation", "nemesis.violations", "0", at_most(0)),
@@ -201,9 +196,7 @@ def sink_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
     """Per sink of the sinks scenario: lost (every sink), duplicated (exactly-once sinks)
     or duplicated within one tenure (at-least-once sinks); the no-op Python processor's
     throughput against a bare client (the throughput scenario)."""
-    def zero(v: Any) -> bool | None:
-        return None if v is None or isinstance(v, str) else v <= 0
-
+    zero = at_most(0)
     rows: list[tuple[str, str, str, Any]] = []
     sinks = r.get("sinks")
     for name, k in (sinks.items() if isinstance(sinks, dict) else ()):
@@ -220,8 +213,7 @@ def sink_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
                          "tenure (same fence)", f"sinks.{name}.dup_outside_takeover", "0",
                          zero))
     rows.append(("no-op Python processor, one worker: throughput / bare "
-                 "websockets client", "sinks.python.ratio_to_bare", ">= 0.8",
-                 lambda v: None if v is None else v >= 0.8))
+                 "websockets client", "sinks.python.ratio_to_bare", ">= 0.8", at_least(0.8)))
     return rows
 
 
@@ -229,12 +221,7 @@ def upstream_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
     """Per resume mode of the upstreams scenario: lost and duplicated where the feed
     replays; duplicated and the share of lost messages inside a recorded gap where it
     cannot; and a profile's throughput against the built-in protocol."""
-    def zero(v: Any) -> bool | None:
-        return None if v is None or isinstance(v, str) else v <= 0
-
-    def whole(v: Any) -> bool | None:
-        return None if v is None or isinstance(v, str) else v >= 1.0
-
+    zero = at_most(0)
     rows: list[tuple[str, str, str, Any]] = []
     section = r.get("upstreams")
     modes = section if isinstance(section, dict) else {}
@@ -242,20 +229,16 @@ def upstream_target_rows(r: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
         k = modes.get(mode)
         if not isinstance(k, dict):
             continue
-        feed = f"{mode} resume (/{k.get('feed', '?')}/ feed)"
+        feed = f"{mode} resume (/{k.get('feed', '?')}/ feed), chaos run"
+        dup = (f"{feed}: duplicates", f"upstreams.{mode}.duplicated", "0", zero)
         if k.get("replays", mode in REPLAYING_MODES):
-            rows.append((f"{feed}, chaos run: messages lost",
-                         f"upstreams.{mode}.lost", "0", zero))
-            rows.append((f"{feed}, chaos run: duplicates",
-                         f"upstreams.{mode}.duplicated", "0", zero))
+            rows += [(f"{feed}: messages lost", f"upstreams.{mode}.lost", "0", zero), dup]
         else:
-            rows.append((f"{feed}, chaos run: duplicates",
-                         f"upstreams.{mode}.duplicated", "0", zero))
-            rows.append((f"{feed}, chaos run: lost messages inside a recorded "
-                         "gap", f"upstreams.{mode}.loss_in_gaps", "100 % (1.0)", whole))
+            rows += [dup, (f"{feed}: lost messages inside a recorded gap",
+                           f"upstreams.{mode}.loss_in_gaps", "100 % (1.0)", at_least(1.0))]
     rows.append(("one worker: throughput with a profile (nested seq, control "
                  "frames skipped) / the built-in protocol", "upstreams.profile_ratio",
-                 ">= 0.9", lambda v: None if v is None else v >= 0.9))
+                 ">= 0.9", at_least(0.9)))
     return rows
 
 
@@ -625,10 +608,8 @@ def _churn(section: dict[str, Any]) -> list[str]:
                        ("leases_released_while_running",
                         "leases released, by reason (counted before each SIGTERM)"),
                        ("member_heartbeats", "member heartbeats, by outcome"),
-                       ("log_events", "warnings and errors in the worker logs")):
-        if key in section:
-            lines.append(f"- {label}: {_v(section[key])}")
-    for key, label in (("fence_bumps", "fence increments after the first tenure"),
+                       ("log_events", "warnings and errors in the worker logs"),
+                       ("fence_bumps", "fence increments after the first tenure"),
                        ("members_declared_dead", "members declared dead by a peer"),
                        ("member_fenced", "workers that found their epoch moved on"),
                        ("member_heartbeat_p99_s_bucket", "member heartbeat p99 (bucket bound, s)"),
@@ -1092,7 +1073,7 @@ def scale_reads_md(k: dict[str, Any]) -> list[str]:
 # -- the chart ----------------------------------------------------------------------------
 
 
-def _order(worker: str) -> tuple[int, str]:
+def worker_order(worker: str) -> tuple[int, str]:
     digits = worker.lstrip("w")
     return (int(digits), worker) if digits.isdigit() else (1 << 30, worker)
 
@@ -1103,13 +1084,8 @@ def timeline_png(r: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = []
-    if r.get("timeline"):
-        panels.append("chaos")
-    if isinstance(r.get("balance"), dict) and r["balance"].get("timeline"):
-        panels.append("balance")
-    if isinstance(r.get("scale"), dict) and r["scale"].get("timeline"):
-        panels.append("scale")
+    panels = [name for name, key in (("chaos", "timeline"), ("balance", "balance.timeline"),
+                                     ("scale", "scale.timeline")) if get_path(r, key)]
     fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(12, 4.5 * max(1, len(panels))),
                              dpi=100, squeeze=False)
     for ax, panel in zip(axes[:, 0], panels, strict=False):
@@ -1133,7 +1109,7 @@ def timeline_png(r: dict[str, Any], path: Path) -> None:
 def _stack(ax: Any, timeline: list[Any], faults: list[dict[str, Any]], title: str) -> None:
     import matplotlib.pyplot as plt
 
-    workers = sorted({w for _, owned in timeline for w in owned}, key=_order)
+    workers = sorted({w for _, owned in timeline for w in owned}, key=worker_order)
     times = [t for t, _ in timeline]
     stacks = [[owned.get(w, 0) for _, owned in timeline] for w in workers]
     if stacks:
@@ -1160,7 +1136,7 @@ def _spread(ax: Any, b: dict[str, Any]) -> None:
 
     timeline = b["timeline"]
     times = [t for t, _ in timeline]
-    workers = sorted({w for _, owned in timeline for w in owned}, key=_order)
+    workers = sorted({w for _, owned in timeline for w in owned}, key=worker_order)
     palette = plt.get_cmap("tab20")
     for i, w in enumerate(workers):
         ax.step(times, [owned.get(w, math.nan) for _, owned in timeline], where="post",
@@ -1223,7 +1199,7 @@ def trace_png(r: dict[str, Any], path: Path) -> None:
 
 def _span_panel(ax: Any, t: dict[str, Any], palette: Any) -> None:
     spans = t["spans"]
-    workers = sorted({str(s.get("worker")) for s in spans}, key=_order)
+    workers = sorted({str(s.get("worker")) for s in spans}, key=worker_order)
     color = {w: palette(i % 10) for i, w in enumerate(workers)}
     end = max([s["end_ms"] for s in spans] + [t.get("killed_ms") or 0.0])
     start = min([s["start_ms"] for s in spans] + [t.get("killed_ms") or 0.0])

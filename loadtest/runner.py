@@ -7,27 +7,12 @@ balance, singleton jobs and scale, in one command.
     make loadtest ARGS="--profile large"
     python -m loadtest.runner --help
 
-Each scenario starts its own DynamoDB-compatible server (the embedded
-``streamlease dev dynamodb``, or the endpoint the standard AWS variables name with
-``--dynamodb env``), the reference upstream and worker processes, on fresh tables, and
-audits the sink at its end (every seq once, in order, byte-identical; fences monotonic):
-
-The scenarios, in the order they run (``loadtest.registry``: each one's module and the
-JSON keys it writes; what each measures is in its module):
-
-* ``chaos``, ``index_lag`` (``loadtest.chaos_scenario``): the chaos schedule (kill -9,
-  SIGSTOP past the lease, upstream drops, a rolling SIGTERM deploy), twice; with index
-  reads a second behind for ``index_lag``.
-* ``kill9_defaults``: kill -9 of a worker holding 100 streams at the default settings, ~4
-  minutes.
-* ``throughput``, ``tracing``: one worker's throughput, CPU and memory; with tracing off
-  and on, about a minute.
-* ``skew``, ``slow_store``, ``balance``, ``balance_startup``: a clock 2 s behind, a store
-  slowed to 20 ms a request, scale-out from 2 to 4 workers after and during start-up.
-* ``jobs``, ``sinks``, ``upstreams``: singleton jobs, every output and every upstream resume
-  mode, each through a chaos run of its own.
-* ``change_feed``, ``scale_reads``, ``scale`` (``make loadtest-all``): the control plane at
-  default timings, about 9, 3 and 2 minutes.
+Each scenario (``loadtest.registry`` names its module and the JSON keys it writes;
+docs/performance.md says what each measures) starts its own DynamoDB-compatible server
+(the embedded ``streamlease dev dynamodb``, or with ``--dynamodb env`` the endpoint the
+standard AWS variables name), the reference upstream and worker processes, on fresh
+tables, and audits the sink at its end (every seq once, in order, byte-identical; fences
+monotonic).
 
 It writes ``loadtest/results/latest.{json,md,png}`` and ``latest-trace.png`` (plus
 timestamped copies) and exits non-zero if a correctness figure of any scenario

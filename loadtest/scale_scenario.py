@@ -5,35 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import Any
 
 from loadtest.capacity import capacity_model, inputs_from_scale, model_text, per_worker_read_growth
-from loadtest.fleet import (
-    Context,
-    Fleet,
-    every_stream_held,
-    finish,
-    rounded,
-    rss_bytes,
-    start_and_hold,
-)
+from loadtest.fleet import Context, Fleet, by_operation, rounded, rss_bytes
 from streamlease.config import DEFAULTS, WorkerConfig
 from streamlease.core.stream import stream_buffer_bytes
 
 
 async def run_scale(ctx: Context) -> dict[str, Any]:
-    """2,000 idle streams on 4 workers at the default timings, on the embedded server.
-
-    Only STREAMLEASE_MAX_STREAMS (every stream fits on the survivors of a kill) and
-    STREAMLEASE_ACQUIRE_PER_CYCLE (so the first acquisition does not take minutes) are
-    raised; no STREAMLEASE_*_SECONDS is set. The table is read every 15 s (a Scan of 2,000
-    items occupies the serialised embedded server for about a second); who holds how many
-    comes from each worker's leases_held gauge every second, and the upstream's /stats
-    says which streams are connected. Failover of idle streams is timed until each is
-    connected again: nothing is delivered to observe, and the killed worker's sockets
-    closed with it, so a connection is a new holder's.
-    """
+    """2,000 idle streams on 4 workers, only STREAMLEASE_MAX_STREAMS (every stream fits on
+    the survivors of a kill) and STREAMLEASE_ACQUIRE_PER_CYCLE (so the first acquisition
+    does not take minutes) raised. The table is read every 15 s (a Scan of 2,000 items
+    occupies the serialised embedded server for about a second); who holds how many comes
+    from the workers' leases_held gauges. Idle streams deliver nothing, so failover is
+    timed until each is connected again (the killed worker's sockets closed with it)."""
     args = ctx.args
     n, workers = args.scale_streams, args.scale_workers
     # The buffer budget must cover every held stream's worst case; these streams are idle,
@@ -72,7 +58,8 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
         section.update(steady)
         section.update(index_moves(steady["lease_writes_in_window"],
                                    steady["stream_minutes_in_window"],
-                                   steady["window_measured_s"], _renew_interval_s()))
+                                   steady["window_measured_s"],
+                                   WorkerConfig.from_env({}).stream_renew_s))  # its default
 
         await fleet.read_table()
         victim = max(fleet.workers, key=lambda w: len(fleet.held_by(w)[0]), default=None)
@@ -92,7 +79,7 @@ async def run_scale(ctx: Context) -> dict[str, Any]:
             section["kill9_p99"] = section["kill9"]["p99"]
         section["held_at_end"] = fleet.counts()
         section["upstream_rss_mb"] = _rss_mb(fleet.servers[-1].popen.pid)
-        await finish(fleet, section, only_delivered=True)
+        await fleet.finish(section, only_delivered=True)
         section["timeline"] = fleet.timeline_out(every=2)
     # Counted from the code (loadtest/capacity.py), not measured: the run has one fleet size.
     section["per_worker_read_growth_modelled"] = per_worker_read_growth()
@@ -111,7 +98,7 @@ def _even_and_still(fleet: Fleet, workers: int, still_s: float) -> bool:
     worker's count changed in the last ``still_s`` seconds of samples."""
     counts = fleet.counts()
     share = math.ceil(fleet.streams / workers)
-    if not every_stream_held(fleet) or len(counts) != workers or \
+    if not fleet.all_held() or len(counts) != workers or \
             any(abs(c - share) > 1 for c in counts.values()):
         return False
     recent = [owned for t, owned in fleet.timeline if t >= fleet.now() - still_s]
@@ -122,30 +109,18 @@ def _even_and_still(fleet: Fleet, workers: int, still_s: float) -> bool:
 async def _steady_window(fleet: Fleet, window_s: float) -> dict[str, Any]:
     """Counters of every live worker before and after ``window_s``: the store's
     requests/s by operation per 1,000 held streams, and the lease-upkeep rates."""
-    fleet.scrape_all()
-    before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
-    t0 = time.monotonic()
-    held_samples: list[int] = []
-    while time.monotonic() - t0 < window_s:
-        await asyncio.sleep(min(1.0, window_s - (time.monotonic() - t0)))
-        held_samples.append(fleet.held_total())
-    fleet.scrape_all()
-    elapsed = time.monotonic() - t0
-    after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+    before = fleet.snapshot()
+    t0 = fleet.now()
+    held = await fleet.mean_held(window_s)
+    after = fleet.snapshot()
+    elapsed = fleet.now() - t0
     names = [name for name in before if name in after]
-    held = sum(held_samples) / len(held_samples) if held_samples else 0.0
 
     def delta(prefix: str) -> float:
         return sum(v - before[name].get(k, 0.0) for name in names
                    for k, v in after[name].items() if k.startswith(prefix))
 
-    ops: dict[str, float] = {}
-    for name in names:
-        for k in after[name]:
-            if k.startswith('streamlease_dynamodb_requests_total{operation="'):
-                ops.setdefault(k.split('"', 2)[1], 0.0)
-    per_op = {op: delta(f'streamlease_dynamodb_requests_total{{operation="{op}",')
-              for op in sorted(ops)}
+    per_op = dict(sorted(by_operation(before, after, names).items()))
     per_1000 = {op: round(v / elapsed / (held / 1000), 3) for op, v in per_op.items() if v} \
         if held else {}
     stream_minutes = held * elapsed / 60
@@ -210,11 +185,6 @@ LEASE_WRITES = {
 INDEX_WRITES_PER_MOVE = 2
 
 
-def _renew_interval_s() -> float:
-    """The workers' stream renewal interval: the scale run leaves it at its default."""
-    return WorkerConfig.from_env({}).stream_renew_s
-
-
 def index_moves(writes: dict[str, float], stream_minutes: float, window_s: float,
                 renew_s: float | None) -> dict[str, Any]:
     """Index-key moves per held stream-minute (2 index writes per lease write that changes
@@ -252,13 +222,11 @@ ITEMS_READ = "streamlease_dynamodb_items_read_total"
 
 
 async def run_scale_reads(ctx: Context) -> dict[str, Any]:
-    """Control-plane items read per worker-minute with 2 workers and with 8, each holding
-    the same number of idle streams, at the default timings (nothing raised), each fleet on
-    fresh tables, over a quiet window once it is even and has not moved for 10 s. The
-    workers count the items their reads returned (``streamlease_dynamodb_items_read_total``;
-    the sink only writes, so every read is the control plane's: the streams table and its
-    indexes, the fleet table). ``per_worker_read_growth`` is the 8-worker figure over the
-    2-worker one: 1.0 when a worker's reads do not grow with the fleet."""
+    """Control-plane items read per worker-minute with 2 workers and with 8 holding the
+    same idle streams each, at the default timings, over a quiet window once the fleet is
+    even and still for 10 s (``ITEMS_READ``: the sink only writes, so every read is the
+    control plane's). ``per_worker_read_growth``, 8 over 2, is 1.0 when a worker's reads
+    do not grow with the fleet."""
     args = ctx.args
     per, window = args.scale_reads_streams, args.scale_reads_window
     runs: dict[str, Any] = {}
@@ -299,28 +267,26 @@ async def _reads_per_worker(ctx: Context, workers: int, per: int,
     out: dict[str, Any] = {"workers": workers, "streams": n}
     async with ctx.fleet(f"scale_reads_{workers}", streams=n, rate=1e-6, worker_env={},
                          sample_s=1.0) as fleet:
-        out["all_held_s"] = rounded(await start_and_hold(fleet, workers, timeout=180.0))
+        out["all_held_s"] = rounded(await fleet.start_and_hold(workers, timeout=180.0))
         share = math.ceil(n / workers)
 
         def even_and_quiet() -> bool:
             counts = fleet.counts()
-            return every_stream_held(fleet) and len(counts) == workers and \
+            return fleet.all_held() and len(counts) == workers and \
                 all(abs(c - share) <= 1 for c in counts.values()) and \
                 fleet.moves(fleet.now() - 10.0) == 0
         out["settled_s"] = rounded(await fleet.wait_until(even_and_quiet, 180.0))
-        fleet.scrape_all()
-        before = {w.name: dict(w.metrics) for w in fleet.workers.values()}
+        before = fleet.snapshot()
         start = fleet.now()
         await asyncio.sleep(window)
-        fleet.scrape_all()
+        after = fleet.snapshot()
         end = fleet.now()
-        after = {w.name: dict(w.metrics) for w in fleet.workers.values()}
         names = [name for name in before if name in after]
         out.update(window_measured_s=round(end - start, 1), workers_measured=len(names),
                    moves_in_window=fleet.moves(start, end), held_at_end=fleet.counts())
         out.update(read_rates(before, after, names, end - start))
         out.update(read_rates_by_role(before, after, names, end - start))
-        await finish(fleet, out, only_delivered=True)
+        await fleet.finish(out, only_delivered=True)
     return out
 
 
@@ -351,22 +317,11 @@ def read_rates(before: dict[str, dict[str, float]], after: dict[str, dict[str, f
     if not names or elapsed_s <= 0:
         return {"items_per_worker_minute": None}
     worker_minutes = len(names) * elapsed_s / 60
-
-    def by_op(metric: str) -> dict[str, float]:
-        prefix = f'{metric}{{operation="'
-        found: dict[str, float] = {}
-        for name in names:
-            for key, value in after[name].items():
-                if key.startswith(prefix):
-                    op = key[len(prefix):].split('"', 1)[0]
-                    found[op] = found.get(op, 0.0) + value - before[name].get(key, 0.0)
-        return found
-
-    items = by_op(ITEMS_READ)
+    items = by_operation(before, after, names, ITEMS_READ)
     if not any(key.startswith(ITEMS_READ) for name in names for key in after[name]):
         return {"items_per_worker_minute": None,
                 "items_not_counted": f"the workers expose no {ITEMS_READ}"}
-    requests = {op: v for op, v in by_op("streamlease_dynamodb_requests_total").items()
+    requests = {op: v for op, v in by_operation(before, after, names).items()
                 if op in ("query", "scan", "get_item", "batch_get_item")}
     return {
         "items_per_worker_minute": round(sum(items.values()) / worker_minutes, 2),

@@ -33,16 +33,15 @@ from typing import Any
 
 import aioboto3
 
+from loadtest.capacity import PRICE_WRITE, WRITE_UNIT
 from loadtest.common import Tables, local_store, worker_child
 from loadtest.fleet import WorkerProc, pct, rounded
 from streamlease.config import DEFAULTS
 from streamlease.dev.procs import free_port
-from streamlease.dev.upstream import UpstreamOptions, UpstreamServer
+from streamlease.dev.upstream import UpstreamOptions, UpstreamServer, frame_for
 from streamlease.store import codec
 from streamlease.store.dynamodb import connect_admin
 
-WRU_USD = 0.625 / 1e6  # us-east-1 on-demand, per write request unit
-WRITE_UNIT = 1024  # bytes of item a write unit covers
 MESSAGES_PER_MONTH_1HZ = 30 * 24 * 3600  # one stream at 1 msg/s for a 30-day month
 WINDOWS = (0.2, 1.0, 2.0, 4.5)
 DEFAULT_WINDOW = float(DEFAULTS["STREAMLEASE_BATCH_MAX_SECONDS"])
@@ -58,7 +57,7 @@ def transaction_wru(stream_item_bytes: int, events_item_bytes: list[int]) -> int
 
 
 def month_usd(wru_per_message: float, messages: int = MESSAGES_PER_MONTH_1HZ) -> float:
-    return wru_per_message * messages * WRU_USD
+    return wru_per_message * messages * PRICE_WRITE
 
 
 class _Run:
@@ -221,7 +220,7 @@ async def measure_sink_cost(windows: tuple[float, ...] = WINDOWS, streams: int =
         "targets": {"cost_per_stream_month_1hz": TARGET_USD, "added_latency_s": TARGET_LATENCY_S},
         "curve": {str(r["window_s"]): r for r in sorted(results, key=lambda r: r["window_s"])},
         "rate_msgs_per_s": rate,
-        "message_bytes": len(_sample_frame()),
+        "message_bytes": len(frame_for("w5p0-s1", 100_000)),
         "measured_s": seconds,
         "run_seconds": round(time.monotonic() - started, 1),
         "assumptions": "us-east-1 on-demand $0.625 per million WRU; a sink transaction "
@@ -230,11 +229,6 @@ async def measure_sink_cost(windows: tuple[float, ...] = WINDOWS, streams: int =
                        "(transactions); a 30-day month at 1 msg/s; storage, PITR, reads "
                        "and the lease upkeep not included",
     }
-
-
-def _sample_frame() -> str:
-    from streamlease.dev.upstream import frame_for
-    return frame_for("w5p0-s1", 100_000)
 
 
 def main() -> None:

@@ -1,46 +1,26 @@
 """The ``sinks`` scenario: every output through a short chaos run, audited at its destination.
 
-For each sink (``--sinks``; by default ``SINKS``) a fleet of its own: ``SINK_RUN``'s workers
-on its streams at the small profile's timings, ``STREAMLEASE_SINK`` naming the destination.
-Once every stream delivers: kill -9 of a worker holding streams (a new worker replaces it),
-SIGSTOP of another past its lease then SIGCONT, a new worker and SIGTERM of an old one;
-then every worker is stopped and the destination is read back and compared with the
-stream items' ``last_seq`` checkpoints (``audit_deliveries``):
+For each sink (``--sinks``; by default ``SINKS``) a fleet of its own (``SINK_RUN``),
+``STREAMLEASE_SINK`` naming the destination, through ``loadtest.fleet.short_chaos_run``;
+then the destination is read back and compared with the stream items' ``last_seq``
+checkpoints (``audit_deliveries``):
 
-* ``lost``: seqs 1..last_seq of a stream missing at the destination, plus copies whose
-  data is not the upstream's frame for that seq (a corrupted copy is not a delivery);
+* ``lost``: seqs 1..last_seq missing at the destination, plus copies whose data is not the
+  upstream's frame for that seq (a corrupted copy is not a delivery);
 * ``duplicated``: copies beyond the first of a seq;
-* ``dup_outside_takeover``: copies beyond the first under one fence: a duplicate within a
-  single tenure. An at-least-once sink may repeat a seq only across a takeover (the old
-  holder's write landed, its checkpoint did not), i.e. under two fences;
-* ``out_of_order``: within one fence, a copy whose seq is below the one before it (in the
-  destination's own order);
-* ``messages``: copies read back.
+* ``dup_outside_takeover``: copies beyond the first under one fence. An at-least-once sink
+  may repeat a seq only across a takeover (the old holder's write landed, its checkpoint
+  did not), i.e. under two fences;
+* ``out_of_order``: within one fence, a seq below the one before it (in the destination's
+  own order); ``messages``: copies read back.
 
-Destinations and how each is read:
-
-* ``dynamodb``: the events table (``Fleet.audit``; exactly once, one item per seq);
-* ``postgres``: a private cluster (``tests.pgserver``), ``SELECT`` of the messages table in
-  commit order (exactly once: the rows and the checkpoint in one transaction);
-* ``kinesis``: one stream of one shard on moto (``tests.motoserver``), read from
-  ``TRIM_HORIZON``;
-* ``sqs``: a standard queue on moto, received and deleted until empty: every send arrives
-  (re-sends included), order not guaranteed. ``sqs_fifo`` (not in the default set) is the
-  same through a FIFO queue, where SQS drops a re-send with the same
-  ``MessageDeduplicationId`` (``stream_id:seq``) within five minutes, so its audit sees
-  what a consumer sees, not every send. It is not a default because moto's FIFO emulation
-  slows down as messages accumulate (a ``SendMessageBatch`` of 5 takes seconds once a few
-  hundred were sent), so the run measures moto, not the worker;
-* ``s3``: one bucket on moto, every object listed and read, per stream in key (first seq)
-  order; a retried batch rewrites its own key, so only a takeover can duplicate;
-* ``http``: an aiohttp receiver in this process on 127.0.0.1 that fences like
-  ``examples/webhook_receiver.py`` (409 to a fence below the highest seen) but keeps every
-  accepted delivery, undeduplicated;
-* ``file``: ``file:///DIR``'s JSON lines; ``python``: ``loadtest.processors:recording``'s.
-
-A sink whose server cannot start here (no PostgreSQL binaries, no moto) is reported with
-``skipped`` and its reason. The ``dynamodb`` section also gets the cost and latency figures
-of ``loadtest.sink_cost``.
+Each destination's server starts here (PostgreSQL from ``tests.pgserver``; Kinesis, SQS and
+S3 on moto; a fencing webhook receiver in this process that keeps every accepted delivery,
+undeduplicated); one that cannot is reported with ``skipped`` and its reason. ``sqs_fifo``
+is not a default: SQS drops a re-send within five minutes, so its audit sees what a
+consumer sees, and moto's FIFO emulation slows as messages accumulate (the run would
+measure moto, not the worker). The ``dynamodb`` section also gets the cost and latency
+figures of ``loadtest.sink_cost``.
 """
 
 from __future__ import annotations
@@ -63,7 +43,7 @@ from typing import Any, NamedTuple
 
 from loadtest.audit import exactly_once, sink_kind
 from loadtest.common import PROFILES, choose_names, timing_env
-from loadtest.fleet import ROOT, Context, short_chaos_run
+from loadtest.fleet import ROOT, Context, run_each, short_chaos_run
 from loadtest.sink_cost import measure_sink_cost
 from streamlease.dev.upstream import frame_for
 
@@ -228,15 +208,11 @@ class Servers:
         return self._postgres
 
 
-def _aws_session() -> Any:
-    import aioboto3
-
-    return aioboto3.Session()
-
-
 @contextlib.asynccontextmanager
 async def _aws(service: str, env: dict[str, str]) -> AsyncIterator[Any]:
-    async with _aws_session().client(service, region_name=env["AWS_REGION"],
+    import aioboto3
+
+    async with aioboto3.Session().client(service, region_name=env["AWS_REGION"],
                                      endpoint_url=env[f"AWS_ENDPOINT_URL_{service.upper()}"],
                                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]) as c:
@@ -510,22 +486,11 @@ async def run_sink(ctx: Context, name: str, servers: Servers) -> dict[str, Any]:
 
 async def run_sinks(ctx: Context) -> dict[str, Any]:
     names = list(ctx.args.sinks)
-    sections: dict[str, Any] = {}
-    failed: list[str] = []
     async with Servers() as servers:
-        for name in names:
-            try:
-                sections[name] = await run_sink(ctx, name, servers)
-            except Exception as exc:
-                traceback.print_exc()
-                failed.append(name)
-                sections[name] = {"guarantee": guarantee(name),
-                                  "error": f"{type(exc).__name__}: {exc}"}
-            s = sections[name]
-            print(f"sinks: {name}: " + (s.get("skipped") or s.get("error") or
-                  ", ".join(f"{k} {s.get(k)}" for k in ("messages", "lost", "duplicated",
-                                                       "dup_outside_takeover",
-                                                       "out_of_order"))), flush=True)
+        sections, failed = await run_each(
+            "sinks", names, lambda name: run_sink(ctx, name, servers),
+            lambda name: {"guarantee": guarantee(name)},
+            ("messages", "lost", "duplicated", "dup_outside_takeover", "out_of_order"))
     if "dynamodb" in names:
         try:
             print("sinks: dynamodb cost and added latency per batch window ...", flush=True)

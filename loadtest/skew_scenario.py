@@ -9,15 +9,7 @@ import time
 from typing import Any
 
 from loadtest.common import timing_env
-from loadtest.fleet import (
-    Context,
-    Fleet,
-    every_stream_held,
-    faketime_library,
-    finish,
-    rounded,
-    start_and_hold,
-)
+from loadtest.fleet import Context, Fleet, faketime_library, rounded
 
 SETTLED_WINDOW_S = 20.0  # "settled": no move in this last part of an observation
 
@@ -26,26 +18,15 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
     """One worker's wall clock behind the others (libfaketime, ``FAKETIME=-2s``), small
     profile timings, a 2 s member lease. Settled: no move in the last 20 s.
 
-    libfaketime 0.9.10 and Python 3.11 on glibc 2.36, as measured here (the worker is
-    preloaded with libfaketime directly: the ``faketime`` wrapper forks, so a SIGTERM
-    would stop the wrapper and orphan the worker):
-
-    * By default libfaketime fakes CLOCK_MONOTONIC too, moving it to the faked wall
-      clock (a constant offset: intervals stay right), but every timed lock wait
-      (``threading.Event.wait(t)``, ``queue.get(timeout=t)``) then hangs: glibc's
-      sem_clockwait is not intercepted and waits for the faked deadline on the real clock.
-    * ``FAKETIME_DONT_FAKE_MONOTONIC=1`` leaves the monotonic clock alone, but its
-      "monotonic fix" for pthread_cond_timedwait then makes the GIL's timed waits return
-      at once: two busy threads ran 4.5x slower with 150x the context switches, and a
-      worker (event loop plus its /metrics thread) stalled for seconds, self-fenced and
-      was declared dead even with a +0s offset. ``FAKETIME_FORCE_MONOTONIC_FIX=0`` turns
-      that off: the GIL, timed waits and the event loop's timers behave as without
-      libfaketime.
-    * What remains broken is a blocking ``time.sleep``, which fails with EINVAL
-      (libfaketime rewrites its absolute monotonic deadline); the worker never calls it.
-
-    So the skewed worker runs with both variables set: its wall clock alone is off
-    (measured -2.000 s), which is what clock skew between machines is.
+    The worker is preloaded with libfaketime (the ``faketime`` wrapper forks: a SIGTERM
+    would orphan the worker) with ``FAKETIME_ENV``, as measured with libfaketime 0.9.10,
+    Python 3.11 and glibc 2.36: by default the monotonic clock is faked too and every
+    timed lock wait hangs (glibc's sem_clockwait waits for the faked deadline on the real
+    clock); ``FAKETIME_DONT_FAKE_MONOTONIC=1`` alone makes the GIL's timed waits return at
+    once (a worker stalled for seconds and self-fenced even at +0s), which
+    ``FAKETIME_FORCE_MONOTONIC_FIX=0`` turns off. A blocking ``time.sleep`` still fails
+    with EINVAL; the worker never calls it. So only the wall clock is off (measured
+    -2.000 s), which is what clock skew between machines is.
     """
     p = ctx.profile
     args = ctx.args
@@ -67,7 +48,7 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         section["skewed_worker_max_streams"] = share
         await fleet.wait_until(lambda: fleet.counts().get(skewed.name, 0) >= share, 30.0)
         section["skewed_worker_held_at_start"] = fleet.counts().get(skewed.name, 0)
-        all_held = await start_and_hold(fleet, p["workers"] - 1)
+        all_held = await fleet.start_and_hold(p["workers"] - 1)
         section["all_held_s"] = rounded(all_held)
         # Workers that start together balance first (deliberate hand-overs); the question
         # is what happens after, so the observation starts once the fleet is even and quiet.
@@ -76,7 +57,7 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         def even_and_quiet() -> bool:
             counts = fleet.counts()
             recent = fleet.moves(fleet.now() - 3.0)
-            return every_stream_held(fleet) and recent == 0 and \
+            return fleet.all_held() and recent == 0 and \
                 max(counts.values(), default=0) - min(counts.values(), default=0) <= 2
         settle = await fleet.wait_until(even_and_quiet, 60.0)
         section["balanced_before_observing_s"] = rounded(settle)
@@ -102,7 +83,7 @@ async def run_skew(ctx: Context) -> dict[str, Any]:
         section.update(move_details=fleet.move_summary(), fence_bumps=fleet.fence_bumps())
         section["skewed_worker_held_at_end"] = fleet.counts().get(skewed.name)
         section["held_at_end"] = fleet.counts()
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out(every=4)
     return {"skew": section}
 

@@ -1,5 +1,7 @@
-"""The ``slow_store`` scenario: every request to the store held 20 ms, then a rolling
-restart (moves and hand-off times as ``loadtest.fleet`` measures them)."""
+"""The ``slow_store`` scenario: 4 workers, 40 streams, every request to the embedded server
+held 20 ms, small profile timings, observed for 60 s; then every worker is restarted (a
+new one, then SIGTERM of an old one). Moves and hand-off times as ``loadtest.fleet``
+measures them."""
 
 from __future__ import annotations
 
@@ -7,20 +9,10 @@ import asyncio
 from typing import Any
 
 from loadtest.common import dynamodb_args, timing_env
-from loadtest.fleet import (
-    Context,
-    finish,
-    histogram_quantile,
-    rolling_restart,
-    rounded,
-    start_and_hold,
-)
+from loadtest.fleet import Context, histogram_quantile, rolling_restart, rounded
 
 
 async def run_slow_store(ctx: Context) -> dict[str, Any]:
-    """4 workers, 40 streams, every request to the embedded server held 20 ms, small
-    profile timings, observed for 60 s; then every worker is restarted (a new one, then
-    SIGTERM of an old one) and each hand-off timed."""
     p = ctx.profile
     args = ctx.args
     if args.dynamodb != "embedded":
@@ -34,7 +26,7 @@ async def run_slow_store(ctx: Context) -> dict[str, Any]:
                          worker_env=timing_env(ctx.profile),
                          store_args=dynamodb_args(latency_ms=args.slow_store_ms,
                                                   latency_mode=args.slow_store_mode)) as fleet:
-        all_held = await start_and_hold(fleet, 4)
+        all_held = await fleet.start_and_hold(4)
         section["all_held_s"] = rounded(all_held)
         start = fleet.now()
         await fleet.read_table()
@@ -56,6 +48,6 @@ async def run_slow_store(ctx: Context) -> dict[str, Any]:
             fleet, "streamlease_dynamodb_request_seconds", 0.99)
         await rolling_restart(fleet, p)
         section["sigterm"] = fleet.failover("sigterm")
-        await finish(fleet, section)
+        await fleet.finish(section)
         section["timeline"] = fleet.timeline_out(every=4)
     return {"slow_store": section, "failover": {"sigterm_slow_store": section["sigterm"]}}

@@ -1,20 +1,16 @@
 """The ``throughput`` and ``tracing`` scenarios: throughput, CPU and memory of one worker, in
 phases; and what tracing costs it.
 
-* ``null_sink``: one process pumping backlogged streams with the worker's Pump into a sink
-  that drops everything: the pump's own ceiling.
-* ``bare_client``: one process reading the same streams with plain ``websockets``.
-* ``fenced_sink``: one real worker delivering the same streams into DynamoDB through the
-  fenced transactions (with the embedded server, the server is the limit).
-* ``python_processor``: one real worker delivering the same streams to a Python processor
-  that does nothing (``python:loadtest.processors:make``), in large batches: the worker
-  without an output's own cost. Its checkpoint is one conditional ``UpdateItem`` a batch.
-  Reported as ``sinks.python.ratio_to_bare`` (target >= 0.8).
-* CPU seconds per 1,000 messages of one worker, in a run where the store cannot be the
-  limit (slow streams, a 5 s heartbeat, 2 s batches).
-* resident memory per held idle stream: one worker holding many streams whose upstream
-  sends nothing, at the default heartbeat, against the same worker holding none; and the
-  TCP connections it keeps open to DynamoDB and to the upstream.
+* ``null_sink``: the worker's Pump into a sink that drops everything, in one process:
+  the pump's own ceiling; ``bare_client``: the same streams read with plain ``websockets``.
+* ``fenced_sink``: one real worker into DynamoDB through the fenced transactions (with the
+  embedded server, the server is the limit).
+* ``python_processor``: one real worker into a Python processor that does nothing, in large
+  batches (a conditional ``UpdateItem`` checkpoint a batch): the worker without an
+  output's own cost (``sinks.python.ratio_to_bare``).
+* CPU per 1,000 messages where the store cannot be the limit (slow streams, a 5 s
+  heartbeat, 2 s batches); resident memory per held idle stream (``measure_idle_memory``)
+  and the TCP connections the worker keeps open.
 
 Each phase runs alone, one after the other, against the same upstream process.
 
@@ -203,11 +199,6 @@ COST_BACKLOG = 400_000
 COST_ORDER = ("off", "on", "on", "off")
 
 
-def without_otel(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without any ``OTEL_*`` variable: tracing off, whatever the caller set."""
-    return {k: v for k, v in env.items() if not k.startswith("OTEL_")}
-
-
 async def run_tracing(ctx: Context) -> dict[str, Any]:
     with local_store(ctx.args.dynamodb) as env:
         return await measure_tracing_cost(env, ctx.args.quick)
@@ -217,7 +208,9 @@ async def measure_tracing_cost(env: dict[str, str], quick: bool) -> dict[str, An
     """One worker, the no-op Python processor, the same backlog: delivered msgs/s with
     tracing off and on (default sampling), in ``COST_ORDER``."""
     seconds = 4.0 if quick else COST_SECONDS
-    base = {**without_otel(env), **python_processor_env(env)}
+    # Without any OTEL_* variable: tracing off, whatever the caller set.
+    base = {**{k: v for k, v in env.items() if not k.startswith("OTEL_")},
+            **python_processor_env(env)}
     backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
                      "--initial-backlog", str(COST_BACKLOG))
     rates: dict[str, list[float]] = {"off": [], "on": []}

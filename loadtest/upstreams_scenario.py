@@ -1,26 +1,13 @@
 """The ``upstreams`` scenario: upstream profiles through a chaos run, audited against the
 feed's own numbering, and what a profile costs in throughput.
 
-For each resume mode (``--upstream-modes``; by default ``MODES``) a fleet of its own:
-``UPSTREAM_RUN``'s workers on streams of one test feed of ``streamlease dev upstream``
-(started with ``--token``), each item naming the feed's profile from
-``examples/profiles.toml`` (``STREAMLEASE_PROFILES``; the token reaches the workers as
-``FEED_TOKEN``), the default ``dynamodb`` sink, small-profile timings:
-
-* ``query``: ``/subscribe/<id>`` with profile ``subscribe`` (subscribe message, replay by
-  the ``from_seq`` query parameter, heartbeats between data frames);
-* ``message``: ``/gateway/<id>`` with profile ``gateway`` (identify carrying the number to
-  resume from, the sequence number at ``/d/s``, a keepalive, its acks skipped);
-* ``none``: ``/live/<id>`` with profile ``live`` (no replay, the sequence number at ``/u``);
-* ``none_count``: ``/binary/<id>`` with profile ``binary`` (no replay, binary frames, the
-  worker numbers them).
-
-Once every stream delivers: the upstream drops a few streams' connections, then kill -9
-of a worker holding streams (a new one replaces it), SIGSTOP of one past its lease then
-SIGCONT, a new worker and SIGTERM of an old one (``loadtest.fleet.short_chaos``);
-then every worker is stopped and each stream's events are read back (``audit_feed``). A
-delivered message is the feed's own frame (the text of a JSON frame, the bytes of a binary
-one): its number ``n`` is the upstream's (``mode_seq``), and it must be byte-identical to
+For each resume mode (``--upstream-modes``; by default ``MODES``, whose feeds and profiles
+docs/performance.md lists) a fleet of its own (``UPSTREAM_RUN``) on one test feed of
+``streamlease dev upstream`` (with ``--token``, which reaches the workers as
+``FEED_TOKEN``), each item naming the feed's profile from ``examples/profiles.toml``,
+through ``loadtest.fleet.short_chaos_run`` with upstream drops; then each stream's events
+are read back (``audit_feed``). A delivered message is the feed's own frame: its number
+``n`` is the upstream's (``mode_seq``), and it must be byte-identical to
 ``mode_frame(feed, stream, n)``:
 
 * ``lost``: numbers never delivered, from 1 to the last delivered for a feed that replays
@@ -28,21 +15,17 @@ one): its number ``n`` is the upstream's (``mode_seq``), and it must be byte-ide
   cannot; plus copies that are not the feed's frame (``mismatched``);
 * ``duplicated``: a number delivered more than once; ``out_of_order``: a number below the
   one delivered before it; ``stale_accepted``: events items whose fence decreases;
-* for the feeds that cannot replay, gap records (``gap_records``): a lost number lies
-  *inside a recorded gap* when a gap record sits between the message delivered before it
-  and the one delivered after it (position-based, whatever the record's fields say).
-  ``loss_in_gaps`` is the fraction of lost numbers inside a recorded gap (1.0: every loss
-  is marked), ``lost_outside_gaps`` the rest (a correctness figure: must be 0);
-  ``gap_ranges_wrong``: records whose ``missing_from``-``missing_to`` is not exactly the
-  numbers between its neighbours (feeds that number their messages only).
+* for the feeds that cannot replay, a lost number lies *inside a recorded gap* when a gap
+  record sits between the messages delivered before and after it (by position, whatever
+  the record's fields say): ``loss_in_gaps`` is that fraction, ``lost_outside_gaps`` the
+  rest (a correctness figure); ``gap_ranges_wrong``: records whose
+  ``missing_from``-``missing_to`` is not exactly the numbers between its neighbours.
 
-``profile_ratio``: one worker (one process) replaying the same backlog of 10 streams into a
-no-op Python processor (``loadtest.fleet.PYTHON_PROCESSOR_ENV``, so the store is not
-the limit), once on ``/gateway/`` with the ``gateway`` profile (identify, a nested sequence
-number, keepalive acks skipped) and once on ``/streams/`` with the built-in profile,
-alternating over ``PROFILE_ROUNDS`` rounds: delivered messages/s of the profile over the
-default's. ``profile_ratio_subscribe`` is the same for the ``subscribe`` profile, whose
-feed sends a heartbeat after every 5 data frames.
+``profile_ratio``: one worker replaying the same backlog into a no-op Python processor
+(``loadtest.fleet.PYTHON_PROCESSOR_ENV``, so the store is not the limit), on ``/gateway/``
+with the ``gateway`` profile and on ``/streams/`` with the built-in one, alternating over
+``PROFILE_ROUNDS`` rounds: delivered messages/s of the profile over the default's; likewise
+``profile_ratio_subscribe`` for the ``subscribe`` profile.
 """
 
 from __future__ import annotations
@@ -66,6 +49,7 @@ from loadtest.fleet import (
     Context,
     Fleet,
     python_processor_env,
+    run_each,
     short_chaos_run,
     worker_phase,
 )
@@ -304,21 +288,11 @@ async def profile_throughput(env: dict[str, str], quick: bool) -> dict[str, Any]
 
 async def run_upstreams(ctx: Context) -> dict[str, Any]:
     names = list(getattr(ctx.args, "upstream_modes", None) or MODES)
-    section: dict[str, Any] = {}
-    failed: list[str] = []
-    for name in names:
-        try:
-            section[name] = await run_mode(ctx, name)
-        except Exception as exc:
-            traceback.print_exc()
-            failed.append(name)
-            section[name] = {"feed": MODES[name].path, "profile": MODES[name].profile,
-                             "error": f"{type(exc).__name__}: {exc}"}
-        s = section[name]
-        print(f"upstreams: {name}: " + (s.get("error") or ", ".join(
-            f"{k} {s.get(k)}" for k in ("messages", "lost", "duplicated", "out_of_order",
-                                        "gap_records", "lost_in_gaps", "loss_in_gaps"))),
-              flush=True)
+    section, failed = await run_each(
+        "upstreams", names, lambda name: run_mode(ctx, name),
+        lambda name: {"feed": MODES[name].path, "profile": MODES[name].profile},
+        ("messages", "lost", "duplicated", "out_of_order", "gap_records", "lost_in_gaps",
+         "loss_in_gaps"))
     try:
         with local_store(ctx.args.dynamodb) as env:
             section.update(await profile_throughput(env, bool(getattr(ctx.args, "quick",
