@@ -26,6 +26,8 @@ JSON keys it writes; what each measures is in its module):
   slowed to 20 ms a request, scale-out from 2 to 4 workers after and during start-up.
 * ``jobs``, ``sinks``, ``upstreams``: singleton jobs, every output and every upstream resume
   mode, each through a chaos run of its own.
+* ``deploy``: a rolling replacement of every worker, delivery gaps and latency from the
+  sink, about a minute.
 * ``change_feed``, ``scale_reads``, ``scale`` (``make loadtest-all``): the control plane at
   default timings, about 9, 3 and 2 minutes.
 
