@@ -79,6 +79,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("jobs", "jobs_scenario", "run_jobs", ("jobs",)),
     Scenario("sinks", "sinks_scenario", "run_sinks", ("sinks",)),
     Scenario("upstreams", "upstreams_scenario", "run_upstreams", ("upstreams",)),
+    Scenario("deploy", "deploy_scenario", "run_deploy", ("deploy",)),
     Scenario("change_feed", "change_feed_scenario", "run_change_feed", ("change_feed",),
              default=False),
     Scenario("scale_reads", "scale_scenario", "run_scale_reads", SCALE_READS_KEYS,

@@ -163,6 +163,11 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
          "sinks.dynamodb.added_latency_s", "<= 5 s", at_most(5.0)),
         *sink_target_rows(r),
         *upstream_target_rows(r),
+        ("rolling deploy (one worker at a time, the new one ready first): longest "
+         "delivery gap of a stream, p99 over streams", "deploy.max_gap_p99_s",
+         "<= 0.5 s", at_most(0.5)),
+        *((f"rolling deploy: {label}", f"deploy.{key}", "0", at_most(0)) for key, label in
+          (("lost", "lost"), ("duplicated", "duplicated"), ("out_of_order", "out of order"))),
         ("SIGTERM hand-offs in the chaos run whose trace links release to first "
          "delivery", "tracing.handoffs_linked", "100 % (1.0)", at_least(1.0)),
         ("no-op Python processor, one worker: throughput with tracing on (default "
@@ -270,7 +275,8 @@ def markdown(r: dict[str, Any]) -> str:
     if isinstance(r.get("kill9_defaults"), dict):
         lines += kill9_defaults_md(r)
     for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
-                         ("slow_store", slow_store_md), ("balance", balance_md),
+                         ("slow_store", slow_store_md), ("deploy", deploy_md),
+                         ("balance", balance_md),
                          ("jobs", jobs_md), ("sinks", sinks_md), ("upstreams", upstreams_md),
                          ("scale", scale_md), ("tracing", tracing_md),
                          ("change_feed", change_feed_md)):
@@ -686,6 +692,27 @@ def skew_md(r: dict[str, Any]) -> list[str]:
         "",
         *_correctness(k),
         *_churn(k),
+    ]
+
+
+def deploy_md(r: dict[str, Any]) -> list[str]:
+    k = r["deploy"]
+    return [
+        "## Rolling deploy",
+        "",
+        f"{_v(k.get('workers'))} workers replaced one at a time (the new one ready, then "
+        f"SIGTERM of the old), {_v(k.get('streams'))} streams x {_v(k.get('rate'))} msg/s, "
+        f"batch window {_s(k.get('batch_max_s'))}; {_v(k.get('moves'))} moves in "
+        f"{_s(k.get('deploy_s'))} (load average {_v(k.get('load_1m'))}). Longest delivery "
+        f"gap of a stream: p50 "
+        f"{_s(k.get('max_gap_p50_s'))}, p99 **{_s(k.get('max_gap_p99_s'))}**, max "
+        f"{_s(k.get('max_gap_max_s'))} ({k.get('worst_stream')}); in the steady window before, "
+        f"p99 {_s(k.get('steady_max_gap_p99_s'))}. Latency spike over the steady median "
+        f"({_s(k.get('steady_latency_p50_s'))}): p99 {_s(k.get('latency_spike_p99_s'))}, max "
+        f"{_s(k.get('latency_spike_max_s'))}. Lost {_v(k.get('lost'))}, duplicated "
+        f"{_v(k.get('duplicated'))}, out of order {_v(k.get('out_of_order'))}, stale "
+        f"accepted {_v(k.get('stale_accepted'))}.",
+        "",
     ]
 
 

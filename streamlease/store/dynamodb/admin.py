@@ -236,15 +236,16 @@ class DynamoAdmin(DynamoTable):
 
     async def read_events(self, stream_id: str) -> AsyncIterator[Frame]:
         """Delivered frames of one stream in seq order (paginated, consistent reads)."""
-        async for item in self._event_items(stream_id):
+        async for item in self.event_items(stream_id):
             for frame in codec.decode_event_item(item):
                 yield frame
 
     async def event_fences(self, stream_id: str) -> list[int]:
         """The fence of each events item in seq order (for audits: never decreasing)."""
-        return [int(item[codec.EV_FENCE]["N"]) async for item in self._event_items(stream_id)]
+        return [int(item[codec.EV_FENCE]["N"]) async for item in self.event_items(stream_id)]
 
-    async def _event_items(self, stream_id: str) -> AsyncIterator[dict[str, Any]]:
+    async def event_items(self, stream_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The stream's events items as stored, in seq order (write times included)."""
         kwargs: dict[str, Any] = {
             "TableName": self.events_table, "ConsistentRead": True,
             "KeyConditionExpression": "#pk = :pk",
