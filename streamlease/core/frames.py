@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from json.scanner import make_scanner
 
 # DynamoDB numbers hold 38 digits; sequence numbers stay well inside a signed 64-bit int.
 MAX_SEQ = 2**63 - 1
+
+# ``json.loads``'s own scanner, called without its wrapper (the pump's per-frame path).
+_scan = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed names the class
 
 
 @dataclass(frozen=True)
@@ -25,10 +29,23 @@ def parse_frame(data: str | bytes) -> Frame | Malformed:
     """A text frame holding a JSON object with an integer ``seq`` (1 .. 2**63-1)."""
     if not isinstance(data, str):
         return Malformed("binary frame")
-    try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError):
-        return Malformed("not JSON")
+    obj = None
+    if data[:1] == "{" and data[-1:] == "}":
+        # A text that is one object from its first character to its last (no whitespace
+        # around it, no byte order mark) decodes to what ``json.loads`` makes of it;
+        # anything else, or any error, takes ``json.loads`` itself.
+        try:
+            obj, end = _scan(data, 0)
+        except (StopIteration, ValueError, RecursionError):
+            obj = None
+        else:
+            if end != len(data):
+                obj = None
+    if obj is None:
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return Malformed("not JSON")
     if not isinstance(obj, dict):
         return Malformed(f"JSON {type(obj).__name__}, not an object")
     seq = obj.get("seq")
