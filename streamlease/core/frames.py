@@ -27,25 +27,29 @@ class Malformed:
 
 def parse_frame(data: str | bytes) -> Frame | Malformed:
     """A text frame holding a JSON object with an integer ``seq`` (1 .. 2**63-1)."""
-    if not isinstance(data, str):
-        return Malformed("binary frame")
-    obj = None
-    if data[:1] == "{" and data[-1:] == "}":
-        # A text that is one object from its first character to its last (no whitespace
-        # around it, no byte order mark) decodes to what ``json.loads`` makes of it;
-        # anything else, or any error, takes ``json.loads`` itself.
+    if type(data) is str and data[:1] == "{" and data[-1:] == "}":
+        # The pump's per-frame path: a text that is one object from its first character
+        # to its last (no whitespace around it, no byte order mark) decodes through
+        # json.loads' own scanner to the same value. Only a valid frame returns here;
+        # anything else is judged by ``_parse`` from the start.
         try:
             obj, end = _scan(data, 0)
         except (StopIteration, ValueError, RecursionError):
-            obj = None
+            pass
         else:
-            if end != len(data):
-                obj = None
-    if obj is None:
-        try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError):
-            return Malformed("not JSON")
+            seq = obj.get("seq")
+            if end == len(data) and type(seq) is int and 1 <= seq <= MAX_SEQ:
+                return Frame(seq, data)
+    return _parse(data)
+
+
+def _parse(data: str | bytes) -> Frame | Malformed:
+    if not isinstance(data, str):
+        return Malformed("binary frame")
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return Malformed("not JSON")
     if not isinstance(obj, dict):
         return Malformed(f"JSON {type(obj).__name__}, not an object")
     seq = obj.get("seq")
