@@ -119,8 +119,8 @@ class Session:
                 self.parts.on_problem(text)
 
     async def _session(self, ws: ClientConnection, prepared: Prepared) -> str:
-        """The opening exchange, then read, with each batch written behind the read,
-        until the connection ends or a close is asked for."""
+        """The opening exchange, then read and write in turn until the connection ends or
+        a close is asked for."""
         keepalive: asyncio.Task[None] | None = None
         opening = False
         try:
@@ -156,8 +156,6 @@ class Session:
             if writer is not None:  # cancelled from outside: so is the write, as one task
                 writer.cancel()
                 await asyncio.wait([writer])
-                if not writer.cancelled():
-                    writer.exception()  # retrieved: the cancellation is what propagates
             raise
         except Exception:
             await self._close(ws)
