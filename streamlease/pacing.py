@@ -11,9 +11,8 @@ by the health of the member heartbeat, the call that must not be late:
 * a healthy heartbeat doubles it (up to the number of streams the worker may hold).
 
 On a healthy store the cap sits at its ceiling and changes nothing. On a saturated one,
-delivery slows (the pump stops reading once a second batch waits behind the one in
-flight, so the upstream buffers) while heartbeats, renewals and releases keep their place
-in the queue.
+delivery slows (the pump stops reading while its batch waits, so the upstream buffers)
+while heartbeats, renewals and releases keep their place in the queue.
 """
 
 from __future__ import annotations

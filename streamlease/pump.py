@@ -7,13 +7,12 @@ roles: ``streamlease.session`` opens, reads and closes connections;
 ``streamlease.delivery`` feeds frames to the machine and writes the batches it cuts.
 This module runs them: one connection after another, flushing in between.
 
-One task runs it (``run``), and it raises plain exceptions; while connected, the batches
-it cuts are written by a second task, one write in flight at a time, so reading goes on
-meanwhile (``streamlease.session``). A request from the supervisor (stop, abort,
-reconnect) updates the machine and, where a task waits for the upstream or the clock (a
-frame, the handshake, a reconnect backoff, a sink-retry backoff), interrupts that wait
-(``streamlease.pumping.Interrupts``): no wait of the pump outlasts a request. A write in
-flight is never interrupted: it was sent, so the sink decides it either way.
+One task does all of it (``run``), and it raises plain exceptions. A request from the
+supervisor (stop, abort, reconnect) updates the machine and, if the task is waiting for
+the upstream or the clock (a frame, the handshake, a reconnect backoff, a sink-retry
+backoff), interrupts that wait (``streamlease.pumping.Interrupts``): no wait of the pump
+outlasts a request. A write in flight is never interrupted: it was sent, so the sink
+decides it either way.
 
 The pump never decides ownership. Before every sink write it asks the holder
 (``Holding.may_write``) whether the tenure's local deadline still allows writing, and the
@@ -24,6 +23,7 @@ sink itself refuses a stale fence. Reconnects flush first, so every connection a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -106,11 +106,13 @@ class Pump:
     async def run(self) -> None:
         """Read until stopped. Raises StaleFence, SelfFenced, SinkConflict or StoreError
         (plain exceptions, never groups) when the tenure can no longer write."""
+        self.interrupts.task = asyncio.current_task()
         try:
             await self._connections()
             self.machine.flush()
             await self.delivery.write_due()
         finally:
+            self.interrupts.task = None
             self.delivery.set_stalled(False)
 
     async def _connections(self) -> None:

@@ -5,8 +5,7 @@ are built from, and the interruptible waits of the pump's one task. Imports none
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -72,36 +71,28 @@ class PumpParts:
 
 
 class Interrupts:
-    """The pump's waits for the upstream or the clock, in its reading task and in its
-    writing task, which a request from the supervisor (stop, abort, reconnect) cuts short.
-    A write in flight is never one: it was sent, so the sink decides it either way."""
+    """The pump task's waits for the upstream or the clock, which a request from the
+    supervisor (stop, abort, reconnect) cuts short. A write in flight is never one: it
+    was sent, so the sink decides it either way."""
 
     def __init__(self) -> None:
-        self._parked: set[asyncio.Task[Any]] = set()  # tasks waiting for upstream or clock
-        self._interrupted: set[asyncio.Task[Any]] = set()  # cancelled by this pump
-
-    @contextmanager
-    def parked(self) -> Iterator[None]:
-        """The current task waits for the upstream or the clock while inside."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._parked.add(task)
-        try:
-            yield
-        finally:
-            self._parked.discard(task)
+        self.task: asyncio.Task[Any] | None = None  # the pump's task while it runs
+        self.parked = False  # the task waits for the upstream or the clock, not a write
+        self._interrupted = False  # this pump cancelled that wait
 
     async def wait(self, aw: Awaitable[T]) -> T | None:
         """Await ``aw`` (a wait for the upstream or the clock); None if a request from the
         supervisor interrupted it."""
-        with self.parked():
-            try:
-                result = await aw
-            except asyncio.CancelledError:
-                if not self.own():
-                    raise
-                return None
-        if asyncio.current_task() in self._interrupted:
+        self.parked = True
+        try:
+            result = await aw
+        except asyncio.CancelledError:
+            if not self.own():
+                raise
+            return None
+        finally:
+            self.parked = False
+        if self._interrupted:
             # The interrupt landed in code that swallowed it (a user's upstream): take it
             # back, or every later request would be ignored.
             self.own()
@@ -109,20 +100,19 @@ class Interrupts:
         return result
 
     def interrupt(self) -> None:
-        """Wake every task that waits for the upstream or the clock. The wait is cancelled
+        """Wake the task if it waits for the upstream or the clock. The wait is cancelled
         (websockets' recv and handshake, and sleeps, are safe to cancel); ``own`` tells
         that cancellation apart from one coming from outside."""
-        for task in self._parked - self._interrupted:
-            if not task.done():
-                self._interrupted.add(task)
-                task.cancel()
+        task = self.task
+        if self.parked and not self._interrupted and task is not None and not task.done():
+            self._interrupted = True
+            task.cancel()
 
     def own(self) -> bool:
         """True if the CancelledError being handled is this pump's interrupt and nothing
         else: a cancellation from outside (the supervisor's timeout) still propagates."""
-        task = asyncio.current_task()
-        if task not in self._interrupted:
+        if not self._interrupted:
             return False
-        self._interrupted.discard(task)
-        assert task is not None
-        return task.uncancel() == 0
+        self._interrupted = False
+        task = asyncio.current_task()
+        return task is not None and task.uncancel() == 0

@@ -2,10 +2,8 @@
 resolved), dial it (``streamlease.dial``), go through the wire's opening exchange, keep it
 alive, read frames until a batch is due, and close it.
 
-A batch is written in a task of its own while reading goes on, one write in flight at a
-time. Reading waits for the write only once a second batch is cut behind it, or the two
-hold ``batch_max_bytes``: frames then wait in websockets' small receive queue, then in the
-kernel, so a stream holds at most a batch's worth and that queue
+While a batch is written nothing is read: frames wait in websockets' small receive queue,
+then in the kernel, so a stream holds at most one batch and that queue
 (``streamlease.core.stream.stream_buffer_bytes``). A connection that fails before any frame
 could be read (setup, the opening exchange) is the stream's ``last_error``, once per
 change of text.
@@ -44,7 +42,6 @@ class Session:
         self._connections_made = 0
         self._closed_ms: int | None = None  # wall time the last connection ended
         self._setup_problem: str | None = None
-        self._writer: asyncio.Task[None] | None = None  # the write in flight, if any
 
     async def connection(self, asked: int) -> str:
         """One connection, from the handshake to its end; the reason it ended."""
@@ -135,7 +132,7 @@ class Session:
                     name=f"keepalive:{self.stream}")
             while not self.machine.closing:
                 await self._read(ws)
-                await self._write_behind()
+                await self.delivery.write_due()
         except OpeningFailed as exc:
             event(logging.WARNING, "pump.opening_failed",
                   "the upstream's opening exchange did not complete; reconnecting",
@@ -152,10 +149,6 @@ class Session:
             return self._closed(exc)
         except asyncio.CancelledError:
             ws.transport.abort()
-            writer, self._writer = self._writer, None
-            if writer is not None:  # cancelled from outside: so is the write, as one task
-                writer.cancel()
-                await asyncio.wait([writer])
             raise
         except Exception:
             await self._close(ws)
@@ -163,32 +156,8 @@ class Session:
         finally:
             if keepalive is not None:
                 await self._end_keepalive(keepalive)
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                await writer  # the write in flight decides, and its error is the pump's
         await self._close(ws)
         return "closed"
-
-    async def _write_behind(self) -> None:
-        """Write the batches cut while reading goes on: one write in flight, in a task of
-        its own. Wait for it only when reading must (``StreamMachine.sending``) or once it
-        has ended, raising what it raised."""
-        writer, machine = self._writer, self.machine
-        if writer is not None and (writer.done() or machine.pause_reading):
-            self._writer = None
-            await writer
-        if self._writer is None and machine.next_batch() is not None:
-            machine.sending(True)  # before the task runs: reading goes on at once
-            self._writer = asyncio.create_task(self._write(), name=f"write:{self.stream}")
-
-    async def _write(self) -> None:
-        try:
-            await self.delivery.write_due()
-        except Exception:
-            self.interrupts.interrupt()  # wake the read: ``_write_behind`` raises this
-            raise
-        finally:
-            self.machine.sending(False)
 
     def _closed_while_opening(self, exc: ConnectionClosed) -> None:
         """The upstream closed during the opening exchange: usually a refused token or
@@ -234,25 +203,27 @@ class Session:
         With nothing buffered it waits for the upstream as long as it takes (an idle stream
         holds no timer); with frames buffered, until the oldest has waited ``batch_max_s``."""
         machine, receive, clock = self.machine, self.delivery.receive, self.ctx.clock
-        with self.interrupts.parked():
-            try:
-                while not machine.pause_reading:
-                    deadline = machine.flush_deadline()
-                    if deadline is None:
+        self.interrupts.parked = True
+        try:
+            while not machine.pause_reading:
+                deadline = machine.flush_deadline()
+                if deadline is None:
+                    receive(await ws.recv())
+                    continue
+                wait = deadline - clock.monotonic()
+                if wait <= 0:
+                    machine.tick(deadline)
+                    continue
+                async with asyncio.timeout(wait):
+                    while not machine.pause_reading:
                         receive(await ws.recv())
-                        continue
-                    wait = deadline - clock.monotonic()
-                    if wait <= 0:
-                        machine.tick(deadline)
-                        continue
-                    async with asyncio.timeout(wait):
-                        while not machine.pause_reading:
-                            receive(await ws.recv())
-            except TimeoutError:
-                machine.tick(clock.monotonic())
-            except asyncio.CancelledError:
-                if not self.interrupts.own():
-                    raise
+        except TimeoutError:
+            machine.tick(clock.monotonic())
+        except asyncio.CancelledError:
+            if not self.interrupts.own():
+                raise
+        finally:
+            self.interrupts.parked = False
 
     def _closed(self, exc: ConnectionClosed) -> str:
         code = exc.rcvd.code if exc.rcvd else (exc.sent.code if exc.sent else None)

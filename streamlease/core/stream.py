@@ -87,8 +87,7 @@ def stream_buffer_bytes(max_frame_bytes: int, batch_max_bytes: int = BATCH_MAX_B
 
     websockets' queue before it pauses the socket (``queue_high`` frames, plus whatever the
     last read held), one incomplete frame in its parser, the frame being handled (as text),
-    and a batch's worth: the batch being written and the one filling meanwhile
-    (``StreamMachine.sending``).
+    and the batch.
     """
     return (queue_high * max_frame_bytes + READ_CHUNK_BYTES + max_frame_bytes
             + TEXT_EXPANSION * max_frame_bytes + batch_max_bytes)
@@ -234,11 +233,9 @@ class StreamMachine:
         self.phase = Phase.IDLE
         self.ending: Ending | None = None
         self.problem: str | None = None
-        # Stop reading now: a batch waits to be written and none is in flight, a second
-        # batch waits behind the one in flight, or the connection must close. A plain
-        # attribute, read once per frame; kept current by ``_update``.
+        # Stop reading now: a batch waits to be written, or the connection must close.
+        # A plain attribute, read once per frame; kept current by ``_update``.
         self.pause_reading = False
-        self._sending = False  # a write of ``next_batch`` is in flight (see ``sending``)
         self._reconnect_reason: str | None = None
         self._asked = committed + 1
         self._first = True  # no frame accepted on this connection yet
@@ -289,16 +286,6 @@ class StreamMachine:
         if self.ending is Ending.ABORT or not self._outbox:
             return None
         return self._outbox[0]
-
-    def sending(self, in_flight: bool) -> None:
-        """The pump started writing ``next_batch`` (and then each next one), or stopped.
-
-        While a write is in flight reading goes on: the next batch fills meanwhile, so a
-        stream's read waits for a write only when a second batch is cut behind it, or the
-        frames held reach ``batch_max_bytes`` (the batch in flight and the one filling
-        hold no more together than one full batch and one frame, as without a write)."""
-        self._sending = in_flight
-        self._update()
 
     # -- the supervisor's requests ---------------------------------------------------------
 
@@ -401,8 +388,6 @@ class StreamMachine:
         self._buffer_fill += fill
         if len(buffer) >= self._max_messages or self._buffer_fill >= self._fill:
             self._cut()
-        elif self._outbox and self._buffer_bytes + self._outbox_bytes[0] >= self._max_bytes:
-            self.pause_reading = True  # a write in flight holds the rest of the bytes cap
         if self._stall is None and self._progressed:
             return Received(verdict, seq, reference)
         # Real progress: the end of a stall, or this pump's first delivery.
@@ -470,14 +455,11 @@ class StreamMachine:
         self._buffer = []
         self._buffer_bytes = 0
         self._buffer_fill = 0
-        self._update()
+        self.pause_reading = True
 
     def _update(self) -> None:
-        outbox = self._outbox
-        in_flight_only = (self._sending and len(outbox) == 1
-                          and self._buffer_bytes + self._outbox_bytes[0] < self._max_bytes)
         self.pause_reading = (self.ending is not None or self._reconnect_reason is not None
-                              or (bool(outbox) and not in_flight_only))
+                              or bool(self._outbox))
 
     def _refuse(self, verdict: Verdict, seq: int | None, reference: int,
                 now: float) -> Received:

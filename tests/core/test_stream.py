@@ -186,37 +186,6 @@ def test_batch_triggers(case: BatchCase) -> None:
     assert [f.seq for f in m.next_batch() or []] == case.left
 
 
-def test_reading_goes_on_while_a_write_is_in_flight_up_to_a_second_batch() -> None:
-    m = machine(10, StreamRules(batch_max_messages=2, batch_max_bytes=1000, batch_max_s=1.0))
-    feed(m, [11, 12])
-    assert m.pause_reading  # a batch is due and nothing writes it yet
-    m.sending(True)
-    assert not m.pause_reading  # it is being written: the next batch fills meanwhile
-    feed(m, [13])
-    assert not m.pause_reading
-    feed(m, [14])
-    assert m.pause_reading  # a second batch waits behind the one in flight
-    first = m.next_batch()
-    assert first is not None and [f.seq for f in first] == [11, 12]
-    m.written(first)
-    assert not m.pause_reading  # the writes go on with the second
-    m.sending(False)
-    assert m.pause_reading == (m.next_batch() is not None)
-
-
-def test_a_write_in_flight_and_the_next_batch_hold_no_more_than_the_byte_cap() -> None:
-    m = machine(10, StreamRules(batch_max_messages=3, batch_max_bytes=100, batch_max_s=1.0))
-    feed(m, [11, 12, 13], size=30)  # cut by count: 90 bytes in flight
-    m.sending(True)
-    assert not m.pause_reading
-    feed(m, [14], size=30)  # 120 held: the read waits, the frame stays in the batch
-    assert m.pause_reading and m.held_bytes == 120
-    first = m.next_batch()
-    assert first is not None
-    m.written(first)
-    assert not m.pause_reading and [f.seq for f in m.next_batch() or []] == []
-
-
 def test_the_fill_counts_utf8_bytes_not_characters() -> None:
     ascii_, accented = "x" * 30, "\u00e9" * 30  # 30 and 60 bytes of UTF-8
     m = machine(10, rules(batch_fill_bytes=100))
