@@ -72,7 +72,7 @@ class ProcessingSettings:
 
 
 def messages(frames: list[Frame]) -> list[Message]:
-    return [Message.of_text(f.seq, f.text) for f in frames]
+    return Message.of_frames(frames)
 
 
 @dataclass

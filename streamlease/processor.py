@@ -54,10 +54,11 @@ A minimal processor::
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from streamlease.core.frames import Frame
 from streamlease.core.upstream import BINARY_KEY, GAP_KEY, binary_payload, gap_body
 
 STOP_REASONS = ("drain", "stopped", "shutdown", "lost", "error")
@@ -82,6 +83,11 @@ class Message:
     @classmethod
     def of_text(cls, seq: int, text: str) -> Message:
         return cls(seq, _UNPARSED, text)
+
+    @classmethod
+    def of_frames(cls, frames: Iterable[Frame]) -> list[Message]:
+        """A batch's messages, unparsed (one call a batch, not one a message)."""
+        return [cls(f.seq, _UNPARSED, f.text) for f in frames]
 
     @property
     def data(self) -> Any:

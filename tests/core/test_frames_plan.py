@@ -31,6 +31,30 @@ def test_parse_frame(data: str | bytes, expected: Frame | Malformed) -> None:
     assert parse_frame(data) == expected
 
 
+# Compact objects, from the first character to the last, are decoded without json.loads'
+# wrapper; these are the texts where that shortcut could differ from json.loads itself.
+@pytest.mark.parametrize(("data", "expected"), [
+    ('{"seq":7,"stream":"b0","data":"ab"}', 7),
+    ('{"seq":1,"seq":"x"}', Malformed("no integer seq")),  # the last duplicate key wins
+    ('{"seq":"x","seq":3}', 3),
+    ('{"seq":1}{"seq":2}', Malformed("not JSON")),  # extra data after the object
+    ('{"seq":1}}', Malformed("not JSON")),
+    (' {"seq":4} ', 4),  # whitespace around it: json.loads' own path
+    ('\ufeff{"seq":1}', Malformed("not JSON")),  # a byte order mark
+    ('{"seq":1,"a":"\x01"}', Malformed("not JSON")),  # a raw control character
+    ('{"seq":1,"a":"\\ud800"}', 1),  # a lone surrogate escape, as json.loads takes it
+    ('{"seq":NaN}', Malformed("no integer seq")),
+    ('{"seq":2,"a":[' + "[" * 100_000 + "]" * 100_000 + "]}", Malformed("not JSON")),
+    ('{"seq":01}', Malformed("not JSON")),
+    ('{"seq":1,}', Malformed("not JSON")),
+    ('{"seq":' + "9" * 5000 + "}", Malformed("not JSON")),  # over int()'s digit limit
+])
+def test_parse_frame_shortcut_agrees_with_json_loads(data: str,
+                                                     expected: int | Malformed) -> None:
+    got = parse_frame(data)
+    assert got == (Frame(expected, data) if isinstance(expected, int) else expected)
+
+
 def test_export_line_keeps_json_on_one_line() -> None:
     assert export_line('{\n  "seq": 1\r\n}') == '{   "seq": 1  }'
 
