@@ -20,7 +20,7 @@ from typing import Protocol
 from streamlease import tracing
 from streamlease.context import Context
 from streamlease.core.bulletin import Bulletin
-from streamlease.core.lease import HolderState, StopReason, resume_point
+from streamlease.core.lease import HolderState, StopReason, checkpoint_trusted, resume_point
 from streamlease.core.membership import MemberRecord
 from streamlease.core.model import Tenure
 from streamlease.core.plan import item_problem
@@ -28,6 +28,7 @@ from streamlease.errors import StoreError
 from streamlease.logs import event
 from streamlease.membership import FleetView
 from streamlease.release import shielded
+from streamlease.store import codec
 from streamlease.store.protocols import Acquired
 from streamlease.strain import LeaseHealth
 from streamlease.supervisor import Supervisor
@@ -254,7 +255,11 @@ class Holdings:
 
     async def resume_where_the_sink_is(self, got: Acquired) -> Acquired | None:
         """If the item's checkpoint or fence was rewound (rewritten by hand, restored from
-        a backup), move this tenure to where the sink already is before pumping."""
+        a backup), move this tenure to where the sink already is before pumping. After a
+        clean release the item's checkpoint is trusted as it is: no read."""
+        if checkpoint_trusted(got.tenure, codec.clean_release(got.record),
+                              self.ctx.clock.wall_ms()):
+            return got
         with tracing.span("resume_read", stream=got.tenure.stream_id, fence=got.tenure.fence):
             newest = await self.ctx.sink.newest_event(got.tenure.stream_id)
             tracing.set_attributes(sink_last_seq=newest.last_seq if newest else None)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from streamlease import tracing
 from streamlease.context import Context
 from streamlease.core.backoff import Backoff
-from streamlease.core.lease import HolderState, StopReason
+from streamlease.core.lease import CleanRelease, HolderState, StopReason
 from streamlease.core.model import error_text
 from streamlease.errors import StoreError
 from streamlease.logs import event
@@ -53,9 +53,12 @@ class Release:
                   stream=tenancy.stream, fence=tenancy.tenure.fence, reason=public,
                   exc_info=True)
 
-    async def release(self, reason: StopReason, fields: dict[str, Any], log: bool) -> None:
+    async def release(self, reason: StopReason, fields: dict[str, Any], log: bool,
+                      clean_seq: int | None = None) -> None:
         """Release, retried with backoff until the budget: the shutdown deadline if one was
-        given, else the tenure's own deadline (after it the lease frees itself). Each
+        given, else the tenure's own deadline (after it the lease frees itself). With
+        ``clean_seq`` (the final flush wrote that checkpoint) the release leaves the mark
+        that lets the next holder resume without reading the sink. Each
         attempt waits its turn at the worker's release gate: a drain of hundreds of streams
         would otherwise put every release in the store's queue at once, ahead of the
         member heartbeat (which then times out, and the worker self-fences mid-drain)."""
@@ -79,9 +82,12 @@ class Release:
                     with tracing.span("release", root=True, stream=stream,
                                       fence=tenure.fence, reason=reason.value,
                                       attempt=attempt) as span:
+                        clean = None if clean_seq is None else \
+                            CleanRelease(tenure.fence, clean_seq, clock.wall_ms())
                         released = await shielded(
                             self.ctx.leases.release(tenure, timeout,
-                                                    trace_parent=tracing.traceparent_of(span)),
+                                                    trace_parent=tracing.traceparent_of(span),
+                                                    clean=clean),
                             timeout, f"release {stream}")
                         tracing.set_attributes(span, released=released)
                     break

@@ -235,4 +235,7 @@ class Supervisor:
             if reason is StopReason.BAD_ITEM:
                 metrics.bad_item(bad_item_reason(problem))
             await ending.record_error(problem)
-        await ending.release(reason, fields, log=True)
+            await ending.release(reason, fields, log=True)
+            return
+        # Drained with no failure: the final flush wrote the checkpoint under this fence.
+        await ending.release(reason, fields, log=True, clean_seq=self.pump.committed)

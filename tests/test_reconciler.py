@@ -185,6 +185,49 @@ async def test_a_rewound_checkpoint_resumes_after_the_sink(
         "streamlease_checkpoint_rewound_total") == 1
 
 
+async def test_after_a_clean_release_the_next_holder_resumes_without_reading_the_sink(
+        caplog: pytest.LogCaptureFixture) -> None:
+    memory = MemoryStore()
+    first = Fleet(memory, owner="w1")
+    await first.streams("a")
+    first.start()
+    await asyncio.sleep(3)
+    await first.stop()  # drained: the final flush, then a release that says so
+    assert "newest_event" in memory.calls  # the first holder found no mark: it read
+    written = (await memory.get("a")).last_seq  # type: ignore[union-attr]
+    memory.calls.clear()
+    second = Fleet(memory, owner="w2").start()
+    await asyncio.sleep(3)
+    await second.stop()
+    assert "acquire" in memory.calls and "newest_event" not in memory.calls
+    seqs = [f.seq async for f in memory.read_events("a")]
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > written
+    assert not events(caplog, "stream.checkpoint_rewound")
+
+
+async def test_a_checkpoint_rewound_by_hand_after_a_clean_release_is_still_read(
+        caplog: pytest.LogCaptureFixture) -> None:
+    memory = MemoryStore()
+    first = Fleet(memory, owner="w1")
+    await first.streams("a")
+    first.start()
+    await asyncio.sleep(3)
+    await first.stop()
+    written = (await memory.get("a")).last_seq  # type: ignore[union-attr]
+    assert written and written > 2
+    # An operator rewinds only the checkpoint: the release's mark stays on the item.
+    item = memory.items["CONN#a"]
+    item["last_seq"] = {"N": "2"}
+    memory.calls.clear()
+    second = Fleet(memory, owner="w2").start()
+    await asyncio.sleep(3)
+    await second.stop()
+    assert "newest_event" in memory.calls
+    assert events(caplog, "stream.checkpoint_rewound")
+    seqs = [f.seq async for f in memory.read_events("a")]
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > written
+
+
 async def test_every_crashed_acquisition_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     fleet = Fleet()
     await fleet.streams("a", "b")

@@ -170,6 +170,34 @@ def resume_point(tenure: Tenure, newest: EventMark | None) -> tuple[int, int] | 
     return max(tenure.fence, newest.fence + 1), max(last, newest.last_seq)
 
 
+@dataclass(frozen=True)
+class CleanRelease:
+    """What a holder's clean release leaves on the item for the next holder: the fence it
+    released under, the checkpoint its final flush wrote, and when (its wall clock)."""
+
+    fence: int
+    last_seq: int
+    at_ms: int
+
+
+# How old a clean release may be for the next holder to trust its checkpoint without
+# reading the sink: a hand-off is taken within seconds; a stream STOPPED for longer, or an
+# item restored from a backup, is read as before.
+CLEAN_RELEASE_TRUST_MS = 60_000
+
+
+def checkpoint_trusted(tenure: Tenure, mark: CleanRelease | None, now_ms: int) -> bool:
+    """Whether a fresh tenure may resume after the item's ``last_seq`` without reading the
+    sink's newest event (``resume_point``): the tenure before it released cleanly (its
+    final flush wrote the checkpoint; the release said so in its own conditional write),
+    under the fence this acquisition moved on from, with the checkpoint it left unchanged
+    since, and lately. A checkpoint or fence rewritten by hand no longer matches its mark,
+    so a rewound item is still read."""
+    return (mark is not None and mark.fence == tenure.fence - 1
+            and mark.last_seq == (tenure.last_seq or 0)
+            and abs(now_ms - mark.at_ms) <= CLEAN_RELEASE_TRUST_MS)
+
+
 # --- the holder's local deadline ------------------------------------------------------
 
 # Monotonic time after which the holder must not write for this tenure, measured from when

@@ -14,6 +14,7 @@ from typing import Any
 from boto3.dynamodb.types import Binary, TypeDeserializer
 
 from streamlease.core.frames import Frame
+from streamlease.core.lease import CleanRelease
 from streamlease.core.model import (
     EventMark,
     StreamRecord,
@@ -42,6 +43,9 @@ PROFILE = PROFILE_ATTRIBUTE  # the stream's upstream profile (docs/profiles.md)
 # release on a fenced member's behalf), written in the same write, only while tracing is on:
 # the next holder's acquisition span links to it (streamlease.tracing).
 TRACE_PARENT = "trace_parent"
+# A holder's clean release (M: fence, last_seq, at_ms), written by the release itself: the
+# next holder resumes from last_seq without reading the sink (core.lease.checkpoint_trusted).
+CLEAN_RELEASE = "clean_release"
 INDEX_NAME = "desired_state-lease_expires_at_ms-index"
 OWNER_INDEX_NAME = "lease_owner-fence-index"
 # What the orphan index holds besides its keys and Pk: enough to plan without reading the
@@ -207,7 +211,7 @@ NAMES = {
     "#pk": PK, "#ds": DESIRED_STATE, "#url": WS_URL, "#owner": LEASE_OWNER,
     "#exp": LEASE_EXPIRES, "#fence": FENCE, "#last": LAST_SEQ,
     "#err": LAST_ERROR, "#errat": LAST_ERROR_AT, "#epoch": LEASE_EPOCH,
-    "#tp": TRACE_PARENT,
+    "#tp": TRACE_PARENT, "#clean": CLEAN_RELEASE,
 }
 
 
@@ -250,15 +254,39 @@ def renew_expr(owner: str, fence: int, new_expiry_ms: int) -> Expr:
     )
 
 
-def release_expr(owner: str, fence: int, trace_parent: str | None = None) -> Expr:
+def release_expr(owner: str, fence: int, trace_parent: str | None = None,
+                 clean: CleanRelease | None = None) -> Expr:
     """Expiry 0 (free now); owner and fence stay, so the history is kept (docs/contract.md).
-    With ``trace_parent`` (tracing on), the releasing span's context goes in the same write."""
-    return _with_trace_parent(Expr(
+    With ``trace_parent`` (tracing on), the releasing span's context goes in the same write;
+    with ``clean`` (the final flush wrote the checkpoint), the mark the next holder trusts."""
+    expr = Expr(
         condition="#owner = :me AND #fence = :fence",
         update="SET #exp = :zero",
         names=_names("#owner", "#fence", "#exp"),
         values={":me": s(owner), ":fence": n(fence), ":zero": n(0)},
-    ), trace_parent)
+    )
+    if clean is not None:
+        expr = Expr(condition=expr.condition, update=f"{expr.update}, #clean = :clean",
+                    names={**expr.names, **_names("#clean")},
+                    values={**expr.values, ":clean": clean_release_value(clean)})
+    return _with_trace_parent(expr, trace_parent)
+
+
+def clean_release_value(clean: CleanRelease) -> dict[str, Any]:
+    return {"M": {"fence": n(clean.fence), "last_seq": n(clean.last_seq),
+                  "at_ms": n(clean.at_ms)}}
+
+
+def clean_release(record: StreamRecord) -> CleanRelease | None:
+    """The item's ``clean_release`` mark; None if it has none or one that does not read as
+    three whole numbers (the checkpoint is then not trusted: the sink is read)."""
+    value = record.attributes.get(CLEAN_RELEASE)
+    if not isinstance(value, Mapping):
+        return None
+    fence, last_seq, at_ms = (value.get(name) for name in ("fence", "last_seq", "at_ms"))
+    if type(fence) is int and type(last_seq) is int and type(at_ms) is int:
+        return CleanRelease(fence, last_seq, at_ms)
+    return None
 
 
 def _with_trace_parent(expr: Expr, trace_parent: str | None) -> Expr:

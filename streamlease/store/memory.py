@@ -43,6 +43,7 @@ from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
 from streamlease.core.layout import Replica
 from streamlease.core.leadership import LeaderRecord, next_fence, raised_fence_mark
 from streamlease.core.lease import (
+    CleanRelease,
     LeaseTimings,
     RenewOutcome,
     can_take_over,
@@ -277,13 +278,16 @@ class MemoryLeases(MemoryTables):
         return RenewResult(RenewOutcome.RENEWED, _record(item), expiry)
 
     async def release(self, tenure: Tenure, timeout: float | None = None,
-                      trace_parent: str | None = None) -> bool:
+                      trace_parent: str | None = None,
+                      clean: CleanRelease | None = None) -> bool:
         self._called("release")
         item = self.items.get(stream_key(tenure.stream_id))
         if not _holds(item, tenure):
             return False
         assert item is not None
-        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), **_trace_parent(trace_parent)})
+        mark = {codec.CLEAN_RELEASE: codec.clean_release_value(clean)} if clean else {}
+        self._set(item, {codec.LEASE_EXPIRES: codec.n(0), **_trace_parent(trace_parent),
+                         **mark})
         return True
 
     async def advance(self, tenure: Tenure, fence: int, last_seq: int,

@@ -29,7 +29,7 @@ from streamlease.core.frames import Frame
 from streamlease.core.jobs import Job, JobList, JobRun, UnreadableJob
 from streamlease.core.layout import Replica
 from streamlease.core.leadership import LeaderRecord
-from streamlease.core.lease import LeaseTimings, RenewOutcome
+from streamlease.core.lease import CleanRelease, LeaseTimings, RenewOutcome
 from streamlease.core.membership import HeartbeatOutcome, MemberRecord, MemberStatus
 from streamlease.core.model import EventMark, OwnedStream, StreamRecord, Tenure
 from streamlease.store.feedcheckpoints import FeedCheckpointStore
@@ -110,9 +110,10 @@ class LeaseStore(Protocol):
         """Extend a lease this tenure still holds; the item as it now is."""
 
     async def release(self, tenure: Tenure, timeout: float | None = None,
-                      trace_parent: str | None = None) -> bool:
-        """Expiry 0, owner and fence kept (and ``trace_parent`` stored with it, if given).
-        False if the lease had moved on."""
+                      trace_parent: str | None = None,
+                      clean: CleanRelease | None = None) -> bool:
+        """Expiry 0, owner and fence kept (and ``trace_parent`` and the ``clean`` mark
+        stored with it, if given). False if the lease had moved on."""
 
     async def advance(self, tenure: Tenure, fence: int, last_seq: int,
                       timeout: float | None = None) -> Tenure | None:

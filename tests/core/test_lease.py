@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from streamlease.core.lease import (
+    CLEAN_RELEASE_TRUST_MS,
+    CleanRelease,
     HolderState,
     Holding,
     LeaseTimings,
@@ -12,6 +14,7 @@ from streamlease.core.lease import (
     StopReason,
     can_acquire,
     can_renew,
+    checkpoint_trusted,
     expiry_for,
     holds,
     local_deadline,
@@ -179,3 +182,20 @@ def test_stale_write_is_terminal() -> None:
     h.on_stale_write()
     assert h.state is HolderState.LOST and h.reason is StopReason.STALE_FENCE
     assert not h.may_write(101.0)
+
+
+@pytest.mark.parametrize(("mark", "fence", "last_seq", "now", "trusted"), [
+    (CleanRelease(4, 120, NOW), 5, 120, NOW + 800, True),  # a hand-off, taken at once
+    (CleanRelease(4, 0, NOW), 5, None, NOW, True),  # nothing delivered yet
+    (None, 5, 120, NOW, False),  # no mark: an unclean end (kill -9, lost, error)
+    (CleanRelease(3, 120, NOW), 5, 120, NOW, False),  # a tenure came between (fence moved)
+    (CleanRelease(4, 120, NOW), 5, 90, NOW, False),  # last_seq rewritten by hand
+    (CleanRelease(4, 120, NOW), 6, 120, NOW, False),  # fence rewritten by hand
+    (CleanRelease(4, 120, NOW), 5, 120, NOW + CLEAN_RELEASE_TRUST_MS + 1, False),  # old
+    (CleanRelease(4, 120, NOW), 5, 120, NOW - CLEAN_RELEASE_TRUST_MS - 1, False),  # skewed
+])
+def test_a_checkpoint_is_trusted_only_right_after_a_clean_release_under_the_fence_before(
+        mark: CleanRelease | None, fence: int, last_seq: int | None, now: int,
+        trusted: bool) -> None:
+    tenure = Tenure("a", "w2", fence, last_seq, NOW + 20_000)
+    assert checkpoint_trusted(tenure, mark, now) is trusted

@@ -12,7 +12,7 @@ import aioboto3
 import pytest
 
 from streamlease.core.frames import Frame
-from streamlease.core.lease import LeaseTimings, RenewOutcome
+from streamlease.core.lease import CleanRelease, LeaseTimings, RenewOutcome, checkpoint_trusted
 from streamlease.core.model import MAX_LAST_ERROR_CHARS, EventMark, Tenure
 from streamlease.core.plan import invisible_to_index
 from streamlease.errors import SinkConflict, StaleFence, StoreError
@@ -160,6 +160,28 @@ async def test_a_release_stores_the_trace_parent_it_is_given_in_the_same_write(
     record = await stores.admin.get("a")
     assert record is not None and record.fence == tenure.fence + 1
     assert codec.trace_parent(record) == TRACE_PARENT
+
+
+async def test_a_clean_release_leaves_its_mark_in_the_same_write(stores: Stores) -> None:
+    """A release told its final checkpoint stores the mark the next holder trusts; a
+    refused one writes nothing; one without it leaves an earlier mark as it was (the next
+    fence no longer matches it)."""
+    await stores.admin.put_started("a", URL)
+    tenure = await acquired(stores, "a")
+    assert await stores.leases.release(tenure, clean=CleanRelease(1, 0, NOW)) is True
+    record = await stores.admin.get("a")
+    assert record is not None and record.lease_expires_at_ms == 0
+    assert codec.clean_release(record) == CleanRelease(1, 0, NOW)
+    got = await stores.leases.acquire("a", "w2", NOW + 1, T)
+    assert got is not None and codec.clean_release(got.record) == CleanRelease(1, 0, NOW)
+    assert checkpoint_trusted(got.tenure, codec.clean_release(got.record), NOW + 1)
+    stale = dataclasses.replace(got.tenure, fence=1)
+    assert await stores.leases.release(stale, clean=CleanRelease(1, 9, NOW + 2)) is False
+    assert await stores.leases.release(got.tenure) is True
+    record = await stores.admin.get("a")
+    assert record is not None and codec.clean_release(record) == CleanRelease(1, 0, NOW)
+    third = await acquired(stores, "a", "w3", NOW + 3)
+    assert not checkpoint_trusted(third, codec.clean_release(record), NOW + 3)
 
 
 async def test_force_release_fences_out_the_holder(stores: Stores) -> None:

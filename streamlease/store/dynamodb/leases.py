@@ -13,7 +13,13 @@ from typing import Any
 
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.core.backoff import Backoff
-from streamlease.core.lease import LeaseTimings, RenewOutcome, expiry_for, takeover_threshold_ms
+from streamlease.core.lease import (
+    CleanRelease,
+    LeaseTimings,
+    RenewOutcome,
+    expiry_for,
+    takeover_threshold_ms,
+)
 from streamlease.core.model import OwnedStream, StreamRecord, Tenure, stream_key
 from streamlease.errors import StoreError, StoreThrottled, StoreUnavailable
 from streamlease.store import codec
@@ -81,8 +87,9 @@ class DynamoLeaseStore(DynamoTable):
         return RenewResult(RenewOutcome.RENEWED, codec.decode_record(resp["Attributes"]), expiry)
 
     async def release(self, tenure: Tenure, timeout: float | None = None,
-                      trace_parent: str | None = None) -> bool:
-        expr = codec.release_expr(tenure.owner, tenure.fence, trace_parent)
+                      trace_parent: str | None = None,
+                      clean: CleanRelease | None = None) -> bool:
+        expr = codec.release_expr(tenure.owner, tenure.fence, trace_parent, clean)
         try:
             await self._call("update_item", timeout, TableName=self.table,
                              Key=codec.key(tenure.stream_id), **expr.update_kwargs())

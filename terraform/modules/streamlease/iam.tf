@@ -72,7 +72,9 @@ locals {
   # fence, lease_epoch), renew and release (lease_owner, fence, lease_expires_at_ms),
   # release on a dead member's behalf (lease_owner, fence, lease_expires_at_ms,
   # lease_epoch), both releases with tracing on (trace_parent: the releasing span's
-  # context, for the next holder's acquisition span to link to), advance (lease_owner, fence, last_seq), adopt (Pk, lease_expires_at_ms),
+  # context, for the next holder's acquisition span to link to), a drained holder's
+  # release (clean_release: the mark that lets the next holder skip reading the sink),
+  # advance (lease_owner, fence, last_seq), adopt (Pk, lease_expires_at_ms),
   # record_error (Pk, last_error, last_error_at_ms) and the checkpoint Update inside the
   # sink's transaction (lease_owner, fence, last_seq).
   # The IAM documentation requires every key attribute of the table and of its indexes
@@ -82,6 +84,7 @@ locals {
   # and compares.
   worker_stream_attributes = [
     "Pk",
+    "clean_release",
     "desired_state",
     "fence",
     "last_error",
