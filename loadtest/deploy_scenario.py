@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from loadtest.common import timing_env
-from loadtest.fleet import Context, Fleet, WorkerProc, every_stream_held, pct, rounded
+from loadtest.fleet import Context, Fleet, WorkerProc, pct, rounded
 from streamlease.dev.upstream import frame_for
 from streamlease.store import codec
 
@@ -205,7 +205,7 @@ async def run_deploy(ctx: Context) -> dict[str, Any]:
         for _ in range(workers):
             fleet.start_worker()
         section["settled_s"] = rounded(await fleet.wait_until(
-            lambda: every_stream_held(fleet) and all(fleet.checkpoints().values()), 60.0))
+            lambda: fleet.all_held() and all(fleet.checkpoints().values()), 60.0))
         epoch = await _epoch(fleet, rate)
         steady_from = _wall_ms()
         await asyncio.sleep(STEADY_S)
@@ -221,7 +221,7 @@ async def run_deploy(ctx: Context) -> dict[str, Any]:
             stopped = time.monotonic()
             await fleet.sigterm(old, wait_s=30)
             exit_s = time.monotonic() - stopped
-            held = await fleet.wait_until(lambda: every_stream_held(fleet), 30.0)
+            held = await fleet.wait_until(fleet.all_held, 30.0)
             steps.append({"old": old, "new": new.name, "ready_s": rounded(ready),
                           "old_exit_s": rounded(exit_s), "all_held_s": rounded(held)})
         await asyncio.sleep(SETTLE_S)
