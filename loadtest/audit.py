@@ -6,23 +6,9 @@ show of its hand-offs.
 resume mode what ``SINK_CORRECTNESS`` and ``upstream_correctness_keys`` name. A run with
 any of them non-zero exits non-zero.
 
-**Traces of the chaos run** (``chaos_figures``; the workers export their spans to an
-OTLP/HTTP receiver on loopback, ``loadtest.otlp``). Per SIGTERM of the schedule (the rolling
-deploy), each stream the worker released on the way out (its log's ``lease.released`` with
-reason ``shutdown``: counted from the logs, so a hand-off whose spans never arrived counts
-too) is a hand-off. It is *linked* when the trace shows it end to end: the old holder's
-``streamlease.release`` span (reason ``shutdown``, released), an ``streamlease.acquire``
-span on another worker whose link names that release span, and a
-``streamlease.first_flush`` for the stream in the acquisition's trace on the same worker.
-``tracing.handoffs_linked`` is the linked share (target 1.0).
-
-Per kill -9 of the schedule, each survivor's ``streamlease.takeover`` span for the victim
-(a root) with its child ``streamlease.acquire`` spans (``how=takeover``) is a take-over.
-
-The slowest hand-off (release start to first flush end) and the slowest take-over (kill to
-the last first flush in the take-over's trace) are kept in the JSON as span timelines
-(``tracing.slowest_handoff``, ``tracing.slowest_takeover``), which the report draws
-(``latest-trace.png``).
+**Traces of the chaos run** (``chaos_figures``): linked SIGTERM hand-offs and kill -9
+take-overs, as docs/performance.md ("Tracing") defines them. Hand-offs are counted from
+the workers' logs, so one whose spans never arrived counts against the linked share.
 """
 
 from __future__ import annotations

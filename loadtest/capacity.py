@@ -3,18 +3,11 @@ the code, per table and per partition-key value, against DynamoDB's limits. What
 assumes, and why one partition-key value counts as one partition, is in
 docs/performance.md ("Capacity model").
 
-``KINDS`` is the one place that says what the code does: one entry per kind of request (or
-index write a request causes), with the code path it comes from, how often it happens as a
-function of the settings and the fleet's shape, and what each costs. Change the entry when
-the code changes.
-
-Unit rules used (DynamoDB's): a read unit covers 4 KB of a strongly consistent read and
-8 KB of an eventually consistent one (index queries and scans here are eventually
-consistent), summed over a Query or Scan page and rounded up per page, with the minimum
-unit charged for a read that returns nothing; a write unit covers 1 KB of the item (the
-larger of before and after); a write that moves an index's key is a delete and a put in
-that index. Item sizes come from representative items built with the codecs' own
-attribute names (``item_bytes``).
+``KINDS`` is the one place that says what the code does: change the entry when the code
+changes. Unit rules (DynamoDB's): a read unit covers 4 KB strongly consistent, 8 KB
+eventually consistent (index queries and scans here are), summed per Query or Scan page;
+a write unit covers 1 KB of the larger of the item before and after; a write that moves
+an index's key is a delete and a put in that index.
 """
 
 from __future__ import annotations

@@ -7,17 +7,10 @@ balance, singleton jobs and scale, in one command.
     make loadtest ARGS="--profile large"
     python -m loadtest.runner --help
 
-Each scenario (``loadtest.registry`` names its module and the JSON keys it writes;
-docs/performance.md says what each measures) starts its own DynamoDB-compatible server
-(the embedded ``streamlease dev dynamodb``, or with ``--dynamodb env`` the endpoint the
-standard AWS variables name), the reference upstream and worker processes, on fresh
-tables, and audits the sink at its end (every seq once, in order, byte-identical; fences
-monotonic).
-
-It writes ``loadtest/results/latest.{json,md,png}`` and ``latest-trace.png`` (plus
-timestamped copies) and exits non-zero if a correctness figure of any scenario
-(``loadtest.audit``) is not zero, or a scenario could not run. It asserts no times: it
-reports them. Worker logs stay in ``.run/loadtest/``.
+``loadtest.registry`` names each scenario's module and the JSON keys it writes;
+docs/performance.md says what each measures and what the run writes. The exit status is
+non-zero if a correctness figure (``loadtest.audit``) is not zero or a scenario could not
+run: times are reported, never asserted.
 """
 
 from __future__ import annotations

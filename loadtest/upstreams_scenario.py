@@ -1,31 +1,20 @@
 """The ``upstreams`` scenario: upstream profiles through a chaos run, audited against the
-feed's own numbering, and what a profile costs in throughput.
+feed's own numbering, and what a profile costs in throughput (docs/performance.md).
 
-For each resume mode (``--upstream-modes``; by default ``MODES``, whose feeds and profiles
-docs/performance.md lists) a fleet of its own (``UPSTREAM_RUN``) on one test feed of
-``streamlease dev upstream`` (with ``--token``, which reaches the workers as
-``FEED_TOKEN``), each item naming the feed's profile from ``examples/profiles.toml``,
-through ``loadtest.fleet.short_chaos_run`` with upstream drops; then each stream's events
-are read back (``audit_feed``). A delivered message is the feed's own frame: its number
-``n`` is the upstream's (``mode_seq``), and it must be byte-identical to
-``mode_frame(feed, stream, n)``:
+Per resume mode a fleet of its own (``UPSTREAM_RUN``) on one test feed, through
+``loadtest.fleet.short_chaos_run`` with upstream drops; then each stream's events are read
+back (``audit_feed``). A delivered message's number ``n`` is the upstream's
+(``mode_seq``), and it must be byte-identical to ``mode_frame(feed, stream, n)``:
 
 * ``lost``: numbers never delivered, from 1 to the last delivered for a feed that replays
   (the first connection asks for 1), between the first and the last delivered for one that
   cannot; plus copies that are not the feed's frame (``mismatched``);
-* ``duplicated``: a number delivered more than once; ``out_of_order``: a number below the
-  one delivered before it; ``stale_accepted``: events items whose fence decreases;
+* ``duplicated``, ``out_of_order``; ``stale_accepted``: events items whose fence decreases;
 * for the feeds that cannot replay, a lost number lies *inside a recorded gap* when a gap
   record sits between the messages delivered before and after it (by position, whatever
   the record's fields say): ``loss_in_gaps`` is that fraction, ``lost_outside_gaps`` the
   rest (a correctness figure); ``gap_ranges_wrong``: records whose
   ``missing_from``-``missing_to`` is not exactly the numbers between its neighbours.
-
-``profile_ratio``: one worker replaying the same backlog into a no-op Python processor
-(``loadtest.fleet.PYTHON_PROCESSOR_ENV``, so the store is not the limit), on ``/gateway/``
-with the ``gateway`` profile and on ``/streams/`` with the built-in one, alternating over
-``PROFILE_ROUNDS`` rounds: delivered messages/s of the profile over the default's; likewise
-``profile_ratio_subscribe`` for the ``subscribe`` profile.
 """
 
 from __future__ import annotations
@@ -228,7 +217,8 @@ async def run_mode(ctx: Context, name: str) -> dict[str, Any]:
 async def profile_throughput(env: dict[str, str], quick: bool) -> dict[str, Any]:
     """Delivered msgs/s of one worker (``env``) over the same backlog: the built-in
     profile on ``/streams/``, ``gateway`` on ``/gateway/`` and ``subscribe`` on
-    ``/subscribe/``, alternating (see the module doc)."""
+    ``/subscribe/``, alternating over ``PROFILE_ROUNDS`` rounds; ``profile_ratio``: the
+    ``gateway`` profile's over the built-in's."""
     seconds, rounds = (4.0, 1) if quick else (PROFILE_SECONDS, PROFILE_ROUNDS)
     backlog = Server("upstream", "--port", "0", "--streams", "0", "--rate", "1",
                      "--initial-backlog", str(PROFILE_BACKLOG), "--token", TOKEN)
