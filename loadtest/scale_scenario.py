@@ -235,9 +235,8 @@ async def run_scale_reads(ctx: Context) -> dict[str, Any]:
               flush=True)
         runs[str(workers)] = await _reads_per_worker(ctx, workers, per, window)
     low, high = (runs[str(w)].get("items_per_worker_minute") for w in READ_GROWTH_WORKERS)
-    growth = round(high / low, 3) if low and high is not None else None
     return {"scale": {
-        "per_worker_read_growth": growth,
+        "per_worker_read_growth": _growth(low, high),
         "per_member_read_growth": _role_growth(runs, "members"),
         "leader_read_growth": _role_growth(runs, "leader"),
         "items_read_per_worker_minute_2_workers": low,
@@ -253,11 +252,12 @@ async def run_scale_reads(ctx: Context) -> dict[str, Any]:
 def _role_growth(runs: dict[str, Any], role: str) -> float | None:
     """Items read per worker-minute of one role (``leader`` or ``members``), at 8
     workers over at 2."""
-    found = []
-    for workers in READ_GROWTH_WORKERS:
-        roles = runs[str(workers)].get("roles") or {}
-        found.append((roles.get(role) or {}).get("items_per_worker_minute"))
-    low, high = found
+    low, high = (((runs[str(w)].get("roles") or {}).get(role) or {})
+                 .get("items_per_worker_minute") for w in READ_GROWTH_WORKERS)
+    return _growth(low, high)
+
+
+def _growth(low: float | None, high: float | None) -> float | None:
     return round(high / low, 3) if low and high is not None else None
 
 
