@@ -13,7 +13,6 @@ the workers' logs, so one whose spans never arrived counts against the linked sh
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest.common import log_records
 from loadtest.fleet import pct
 from loadtest.otlp import Span
 from loadtest.registry import REPLAYING_MODES, UPSTREAM_MODES, get_path
@@ -61,12 +61,7 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
     """Every non-zero correctness figure, top-level (chaos), in a scenario's section, of a
     sink (``sinks.<name>.<figure>``) or of an upstream mode (``upstreams.<mode>.<figure>``)."""
     bad = {k: result[k] for k in CORRECTNESS if result.get(k)}
-    for name, section in result.items():
-        if isinstance(section, dict):
-            bad.update({f"{name}.{k}": section[k] for k in SECTION_CORRECTNESS
-                        if section.get(k)})
-    for path in NESTED_SECTIONS:
-        section = get_path(result, path)
+    for path, section in [*result.items(), *((p, get_path(result, p)) for p in NESTED_SECTIONS)]:
         if isinstance(section, dict):
             bad.update({f"{path}.{k}": section[k] for k in SECTION_CORRECTNESS
                         if section.get(k)})
@@ -92,22 +87,9 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
 def released_on_shutdown(log: Path) -> list[str]:
     """The streams a worker's log says it released on SIGTERM (``lease.released``,
     reason ``shutdown``), in order."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        if '"lease.released"' not in line:
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == "lease.released" \
-                and record.get("reason") == "shutdown" and record.get("stream"):
-            out.append(str(record["stream"]))
-    return out
+    return [str(r["stream"]) for r in log_records(log, '"lease.released"')
+            if r.get("event") == "lease.released" and r.get("reason") == "shutdown"
+            and r.get("stream")]
 
 
 @dataclass

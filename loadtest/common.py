@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -137,6 +138,24 @@ def dynamodb_args(*, latency_ms: float = 0.0, latency_mode: str = "serial",
         args += ["--index-lag-ms", str(index_lag_ms),
                  "--index-lag-jitter-ms", str(index_lag_jitter_ms)]
     return args
+
+
+def log_records(log: Path, marker: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a worker log's lines that contain ``marker`` (none if the log
+    cannot be read)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        if marker not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield record
 
 
 def use_local_dynamodb(url: str) -> dict[str, str]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -48,7 +47,7 @@ from typing import Any
 
 import aioboto3
 
-from loadtest.common import timing_env
+from loadtest.common import log_records, timing_env
 from loadtest.fleet import Context, Fleet, LeaderWatch, by_label, leaders_now, metric_sum, pct
 from streamlease.core.jobs import Job, JobRun, RunOutcome
 from streamlease.core.schedule import Schedule, slot_ms, slot_name
@@ -195,17 +194,8 @@ def group_alive(group: int) -> bool:
 
 def finished_event(log: Path, slot: str) -> dict[str, Any] | None:
     """The worker's own ``job.finished`` line for ``slot`` (outcome, exit code)."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if '"job.finished"' in line and slot in line:
-            with contextlib.suppress(ValueError):
-                found: dict[str, Any] = json.loads(line)
-                if found.get("slot") == slot:
-                    return found
-    return None
+    return next((r for r in log_records(log, '"job.finished"') if r.get("slot") == slot),
+                None)
 
 
 def _wall_ms() -> int:
@@ -240,15 +230,12 @@ async def create_side_table(name: str) -> None:
 
 async def read_side_table(name: str) -> list[SideItem]:
     found: list[SideItem] = []
-    kwargs: dict[str, Any] = {"TableName": name, "ConsistentRead": True}
     async with _client() as client:
-        while True:
-            resp = await client.scan(**kwargs)
+        async for page in client.get_paginator("scan").paginate(TableName=name,
+                                                                  ConsistentRead=True):
             found += [SideItem(i["Pk"]["S"], int(i["fence"]["N"]), i["W"]["S"])
-                      for i in resp["Items"]]
-            if "LastEvaluatedKey" not in resp:
-                return found
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+                      for i in page["Items"]]
+    return found
 
 
 @dataclass

@@ -114,16 +114,11 @@ class _Run:
             for sid in self.ids:
                 key = codec.key(sid)
                 got: list[dict[str, Any]] = []
-                kwargs: dict[str, Any] = {
-                    "TableName": events, "ConsistentRead": True,
-                    "KeyConditionExpression": "Pk = :pk",
-                    "ExpressionAttributeValues": {":pk": key[codec.PK]}}
-                while True:
-                    resp = await client.query(**kwargs)
-                    got.extend(resp["Items"])
-                    if "LastEvaluatedKey" not in resp:
-                        break
-                    kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+                async for page in client.get_paginator("query").paginate(
+                        TableName=events, ConsistentRead=True,
+                        KeyConditionExpression="Pk = :pk",
+                        ExpressionAttributeValues={":pk": key[codec.PK]}):
+                    got.extend(page["Items"])
                 out[sid] = sorted(got, key=lambda i: int(i[codec.EV_SK]["N"]))
                 item = (await client.get_item(TableName=table, Key=key,
                                               ConsistentRead=True)).get("Item", {})
