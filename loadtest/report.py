@@ -272,9 +272,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines += chaos_md(r)
     if "msgs_per_s" in r:
         lines += throughput_md(r)
-    if isinstance(r.get("kill9_defaults"), dict):
-        lines += kill9_defaults_md(r)
-    for name, render in (("index_lag", index_lag_md), ("skew", skew_md),
+    for name, render in (("kill9_defaults", kill9_defaults_md),
+                         ("index_lag", index_lag_md), ("skew", skew_md),
                          ("slow_store", slow_store_md), ("deploy", deploy_md),
                          ("balance", balance_md),
                          ("jobs", jobs_md), ("sinks", sinks_md), ("upstreams", upstreams_md),
