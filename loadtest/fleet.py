@@ -566,8 +566,7 @@ class Fleet:
 
     def moves(self, since: float = 0.0, until: float = float("inf")) -> int:
         """Tenures after each stream's first, begun (first seen) in [since, until)."""
-        return sum(1 for a in self.acquisitions
-                   if a.previous is not None and since <= a.at < until)
+        return self.move_summary(since, until)["moves"]
 
     def move_summary(self, since: float = 0.0, until: float = float("inf")) -> dict[str, int]:
         moves = [a for a in self.acquisitions
