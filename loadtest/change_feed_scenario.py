@@ -382,9 +382,8 @@ async def _phases(run: Run, section: dict[str, Any], n: int, quiet_s: float) -> 
     for kind in KINDS:
         section[kind] = times(changes, kind)
     section["handwritten_connected"] = times(changes, HANDWRITTEN, "connected_s")
-    section["handwritten_p99"] = section[HANDWRITTEN]["p99"]
-    section["stopped_p99"] = section[STOPPED]["p99"]
-    section["url_change_p99"] = section[URL]["p99"]
+    for kind in KINDS:
+        section[f"{kind}_p99"] = section[kind]["p99"]
     print(f"change_feed {section['mode']}: hand-written p99 {section['handwritten_p99']} s, "
           f"STOPPED p99 {section['stopped_p99']} s, URL change p99 "
           f"{section['url_change_p99']} s", flush=True)
