@@ -1,31 +1,9 @@
 """The ``kinesis://NAME``, ``sqs://NAME`` and ``s3://BUCKET/PREFIX`` outputs: at least once.
 
-Every record is ``streamlease.sinks.record_line``'s JSON object (``stream_id``, ``seq``,
-``fence``, ``data``; ``error`` too when the output is the dead-letter destination).
-``output(spec)`` opens one aioboto3 session and one client for the worker's lifetime (the
-region from ``AWS_REGION``, passed explicitly; the endpoint from botocore's own
-``AWS_ENDPOINT_URL_<SERVICE>`` / ``AWS_ENDPOINT_URL``) and yields a factory of processors,
-one per tenure, sharing that client. ``process`` returns only once the service has
-acknowledged every record of the batch; otherwise it raises and the worker retries.
-
-* Kinesis: ``PutRecords`` (at most 500 records and 5 MiB a call), partition key = the
-  stream id, so a stream's records share one shard. ``PutRecords`` does not stop at a
-  failed record: later records of the same call may land. On a partial failure the
-  records before the first failed one are durable and in order; everything from the
-  first failed record on is sent again, in order (at once while each round gets further,
-  else the batch is raised for the worker's backoff). The shard therefore holds the
-  stream's records in ``seq`` order, possibly with extra copies: a record that landed
-  after an earlier one failed appears once out of order and again in order.
-* SQS: ``SendMessageBatch`` (10 messages, 256 KiB a call). A ``.fifo`` queue gets
-  ``MessageGroupId`` = the stream id and ``MessageDeduplicationId`` = ``stream_id:seq``,
-  so a re-send within SQS's five-minute window is dropped by SQS. Any failed entry
-  raises; the retry starts at the first failed message.
-* S3: one object per batch, ``PREFIX/<stream_id>/<first_seq:020d>-<last_seq:020d>.jsonl``
-  with the records as JSON lines: a retried batch rewrites the same key with the same
-  content.
-
-A record too large for the service raises ``RecordTooLarge`` before anything of the batch
-is sent: the worker retries it, then dead-letters it or stops the stream. botocore's
+docs/sinks.md ("kinesis", "sqs", "s3") states each output's records, guarantee, order,
+partial failures and limits. ``output(spec)`` opens one aioboto3 client for the worker's
+lifetime and yields a factory of processors, one per tenure, sharing it; ``process``
+returns only once the service has acknowledged every record of the batch. botocore's
 errors do not leave this module: they are raised as ``AwsOutputError`` (operation, AWS
 error code and message; never a payload).
 """

@@ -1,10 +1,6 @@
-"""The ``file:///DIR`` and ``stdout`` outputs: JSON lines, for development and demos.
-
-Each line is ``{"stream_id", "seq", "fence", "data"}`` (``error`` too, for dead-lettered
-messages). ``file`` appends to ``DIR/<stream_id>.jsonl`` (the id percent-encoded where it
-is not a safe file name) and syncs the file before ``process`` returns, so a checkpointed
-batch is on disk: at least once, duplicates only across a takeover (the old holder's lines
-landed, its checkpoint did not). ``stdout`` writes one line a message and flushes.
+"""The ``file:///DIR`` and ``stdout`` outputs: JSON lines, for development and demos
+(docs/sinks.md, "file and stdout"). ``file`` syncs the file before ``process`` returns, so a
+checkpointed batch is on disk.
 """
 
 from __future__ import annotations

@@ -1,57 +1,11 @@
 """The ``mongodb://`` output: each message lands once; the checkpoint moves under the fence.
 
-``STREAMLEASE_SINK=mongodb://USER:PASSWORD@HOST[:PORT][,HOST...]/DB.COLLECTION?...`` (or
-``mongodb+srv://USER:PASSWORD@HOST/DB.COLLECTION?...``). Two collections in ``DB``:
-
-* ``COLLECTION``: one document a message, ``{_id: "<stream_id>:<seq>", stream_id, seq,
-  fence, data}``; ``data`` is the upstream's JSON object as a BSON document. A message that
-  is not one keeps its value under ``data`` with ``wrapped`` saying what it is (``array``,
-  ``scalar``, ``binary`` for a binary frame's bytes, ``text`` for a text that is not JSON).
-  An index ``{stream_id: 1, seq: 1}`` is created when the worker starts;
-* the checkpoints (``checkpoints=``, default ``streamlease_checkpoints``): per stream,
-  ``{_id: stream_id, fence, last_seq}``: the highest fence that claimed it and the last seq
-  written under it (``writing_seq`` too without transactions: see below).
-
-The processor is a ``TransactionalProcessor``. ``start`` claims the stream's checkpoint
-document for its fence (one ``find_one_and_update`` whose filter holds only a lower fence,
-``upsert`` the first time): from then on every write of an older holder is refused; a claim
-by an older fence than the stored one raises ``StaleFence``. ``committed`` reads
-``last_seq``, so a new holder resumes after the last batch MongoDB holds even if the worker
-died before checkpointing it on the stream item. ``stop`` writes nothing.
-
-Each batch, where the server has transactions (a replica set, a single-member one too,
-Atlas, DocumentDB, a sharded cluster through ``mongos``), is one transaction: read the
-checkpoint document, check the fence and the expected previous checkpoint, upsert the
-messages beyond what it holds (``$setOnInsert`` by ``_id``), then move ``last_seq`` with an
-update conditioned on the fence and the ``last_seq`` read. A newer holder's claim in the
-meantime is a write conflict: the transaction aborts and, tried again, finds the new fence
-(``StaleFence``). The batch lands whole with its checkpoint or not at all.
-
-A standalone ``mongod`` has no transactions (``hello`` without ``setName`` and not
-``msg: isdbgrid``; or ``transactions=off``). Then each batch is three single-document-atomic
-steps: claim the checkpoint under the fence (``find_one_and_update`` on ``{_id, fence}``,
-raising ``writing_seq`` to the batch's last seq), upsert the messages by ``_id``, move
-``last_seq`` conditioned on the fence and the ``last_seq`` claimed. A crash or a takeover
-between the steps can leave documents past ``last_seq`` (up to ``writing_seq``); the batch
-is delivered again, and its documents, already there under the same ``_id``, are not
-written twice. A stale holder can still land a document between its claim and its refused
-checkpoint: the same message, under its fence, once.
-
-Parameters of this output, taken out of the URL before the driver sees it (every other
-query parameter is the driver's: ``replicaSet``, ``tls``, ``authSource``, ...):
-``checkpoints`` (a collection name, default ``streamlease_checkpoints``) and ``transactions``
-(``auto``, the default: use them where the server has them; ``on``: refuse to start
-without; ``off``: never). Unless the URL sets them: write concern ``w: "majority"`` with
-``j: true``, read concern ``majority``, ``timeoutMS=10000`` (a bound on every operation) and
-``appname=streamlease``.
-
-Bad input, each logged (``mongodb.<kind>``) and counted
-(``streamlease_mongodb_bad_input_total{kind}``): ``not_a_document`` (stored wrapped, as
-above), ``too_large`` (a document over the server's ``maxBsonObjectSize``) and
-``unstorable`` (BSON cannot hold it: a key with NUL, an integer over 64 bits), both
-refusing the batch before anything is written (``MongoRefused``: retried, then
-dead-lettered or the stream stops with ``last_error``), and ``foreign_duplicate`` (a
-document already at a message's ``_id`` with another stream, seq or data: left alone).
+docs/sinks.md ("mongodb") states the URL and its parameters, the documents, both write
+paths (one transaction a batch where the server has transactions; three single-document
+steps on a standalone ``mongod``), the bad input and the failures. In short: ``start``
+claims the stream's checkpoint document for its fence, so every write of an older holder is
+refused from then on; ``committed`` reads its ``last_seq``, so a new holder resumes after the
+last batch MongoDB holds; ``stop`` writes nothing.
 
 This module is the only one that imports pymongo for the sink (the ``mongodb`` extra).
 """
