@@ -30,7 +30,7 @@ from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError, StreamleaseError
 from streamlease.logs import event
 from streamlease.processor import Context, Message, Processor, ProcessorFactory
-from streamlease.sinks import record_line
+from streamlease.sinks import ProcessOnly, record_line
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -176,7 +176,7 @@ def _undelivered(batch: Sequence[Message], delivered: int | None) -> list[Messag
     return [m for m in batch if delivered is None or m.seq > delivered]
 
 
-class KinesisProcessor:
+class KinesisProcessor(ProcessOnly):
     """One tenure's ``PutRecords`` writer. ``delivered`` is the highest seq known to be in
     the shard with every earlier seq of the tenure before it: a retried batch resumes
     after it."""
@@ -185,9 +185,6 @@ class KinesisProcessor:
         self.client = client
         self.target = target
         self.delivered: int | None = None
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         key = partition_key(ctx.stream_id)
@@ -224,20 +221,14 @@ class KinesisProcessor:
             self.delivered = chunk[failed - 1].seq
             pending = pending[failed:]
 
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
-
-class SqsProcessor:
+class SqsProcessor(ProcessOnly):
     """One tenure's ``SendMessageBatch`` writer; ``delivered`` as for Kinesis."""
 
     def __init__(self, client: Any, queue: _Queue) -> None:
         self.client = client
         self.queue = queue
         self.delivered: int | None = None
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         records = _records(_undelivered(batch, self.delivered), ctx, SQS_MAX_BYTES, 0, "sqs")
@@ -270,20 +261,14 @@ class SqsProcessor:
                 f"messages failed ({', '.join(codes) or 'no result'}) from seq "
                 f"{chunk[first_bad].seq}")
 
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
-
-class S3Processor:
+class S3Processor(ProcessOnly):
     """One object per batch: the same batch always makes the same key and body."""
 
     def __init__(self, client: Any, bucket: str, prefix: str) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         if not batch:
@@ -292,9 +277,6 @@ class S3Processor:
         key = object_key(self.prefix, ctx.stream_id, batch[0].seq, batch[-1].seq)
         await _call("PutObject", self.client.put_object(
             Bucket=self.bucket, Key=key, Body=body, ContentType="application/x-ndjson"))
-
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
 
 class _Queue:

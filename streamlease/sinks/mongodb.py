@@ -42,6 +42,7 @@ from streamlease.errors import (
 )
 from streamlease.logs import event
 from streamlease.processor import Context, Message, ProcessorFactory
+from streamlease.sinks import Redacting
 from streamlease.store.mongoclient import driver_warnings
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class MongoRefused(StreamleaseError):
 
 
 @dataclass(frozen=True)
-class MongoSettings:
+class MongoSettings(Redacting):
     client_url: str = field(repr=False)  # the URL without this output's parameters
     database: str
     collection: str
@@ -104,11 +105,6 @@ class MongoSettings:
     transactions: str = "auto"
     defaults: tuple[tuple[str, Any], ...] = ()  # client options the URL leaves unset
     secrets: tuple[str, ...] = field(default=(), repr=False)
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
 
 
 def parse_settings(spec: SinkSpec) -> MongoSettings:
@@ -211,12 +207,6 @@ class _Doc:
 class _Written:
     inserted: list[_Doc] = field(default_factory=list)
     foreign: list[tuple[_Doc, list[str]]] = field(default_factory=list)
-
-
-def _why(exc: BaseException, settings: MongoSettings) -> str:
-    """An exception as one safe line: its type and the start of its message, redacted."""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return settings.redact(f"{type(exc).__name__}: {text}"[:300])
 
 
 def _no_answer(exc: merr.PyMongoError) -> bool:
@@ -385,7 +375,7 @@ class MongoProcessor:
                 event(logging.INFO, "mongodb.transaction_retried",
                       "a transaction of the MongoDB output hit a transient error; trying "
                       "again", stream=ctx.stream_id, fence=ctx.fence, attempt=attempt,
-                      error=_why(exc, self.out.settings))
+                      error=self.out.settings.why(exc))
         raise AssertionError("unreachable")
 
     async def _write(self, docs: list[_Doc], ctx: Context, session: Session) -> _Written:
@@ -524,7 +514,7 @@ class MongoProcessor:
         """A driver error as this package's: unknown outcome (retriable) or refused."""
         if _no_answer(exc):
             return MongoWriteUnknown(f"{what}: no answer from MongoDB: "
-                                     f"{_why(exc, self.out.settings)}")
+                                     f"{self.out.settings.why(exc)}")
         # The server's message can quote the payload: keep its code only.
         return MongoRefused(f"{what}: MongoDB refused it: {type(exc).__name__} "
                             f"(code {_code(exc)})")
@@ -547,7 +537,7 @@ def _client(settings: MongoSettings, spec: SinkSpec) -> AsyncMongoClient[Doc]:
             return AsyncMongoClient(settings.client_url, **dict(settings.defaults))
     except (merr.ConfigurationError, ValueError, TypeError, UserWarning) as exc:
         raise ConfigError([f"{SETTING}: {spec.describe()} is not a usable MongoDB URL: "
-                           f"{_why(exc, settings)}"]) from None
+                           f"{settings.why(exc)}"]) from None
 
 
 async def _hello(client: AsyncMongoClient[Doc], settings: MongoSettings,
@@ -562,7 +552,7 @@ async def _hello(client: AsyncMongoClient[Doc], settings: MongoSettings,
                 raise
             answer = await client.admin.command("isMaster")
     except merr.PyMongoError as exc:
-        raise MongoUnavailable(f"cannot use {spec.describe()}: {_why(exc, settings)}") \
+        raise MongoUnavailable(f"cannot use {spec.describe()}: {settings.why(exc)}") \
             from None
     return answer
 
@@ -589,10 +579,10 @@ async def _prepare(db: AsyncDatabase[Doc], settings: MongoSettings, spec: SinkSp
                                "the messages' index (needs the readWrite role on the "
                                "database)"]) from None
         raise MongoUnavailable(f"cannot prepare {spec.describe()}: "
-                               f"{_why(exc, settings)}") from None
+                               f"{settings.why(exc)}") from None
     except merr.PyMongoError as exc:
         raise MongoUnavailable(f"cannot prepare {spec.describe()}: "
-                               f"{_why(exc, settings)}") from None
+                               f"{settings.why(exc)}") from None
 
 
 @contextlib.asynccontextmanager

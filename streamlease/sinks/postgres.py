@@ -25,6 +25,7 @@ from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError, SinkConflict, StaleFence, StreamleaseError
 from streamlease.logs import event
 from streamlease.processor import Context, Message, ProcessorFactory
+from streamlease.sinks import Redacting
 
 SETTING = "STREAMLEASE_SINK"
 DEFAULT_TABLE = "streamlease_messages"
@@ -65,18 +66,13 @@ class Table:
 
 
 @dataclass(frozen=True)
-class PostgresSettings:
+class PostgresSettings(Redacting):
     dsn: str = ""  # the URL without this output's parameters: holds credentials, never logged
     messages: Table = Table(None, DEFAULT_TABLE)
     checkpoints: Table = Table(None, DEFAULT_CHECKPOINTS)
     pool_max: int = DEFAULT_POOL_MAX
     timeout: float = DEFAULT_TIMEOUT
     secrets: tuple[str, ...] = ()  # the password as written and decoded: redacted from errors
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
 
 
 def _table(name: str, value: str, problems: list[str]) -> Table:
@@ -148,12 +144,6 @@ def parse_settings(spec: SinkSpec) -> PostgresSettings:
     return PostgresSettings(dsn=dsn, messages=messages, checkpoints=checkpoints,
                             pool_max=pool_max, timeout=timeout,
                             secrets=tuple(sorted(secrets, key=len, reverse=True)))
-
-
-def _why(exc: BaseException, settings: PostgresSettings) -> str:
-    """An exception as one safe line: its type and message, credentials redacted."""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return settings.redact(f"{type(exc).__name__}: {text}"[:300])
 
 
 class PostgresProcessor:
@@ -261,10 +251,10 @@ async def _connect(settings: PostgresSettings, spec: SinkSpec) -> Any:
             timeout=settings.timeout, command_timeout=settings.timeout)
     except (asyncpg.ClientConfigurationError, ValueError) as exc:
         raise ConfigError([f"{SETTING}: {spec.describe()} is not a usable PostgreSQL URL: "
-                           f"{_why(exc, settings)}"]) from None
+                           f"{settings.why(exc)}"]) from None
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise PostgresUnavailable(f"cannot connect to {spec.describe()}: "
-                                  f"{_why(exc, settings)}") from None
+                                  f"{settings.why(exc)}") from None
 
 
 async def _prepare_tables(pool: Any, settings: PostgresSettings) -> None:
@@ -293,7 +283,7 @@ async def _prepare_tables(pool: Any, settings: PostgresSettings) -> None:
                 await conn.execute(probes[table])
             except (asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedColumnError,
                     asyncpg.InvalidSchemaNameError) as exc:
-                raise ConfigError([f"{SETTING}: table {table}: {_why(exc, settings)}"]) \
+                raise ConfigError([f"{SETTING}: table {table}: {settings.why(exc)}"]) \
                     from None
 
 

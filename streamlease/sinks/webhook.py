@@ -25,7 +25,7 @@ from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError, StaleFence, StreamleaseError
 from streamlease.logs import event
 from streamlease.processor import Context, Message, ProcessorFactory
-from streamlease.sinks import record_line
+from streamlease.sinks import ProcessOnly, record_line
 
 SETTING = "STREAMLEASE_SINK"
 TIMEOUT_SECONDS = 10.0  # one request, connect to last byte of the response read
@@ -120,16 +120,13 @@ def _snippet(body: bytes) -> str:
     return text[:_SNIPPET]
 
 
-class WebhookProcessor:
+class WebhookProcessor(ProcessOnly):
     """One tenure's processor: stateless but for ``stopped``; the session is the worker's."""
 
     def __init__(self, session: aiohttp.ClientSession, target: Target) -> None:
         self.session = session
         self.target = target
         self.stopped = False
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def stop(self, ctx: Context, reason: str) -> None:
         self.stopped = True
