@@ -571,16 +571,14 @@ async def _prepare(db: AsyncDatabase[Doc], settings: MongoSettings, spec: SinkSp
     try:
         await db[settings.collection].create_index([("stream_id", 1), ("seq", 1)],
                                                    name=INDEX_NAME)
-    except merr.OperationFailure as exc:
-        if exc.code in INDEX_EXISTS_OTHERWISE:
+    except merr.PyMongoError as exc:
+        code = exc.code if isinstance(exc, merr.OperationFailure) else None
+        if code in INDEX_EXISTS_OTHERWISE:
             return  # an equivalent index is there under another name
-        if exc.code == UNAUTHORIZED:
+        if code == UNAUTHORIZED:
             raise ConfigError([f"{SETTING}: {spec.describe()}: the user may not create "
                                "the messages' index (needs the readWrite role on the "
                                "database)"]) from None
-        raise MongoUnavailable(f"cannot prepare {spec.describe()}: "
-                               f"{settings.why(exc)}") from None
-    except merr.PyMongoError as exc:
         raise MongoUnavailable(f"cannot prepare {spec.describe()}: "
                                f"{settings.why(exc)}") from None
 
