@@ -219,9 +219,6 @@ def build_runtime(config: WorkerConfig, ctx: Context, stores: Stores, backend: L
         r = reconciler()
         return len(r.supervisors) if r else 0
 
-    def member_proven(at: float) -> None:
-        health.renewed(MEMBER_HEALTH_KEY, at)
-
     gate = SinkGate(config.max_streams, slow_s=member_timings(config).slow_heartbeat_s,
                     metrics=metrics)
 
@@ -249,7 +246,7 @@ def build_runtime(config: WorkerConfig, ctx: Context, stores: Stores, backend: L
               fenced=on_reconciler(lambda r: r.member_lost(True)),
               self_fenced=on_reconciler(lambda r: r.member_lost(False)),
               fleet_changed=on_reconciler(lambda r: r.poke()),
-              proven=member_proven, beat=member_beat,
+              proven=lambda at: health.renewed(MEMBER_HEALTH_KEY, at), beat=member_beat,
               leading=lambda: bool(wired) and wired[0].leadership.leading,
               leader=lambda: wired[0].leadership.leader_seen() if wired else None,
               leader_fence=lambda: wired[0].leadership.fence() if wired else 0,
@@ -518,18 +515,22 @@ MONGODB_EXTRA_MISSING = ("{setting}: a mongodb:// {what} needs the pymongo packa
                          "not installed (pip install 'streamlease[mongodb]')")
 
 
-def require_mongodb(setting: str = "STREAMLEASE_LEADER_BACKEND") -> None:
-    """Import ``pymongo`` (the ``mongodb`` extra) for the MongoDB leader backend or sink;
-    ConfigError (exit 2, one line naming ``setting``) when it is not installed. Nothing
-    imports ``pymongo`` unless one of them is chosen."""
+def _require(package: str, roots: tuple[str, ...], problem: str) -> None:
+    """Import ``package`` (an extra); ConfigError (exit 2, ``problem`` on one line) when it
+    is not installed. Nothing imports it unless what needs it is chosen."""
     try:
-        importlib.import_module("pymongo")
+        importlib.import_module(package)
     except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] not in ("pymongo", "bson"):
+        if exc.name is None or exc.name.split(".")[0] not in roots:
             raise
-        what = "sink" if setting == "STREAMLEASE_SINK" else "backend"
-        raise ConfigError([MONGODB_EXTRA_MISSING.format(setting=setting, what=what)]) \
-            from None
+        raise ConfigError([problem]) from None
+
+
+def require_mongodb(setting: str = "STREAMLEASE_LEADER_BACKEND") -> None:
+    """``pymongo`` (the ``mongodb`` extra), for the MongoDB leader backend or sink."""
+    what = "sink" if setting == "STREAMLEASE_SINK" else "backend"
+    _require("pymongo", ("pymongo", "bson"),
+             MONGODB_EXTRA_MISSING.format(setting=setting, what=what))
 
 
 def require_backend(choice: LeaderBackendChoice) -> None:
@@ -541,15 +542,8 @@ def require_backend(choice: LeaderBackendChoice) -> None:
 
 
 def require_redis() -> None:
-    """Import the ``redis`` package (the ``redis`` extra) for the Redis leader backend;
-    ConfigError (exit 2, one line naming the setting) when it is not installed. Nothing
-    imports ``redis`` unless that backend is chosen."""
-    try:
-        importlib.import_module("redis")
-    except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] != "redis":
-            raise
-        raise ConfigError([REDIS_EXTRA_MISSING]) from None
+    """The ``redis`` package (the ``redis`` extra), for the Redis leader backend."""
+    _require("redis", ("redis",), REDIS_EXTRA_MISSING)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -196,18 +196,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "healthcheck":
         return _healthcheck(args.timeout)
     if args.command == "job" and args.job_command == "write":
-        return _run(jobcli.write(args))
+        return asyncio.run(jobcli.write(args))
     tables = table_names()
     if args.command == "table":
-        return _run(_table_create(tables))
+        return asyncio.run(_table_create(tables))
     if args.command == "job":
-        return _run(_job(tables, args))
-    handlers: dict[str, Callable[..., Awaitable[int]]] = {
+        return asyncio.run(_job(tables, args))
+    handlers: dict[str, Callable[..., Coroutine[Any, Any, int]]] = {
         "start": _ctl_start, "stop": _ctl_stop, "list": _ctl_list, "show": _ctl_show,
         "release": _ctl_release, "export": _ctl_export, "owners": _ctl_owners,
         "members": _ctl_members,
     }
-    return _run(handlers[args.ctl_command](tables, args))
+    return asyncio.run(handlers[args.ctl_command](tables, args))
 
 
 async def _job(tables: Tables, args: argparse.Namespace) -> int:
@@ -240,12 +240,6 @@ def _healthcheck(timeout: float) -> int:
         return _fail(EXIT_FAILED, f"unhealthy: {exc.read().decode().strip()}")
     except OSError as exc:
         return _fail(EXIT_FAILED, f"unhealthy: cannot reach {url}: {exc}")
-
-
-def _run(coro: Awaitable[int]) -> int:
-    async def wrapped() -> int:
-        return await coro
-    return asyncio.run(wrapped())
 
 
 Tables = tuple[str, str, str]  # streams, events, fleet

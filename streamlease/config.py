@@ -421,6 +421,8 @@ def stream_timing_problems(values: Mapping[str, Any], member: LeaseTimings) -> l
                      "exceed the skew and safety margins, or a renewed stream could look "
                      "expired to a peer")
     return found
+
+
 def buffer_problems(max_streams: int, max_frame_bytes: int, budget: int) -> list[str]:
     """Memory is bounded per task, not per stream: every held stream may fill its buffers
     at once (``streamlease.core.stream.stream_buffer_bytes``)."""
@@ -462,41 +464,38 @@ def _own_message(exc: ValueError) -> bool:
     return bool(text) and not text.startswith(("could not convert", "invalid literal"))
 
 
-def setting_value(name: str, env: Mapping[str, str] | None = None) -> Any:
-    """One setting alone (for ``ctl``, which needs only a few); ConfigError if bad."""
-    values, problems = read_settings((BY_NAME[name],), os.environ if env is None else env)
-    if problems:
-        raise ConfigError(problems)
-    return values[BY_NAME[name].attr]
-
-
-def member_heartbeat_value(env: Mapping[str, str] | None = None) -> float:
-    """The member heartbeat interval alone (for ``ctl members``); ConfigError if bad."""
-    names = ("STREAMLEASE_LEASE_SECONDS", "STREAMLEASE_HEARTBEAT_SECONDS",
-             "STREAMLEASE_MEMBER_LEASE_SECONDS", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS")
+def _alone(names: tuple[str, ...], env: Mapping[str, str] | None) -> list[Any]:
+    """Some settings alone, in the order named (for ``ctl``, which needs only a few);
+    ConfigError if one is bad."""
     values, problems = read_settings(tuple(BY_NAME[n] for n in names),
                                      os.environ if env is None else env)
     if problems:
         raise ConfigError(problems)
-    return member_lease_and_heartbeat(*(values[BY_NAME[n].attr] for n in names))[1]
+    return [values[BY_NAME[n].attr] for n in names]
+
+
+def setting_value(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """One setting alone; ConfigError if bad."""
+    return _alone((name,), env)[0]
+
+
+def member_heartbeat_value(env: Mapping[str, str] | None = None) -> float:
+    """The member heartbeat interval alone (for ``ctl members``); ConfigError if bad."""
+    return member_lease_and_heartbeat(*_alone(
+        ("STREAMLEASE_LEASE_SECONDS", "STREAMLEASE_HEARTBEAT_SECONDS",
+         "STREAMLEASE_MEMBER_LEASE_SECONDS", "STREAMLEASE_MEMBER_HEARTBEAT_SECONDS"), env))[1]
 
 
 def table_names(env: Mapping[str, str] | None = None) -> tuple[str, str, str]:
-    """The streams, events and fleet table names alone (for ``ctl``); ConfigError."""
-    values, problems = read_settings(
-        (BY_NAME["STREAMLEASE_TABLE"], BY_NAME["STREAMLEASE_EVENTS_TABLE"],
-         BY_NAME["STREAMLEASE_FLEET_TABLE"]), os.environ if env is None else env)
-    if problems:
-        raise ConfigError(problems)
-    return values["table"], values["events_table"], values["fleet_table"]
+    """The streams, events and fleet table names alone; ConfigError if one is bad."""
+    streams, events, fleet = _alone(
+        ("STREAMLEASE_TABLE", "STREAMLEASE_EVENTS_TABLE", "STREAMLEASE_FLEET_TABLE"), env)
+    return streams, events, fleet
 
 
 def allowed_prefixes(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """STREAMLEASE_ALLOWED_URLS as set, unvalidated; empty when unset (``ctl`` warnings)."""
-    return parse_prefixes((os.environ if env is None else env).get("STREAMLEASE_ALLOWED_URLS", ""))
-
-
-def parse_prefixes(raw: str) -> tuple[str, ...]:
+    raw = (os.environ if env is None else env).get("STREAMLEASE_ALLOWED_URLS", "")
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 

@@ -260,7 +260,6 @@ class MetricFamilies:
     _build = Family(Gauge, "build_info", "Build information", ("version",))
 
 
-
 class Metrics(MetricFamilies):
     """The worker's metrics in one registry (a fresh one per instance, so tests can
     make several), behind domain verbs."""

@@ -1,21 +1,16 @@
 """Upstream profiles: how one kind of upstream is spoken to, as plain values and pure rules.
 
-A profile (CONTRACT.md, "Upstream profiles") says which headers to send, what to send after
-the connection opens and which reply to wait for, where a frame's sequence number is, how a
-reconnect asks for a replay, which frames are control frames, what keeps the connection
-alive, and whether binary frames carry data. This module parses and validates profile
-files, renders templates and classifies frames. It is pure: no I/O, no asyncio, no clock,
-no logging; the pump applies what it decides, and ``streamlease.secrets`` fetches the
+A profile (docs/contract.md, "Upstream profiles") says which headers to send, what to send
+after the connection opens and which reply to wait for, where a frame's sequence number is,
+how a reconnect asks for a replay, which frames are control frames, what keeps the
+connection alive, and whether binary frames carry data. This module parses and validates
+profile files, renders templates and classifies frames. It is pure: no I/O, no asyncio, no
+clock, no logging; the pump applies what it decides, and ``streamlease.secrets`` fetches the
 values that templates reference.
 
-Templates hold references, never values: ``${stream_id}``, ``${from_seq}``,
-``${item.NAME}``, ``${env:NAME}``, ``${file:/path}``, ``${secretsmanager:ARN}``; ``$$`` is
-a literal ``$`` and any other ``$`` is refused at load time. The last three kinds are
-secrets: a rendered template that uses one is itself secret (``Template.has_secrets``), and
-no error raised here quotes a rendered value, only the reference.
-
-JSON pointers follow RFC 6901: ``/a/b`` walks object keys and array indices, ``~1`` is
-``/`` and ``~0`` is ``~`` inside a token, and ``""`` is the whole document.
+Templates and JSON pointers are as docs/profiles.md states. A rendered template that uses a
+secret reference is itself secret (``Template.has_secrets``), and no error raised here
+quotes a rendered value, only the reference.
 """
 
 from __future__ import annotations

@@ -4,15 +4,11 @@ Starts the embedded DynamoDB and the reference upstream, registers the streams, 
 ``streamlease run`` worker processes and redraws the members and the streams table every
 second; the options, keys and feeds are in docs/development.md ("`make run`, the demo").
 
-Every way out stops the workers with SIGTERM first, so they release their leases, waits
-for them (their shutdown budget plus a margin, then SIGKILL), and only then stops the
-servers. Children run in sessions of their own, so a terminal's signals reach only the
-demo; a second Ctrl-C cuts the workers' drain short. If the demo itself is killed, the
-kernel signals every child (Linux ``PR_SET_PDEATHSIG``): the servers get SIGTERM, the
-workers SIGKILL, because the leases live in the embedded DynamoDB that stops at the same
-moment, so a draining worker would only retry its releases against a closed port for its
-whole shutdown budget. ``demo.log`` in the log directory records every child's pid, the
-stop request, each exit code and the leases the stopped workers still held.
+The same page says how every way out stops the workers before the servers. If the demo
+itself is killed, the kernel signals every child (Linux ``PR_SET_PDEATHSIG``): the servers
+get SIGTERM, the workers SIGKILL, because the leases live in the embedded DynamoDB that
+stops at the same moment, so a draining worker would only retry its releases against a
+closed port for its whole shutdown budget.
 """
 
 from __future__ import annotations

@@ -2,42 +2,16 @@
 and made to keep the promises of DynamoDB that the fleet relies on.
 
 docs/development.md ("Test stores and the embedded DynamoDB") says what this adds to moto,
-why, and what each change measured. In short:
+why, and what each change measured: one lock around every request (moto's conditional
+writes are not atomic), DynamoDB's refusals and costs where moto's differ, eventual
+consistency (``--index-lag-ms``, ``--index-lag-jitter-ms``, ``--stale-reads-ms``),
+DynamoDB Streams on the same endpoint, and store faults set live (``--faults``, the schema
+in ``streamlease.dev.faults``).
 
-* **Atomicity.** moto checks a condition and then writes without a lock, so two concurrent
-  requests can both pass one conditional write. Here every request runs under one lock
-  (connections are still accepted concurrently).
-* **DynamoDB's refusals at DynamoDB's cost.** A write that gives an index key the wrong
-  type gets DynamoDB's ValidationException (moto stores it, and every later query of the
-  index fails with HTTP 500). A transaction backs up only the items it touches (moto
-  deep-copies every table it touches); an index Query searches only the items its key
-  condition matches (moto sorts and sizes the whole table first); reads and item writes
-  answer as DynamoDB's JSON directly (moto walks the API's shape model per attribute, under
-  the lock); expressions are parsed once (``parsecache``); connections stay open
-  (``keepalive``); and moto's class-level lists of every model it built are not kept, so
-  memory follows the tables however long a session runs.
-* **Injected latency** (``--latency-ms N``). ``--latency-mode serial`` waits inside the
-  lock: a slow *and saturated* store, at most 1000/N requests a second, the overload that
-  turned renew timeouts into ownership churn (the lock is not fair, so the tail is longer
-  than queue length x N). ``parallel`` waits before it: a slow network.
-* **Eventual consistency** (``--index-lag-ms``, ``--index-lag-jitter-ms``,
-  ``--stale-reads-ms``; off unless asked for). An index read, or a base-table read without
-  ``ConsistentRead``, sees the table as it was a while ago; writes and their conditions see
-  the current table. The past is the item versions that writes served here replaced within
-  the lag window (recorded under the lock, stamped with the request's monotonic time); a
-  lagged read runs moto's own query code on a view with those versions put back, so
-  filters, ``Select``, ``Limit`` and pagination behave as on a current read. An item put
-  into the backend directly (``backend()``, to seed tests) is visible to every read at once.
-* **DynamoDB Streams on the same endpoint** (``X-Amz-Target: DynamoDBStreams_20120810.*``):
-  one record per item a successful request changed (none for a failed request or a write
-  that changed nothing; one INSERT for an UpdateItem that creates its item, where moto
-  writes two), records trimmed past ``stream_retention_s`` or ``stream_records_max``,
-  iterators expiring after 15 minutes, and DynamoDB's errors where moto answers HTTP 500.
-  moto keeps one shard per table, never split or closed: shard lineage cannot be tested here.
-* **Store faults set live** (``--faults``; tests and load tests only): ``GET`` and ``PUT
-  /_faults`` on this port, the schema in ``streamlease.dev.faults``. The latency and lags
-  given on the command line are the initial set; without ``--faults``, ``/_faults`` is a
-  path like any other (moto's).
+``--latency-ms N`` with ``--latency-mode serial`` waits inside the lock: a slow *and
+saturated* store, at most 1000/N requests a second, the overload that turned renew
+timeouts into ownership churn (the lock is not fair, so the tail is longer than queue
+length x N). ``parallel`` waits before it: a slow network.
 
 Loopback only, no persistence: state lives as long as the process.
 """
@@ -71,6 +45,7 @@ from typing import Any
 
 from streamlease.dev.faults import (
     CONTROL_PATH,
+    ERROR_PREFIX,
     LATENCY_MODES,
     MAX_LAG_MS,
     FaultControl,
@@ -151,7 +126,8 @@ class SerializedApp:
 
 @contextmanager
 def _tables_by_reference() -> Iterator[None]:
-    """While set, ``copy.deepcopy(table)`` returns the table itself (see module doc)."""
+    """While set, ``copy.deepcopy(table)`` returns the table itself: a transaction backs up
+    only the items it touches (``_touched_items``), not every table it names."""
     Table.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
     try:
         yield
@@ -254,8 +230,9 @@ class _Untracked(list[Any]):
 
 
 def install_untracked_models() -> None:
-    """Patch moto (in this process) so its DynamoDB models are not kept after use (see
-    the module doc). A moto reset puts plain lists back; each server start patches again."""
+    """Patch moto (in this process) so its DynamoDB models are not kept after use: memory
+    follows the tables however long a session runs. A moto reset puts plain lists back;
+    each server start patches again."""
     with _PATCH_LOCK:
         models = [*model_data["dynamodb"].values(), *model_data["dynamodbstreams"].values()]
         for model in models:
@@ -405,8 +382,11 @@ class _History:
 
 
 class ReplicaLag:
-    """The tables as eventually consistent reads see them (see the module doc). A lock of
-    its own keeps the history whole also without the request lock (``--no-lock``)."""
+    """The tables as eventually consistent reads see them: the item versions that writes
+    served here replaced within the lag window, stamped with the request's monotonic time,
+    put back into a view that moto's own read code runs on (so filters, ``Select``,
+    ``Limit`` and pagination behave as on a current read). A lock of its own keeps the
+    history whole also without the request lock (``--no-lock``)."""
 
     def __init__(self, consistency: Consistency, clock: Callable[[], float],
                  rng: random.Random) -> None:
@@ -519,7 +499,8 @@ class _Request:
     views: dict[str, Any] | None = None
 
 
-_local = threading.local()  # .request: the _Request this thread is serving, if any
+# What this thread is serving, if anything: .request (a _Request), .streams (a _StreamsRequest).
+_local = threading.local()
 
 
 def _current() -> _Request | None:
@@ -599,17 +580,16 @@ STREAMS_TARGET_PREFIX = "DynamoDBStreams_"
 ITERATOR_TTL_S = 15 * 60.0  # DynamoDB's shard iterators expire after 15 minutes
 DEFAULT_STREAM_RETENTION_S = 24 * 3600.0
 DEFAULT_STREAM_RECORDS_MAX = 100_000
-_ERROR_PREFIX = "com.amazonaws.dynamodb.v20120810#"
 
 
 class _StreamsError(JsonRESTError):
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(_ERROR_PREFIX + code, message)
+        super().__init__(ERROR_PREFIX + code, message)
 
 
 @dataclass(frozen=True)
 class StreamRetention:
-    """How long stream records and shard iterators live (see the module doc)."""
+    """How long stream records and shard iterators live."""
 
     retention_s: float = DEFAULT_STREAM_RETENTION_S
     records_max: int = DEFAULT_STREAM_RECORDS_MAX
@@ -625,11 +605,8 @@ class _StreamsRequest:
     pending: dict[tuple[int, Any, Any], list[Any]] = field(default_factory=dict)
 
 
-_streams_local = threading.local()  # .request: the _StreamsRequest being served, if any
-
-
 def _streams_request() -> _StreamsRequest | None:
-    request: _StreamsRequest | None = getattr(_streams_local, "request", None)
+    request: _StreamsRequest | None = getattr(_local, "streams", None)
     return request
 
 
@@ -705,14 +682,14 @@ class RequestContextApp:
             status.append(int(code.split()[0]))
             return start_response(code, headers, *args)
 
-        _streams_local.request = request
+        _local.streams = request
         try:
             body = list(self.app(environ, recording_start))
             if status and status[-1] < 400:
                 _flush(request)
             return body
         finally:
-            _streams_local.request = None
+            _local.streams = None
             _local.request = None
 
 
@@ -830,7 +807,7 @@ def _get_records(self: Any, iterator_arn: str, limit: int) -> dict[str, Any]:
 
 
 def install_patches() -> None:
-    """Patch moto, once in this process (see the module doc). Requests served without this
+    """Patch moto, once in this process. Requests served without this
     server's ``RequestContextApp`` (direct backend calls) take moto's own paths: current
     reads, stream records at once."""
     global _patched
@@ -1021,7 +998,7 @@ def _all_tables() -> Iterator[Any]:
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """How an ``EmbeddedDynamoDB`` serves (the module doc explains each). ``serialize``:
+    """How an ``EmbeddedDynamoDB`` serves (docs/development.md explains each). ``serialize``:
     the lock that makes moto atomic; lags all 0: every read is current; ``faults``: serve
     the ``/_faults`` control, the latency and lags here its initial set; ``seed``: the
     throttle draws and, without an ``rng``, the lag draws."""

@@ -2,10 +2,8 @@
 --faults``), for tests and load tests only: a nemesis replaces the fault set over HTTP
 while real workers use the server.
 
-``GET /_faults`` answers the active faults and, per kind, how many requests they affected;
-``PUT /_faults`` with a JSON object replaces the whole set (``{}`` clears it; the counters
-keep counting), and a body that does not parse or validate gets HTTP 400 with a one-line
-reason and changes nothing. docs/development.md lists every key and what it does.
+docs/development.md states the control (``GET`` and ``PUT /_faults``), every key and what
+it does.
 
 A request meets the set current when it arrives (cut, throttle, refusals, parallel
 latency) and the set current when it is served under the request lock (serial latency,
@@ -106,7 +104,7 @@ def _key(default: Any, parse: Parser) -> Any:
 
 @dataclass(frozen=True)
 class FaultSet:
-    """The faults a server applies (see the module doc); the default: none."""
+    """The faults a server applies; the default: none."""
 
     latency_ms: float = _key(0.0, _number(MAX_LATENCY_MS))
     latency_mode: str = _key("serial", _choice(LATENCY_MODES))

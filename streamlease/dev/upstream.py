@@ -489,12 +489,8 @@ class _Feed:
         checked = None if mode is None else _check_mode(mode)
         if stream_id is not None:
             _check_stream_id(stream_id)
-        if checked is not None and stream_id is not None:
-            found = self._streams.get((checked, stream_id))
-            streams = [] if found is None else [found]
-        else:
-            streams = [s for (m, sid), s in self._streams.items()
-                       if checked in (None, m) and stream_id in (None, sid)]
+        streams = [s for (m, sid), s in self._streams.items()
+                   if checked in (None, m) and stream_id in (None, sid)]
         count = 0
         for stream in streams:
             for conn in list(stream.connections):

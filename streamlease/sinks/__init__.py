@@ -19,7 +19,7 @@ from typing import Any
 
 from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError
-from streamlease.processor import ProcessorFactory
+from streamlease.processor import Context, ProcessorFactory
 
 
 def record_line(stream_id: str, seq: int, fence: int, data: Any,
@@ -30,6 +30,34 @@ def record_line(stream_id: str, seq: int, fence: int, data: Any,
     if failure is not None:
         line["error"] = failure
     return line
+
+
+class ProcessOnly:
+    """Base of the built-in processors whose tenure needs nothing at its start or its end:
+    their work is all in ``process``."""
+
+    async def start(self, ctx: Context) -> None:
+        return None
+
+    async def stop(self, ctx: Context, reason: str) -> None:
+        return None
+
+
+class Redacting:
+    """An output's settings holding ``secrets`` (longest first: a password as written and
+    decoded), which no message may show."""
+
+    secrets: tuple[str, ...]
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def why(self, exc: BaseException) -> str:
+        """An exception as one safe line: its type and the start of its message, redacted."""
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return self.redact(f"{type(exc).__name__}: {text}"[:300])
 
 
 def load_python_factory(spec: SinkSpec) -> ProcessorFactory:

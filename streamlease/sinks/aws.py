@@ -1,31 +1,9 @@
 """The ``kinesis://NAME``, ``sqs://NAME`` and ``s3://BUCKET/PREFIX`` outputs: at least once.
 
-Every record is ``streamlease.sinks.record_line``'s JSON object (``stream_id``, ``seq``,
-``fence``, ``data``; ``error`` too when the output is the dead-letter destination).
-``output(spec)`` opens one aioboto3 session and one client for the worker's lifetime (the
-region from ``AWS_REGION``, passed explicitly; the endpoint from botocore's own
-``AWS_ENDPOINT_URL_<SERVICE>`` / ``AWS_ENDPOINT_URL``) and yields a factory of processors,
-one per tenure, sharing that client. ``process`` returns only once the service has
-acknowledged every record of the batch; otherwise it raises and the worker retries.
-
-* Kinesis: ``PutRecords`` (at most 500 records and 5 MiB a call), partition key = the
-  stream id, so a stream's records share one shard. ``PutRecords`` does not stop at a
-  failed record: later records of the same call may land. On a partial failure the
-  records before the first failed one are durable and in order; everything from the
-  first failed record on is sent again, in order (at once while each round gets further,
-  else the batch is raised for the worker's backoff). The shard therefore holds the
-  stream's records in ``seq`` order, possibly with extra copies: a record that landed
-  after an earlier one failed appears once out of order and again in order.
-* SQS: ``SendMessageBatch`` (10 messages, 256 KiB a call). A ``.fifo`` queue gets
-  ``MessageGroupId`` = the stream id and ``MessageDeduplicationId`` = ``stream_id:seq``,
-  so a re-send within SQS's five-minute window is dropped by SQS. Any failed entry
-  raises; the retry starts at the first failed message.
-* S3: one object per batch, ``PREFIX/<stream_id>/<first_seq:020d>-<last_seq:020d>.jsonl``
-  with the records as JSON lines: a retried batch rewrites the same key with the same
-  content.
-
-A record too large for the service raises ``RecordTooLarge`` before anything of the batch
-is sent: the worker retries it, then dead-letters it or stops the stream. botocore's
+docs/sinks.md ("kinesis", "sqs", "s3") states each output's records, guarantee, order,
+partial failures and limits. ``output(spec)`` opens one aioboto3 client for the worker's
+lifetime and yields a factory of processors, one per tenure, sharing it; ``process``
+returns only once the service has acknowledged every record of the batch. botocore's
 errors do not leave this module: they are raised as ``AwsOutputError`` (operation, AWS
 error code and message; never a payload).
 """
@@ -52,7 +30,7 @@ from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError, StreamleaseError
 from streamlease.logs import event
 from streamlease.processor import Context, Message, Processor, ProcessorFactory
-from streamlease.sinks import record_line
+from streamlease.sinks import ProcessOnly, record_line
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -198,7 +176,7 @@ def _undelivered(batch: Sequence[Message], delivered: int | None) -> list[Messag
     return [m for m in batch if delivered is None or m.seq > delivered]
 
 
-class KinesisProcessor:
+class KinesisProcessor(ProcessOnly):
     """One tenure's ``PutRecords`` writer. ``delivered`` is the highest seq known to be in
     the shard with every earlier seq of the tenure before it: a retried batch resumes
     after it."""
@@ -207,9 +185,6 @@ class KinesisProcessor:
         self.client = client
         self.target = target
         self.delivered: int | None = None
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         key = partition_key(ctx.stream_id)
@@ -246,20 +221,14 @@ class KinesisProcessor:
             self.delivered = chunk[failed - 1].seq
             pending = pending[failed:]
 
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
-
-class SqsProcessor:
+class SqsProcessor(ProcessOnly):
     """One tenure's ``SendMessageBatch`` writer; ``delivered`` as for Kinesis."""
 
     def __init__(self, client: Any, queue: _Queue) -> None:
         self.client = client
         self.queue = queue
         self.delivered: int | None = None
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         records = _records(_undelivered(batch, self.delivered), ctx, SQS_MAX_BYTES, 0, "sqs")
@@ -292,20 +261,14 @@ class SqsProcessor:
                 f"messages failed ({', '.join(codes) or 'no result'}) from seq "
                 f"{chunk[first_bad].seq}")
 
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
-
-class S3Processor:
+class S3Processor(ProcessOnly):
     """One object per batch: the same batch always makes the same key and body."""
 
     def __init__(self, client: Any, bucket: str, prefix: str) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         if not batch:
@@ -314,9 +277,6 @@ class S3Processor:
         key = object_key(self.prefix, ctx.stream_id, batch[0].seq, batch[-1].seq)
         await _call("PutObject", self.client.put_object(
             Bucket=self.bucket, Key=key, Body=body, ContentType="application/x-ndjson"))
-
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
 
 class _Queue:

@@ -1,10 +1,6 @@
-"""The ``file:///DIR`` and ``stdout`` outputs: JSON lines, for development and demos.
-
-Each line is ``{"stream_id", "seq", "fence", "data"}`` (``error`` too, for dead-lettered
-messages). ``file`` appends to ``DIR/<stream_id>.jsonl`` (the id percent-encoded where it
-is not a safe file name) and syncs the file before ``process`` returns, so a checkpointed
-batch is on disk: at least once, duplicates only across a takeover (the old holder's lines
-landed, its checkpoint did not). ``stdout`` writes one line a message and flushes.
+"""The ``file:///DIR`` and ``stdout`` outputs: JSON lines, for development and demos
+(docs/sinks.md, "file and stdout"). ``file`` syncs the file before ``process`` returns, so a
+checkpointed batch is on disk.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from urllib.parse import quote
 from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError
 from streamlease.processor import Context, Message, ProcessorFactory
-from streamlease.sinks import record_line
+from streamlease.sinks import ProcessOnly, record_line
 
 
 def _lines(batch: Sequence[Message], ctx: Context) -> str:
@@ -39,19 +35,13 @@ def file_name(stream_id: str) -> str:
     return f"{name}.jsonl"
 
 
-class FileProcessor:
+class FileProcessor(ProcessOnly):
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         text = _lines(batch, ctx)
         await asyncio.to_thread(self._append, self.directory / file_name(ctx.stream_id), text)
-
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
     @staticmethod
     def _append(path: Path, text: str) -> None:
@@ -69,16 +59,10 @@ class FileProcessor:
                 raise
 
 
-class StdoutProcessor:
-    async def start(self, ctx: Context) -> None:
-        return None
-
+class StdoutProcessor(ProcessOnly):
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
         sys.stdout.write(_lines(batch, ctx))
         sys.stdout.flush()
-
-    async def stop(self, ctx: Context, reason: str) -> None:
-        return None
 
 
 @contextlib.asynccontextmanager

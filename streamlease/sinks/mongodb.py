@@ -1,57 +1,11 @@
 """The ``mongodb://`` output: each message lands once; the checkpoint moves under the fence.
 
-``STREAMLEASE_SINK=mongodb://USER:PASSWORD@HOST[:PORT][,HOST...]/DB.COLLECTION?...`` (or
-``mongodb+srv://USER:PASSWORD@HOST/DB.COLLECTION?...``). Two collections in ``DB``:
-
-* ``COLLECTION``: one document a message, ``{_id: "<stream_id>:<seq>", stream_id, seq,
-  fence, data}``; ``data`` is the upstream's JSON object as a BSON document. A message that
-  is not one keeps its value under ``data`` with ``wrapped`` saying what it is (``array``,
-  ``scalar``, ``binary`` for a binary frame's bytes, ``text`` for a text that is not JSON).
-  An index ``{stream_id: 1, seq: 1}`` is created when the worker starts;
-* the checkpoints (``checkpoints=``, default ``streamlease_checkpoints``): per stream,
-  ``{_id: stream_id, fence, last_seq}``: the highest fence that claimed it and the last seq
-  written under it (``writing_seq`` too without transactions: see below).
-
-The processor is a ``TransactionalProcessor``. ``start`` claims the stream's checkpoint
-document for its fence (one ``find_one_and_update`` whose filter holds only a lower fence,
-``upsert`` the first time): from then on every write of an older holder is refused; a claim
-by an older fence than the stored one raises ``StaleFence``. ``committed`` reads
-``last_seq``, so a new holder resumes after the last batch MongoDB holds even if the worker
-died before checkpointing it on the stream item. ``stop`` writes nothing.
-
-Each batch, where the server has transactions (a replica set, a single-member one too,
-Atlas, DocumentDB, a sharded cluster through ``mongos``), is one transaction: read the
-checkpoint document, check the fence and the expected previous checkpoint, upsert the
-messages beyond what it holds (``$setOnInsert`` by ``_id``), then move ``last_seq`` with an
-update conditioned on the fence and the ``last_seq`` read. A newer holder's claim in the
-meantime is a write conflict: the transaction aborts and, tried again, finds the new fence
-(``StaleFence``). The batch lands whole with its checkpoint or not at all.
-
-A standalone ``mongod`` has no transactions (``hello`` without ``setName`` and not
-``msg: isdbgrid``; or ``transactions=off``). Then each batch is three single-document-atomic
-steps: claim the checkpoint under the fence (``find_one_and_update`` on ``{_id, fence}``,
-raising ``writing_seq`` to the batch's last seq), upsert the messages by ``_id``, move
-``last_seq`` conditioned on the fence and the ``last_seq`` claimed. A crash or a takeover
-between the steps can leave documents past ``last_seq`` (up to ``writing_seq``); the batch
-is delivered again, and its documents, already there under the same ``_id``, are not
-written twice. A stale holder can still land a document between its claim and its refused
-checkpoint: the same message, under its fence, once.
-
-Parameters of this output, taken out of the URL before the driver sees it (every other
-query parameter is the driver's: ``replicaSet``, ``tls``, ``authSource``, ...):
-``checkpoints`` (a collection name, default ``streamlease_checkpoints``) and ``transactions``
-(``auto``, the default: use them where the server has them; ``on``: refuse to start
-without; ``off``: never). Unless the URL sets them: write concern ``w: "majority"`` with
-``j: true``, read concern ``majority``, ``timeoutMS=10000`` (a bound on every operation) and
-``appname=streamlease``.
-
-Bad input, each logged (``mongodb.<kind>``) and counted
-(``streamlease_mongodb_bad_input_total{kind}``): ``not_a_document`` (stored wrapped, as
-above), ``too_large`` (a document over the server's ``maxBsonObjectSize``) and
-``unstorable`` (BSON cannot hold it: a key with NUL, an integer over 64 bits), both
-refusing the batch before anything is written (``MongoRefused``: retried, then
-dead-lettered or the stream stops with ``last_error``), and ``foreign_duplicate`` (a
-document already at a message's ``_id`` with another stream, seq or data: left alone).
+docs/sinks.md ("mongodb") states the URL and its parameters, the documents, both write
+paths (one transaction a batch where the server has transactions; three single-document
+steps on a standalone ``mongod``), the bad input and the failures. In short: ``start``
+claims the stream's checkpoint document for its fence, so every write of an older holder is
+refused from then on; ``committed`` reads its ``last_seq``, so a new holder resumes after the
+last batch MongoDB holds; ``stop`` writes nothing.
 
 This module is the only one that imports pymongo for the sink (the ``mongodb`` extra).
 """
@@ -88,6 +42,7 @@ from streamlease.errors import (
 )
 from streamlease.logs import event
 from streamlease.processor import Context, Message, ProcessorFactory
+from streamlease.sinks import Redacting
 from streamlease.store.mongoclient import driver_warnings
 
 if TYPE_CHECKING:
@@ -142,7 +97,7 @@ class MongoRefused(StreamleaseError):
 
 
 @dataclass(frozen=True)
-class MongoSettings:
+class MongoSettings(Redacting):
     client_url: str = field(repr=False)  # the URL without this output's parameters
     database: str
     collection: str
@@ -150,11 +105,6 @@ class MongoSettings:
     transactions: str = "auto"
     defaults: tuple[tuple[str, Any], ...] = ()  # client options the URL leaves unset
     secrets: tuple[str, ...] = field(default=(), repr=False)
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
 
 
 def parse_settings(spec: SinkSpec) -> MongoSettings:
@@ -257,12 +207,6 @@ class _Doc:
 class _Written:
     inserted: list[_Doc] = field(default_factory=list)
     foreign: list[tuple[_Doc, list[str]]] = field(default_factory=list)
-
-
-def _why(exc: BaseException, settings: MongoSettings) -> str:
-    """An exception as one safe line: its type and the start of its message, redacted."""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return settings.redact(f"{type(exc).__name__}: {text}"[:300])
 
 
 def _no_answer(exc: merr.PyMongoError) -> bool:
@@ -431,7 +375,7 @@ class MongoProcessor:
                 event(logging.INFO, "mongodb.transaction_retried",
                       "a transaction of the MongoDB output hit a transient error; trying "
                       "again", stream=ctx.stream_id, fence=ctx.fence, attempt=attempt,
-                      error=_why(exc, self.out.settings))
+                      error=self.out.settings.why(exc))
         raise AssertionError("unreachable")
 
     async def _write(self, docs: list[_Doc], ctx: Context, session: Session) -> _Written:
@@ -570,7 +514,7 @@ class MongoProcessor:
         """A driver error as this package's: unknown outcome (retriable) or refused."""
         if _no_answer(exc):
             return MongoWriteUnknown(f"{what}: no answer from MongoDB: "
-                                     f"{_why(exc, self.out.settings)}")
+                                     f"{self.out.settings.why(exc)}")
         # The server's message can quote the payload: keep its code only.
         return MongoRefused(f"{what}: MongoDB refused it: {type(exc).__name__} "
                             f"(code {_code(exc)})")
@@ -593,7 +537,7 @@ def _client(settings: MongoSettings, spec: SinkSpec) -> AsyncMongoClient[Doc]:
             return AsyncMongoClient(settings.client_url, **dict(settings.defaults))
     except (merr.ConfigurationError, ValueError, TypeError, UserWarning) as exc:
         raise ConfigError([f"{SETTING}: {spec.describe()} is not a usable MongoDB URL: "
-                           f"{_why(exc, settings)}"]) from None
+                           f"{settings.why(exc)}"]) from None
 
 
 async def _hello(client: AsyncMongoClient[Doc], settings: MongoSettings,
@@ -608,7 +552,7 @@ async def _hello(client: AsyncMongoClient[Doc], settings: MongoSettings,
                 raise
             answer = await client.admin.command("isMaster")
     except merr.PyMongoError as exc:
-        raise MongoUnavailable(f"cannot use {spec.describe()}: {_why(exc, settings)}") \
+        raise MongoUnavailable(f"cannot use {spec.describe()}: {settings.why(exc)}") \
             from None
     return answer
 
@@ -627,18 +571,16 @@ async def _prepare(db: AsyncDatabase[Doc], settings: MongoSettings, spec: SinkSp
     try:
         await db[settings.collection].create_index([("stream_id", 1), ("seq", 1)],
                                                    name=INDEX_NAME)
-    except merr.OperationFailure as exc:
-        if exc.code in INDEX_EXISTS_OTHERWISE:
+    except merr.PyMongoError as exc:
+        code = exc.code if isinstance(exc, merr.OperationFailure) else None
+        if code in INDEX_EXISTS_OTHERWISE:
             return  # an equivalent index is there under another name
-        if exc.code == UNAUTHORIZED:
+        if code == UNAUTHORIZED:
             raise ConfigError([f"{SETTING}: {spec.describe()}: the user may not create "
                                "the messages' index (needs the readWrite role on the "
                                "database)"]) from None
         raise MongoUnavailable(f"cannot prepare {spec.describe()}: "
-                               f"{_why(exc, settings)}") from None
-    except merr.PyMongoError as exc:
-        raise MongoUnavailable(f"cannot prepare {spec.describe()}: "
-                               f"{_why(exc, settings)}") from None
+                               f"{settings.why(exc)}") from None
 
 
 @contextlib.asynccontextmanager

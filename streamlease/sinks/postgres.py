@@ -1,30 +1,11 @@
 """The ``postgres://`` output: exactly once, the rows and the checkpoint in one transaction.
 
-``STREAMLEASE_SINK=postgres://USER:PASSWORD@HOST:PORT/DB?table=...&checkpoints=...`` (or
-``postgresql://``). Two tables, created if missing when the worker starts:
-
-* messages ``(stream_id text, seq bigint, fence bigint, data jsonb, received_at timestamptz
-  default now(), primary key (stream_id, seq))``: one row a delivered message, ``data`` the
-  upstream frame's text as ``jsonb``;
-* checkpoints ``(stream_id text primary key, fence bigint, last_seq bigint)``: per stream,
-  the highest fence that claimed it and the last seq written under it.
-
-The processor is a ``TransactionalProcessor``. ``start`` claims the stream for its fence
-(``INSERT ... ON CONFLICT DO UPDATE SET fence = EXCLUDED.fence WHERE fence < EXCLUDED.fence``):
-from then on every transaction of an older holder is refused, the way Kafka Connect fences
-zombie tasks by epoch; a claim by an older fence than the stored one raises ``StaleFence``.
-``process`` locks the checkpoint row (``FOR UPDATE``), checks the fence and the expected
-previous checkpoint, inserts the rows and moves ``last_seq``, all in one transaction: a
-batch lands whole with its checkpoint, or not at all. A retry of a batch that already
-landed (the commit went through, its answer was lost) writes nothing. ``committed`` reads
-``last_seq``, so a new holder resumes after the last batch PostgreSQL holds even if the
-worker died before checkpointing it on the stream item.
-
-Parameters of this output, taken out of the URL before it is dialled (every other query
-parameter goes to asyncpg: ``sslmode``, ``application_name``, server settings, ...):
-``table`` (default ``streamlease_messages``), ``checkpoints`` (default
-``streamlease_checkpoints``), each ``NAME`` or ``SCHEMA.NAME``; ``pool_max`` (connections
-per worker, default 10); ``timeout`` (seconds a connect or a statement may take, default 10).
+docs/sinks.md ("postgres") states the URL and its parameters, the two tables and the
+protocol. In short: ``start`` claims the stream's checkpoint row for its fence, so every
+transaction of an older holder is refused from then on (the way Kafka Connect fences zombie
+tasks by epoch); ``process`` locks that row, checks the fence and the expected previous
+checkpoint, inserts the rows and moves ``last_seq`` in one transaction; ``committed`` reads
+``last_seq``, so a new holder resumes after the last batch PostgreSQL holds.
 """
 
 from __future__ import annotations
@@ -44,6 +25,7 @@ from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError, SinkConflict, StaleFence, StreamleaseError
 from streamlease.logs import event
 from streamlease.processor import Context, Message, ProcessorFactory
+from streamlease.sinks import Redacting
 
 SETTING = "STREAMLEASE_SINK"
 DEFAULT_TABLE = "streamlease_messages"
@@ -84,18 +66,13 @@ class Table:
 
 
 @dataclass(frozen=True)
-class PostgresSettings:
+class PostgresSettings(Redacting):
     dsn: str = ""  # the URL without this output's parameters: holds credentials, never logged
     messages: Table = Table(None, DEFAULT_TABLE)
     checkpoints: Table = Table(None, DEFAULT_CHECKPOINTS)
     pool_max: int = DEFAULT_POOL_MAX
     timeout: float = DEFAULT_TIMEOUT
     secrets: tuple[str, ...] = ()  # the password as written and decoded: redacted from errors
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
 
 
 def _table(name: str, value: str, problems: list[str]) -> Table:
@@ -167,12 +144,6 @@ def parse_settings(spec: SinkSpec) -> PostgresSettings:
     return PostgresSettings(dsn=dsn, messages=messages, checkpoints=checkpoints,
                             pool_max=pool_max, timeout=timeout,
                             secrets=tuple(sorted(secrets, key=len, reverse=True)))
-
-
-def _why(exc: BaseException, settings: PostgresSettings) -> str:
-    """An exception as one safe line: its type and message, credentials redacted."""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return settings.redact(f"{type(exc).__name__}: {text}"[:300])
 
 
 class PostgresProcessor:
@@ -280,10 +251,10 @@ async def _connect(settings: PostgresSettings, spec: SinkSpec) -> Any:
             timeout=settings.timeout, command_timeout=settings.timeout)
     except (asyncpg.ClientConfigurationError, ValueError) as exc:
         raise ConfigError([f"{SETTING}: {spec.describe()} is not a usable PostgreSQL URL: "
-                           f"{_why(exc, settings)}"]) from None
+                           f"{settings.why(exc)}"]) from None
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise PostgresUnavailable(f"cannot connect to {spec.describe()}: "
-                                  f"{_why(exc, settings)}") from None
+                                  f"{settings.why(exc)}") from None
 
 
 async def _prepare_tables(pool: Any, settings: PostgresSettings) -> None:
@@ -312,7 +283,7 @@ async def _prepare_tables(pool: Any, settings: PostgresSettings) -> None:
                 await conn.execute(probes[table])
             except (asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedColumnError,
                     asyncpg.InvalidSchemaNameError) as exc:
-                raise ConfigError([f"{SETTING}: table {table}: {_why(exc, settings)}"]) \
+                raise ConfigError([f"{SETTING}: table {table}: {settings.why(exc)}"]) \
                     from None
 
 

@@ -1,26 +1,10 @@
 """The ``http://…`` and ``https://…`` output: one POST a batch to a webhook, at least once.
 
-Each batch is one request, ``Content-Type: application/json``::
-
-    {"stream_id": ..., "fence": ..., "first_seq": ..., "last_seq": ...,
-     "messages": [{"stream_id", "seq", "fence", "data"[, "error"]}, ...]}
-
-with ``Idempotency-Key: <stream_id>:<first_seq>-<last_seq>`` (the stream id percent-encoded,
-so a re-send of the same batch always carries the same key) and ``X-Streamlease-Fence``.
-The receiver fences: it keeps the highest fence it has seen per stream and answers **409**
-to a lower one, which this output turns into ``StaleFence`` (the worker stops the tenure at
-once). A 2xx means the batch is durable at the receiver; anything else raises, and the
-worker retries the batch with backoff (then dead-letters it or stops the stream).
-
-One ``aiohttp.ClientSession`` per worker (one connection pool, one timeout), shared by every
-tenure's processor and closed when the worker's output closes. User info in the URL is
-sent as HTTP basic auth; the URL itself (path and query may carry secrets) never appears in
-a log line or an error message: they name ``spec.describe()`` (scheme, host, port).
-Redirects are not followed, except a 307/308 to the same scheme, host and port. Responses
-are read up to ``MAX_RESPONSE_BYTES`` and no further.
-
-The target is the operator's configuration (``STREAMLEASE_SINK``), not a stream item's, so
-``STREAMLEASE_ALLOWED_URLS`` (which governs upstreams) does not apply to it.
+docs/sinks.md ("http") states the request, the receiver's contract (it fences: a lower
+fence gets **409**, which this output turns into ``StaleFence``), the answers and the
+redirects followed. One ``aiohttp.ClientSession`` per worker, shared by every tenure's
+processor. The URL itself (path and query may carry secrets) never appears in a log line or
+an error message: they name ``spec.describe()`` (scheme, host, port).
 """
 
 from __future__ import annotations
@@ -41,7 +25,7 @@ from streamlease.core.sinks import SinkSpec
 from streamlease.errors import ConfigError, StaleFence, StreamleaseError
 from streamlease.logs import event
 from streamlease.processor import Context, Message, ProcessorFactory
-from streamlease.sinks import record_line
+from streamlease.sinks import ProcessOnly, record_line
 
 SETTING = "STREAMLEASE_SINK"
 TIMEOUT_SECONDS = 10.0  # one request, connect to last byte of the response read
@@ -136,16 +120,13 @@ def _snippet(body: bytes) -> str:
     return text[:_SNIPPET]
 
 
-class WebhookProcessor:
+class WebhookProcessor(ProcessOnly):
     """One tenure's processor: stateless but for ``stopped``; the session is the worker's."""
 
     def __init__(self, session: aiohttp.ClientSession, target: Target) -> None:
         self.session = session
         self.target = target
         self.stopped = False
-
-    async def start(self, ctx: Context) -> None:
-        return None
 
     async def stop(self, ctx: Context, reason: str) -> None:
         self.stopped = True
