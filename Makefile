@@ -100,7 +100,8 @@ loadtest-all: $(STAMP) faketime
 	$(BIN)/python -m loadtest.runner --scenarios all $(ARGS)
 
 # Random fault schedules, each audited (loadtest/nemesis.py): SEED=N SCHEDULES=K MINUTES=M,
-# or SCHEDULE='...' to replay the line a failure printed.
+# or SCHEDULE='...' to replay the line a failure printed; ARGS=--processor for processor
+# schedules (docs/performance.md).
 nemesis: $(STAMP) faketime
 	$(BIN)/python -m loadtest.nemesis $(if $(SEED),--seed $(SEED)) $(if $(SCHEDULES),--schedules $(SCHEDULES)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(SCHEDULE),--schedule '$(SCHEDULE)') $(ARGS)
 

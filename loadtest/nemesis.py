@@ -14,6 +14,10 @@ no stale write accepted, every stream served again within ``member lease + 5 s``
 heal, a STOPPED stream released in a calm fleet, no job slot run twice, no worker exited
 by itself, no process left running.
 
+``--processor`` runs processor schedules: the fleet writes through the load test's
+recording processor instead of the events table, and the draw adds ``processor_raises``
+(docs/performance.md).
+
 A failing schedule is shrunk (fewer faults, re-run, while it still fails) and printed as
 the one line that replays it; its worker logs stay under ``.run/nemesis/``. The figures
 go to ``loadtest/results/latest.json`` under ``nemesis`` (every other key kept). Stopped
@@ -38,10 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtest.audit import audit_deliveries, from_records, json_lines
 from loadtest.common import STOP, dynamodb_args, stop_children, stopped_status, until_stopped
 from loadtest.fleet import ROOT, Fleet, pct
 from loadtest.nemesis_faults import Hands
-from loadtest.nemesis_plan import KINDS, Fault, Timing, decode, draw, encode
+from loadtest.nemesis_plan import (
+    ALL_KINDS,
+    KINDS,
+    Fault,
+    Timing,
+    decode,
+    draw,
+    encode,
+    is_processor_schedule,
+)
+from loadtest.processors import RECORDING_DIR
 from loadtest.report import markdown, write_file
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
@@ -62,6 +77,9 @@ WORKER_ENV = {
     "STREAMLEASE_LOG_FORMAT": "json",
     "STREAMLEASE_METRICS_ADDRESS": "127.0.0.1",
 }
+#: A processor schedule's output: the load test's recording processor (at least once),
+#: read back from its files for the audit.
+PROCESSOR_SINK = "python:loadtest.processors:recording"
 JOB = "nemesis-slots"
 STOP_CHECKS = 2  # streams STOPPED at the end of a schedule, in a calm fleet
 
@@ -76,6 +94,7 @@ class Settings:
     workers: int = 3
     kinds: tuple[str, ...] = KINDS
     schedule: str | None = None  # replay this text instead of drawing
+    processor: bool = False  # processor schedules (nemesis_plan.draw(processor=True))
     shrink: bool = True
     shrink_budget: int = 8
     results: Path | None = RESULTS  # None: write no figures
@@ -102,32 +121,37 @@ class Outcome:
     orphans: int = 0
     notes: list[str] = field(default_factory=list)
     logs: str = ""
+    processor: bool = False  # the fleet wrote through the recording processor
 
     @property
     def failed(self) -> bool:
         return bool(+self.violations)
 
     def replay(self) -> str:
-        return f"make nemesis SEED={self.seed} SCHEDULE='{encode(self.faults)}'"
+        line = f"make nemesis SEED={self.seed} SCHEDULE='{encode(self.faults)}'"
+        return f"{line} ARGS=--processor" if self.processor else line
 
 
 # -- one schedule ---------------------------------------------------------------------------
 
 async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Outcome:
     """Run ``faults`` against a fresh fleet and audit what it left."""
-    outcome = Outcome(seed, faults)
+    outcome = Outcome(seed, faults,
+                      processor=settings.processor or is_processor_schedule(faults))
     marker = uuid.uuid4().hex
     # The fleet points this process's AWS variables at its own server: put them back after.
     saved = dict(os.environ)
     os.environ[MARK] = marker  # every child inherits it: how leftovers are found
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    recording = settings.logs / stamp / f"seed-{seed}-recording" if outcome.processor else None
+    env = WORKER_ENV if recording is None else processor_env(recording)
     try:
         fleet = Fleet(f"seed-{seed}", streams=settings.streams, rate=settings.rate,
-                      worker_env=WORKER_ENV, store_args=[*dynamodb_args(), "--faults"],
+                      worker_env=env, store_args=[*dynamodb_args(), "--faults"],
                       log_root=settings.logs / stamp, seed=seed)
         outcome.logs = str(fleet.log_dir)
         async with fleet:
-            hands = Hands(fleet, random.Random(seed), WORKER_ENV)
+            hands = Hands(fleet, random.Random(seed), env, recording)
             await hands.send_store_faults()  # the control answers: the server has it
             await _run(fleet, hands, faults, settings, outcome)
             outcome.injected, outcome.skipped = hands.injected, hands.skipped
@@ -140,6 +164,15 @@ async def run_schedule(seed: int, faults: list[Fault], settings: Settings) -> Ou
     if outcome.orphans:
         outcome.violations["orphans"] += outcome.orphans
     return outcome
+
+
+def processor_env(recording: Path) -> dict[str, str]:
+    """The workers' settings for a processor schedule: output through the recording
+    processor into ``recording``."""
+    recording.mkdir(parents=True, exist_ok=True)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**WORKER_ENV, "STREAMLEASE_SINK": PROCESSOR_SINK, RECORDING_DIR: str(recording),
+            "PYTHONPATH": path}
 
 
 async def _run(fleet: Fleet, hands: Hands, faults: list[Fault], settings: Settings,
@@ -167,8 +200,14 @@ async def _run(fleet: Fleet, hands: Hands, faults: list[Fault], settings: Settin
             outcome.violations["stopped_not_released"] += 1
             outcome.notes.append(f"{sid} STOPPED after the heal and not released in time")
     await fleet.stop_all(wait_s=20)
-    audit = await fleet.audit()
-    for name in ("lost", "duplicated", "out_of_order", "stale_accepted", "fleet_caused_gaps"):
+    if hands.recording is None:
+        audit = await fleet.audit()
+        names: tuple[str, ...] = ("lost", "duplicated", "out_of_order", "stale_accepted",
+                                  "fleet_caused_gaps")
+    else:
+        audit = await _processor_audit(fleet, hands.recording)
+        names = ("lost", "dup_outside_takeover", "out_of_order", "unreadable")
+    for name in names:
         if audit[name]:
             outcome.violations[name] += audit[name]
     if fleet.exits:  # a worker that exited by itself, not by the nemesis's hand
@@ -179,6 +218,27 @@ async def _run(fleet: Fleet, hands: Hands, faults: list[Fault], settings: Settin
     if twice:
         outcome.violations["job_slot_twice"] += len(twice)
         outcome.notes.append(f"job slots run twice: {sorted(twice)[:5]}")
+
+
+async def _processor_audit(fleet: Fleet, recording: Path) -> dict[str, int]:
+    """The recording processor's files against the items' checkpoints: every seq up to
+    the checkpoint there intact, in order within a tenure; a seq again only under another
+    fence (at least once: the holder before a take-over wrote it, its checkpoint did not
+    land). A line that is not a record counts as ``unreadable``."""
+    assert fleet.store is not None
+    checkpoints = {r.stream_id: r.last_seq or 0 for r in await fleet.store.list_streams()}
+    records, unreadable = await asyncio.to_thread(_recorded, recording)
+    return {**audit_deliveries(checkpoints, from_records(records)), "unreadable": unreadable}
+
+
+def _recorded(recording: Path) -> tuple[list[dict[str, Any]], int]:
+    records: list[dict[str, Any]] = []
+    unreadable = 0
+    for path in sorted(recording.glob("*.jsonl")):
+        found, bad = json_lines(path.read_text(errors="replace"))
+        records += found
+        unreadable += bad
+    return records, unreadable
 
 
 async def _at(hands: Hands, fault: Fault, index: int, started: float) -> None:
@@ -253,7 +313,7 @@ def schedule_for(settings: Settings, index: int) -> tuple[int, list[Fault]]:
     if settings.schedule is not None:
         return settings.seed, decode(settings.schedule)
     seed = settings.seed * 1000 + index
-    return seed, draw(seed, settings.timing, settings.kinds)
+    return seed, draw(seed, settings.timing, settings.kinds, settings.processor)
 
 
 async def run_all(settings: Settings) -> list[Outcome]:
@@ -325,8 +385,9 @@ def figures(outcomes: Sequence[Outcome], settings: Settings) -> dict[str, Any]:
         "minutes_each": settings.minutes,
         "violations": sum(o.failed for o in outcomes),
         "violations_by_kind": dict(sorted(kinds.items())),
-        "faults_by_kind": {k: injected.get(k, 0) for k in KINDS},
-        "faults_skipped_by_kind": {k: skipped[k] for k in KINDS if skipped[k]},
+        "faults_by_kind": {k: injected.get(k, 0) for k in ALL_KINDS},
+        "fewest_faults_of_a_kind": min(injected.get(k, 0) for k in ALL_KINDS),
+        "faults_skipped_by_kind": {k: skipped[k] for k in ALL_KINDS if skipped[k]},
         "recovery_p99_s": pct(recovery, 99),
         "recovery_max_s": max(recovery, default=None),
         "recovery_bound_s": settings.recovery_bound_s,
@@ -364,6 +425,7 @@ def accumulate(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         merged = collections.Counter(previous.get(key, {}))
         merged.update(new[key])
         out[key] = dict(sorted(merged.items()))
+    out["fewest_faults_of_a_kind"] = min(out["faults_by_kind"].get(k, 0) for k in ALL_KINDS)
     for key in ("recovery_p99_s", "recovery_max_s"):
         out[key] = max(filter(None, (previous.get(key), new[key])), default=None)
     out["failures"] = previous.get("failures", []) + new["failures"]
@@ -381,6 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedule", help="replay this schedule (the line a failure prints)")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help="comma-separated fault kinds to draw from (default: all)")
+    parser.add_argument("--processor", action="store_true",
+                        help="processor schedules: the fleet writes through the load test's "
+                             "recording processor (at least once, audited from its files), "
+                             "and each schedule gets processor_raises faults besides")
     parser.add_argument("--no-shrink", action="store_true", help="report a failure as found")
     parser.add_argument("--shrink-budget", type=int, default=8,
                         help="re-runs a shrink may take (default 8)")
@@ -402,7 +468,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.schedule is not None:
         decode(args.schedule)  # a bad text is refused before anything starts
     return Settings(seed=args.seed, schedules=args.schedules, minutes=args.minutes,
-                    kinds=kinds, schedule=args.schedule, shrink=not args.no_shrink,
+                    kinds=kinds, schedule=args.schedule, processor=args.processor,
+                    shrink=not args.no_shrink,
                     shrink_budget=args.shrink_budget, add=args.add,
                     results=None if args.no_results else RESULTS)
 

@@ -25,10 +25,12 @@ import sys
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from loadtest.fleet import Fleet, WorkerProc, is_leader
 from loadtest.nemesis_plan import Fault
+from loadtest.processors import RAISE_FLAG
 from streamlease.errors import StoreError
 from streamlease.store import codec
 from streamlease.store.dynamodb import DynamoAdmin
@@ -81,8 +83,10 @@ class StoreFaults:
 class Hands:
     """Does a schedule's faults to ``fleet``; ``rng`` picks victims and streams."""
 
-    def __init__(self, fleet: Fleet, rng: random.Random, worker_env: dict[str, str]) -> None:
+    def __init__(self, fleet: Fleet, rng: random.Random, worker_env: dict[str, str],
+                 recording: Path | None = None) -> None:
         self.fleet = fleet
+        self.recording = recording  # a processor schedule's recording directory
         self.rng = rng
         self.worker_env = worker_env
         self.store = StoreFaults()
@@ -94,6 +98,7 @@ class Hands:
         self.notes: list[str] = []
         self.hand_written = 0
         self.in_force: set[int] = set()  # the faults whose hold is running
+        self.raising: set[int] = set()  # the processor_raises faults in force
         self.disturbed_at = float("-inf")  # when a fault last began or ended (fleet time)
         self._lock = asyncio.Lock()  # one change of the fleet's membership at a time
 
@@ -338,6 +343,22 @@ class Hands:
         await self._upstream(f"malformed?stream={sid}&count=3&kind={kind}")
         return True
 
+    # -- the processor ------------------------------------------------------------------
+
+    async def _processor_raises(self, fault: Fault, index: int) -> bool:
+        if self.recording is None:
+            return False  # the fleet writes to the events table: no processor to fail
+        flag = self.recording / RAISE_FLAG
+        self.raising.add(index)
+        flag.touch()
+        try:
+            await asyncio.sleep(fault.hold)
+        finally:
+            self.raising.discard(index)
+            if not self.raising:
+                flag.unlink(missing_ok=True)
+        return True
+
     # -- the end --------------------------------------------------------------------------
 
     async def heal(self) -> None:
@@ -346,6 +367,8 @@ class Hands:
             self._resume(name)
         self.store.active.clear()
         await self.send_store_faults()
+        if self.recording is not None:
+            (self.recording / RAISE_FLAG).unlink(missing_ok=True)
 
 
 async def retrying(call: Callable[[], Awaitable[T]], within: float = 30.0) -> T:

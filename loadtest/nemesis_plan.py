@@ -52,6 +52,17 @@ UPSTREAM_KINDS = (
     "malformed",       # the upstream sends hostile frames
 )
 KINDS = PROCESS_KINDS + STORE_KINDS + OPERATOR_KINDS + UPSTREAM_KINDS
+#: Drawn only for a processor schedule (``draw(processor=True)``), whose fleet writes through
+#: a Python processor instead of the events table.
+PROCESSOR_KINDS = (
+    "processor_raises",  # the user's processor raises on every batch for hold
+)
+ALL_KINDS = KINDS + PROCESSOR_KINDS
+#: Processor faults a minute a processor schedule gets on top of its draw from ``KINDS``.
+PROCESSOR_FAULTS_PER_MINUTE = 2.0
+#: Kinds a processor schedule does not draw: they disturb the events table, which its fleet
+#: does not write.
+EVENTS_TABLE_KINDS = ("sink_outage",)
 TARGETED = ("kill9", "sigterm", "pause", "store_cut")  # a worker chosen at run time
 MIN_HOLD_S = 0.5
 _TEXT = re.compile(r"^(?P<kind>[a-z_0-9]+)@(?P<at>\d+(?:\.\d+)?)"
@@ -91,20 +102,35 @@ class Timing:
     faults_per_minute: float = 8.0
 
 
-def draw(seed: int, timing: Timing, kinds: Sequence[str] = KINDS) -> list[Fault]:
+def draw(seed: int, timing: Timing, kinds: Sequence[str] = KINDS,
+         processor: bool = False) -> list[Fault]:
     """The schedule of ``seed``: about ``faults_per_minute`` faults a minute of
     ``duration_s``, kinds drawn evenly from ``kinds``, times uniform over the run (the
-    last fault starts at least a lease before the end), overlapping as they fall."""
+    last fault starts at least a lease before the end), overlapping as they fall. A
+    ``processor`` schedule draws no ``EVENTS_TABLE_KINDS`` and gets
+    ``PROCESSOR_FAULTS_PER_MINUTE`` processor faults besides."""
     unknown = set(kinds) - set(KINDS)
+    if processor:
+        kinds = [k for k in kinds if k not in EVENTS_TABLE_KINDS]
     if unknown or not kinds:
         raise ValueError(f"unknown fault kinds: {sorted(unknown)}" if unknown
                          else "no fault kinds to draw from")
     rng = random.Random(seed)
-    count = max(1, round(timing.faults_per_minute * timing.duration_s / 60))
+    minutes = timing.duration_s / 60
     latest = max(1.0, timing.duration_s - timing.member_lease_s)
-    faults = [_fault(rng, rng.choice(list(kinds)), round(rng.uniform(1.0, latest), 1),
-                     timing) for _ in range(count)]
+
+    def drawn(choices: Sequence[str], per_minute: float) -> list[Fault]:
+        return [_fault(rng, rng.choice(list(choices)), round(rng.uniform(1.0, latest), 1),
+                       timing) for _ in range(max(1, round(per_minute * minutes)))]
+
+    faults = drawn(kinds, timing.faults_per_minute)
+    if processor:
+        faults += drawn(PROCESSOR_KINDS, PROCESSOR_FAULTS_PER_MINUTE)
     return sorted(faults)
+
+
+def is_processor_schedule(faults: Sequence[Fault]) -> bool:
+    return any(f.kind in PROCESSOR_KINDS for f in faults)
 
 
 def _fault(rng: random.Random, kind: str, at: float, timing: Timing) -> Fault:
@@ -134,7 +160,7 @@ def _fault(rng: random.Random, kind: str, at: float, timing: Timing) -> Fault:
         (low, high), (weak, strong), digits = strengths[kind]
         return Fault(at, kind, hold(low, high), round(rng.uniform(weak, strong), digits))
     holds = {"feed_trimmed": (2.0, 10.0), "feed_down": (2.0, 10.0), "sink_outage": (1.0, 5.0),
-             "flip": (1.0, 5.0), "upstream_stall": (1.0, 5.0)}
+             "flip": (1.0, 5.0), "upstream_stall": (1.0, 5.0), "processor_raises": (1.0, 5.0)}
     if kind in holds:
         return Fault(at, kind, hold(*holds[kind]))
     return Fault(at, kind)
@@ -154,8 +180,8 @@ def decode(text: str) -> list[Fault]:
         if found is None:
             raise ValueError(f"not a fault (kind@at[+hold][=value][/target]): {part[:60]!r}")
         kind = found["kind"]
-        if kind not in KINDS:
-            raise ValueError(f"unknown fault kind {kind!r} (one of {', '.join(KINDS)})")
+        if kind not in ALL_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r} (one of {', '.join(ALL_KINDS)})")
         target = found["target"] or ""
         if target not in ("", "any", "leader"):
             raise ValueError(f"{part}: the target is any or leader")

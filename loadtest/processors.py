@@ -5,7 +5,9 @@
   work (the pump, batching, the processor adapter, one checkpoint write a batch).
 * ``recording``: appends each message as ``streamlease.sinks.record_line``'s JSON object to
   ``$LOADTEST_RECORDING_DIR/<stream_id>.jsonl`` and syncs the file before ``process``
-  returns; the sinks scenario's ``python`` sink, audited like the file output.
+  returns; the sinks scenario's ``python`` sink, audited like the file output, and the
+  nemesis's processor schedules. While a file named ``RAISE_FLAG`` is in that directory,
+  ``process`` raises before it writes anything (the nemesis's ``processor_raises``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from streamlease.sinks import record_line
 from streamlease.sinks.files import file_name
 
 RECORDING_DIR = "LOADTEST_RECORDING_DIR"
+RAISE_FLAG = "raise"
+
+
+class Told(RuntimeError):
+    """The recording processor raising because ``RAISE_FLAG`` tells it to."""
 
 
 class Noop:
@@ -43,6 +50,8 @@ class Recording(Noop):
         self.root = root
 
     async def process(self, batch: Sequence[Message], ctx: Context) -> None:
+        if (self.root / RAISE_FLAG).exists():
+            raise Told(f"{RAISE_FLAG} is in {self.root}")
         text = "".join(json.dumps(record_line(ctx.stream_id, m.seq, ctx.fence, m.data),
                                   separators=(",", ":")) + "\n" for m in batch)
         await asyncio.to_thread(self._append, self.root / file_name(ctx.stream_id), text)

@@ -177,6 +177,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, Any, str, bool | None]]:
         ("random fault schedules run (a minute each, `make nemesis`)",
          "nemesis.schedules", ">= 200", at_least(200)),
         ("schedules with any violation", "nemesis.violations", "0", at_most(0)),
+        ("faults injected of the rarest kind (every kind of the catalogue)",
+         "nemesis.fewest_faults_of_a_kind", ">= 20", at_least(20)),
         ("longest a STARTED stream stayed unserved after the heal, p99",
          "nemesis.recovery_p99_s", "<= member lease + 5 s = 7 s", at_most(7.0)),
         ("processes left running after all schedules", "nemesis.orphans", "0",

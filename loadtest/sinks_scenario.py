@@ -28,24 +28,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import shutil
 import tempfile
 import traceback
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from loadtest.audit import exactly_once, sink_kind
+from loadtest.audit import (
+    Delivery,
+    audit_deliveries,
+    exactly_once,
+    from_records,
+    json_lines,
+    sink_kind,
+)
 from loadtest.common import PROFILES, choose_names, timing_env
 from loadtest.fleet import ROOT, Context, run_each, short_chaos_run
 from loadtest.sink_cost import measure_sink_cost
-from streamlease.dev.upstream import frame_for
 
 SINKS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "python")
 OPTIONAL_SINKS = ("sqs_fifo",)
@@ -65,78 +69,6 @@ GUARANTEES = {
 
 def guarantee(name: str) -> str:
     return GUARANTEES.get(name, "at least once")
-
-
-# -- the audit (pure) ------------------------------------------------------------------------
-
-
-class Delivery(NamedTuple):
-    """One copy of a message read back at a destination, in the destination's order."""
-
-    seq: int
-    fence: int
-    intact: bool  # its data is the upstream's frame for this seq
-
-
-def delivery(stream_id: str, seq: int, fence: int, data: Any) -> Delivery:
-    """A copy read back; ``data`` as parsed JSON (a string is parsed first)."""
-    try:
-        value = json.loads(data) if isinstance(data, str | bytes) else data
-    except ValueError:
-        value = None
-    return Delivery(seq, fence, value == json.loads(frame_for(stream_id, seq)))
-
-
-def audit_deliveries(checkpoints: dict[str, int],
-                     found: dict[str, list[Delivery]]) -> dict[str, int]:
-    """Every seq up to each stream's checkpoint at the destination, intact; duplicates in
-    all and within one fence; order within a fence (see the module doc)."""
-    lost = mismatched = duplicated = within_fence = out_of_order = messages = tenures = 0
-    for sid in sorted(set(checkpoints) | set(found)):
-        copies = found.get(sid, [])
-        messages += len(copies)
-        mismatched += sum(1 for d in copies if not d.intact)
-        intact = {d.seq for d in copies if d.intact}
-        lost += sum(1 for s in range(1, checkpoints.get(sid, 0) + 1) if s not in intact)
-        duplicated += sum(n - 1 for n in Counter(d.seq for d in copies).values())
-        within_fence += sum(n - 1 for n in Counter((d.seq, d.fence) for d in copies).values())
-        by_fence: dict[int, list[int]] = defaultdict(list)
-        for d in copies:
-            by_fence[d.fence].append(d.seq)
-        tenures += len(by_fence)
-        out_of_order += sum(1 for run in by_fence.values()
-                            for a, b in itertools.pairwise(run) if b < a)
-    return {"messages": messages, "lost": lost + mismatched, "mismatched": mismatched,
-            "duplicated": duplicated, "dup_outside_takeover": within_fence,
-            "dup_across_takeover": duplicated - within_fence, "out_of_order": out_of_order,
-            "fences_seen": tenures, "checkpointed": sum(checkpoints.values())}
-
-
-def from_records(records: Iterable[dict[str, Any]]) -> dict[str, list[Delivery]]:
-    """``record_line`` objects (``stream_id``, ``seq``, ``fence``, ``data``), in order."""
-    out: dict[str, list[Delivery]] = defaultdict(list)
-    for r in records:
-        sid = str(r["stream_id"])
-        out[sid].append(delivery(sid, int(r["seq"]), int(r["fence"]), r["data"]))
-    return dict(out)
-
-
-def json_lines(text: str) -> tuple[list[dict[str, Any]], int]:
-    """The JSON objects of a JSON-lines text and the count of lines that are not one."""
-    records, bad = [], 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(value, dict) and {"stream_id", "seq", "fence", "data"} <= set(value):
-            records.append(value)
-        else:
-            bad += 1
-    return records, bad
 
 
 # -- destinations ----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from loadtest import (
     scale_scenario,
     throughput,
 )
+from loadtest.audit import Delivery, audit_deliveries, delivery, from_records, json_lines
 from loadtest.capacity import (
     CapacityInputs,
     Settings,
@@ -38,15 +39,7 @@ from loadtest.fleet import Context, Fault, Fleet, parse_metrics
 from loadtest.fleet import pct as _pct
 from loadtest.jobs_scenario import Disturbance, SideItem, SideWatch, audit_jobs
 from loadtest.report import markdown, targets, trace_panels, trace_png, write_reports
-from loadtest.sinks_scenario import (
-    SINKS,
-    Delivery,
-    audit_deliveries,
-    delivery,
-    from_records,
-    json_lines,
-    parse_sinks,
-)
+from loadtest.sinks_scenario import SINKS, parse_sinks
 from loadtest.upstreams_scenario import MODES as UPSTREAM_MODES
 from loadtest.upstreams_scenario import audit_feed, combine, parse_modes
 from streamlease.core.jobs import JobRun, RunOutcome

@@ -14,13 +14,27 @@ import pytest
 from loadtest.nemesis import (
     Outcome,
     Settings,
+    _recorded,
     _slots_run_twice,
     accumulate,
     figures,
     merge_results,
     run_schedule,
 )
-from loadtest.nemesis_plan import KINDS, Fault, Timing, draw
+from loadtest.nemesis_plan import (
+    ALL_KINDS,
+    EVENTS_TABLE_KINDS,
+    KINDS,
+    PROCESSOR_KINDS,
+    Fault,
+    Timing,
+    decode,
+    draw,
+    encode,
+    is_processor_schedule,
+)
+from loadtest.processors import RAISE_FLAG, Told, recording
+from streamlease.processor import Context, Message
 
 pytestmark = pytest.mark.fleet
 
@@ -28,6 +42,7 @@ pytestmark = pytest.mark.fleet
 # catalogue is drawn over these seeds (checked below), a handful per schedule.
 CI_TIMING = Timing(member_lease_s=2.0, duration_s=20.0, faults_per_minute=24.0)
 CI_SEEDS = (101, 102)
+CI_PROCESSOR_SEED = 103  # a processor schedule: the fleet writes through a Python processor
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
@@ -43,6 +58,59 @@ async def test_a_random_schedule_leaves_no_violation(seed: int, tmp_path: Path) 
                                                                 outcome.skipped)
     assert outcome.recovery_s and max(outcome.recovery_s) <= settings.recovery_bound_s
     assert dict(os.environ) == before  # the suite's own store settings are as they were
+
+
+async def test_a_processor_schedule_whose_processor_raises_leaves_no_violation(
+        tmp_path: Path) -> None:
+    faults = draw(CI_PROCESSOR_SEED, CI_TIMING, processor=True)
+    assert is_processor_schedule(faults)
+    settings = Settings(seed=CI_PROCESSOR_SEED, minutes=CI_TIMING.duration_s / 60, streams=8,
+                        results=None, logs=tmp_path)
+    outcome = await run_schedule(CI_PROCESSOR_SEED, faults, settings)
+    assert not outcome.failed, (dict(outcome.violations), outcome.notes, outcome.replay())
+    assert outcome.processor and outcome.replay().endswith(" ARGS=--processor")
+    assert outcome.injected["processor_raises"] >= 1, (outcome.injected, outcome.skipped)
+    records, unreadable, raised = processor_output(tmp_path)
+    assert len(records) > 100 and unreadable == 0  # the audit read the processor's output
+    assert raised and all("Told" in line for line in raised)
+
+
+def processor_output(logs: Path) -> tuple[list[dict[str, object]], int, list[str]]:
+    """A processor schedule's records, unreadable lines, and its workers' log lines of a
+    failed batch."""
+    (directory,) = logs.glob("*/*-recording")
+    records, unreadable = _recorded(directory)
+    raised = [line for log in logs.glob("*/seed-*/w*.log")
+              for line in log.read_text().splitlines() if '"processor.failed"' in line]
+    return list(records), unreadable, raised
+
+
+def test_a_processor_schedule_draws_processor_faults_and_spares_the_events_table() -> None:
+    timing = Timing(member_lease_s=2.0, duration_s=60.0)
+    for seed in range(1000, 1020):
+        faults = draw(seed, timing, processor=True)
+        kinds = [f.kind for f in faults]
+        assert kinds.count("processor_raises") == 2, kinds
+        assert not set(kinds) & set(EVENTS_TABLE_KINDS)
+        assert all(f.hold >= 1.0 for f in faults if f.kind in PROCESSOR_KINDS)
+        assert not is_processor_schedule(draw(seed, timing))
+        assert decode(encode(faults)) == faults
+
+
+async def test_the_recording_processor_raises_before_writing_while_told_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOADTEST_RECORDING_DIR", str(tmp_path))
+    processor = recording()
+    ctx = Context(stream_id="s001", fence=3, owner="w1", item={}, resume_after=0,
+                  checkpoint=0)
+    (tmp_path / RAISE_FLAG).touch()
+    with pytest.raises(Told):
+        await processor.process([Message(1, {"seq": 1}, '{"seq":1}')], ctx)
+    assert _recorded(tmp_path) == ([], 0)
+    (tmp_path / RAISE_FLAG).unlink()
+    await processor.process([Message(1, {"seq": 1}, '{"seq":1}')], ctx)
+    records, unreadable = _recorded(tmp_path)
+    assert [(r["seq"], r["fence"]) for r in records] == [(1, 3)] and unreadable == 0
 
 
 def test_the_ci_seeds_draw_a_spread_of_kinds() -> None:
@@ -74,7 +142,8 @@ def test_the_figures_count_failing_schedules_and_every_kind() -> None:
                        outcome(1002, {"lost": 3}, [9.5])], settings)
     assert section["schedules"] == 2 and section["violations"] == 1
     assert section["violations_by_kind"] == {"lost": 3}
-    assert set(section["faults_by_kind"]) == set(KINDS)
+    assert set(section["faults_by_kind"]) == set(ALL_KINDS)
+    assert section["fewest_faults_of_a_kind"] == 0  # no schedule raised in a processor
     assert section["faults_by_kind"]["kill9"] == 2
     assert section["recovery_max_s"] == 9.5 and section["seeds"] == [1]
     (failure,) = section["failures"]
