@@ -49,6 +49,7 @@ class Delivery:
         self._gap: PendingGap | None = None  # a record due before the next message
         self._stalled = False  # counted in streamlease_stalled_streams
         self._flushed = False  # the tenure's first batch was written (it alone gets a span)
+        self.abandoned = False  # frames were dropped unwritten while stopping
 
     def connected(self, first: bool, closed_ms: int | None) -> None:
         """A connection opened (``first`` of the tenure; the last one ended at wall time
@@ -212,6 +213,7 @@ class Delivery:
         """Stopping, and the sink does not take the held frames: drop them unwritten.
         ``last_seq`` did not move, so whoever holds the stream next asks for them again."""
         dropped = self.machine.give_up()
+        self.abandoned = True
         self.ctx.metrics.sink_write_failed("abandoned")
         event(logging.WARNING, "sink.flush_abandoned",
               "sink write failed while stopping; held frames left for the next holder",

@@ -73,6 +73,12 @@ class Pump:
         return self.machine.committed
 
     @property
+    def abandoned(self) -> bool:
+        """The final flush was given up (``sink.flush_abandoned``): frames read under this
+        tenure were dropped unwritten, and ``committed`` is not where the reading ended."""
+        return self.delivery.abandoned
+
+    @property
     def connected(self) -> bool:
         return self.session.connected
 

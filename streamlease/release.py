@@ -89,7 +89,8 @@ class Release:
                                                     trace_parent=tracing.traceparent_of(span),
                                                     clean=clean),
                             timeout, f"release {stream}")
-                        tracing.set_attributes(span, released=released)
+                        tracing.set_attributes(span, released=released,
+                                               clean=clean is not None)
                     break
                 except (TimeoutError, StoreError) as exc:
                     failure = str(exc) or "timeout"

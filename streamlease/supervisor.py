@@ -235,7 +235,8 @@ class Supervisor:
             if reason is StopReason.BAD_ITEM:
                 metrics.bad_item(bad_item_reason(problem))
             await ending.record_error(problem)
-            await ending.release(reason, fields, log=True)
-            return
-        # Drained with no failure: the final flush wrote the checkpoint under this fence.
-        await ending.release(reason, fields, log=True, clean_seq=self.pump.committed)
+        # Drained with no failure and the final flush whole: the checkpoint under this
+        # fence is where the sink is, and the release says so (core.lease.checkpoint_trusted).
+        clean = problem is None and not self.pump.abandoned
+        await ending.release(reason, fields, log=True,
+                             clean_seq=self.pump.committed if clean else None)

@@ -156,6 +156,7 @@ class ScriptedPump:
         self.sink = sink
         self.clock = clock
         self.committed = tenure.last_seq or 0
+        self.abandoned = False
         self._stopping = asyncio.Event()
         self._aborted = False
 

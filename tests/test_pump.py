@@ -539,6 +539,7 @@ async def test_after_a_sink_outage_the_stream_writes_within_a_heartbeat(
     gaps = [b - a for a, b in itertools.pairwise(sink.call_times)]
     assert max(gaps) <= heartbeat, [round(g, 1) for g in gaps]
     assert sink.call_times[-1] - sink.heal_at <= heartbeat
+    assert not pump.abandoned  # the outage healed: the final flush wrote everything
     assert len(gaps) > 20
     retried = value(pump.ctx.metrics, "streamlease_sink_write_failures_total", outcome="retried")
     assert retried == len(sink.call_times) - 1
@@ -563,7 +564,7 @@ async def test_a_drain_wakes_the_pump_from_a_sink_retry_backoff(
         async with asyncio.timeout(0.5):  # virtual seconds: well under the backoff
             await task
     assert clock.monotonic() - stopped_at < 0.5
-    assert sink.batches == [] and pump.committed == 0
+    assert sink.batches == [] and pump.committed == 0 and pump.abandoned
     assert value(pump.ctx.metrics, "streamlease_sink_write_failures_total",
                  outcome="abandoned") == 1
     assert [r for r in caplog.records if getattr(r, "sl_event", "") == "sink.flush_abandoned"]

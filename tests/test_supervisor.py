@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from streamlease.context import Context
-from streamlease.core.lease import HolderState, LeaseTimings, StopReason
+from streamlease.core.lease import CleanRelease, HolderState, LeaseTimings, StopReason
 from streamlease.core.urls import parse_allowed_urls
 from streamlease.errors import StoreUnavailable
 from streamlease.metrics import Metrics
 from streamlease.pump import PumpSettings
+from streamlease.store import codec
 from streamlease.store.memory import MemoryStore
 from streamlease.supervisor import RELEASES_IN_FLIGHT, Supervisor, SupervisorSettings
 from streamlease.tenancy import Hooks, Ties
@@ -173,6 +174,28 @@ async def test_drain_stops_reading_flushes_then_releases_in_that_order() -> None
     assert record.lease_expires_at_ms == 0 and record.last_seq == rig.script.pumps["a"].committed
     assert sup.holding.state is HolderState.RELEASED
     assert rig.metric("streamlease_lease_released_total", reason="shutdown") == 1
+
+
+@pytest.mark.parametrize("abandoned", [False, True])
+async def test_a_drain_marks_its_release_clean_only_when_the_final_flush_was_whole(
+        abandoned: bool) -> None:
+    """A final flush given up (``sink.flush_abandoned``: frames read and never written)
+    releases without ``clean_release``, so the next holder reads the sink."""
+    rig = Rig()
+    sup = await rig.holder()
+    task = await run_for(sup, 5)
+    pump = rig.script.pumps["a"]
+    pump.abandoned = abandoned
+    sup.request_drain(StopReason.SHUTDOWN)
+    await asyncio.wait_for(task, 30)
+    record = await rig.record()
+    assert record.lease_expires_at_ms == 0 and sup.holding.state is HolderState.RELEASED
+    mark = codec.clean_release(record)
+    if abandoned:
+        assert mark is None
+    else:
+        assert mark == CleanRelease(record.fence, pump.committed, mark.at_ms if mark else 0)
+        assert pump.committed == record.last_seq > 0
 
 
 class InFlight:

@@ -184,6 +184,10 @@ class CleanRelease:
 # reading the sink: a hand-off is taken within seconds; a stream STOPPED for longer, or an
 # item restored from a backup, is read as before.
 CLEAN_RELEASE_TRUST_MS = 60_000
+# A mark stamped this far in the taker's future still counts as just now: the releaser's
+# clock may run ahead by the skew the fleet tolerates (STREAMLEASE_SKEW_MARGIN_SECONDS), not
+# by a minute (a mark that stays "fresh" for longer than its window).
+CLEAN_RELEASE_AHEAD_MS = 5_000
 
 
 def checkpoint_trusted(tenure: Tenure, mark: CleanRelease | None, now_ms: int) -> bool:
@@ -195,7 +199,7 @@ def checkpoint_trusted(tenure: Tenure, mark: CleanRelease | None, now_ms: int) -
     so a rewound item is still read."""
     return (mark is not None and mark.fence == tenure.fence - 1
             and mark.last_seq == (tenure.last_seq or 0)
-            and abs(now_ms - mark.at_ms) <= CLEAN_RELEASE_TRUST_MS)
+            and -CLEAN_RELEASE_AHEAD_MS <= now_ms - mark.at_ms <= CLEAN_RELEASE_TRUST_MS)
 
 
 # --- the holder's local deadline ------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamlease.core.lease import (
+    CLEAN_RELEASE_AHEAD_MS,
     CLEAN_RELEASE_TRUST_MS,
     CleanRelease,
     HolderState,
@@ -192,7 +193,8 @@ def test_stale_write_is_terminal() -> None:
     (CleanRelease(4, 120, NOW), 5, 90, NOW, False),  # last_seq rewritten by hand
     (CleanRelease(4, 120, NOW), 6, 120, NOW, False),  # fence rewritten by hand
     (CleanRelease(4, 120, NOW), 5, 120, NOW + CLEAN_RELEASE_TRUST_MS + 1, False),  # old
-    (CleanRelease(4, 120, NOW), 5, 120, NOW - CLEAN_RELEASE_TRUST_MS - 1, False),  # skewed
+    (CleanRelease(4, 120, NOW), 5, 120, NOW - 2_000, True),  # the releaser's clock 2 s ahead
+    (CleanRelease(4, 120, NOW), 5, 120, NOW - CLEAN_RELEASE_AHEAD_MS - 1, False),  # far ahead
 ])
 def test_a_checkpoint_is_trusted_only_right_after_a_clean_release_under_the_fence_before(
         mark: CleanRelease | None, fence: int, last_seq: int | None, now: int,
