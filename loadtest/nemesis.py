@@ -55,6 +55,7 @@ from loadtest.nemesis_plan import (
     draw,
     encode,
     is_processor_schedule,
+    shrink,
 )
 from loadtest.processors import RECORDING_DIR
 from loadtest.report import markdown, write_file
@@ -332,28 +333,19 @@ async def run_all(settings: Settings) -> list[Outcome]:
 
 
 async def shrunk(failing: Outcome, settings: Settings) -> Outcome:
-    """The fewest faults of ``failing`` found to fail again (each try a fresh fleet)."""
+    """The fewest faults of ``failing`` found to fail again (``nemesis_plan.shrink``, each
+    try a fresh fleet), with that run's outcome."""
     smallest = failing
-    tried = 0
-    size = max(1, len(failing.faults) // 2)
-    while tried < settings.shrink_budget and size >= 1:
-        removed = False
-        for start in range(0, len(smallest.faults), size):
-            if tried >= settings.shrink_budget:
-                break
-            candidate = smallest.faults[:start] + smallest.faults[start + size:]
-            if not candidate:
-                continue
-            tried += 1
-            print(f"   shrinking: {len(candidate)} faults", flush=True)
-            again = await run_schedule(failing.seed, candidate, settings)
-            if again.failed:
-                smallest, removed = again, True
-                break
-        if not removed:
-            if size == 1:
-                break
-            size = max(1, size // 2)
+
+    async def fails(candidate: list[Fault]) -> bool:
+        nonlocal smallest
+        print(f"   shrinking: {len(candidate)} faults", flush=True)
+        again = await run_schedule(failing.seed, candidate, settings)
+        if again.failed:
+            smallest = again
+        return again.failed
+
+    await shrink(failing.faults, fails, settings.shrink_budget)
     print(f"   shrunk to {len(smallest.faults)} faults: {smallest.replay()}", flush=True)
     return smallest
 

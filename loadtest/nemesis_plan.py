@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 #: Every kind, grouped by what it disturbs. ``hold`` is how long the fault lasts; ``value``
@@ -197,11 +197,12 @@ def last_fault_ends(faults: Sequence[Fault]) -> float:
     return max((f.ends for f in faults), default=0.0)
 
 
-def shrink(faults: Sequence[Fault], fails: Callable[[list[Fault]], bool],
-           budget: int = 16) -> list[Fault]:
-    """The smallest sub-schedule found that still ``fails``, trying at most ``budget``
-    runs: chunks of halving size removed while the rest still fails (delta debugging's
-    complement step), down to single faults. ``faults`` itself is known to fail."""
+async def shrink(faults: Sequence[Fault], fails: Callable[[list[Fault]], Awaitable[bool]],
+                 budget: int = 16) -> list[Fault]:
+    """The smallest sub-schedule found that still ``fails`` (a run of it, awaited),
+    trying at most ``budget`` runs: chunks of halving size removed while the rest still
+    fails (delta debugging's complement step), down to single faults. ``faults`` itself is
+    known to fail."""
     current = sorted(faults)
     size = max(1, len(current) // 2)
     tries = 0
@@ -211,7 +212,7 @@ def shrink(faults: Sequence[Fault], fails: Callable[[list[Fault]], bool],
         while start < len(current) and tries < budget:
             candidate = current[:start] + current[start + size:]
             tries += 1
-            if candidate and fails(candidate):
+            if candidate and await fails(candidate):
                 current, removed = candidate, True
             else:
                 start += size

@@ -7,6 +7,8 @@ import collections
 
 import pytest
 
+from loadtest import nemesis
+from loadtest.nemesis import Outcome, Settings
 from loadtest.nemesis_plan import (
     KINDS,
     TARGETED,
@@ -80,30 +82,30 @@ def test_draw_refuses_kinds_it_does_not_know() -> None:
     assert {f.kind for f in draw(1, TIMING, ["kill9"])} == {"kill9"}
 
 
-def test_shrinking_keeps_only_the_faults_the_failure_needs() -> None:
+async def test_shrinking_keeps_only_the_faults_the_failure_needs() -> None:
     faults = draw(3, Timing(2.0, 240.0))  # 32 faults
     culprits = {faults[5], faults[20]}
     runs = []
 
-    def fails(candidate: list[Fault]) -> bool:
+    async def fails(candidate: list[Fault]) -> bool:
         runs.append(candidate)
         return culprits <= set(candidate)
 
-    shrunk = shrink(faults, fails, budget=64)
+    shrunk = await shrink(faults, fails, budget=64)
     assert set(shrunk) == culprits
     assert len(runs) <= 64
 
 
-def test_shrinking_stops_at_its_budget_with_a_schedule_that_still_fails() -> None:
+async def test_shrinking_stops_at_its_budget_with_a_schedule_that_still_fails() -> None:
     faults = draw(4, Timing(2.0, 240.0))
     needed = set(faults[:4])
     runs = []
 
-    def fails(candidate: list[Fault]) -> bool:
+    async def fails(candidate: list[Fault]) -> bool:
         runs.append(candidate)
         return needed <= set(candidate)
 
-    shrunk = shrink(faults, fails, budget=3)
+    shrunk = await shrink(faults, fails, budget=3)
     assert len(runs) == 3
     assert needed <= set(shrunk) <= set(faults) and len(shrunk) < len(faults)
 
@@ -111,3 +113,24 @@ def test_shrinking_stops_at_its_budget_with_a_schedule_that_still_fails() -> Non
 def test_the_last_fault_ends_when_its_hold_does() -> None:
     assert last_fault_ends([Fault(1, "kill9"), Fault(2, "pause", 5.0)]) == 7.0
     assert last_fault_ends([]) == 0.0
+
+
+async def test_the_runner_shrinks_a_failing_schedule_to_a_run_that_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    faults = draw(5, Timing(2.0, 120.0))
+    culprit = faults[3]
+    runs: list[list[Fault]] = []
+
+    async def run(seed: int, candidate: list[Fault], settings: Settings) -> Outcome:
+        runs.append(candidate)
+        outcome = Outcome(seed, candidate)
+        if culprit in candidate:
+            outcome.violations["lost"] += 1
+        return outcome
+
+    monkeypatch.setattr(nemesis, "run_schedule", run)
+    failing = await run(5000, faults, Settings())
+    smallest = await nemesis.shrunk(failing, Settings(shrink_budget=32))
+    assert smallest.faults == [culprit] and smallest.failed
+    assert smallest.replay() == f"make nemesis SEED=5000 SCHEDULE='{culprit.text()}'"
+    assert len(runs) <= 33
