@@ -119,6 +119,17 @@ def json_lines(text: str) -> tuple[list[dict[str, Any]], int]:
     return records, bad
 
 
+def json_files(directory: Path) -> tuple[list[dict[str, Any]], int]:
+    """``json_lines`` over every ``*.jsonl`` file of ``directory``, in name order."""
+    records: list[dict[str, Any]] = []
+    bad = 0
+    for path in sorted(directory.glob("*.jsonl")):
+        found, unreadable = json_lines(path.read_text(errors="replace"))
+        records += found
+        bad += unreadable
+    return records, bad
+
+
 def sink_kind(name: str) -> str:
     """The sink kind of a scenario sink name (``sqs_fifo`` is an ``sqs`` sink)."""
     return name.split("_", 1)[0]

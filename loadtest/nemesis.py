@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.audit import audit_deliveries, from_records, json_lines
+from loadtest.audit import audit_deliveries, from_records, json_files
 from loadtest.common import STOP, dynamodb_args, stop_children, stopped_status, until_stopped
 from loadtest.fleet import ROOT, Fleet, pct
 from loadtest.nemesis_faults import Hands
@@ -228,18 +228,8 @@ async def _processor_audit(fleet: Fleet, recording: Path) -> dict[str, int]:
     land). A line that is not a record counts as ``unreadable``."""
     assert fleet.store is not None
     checkpoints = {r.stream_id: r.last_seq or 0 for r in await fleet.store.list_streams()}
-    records, unreadable = await asyncio.to_thread(_recorded, recording)
+    records, unreadable = await asyncio.to_thread(json_files, recording)
     return {**audit_deliveries(checkpoints, from_records(records)), "unreadable": unreadable}
-
-
-def _recorded(recording: Path) -> tuple[list[dict[str, Any]], int]:
-    records: list[dict[str, Any]] = []
-    unreadable = 0
-    for path in sorted(recording.glob("*.jsonl")):
-        found, bad = json_lines(path.read_text(errors="replace"))
-        records += found
-        unreadable += bad
-    return records, unreadable
 
 
 async def _at(hands: Hands, fault: Fault, index: int, started: float) -> None:

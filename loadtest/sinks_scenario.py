@@ -44,6 +44,7 @@ from loadtest.audit import (
     audit_deliveries,
     exactly_once,
     from_records,
+    json_files,
     json_lines,
     sink_kind,
 )
@@ -321,17 +322,8 @@ async def http_destination(servers: Servers) -> Destination:
 def _files_destination(directory: Path, url: str, env: dict[str, str]) -> Destination:
     counts: dict[str, Any] = {}
 
-    def read_all() -> tuple[list[dict[str, Any]], int]:
-        records: list[dict[str, Any]] = []
-        bad = 0
-        for path in sorted(directory.glob("*.jsonl")):
-            found, unreadable = json_lines(path.read_text(errors="replace"))
-            records += found
-            bad += unreadable
-        return records, bad
-
     async def read() -> dict[str, list[Delivery]]:
-        records, counts["unreadable"] = await asyncio.to_thread(read_all)
+        records, counts["unreadable"] = await asyncio.to_thread(json_files, directory)
         return from_records(records)
 
     return Destination(url, env, read, lambda: dict(counts))

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.audit import json_files
 from loadtest.nemesis import (
     Outcome,
     Settings,
-    _recorded,
     _slots_run_twice,
     accumulate,
     figures,
@@ -79,7 +79,7 @@ def processor_output(logs: Path) -> tuple[list[dict[str, object]], int, list[str
     """A processor schedule's records, unreadable lines, and its workers' log lines of a
     failed batch."""
     (directory,) = logs.glob("*/*-recording")
-    records, unreadable = _recorded(directory)
+    records, unreadable = json_files(directory)
     raised = [line for log in logs.glob("*/seed-*/w*.log")
               for line in log.read_text().splitlines() if '"processor.failed"' in line]
     return list(records), unreadable, raised
@@ -106,10 +106,10 @@ async def test_the_recording_processor_raises_before_writing_while_told_to(
     (tmp_path / RAISE_FLAG).touch()
     with pytest.raises(Told):
         await processor.process([Message(1, {"seq": 1}, '{"seq":1}')], ctx)
-    assert _recorded(tmp_path) == ([], 0)
+    assert json_files(tmp_path) == ([], 0)
     (tmp_path / RAISE_FLAG).unlink()
     await processor.process([Message(1, {"seq": 1}, '{"seq":1}')], ctx)
-    records, unreadable = _recorded(tmp_path)
+    records, unreadable = json_files(tmp_path)
     assert [(r["seq"], r["fence"]) for r in records] == [(1, 3)] and unreadable == 0
 
 
