@@ -70,7 +70,8 @@ def delivery(stream_id: str, seq: int, fence: int, data: Any) -> Delivery:
 def audit_deliveries(checkpoints: dict[str, int],
                      found: dict[str, list[Delivery]]) -> dict[str, int]:
     """Every seq up to each stream's checkpoint at the destination, intact; duplicates in
-    all and within one fence; order within a fence (see the module doc)."""
+    all and within one fence; order within a fence (the figures as ``loadtest.sinks_scenario``
+    defines them)."""
     lost = mismatched = duplicated = within_fence = out_of_order = messages = tenures = 0
     for sid in sorted(set(checkpoints) | set(found)):
         copies = found.get(sid, [])

@@ -38,7 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from loadtest.fleet import ROOT, Fleet, pct
 from loadtest.nemesis_faults import Hands
 from loadtest.nemesis_plan import (
     ALL_KINDS,
+    EVENTS_TABLE_KINDS,
     KINDS,
     Fault,
     Timing,
@@ -327,6 +328,9 @@ async def shrunk(failing: Outcome, settings: Settings) -> Outcome:
     try a fresh fleet), with that run's outcome."""
     smallest = failing
 
+    # A processor schedule stays one when its last processor fault is shrunk away.
+    settings = replace(settings, processor=failing.processor)
+
     async def fails(candidate: list[Fault]) -> bool:
         nonlocal smallest
         print(f"   shrinking: {len(candidate)} faults", flush=True)
@@ -445,6 +449,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
         raise ValueError(f"--kinds: unknown {unknown}" if unknown else "--kinds: none")
+    if args.processor and set(kinds) <= set(EVENTS_TABLE_KINDS):
+        raise ValueError(f"--kinds: a processor schedule draws none of {', '.join(kinds)}")
     if not 1 <= args.schedules <= 10_000 or not 0.1 <= args.minutes <= 60:
         raise ValueError("--schedules 1-10000 and --minutes 0.1-60")
     if args.schedule is not None:

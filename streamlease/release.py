@@ -90,7 +90,7 @@ class Release:
                                                     clean=clean),
                             timeout, f"release {stream}")
                         tracing.set_attributes(span, released=released,
-                                               clean=clean is not None)
+                                               clean=released and clean is not None)
                     break
                 except (TimeoutError, StoreError) as exc:
                     failure = str(exc) or "timeout"

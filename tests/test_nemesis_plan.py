@@ -4,6 +4,7 @@ back, every kind drawn, and a failing schedule shrunk to the faults that matter.
 from __future__ import annotations
 
 import collections
+import re
 
 import pytest
 
@@ -11,12 +12,14 @@ from loadtest import nemesis
 from loadtest.nemesis import Outcome, Settings
 from loadtest.nemesis_plan import (
     KINDS,
+    PROCESSOR_KINDS,
     TARGETED,
     Fault,
     Timing,
     decode,
     draw,
     encode,
+    is_processor_schedule,
     last_fault_ends,
     shrink,
 )
@@ -134,3 +137,42 @@ async def test_the_runner_shrinks_a_failing_schedule_to_a_run_that_fails(
     assert smallest.faults == [culprit] and smallest.failed
     assert smallest.replay() == f"make nemesis SEED=5000 SCHEDULE='{culprit.text()}'"
     assert len(runs) <= 33
+
+
+async def test_a_processor_schedule_shrinks_to_a_processor_schedule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    faults = draw(6, Timing(2.0, 60.0), processor=True)
+    culprit = next(f for f in faults if f.kind not in PROCESSOR_KINDS)
+    flavours: list[bool] = []
+
+    async def run(seed: int, candidate: list[Fault], settings: Settings) -> Outcome:
+        processor = settings.processor or is_processor_schedule(candidate)
+        flavours.append(processor)
+        outcome = Outcome(seed, candidate, processor=processor)
+        if culprit in candidate:
+            outcome.violations["lost"] += 1
+        return outcome
+
+    monkeypatch.setattr(nemesis, "run_schedule", run)
+    failing = await run(6000, faults, Settings())
+    smallest = await nemesis.shrunk(failing, Settings(shrink_budget=32))
+    assert smallest.faults == [culprit] and all(flavours)
+    assert smallest.replay().endswith(" ARGS=--processor")
+
+
+@pytest.mark.parametrize(("argv", "refused"), [
+    (["--kinds", "kill9,nope"], "unknown ['nope']"),
+    (["--kinds", ","], "--kinds: none"),
+    (["--processor", "--kinds", "sink_outage"], "a processor schedule draws none"),
+    (["--schedules", "0"], "--schedules 1-10000"),
+    (["--schedule", "kill9@x"], "not a fault"),
+])
+def test_the_command_refuses_what_it_cannot_run(argv: list[str], refused: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(refused)):
+        nemesis.settings_from(nemesis.build_parser().parse_args(argv))
+
+
+def test_the_command_builds_processor_settings() -> None:
+    settings = nemesis.settings_from(nemesis.build_parser().parse_args(
+        ["--processor", "--kinds", "kill9,sink_outage", "--seed", "9"]))
+    assert settings.processor and settings.seed == 9 and settings.kinds == ("kill9", "sink_outage")

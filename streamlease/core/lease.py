@@ -185,8 +185,9 @@ class CleanRelease:
 # item restored from a backup, is read as before.
 CLEAN_RELEASE_TRUST_MS = 60_000
 # A mark stamped this far in the taker's future still counts as just now: the releaser's
-# clock may run ahead by the skew the fleet tolerates (STREAMLEASE_SKEW_MARGIN_SECONDS), not
-# by a minute (a mark that stays "fresh" for longer than its window).
+# clock may run ahead (5 s, above the default 1 s STREAMLEASE_SKEW_MARGIN_SECONDS), but not
+# by a minute (a mark that stays "fresh" for longer than its window). A mark further ahead
+# costs the taker only its resume read.
 CLEAN_RELEASE_AHEAD_MS = 5_000
 
 

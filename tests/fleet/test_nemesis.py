@@ -62,12 +62,14 @@ async def test_a_random_schedule_leaves_no_violation(seed: int, tmp_path: Path) 
 
 async def test_a_processor_schedule_whose_processor_raises_leaves_no_violation(
         tmp_path: Path) -> None:
+    before = dict(os.environ)
     faults = draw(CI_PROCESSOR_SEED, CI_TIMING, processor=True)
     assert is_processor_schedule(faults)
     settings = Settings(seed=CI_PROCESSOR_SEED, minutes=CI_TIMING.duration_s / 60, streams=8,
                         results=None, logs=tmp_path)
     outcome = await run_schedule(CI_PROCESSOR_SEED, faults, settings)
     assert not outcome.failed, (dict(outcome.violations), outcome.notes, outcome.replay())
+    assert outcome.orphans == 0 and dict(os.environ) == before
     assert outcome.processor and outcome.replay().endswith(" ARGS=--processor")
     assert outcome.injected["processor_raises"] >= 1, (outcome.injected, outcome.skipped)
     records, unreadable, raised = processor_output(tmp_path)

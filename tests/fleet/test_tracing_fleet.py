@@ -81,6 +81,9 @@ async def test_a_sigterm_hand_off_is_linked_from_release_to_first_flush(
         reads = [s for s in spans if s.what == "resume_read" and s.attr("stream") == sid
                  and s.parent_id == h.acquire.span_id]
         assert len(reads) == (0 if h.release.attr("clean") else 1)
+    # A SIGTERM of a healthy fleet drains cleanly: the mark is written, not only honoured.
+    releases = [find_handoff(spans, victim, sid).release for sid in released]
+    assert any(r is not None and r.attr("clean") is True for r in releases)
     assert receiver.rejected == 0
     await fleet.audit()
 
