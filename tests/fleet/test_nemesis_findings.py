@@ -2,7 +2,7 @@
 faults the test sets (``streamlease dev dynamodb --faults``).
 
 * A worker started while the store refused or throttled its registration exited 1 (seed
-  102 of the suite's nemesis, ``clock_skew`` started during ``throttle``): registration is
+  102 of the suite's nemesis, ``scale_out`` started during ``throttle``): registration is
   now retried like the table check, and the worker joins once the store answers.
 """
 
