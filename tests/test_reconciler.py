@@ -159,23 +159,35 @@ async def test_the_memory_of_reported_problems_is_bounded() -> None:
     assert len(fleet.reconciler.unservable.reported) == REPORTED_LIMIT
 
 
+async def serve_a(memory: MemoryStore, owner: str, seconds: float) -> Fleet:
+    """A worker ``owner`` serves stream "a" (added if ``memory`` lacks it) for ``seconds``
+    of virtual time, then stops: its drain flushes and releases."""
+    fleet = Fleet(memory, owner=owner)
+    if "CONN#a" not in memory.items:
+        await fleet.streams("a")
+    fleet.start()
+    await asyncio.sleep(seconds)
+    await fleet.stop()
+    return fleet
+
+
+async def checkpoint_of_a(memory: MemoryStore) -> int:
+    record = await memory.get("a")
+    assert record is not None
+    return record.last_seq or 0
+
+
 async def test_a_rewound_checkpoint_resumes_after_the_sink(
         caplog: pytest.LogCaptureFixture) -> None:
     memory = MemoryStore()
-    first = Fleet(memory, owner="w1")
-    await first.streams("a")
-    first.start()
-    await asyncio.sleep(6)
-    await first.stop()
-    written = (await memory.get("a")).last_seq  # type: ignore[union-attr]
+    await serve_a(memory, "w1", 6)
+    written = await checkpoint_of_a(memory)
     fences = await memory.event_fences("a")
     assert written and fences
     # An operator rewrites the item by hand: checkpoint and fence are gone.
     await memory.put_item({"Pk": {"S": "CONN#a"}, "desired_state": {"S": "STARTED"},
                            "ws_url": {"S": URL.format("a")}, "lease_expires_at_ms": {"N": "0"}})
-    second = Fleet(memory, owner="w2").start()
-    await asyncio.sleep(6)
-    await second.stop()
+    second = await serve_a(memory, "w2", 6)
     assert events(caplog, "stream.checkpoint_rewound")
     seqs = [f.seq async for f in memory.read_events("a")]
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > written
@@ -188,17 +200,11 @@ async def test_a_rewound_checkpoint_resumes_after_the_sink(
 async def test_after_a_clean_release_the_next_holder_resumes_without_reading_the_sink(
         caplog: pytest.LogCaptureFixture) -> None:
     memory = MemoryStore()
-    first = Fleet(memory, owner="w1")
-    await first.streams("a")
-    first.start()
-    await asyncio.sleep(3)
-    await first.stop()  # drained: the final flush, then a release that says so
+    await serve_a(memory, "w1", 3)  # drained: the final flush, then a release that says so
     assert "newest_event" in memory.calls  # the first holder found no mark: it read
-    written = (await memory.get("a")).last_seq  # type: ignore[union-attr]
+    written = await checkpoint_of_a(memory)
     memory.calls.clear()
-    second = Fleet(memory, owner="w2").start()
-    await asyncio.sleep(3)
-    await second.stop()
+    await serve_a(memory, "w2", 3)
     assert "acquire" in memory.calls and "newest_event" not in memory.calls
     seqs = [f.seq async for f in memory.read_events("a")]
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > written
@@ -208,20 +214,14 @@ async def test_after_a_clean_release_the_next_holder_resumes_without_reading_the
 async def test_a_checkpoint_rewound_by_hand_after_a_clean_release_is_still_read(
         caplog: pytest.LogCaptureFixture) -> None:
     memory = MemoryStore()
-    first = Fleet(memory, owner="w1")
-    await first.streams("a")
-    first.start()
-    await asyncio.sleep(3)
-    await first.stop()
-    written = (await memory.get("a")).last_seq  # type: ignore[union-attr]
-    assert written and written > 2
+    await serve_a(memory, "w1", 3)
+    written = await checkpoint_of_a(memory)
+    assert written > 2
     # An operator rewinds only the checkpoint: the release's mark stays on the item.
     item = memory.items["CONN#a"]
     item["last_seq"] = {"N": "2"}
     memory.calls.clear()
-    second = Fleet(memory, owner="w2").start()
-    await asyncio.sleep(3)
-    await second.stop()
+    await serve_a(memory, "w2", 3)
     assert "newest_event" in memory.calls
     assert events(caplog, "stream.checkpoint_rewound")
     seqs = [f.seq async for f in memory.read_events("a")]
