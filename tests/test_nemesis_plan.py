@@ -118,45 +118,47 @@ def test_the_last_fault_ends_when_its_hold_does() -> None:
     assert last_fault_ends([]) == 0.0
 
 
+class PlantedFailure:
+    """A stand-in for ``nemesis.run_schedule``: a run fails while ``culprit`` is in it, and
+    is a processor schedule as the real one decides; every run is kept."""
+
+    def __init__(self, culprit: Fault) -> None:
+        self.culprit = culprit
+        self.runs: list[Outcome] = []
+
+    async def __call__(self, seed: int, candidate: list[Fault], settings: Settings) -> Outcome:
+        outcome = Outcome(seed, candidate,
+                          processor=settings.processor or is_processor_schedule(candidate))
+        if self.culprit in candidate:
+            outcome.violations["lost"] += 1
+        self.runs.append(outcome)
+        return outcome
+
+
+async def shrunk_with(planted: PlantedFailure, faults: list[Fault], seed: int,
+                      monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    monkeypatch.setattr(nemesis, "run_schedule", planted)
+    failing = await planted(seed, faults, Settings())
+    return await nemesis.shrunk(failing, Settings(shrink_budget=32))
+
+
 async def test_the_runner_shrinks_a_failing_schedule_to_a_run_that_fails(
         monkeypatch: pytest.MonkeyPatch) -> None:
     faults = draw(5, Timing(2.0, 120.0))
-    culprit = faults[3]
-    runs: list[list[Fault]] = []
-
-    async def run(seed: int, candidate: list[Fault], settings: Settings) -> Outcome:
-        runs.append(candidate)
-        outcome = Outcome(seed, candidate)
-        if culprit in candidate:
-            outcome.violations["lost"] += 1
-        return outcome
-
-    monkeypatch.setattr(nemesis, "run_schedule", run)
-    failing = await run(5000, faults, Settings())
-    smallest = await nemesis.shrunk(failing, Settings(shrink_budget=32))
-    assert smallest.faults == [culprit] and smallest.failed
-    assert smallest.replay() == f"make nemesis SEED=5000 SCHEDULE='{culprit.text()}'"
-    assert len(runs) <= 33
+    planted = PlantedFailure(faults[3])
+    smallest = await shrunk_with(planted, faults, 5000, monkeypatch)
+    assert smallest.faults == [faults[3]] and smallest.failed
+    assert smallest.replay() == f"make nemesis SEED=5000 SCHEDULE='{faults[3].text()}'"
+    assert len(planted.runs) <= 33
 
 
 async def test_a_processor_schedule_shrinks_to_a_processor_schedule(
         monkeypatch: pytest.MonkeyPatch) -> None:
     faults = draw(6, Timing(2.0, 60.0), processor=True)
     culprit = next(f for f in faults if f.kind not in PROCESSOR_KINDS)
-    flavours: list[bool] = []
-
-    async def run(seed: int, candidate: list[Fault], settings: Settings) -> Outcome:
-        processor = settings.processor or is_processor_schedule(candidate)
-        flavours.append(processor)
-        outcome = Outcome(seed, candidate, processor=processor)
-        if culprit in candidate:
-            outcome.violations["lost"] += 1
-        return outcome
-
-    monkeypatch.setattr(nemesis, "run_schedule", run)
-    failing = await run(6000, faults, Settings())
-    smallest = await nemesis.shrunk(failing, Settings(shrink_budget=32))
-    assert smallest.faults == [culprit] and all(flavours)
+    planted = PlantedFailure(culprit)
+    smallest = await shrunk_with(planted, faults, 6000, monkeypatch)
+    assert smallest.faults == [culprit] and all(run.processor for run in planted.runs)
     assert smallest.replay().endswith(" ARGS=--processor")
 
 
