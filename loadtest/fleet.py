@@ -49,7 +49,7 @@ import sys
 import time
 import traceback
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from loadtest.common import (
     use_local_dynamodb,
     worker_child,
 )
+from loadtest.processors import RECORDING_DIR, RECORDING_SINK
 from loadtest.report import worker_order
 from streamlease.core.model import StreamRecord
 from streamlease.dev.procs import free_port
@@ -1016,10 +1017,23 @@ PYTHON_PROCESSOR_ENV = {"STREAMLEASE_SINK": "python:loadtest.processors:make",
                         "STREAMLEASE_BATCH_MAX_SECONDS": "1"}
 
 
+def checkout_on_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``PYTHONPATH`` for a worker that loads a processor from this checkout (``env``'s
+    own entries kept after it)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", ""))
+                                          if p)}
+
+
 def python_processor_env(env: dict[str, str]) -> dict[str, str]:
     """``PYTHON_PROCESSOR_ENV``, with this checkout on the worker's ``PYTHONPATH``."""
-    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return {**PYTHON_PROCESSOR_ENV, "PYTHONPATH": path}
+    return {**PYTHON_PROCESSOR_ENV, **checkout_on_path(env)}
+
+
+def recording_env(directory: Path) -> dict[str, str]:
+    """A worker's settings to write through ``loadtest.processors:recording``
+    (``RECORDING_SINK``) into ``directory``."""
+    return {"STREAMLEASE_SINK": RECORDING_SINK, RECORDING_DIR: str(directory),
+            **checkout_on_path(os.environ)}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -44,7 +44,7 @@ from typing import Any
 
 from loadtest.audit import audit_deliveries, from_records, json_files
 from loadtest.common import STOP, dynamodb_args, stop_children, stopped_status, until_stopped
-from loadtest.fleet import ROOT, Fleet, pct
+from loadtest.fleet import ROOT, Fleet, pct, recording_env
 from loadtest.nemesis_faults import Hands
 from loadtest.nemesis_plan import (
     ALL_KINDS,
@@ -58,7 +58,6 @@ from loadtest.nemesis_plan import (
     is_processor_schedule,
     shrink,
 )
-from loadtest.processors import RECORDING_DIR
 from loadtest.report import markdown, write_file
 from streamlease.core.jobs import Job
 from streamlease.core.schedule import Schedule
@@ -79,9 +78,6 @@ WORKER_ENV = {
     "STREAMLEASE_LOG_FORMAT": "json",
     "STREAMLEASE_METRICS_ADDRESS": "127.0.0.1",
 }
-#: A processor schedule's output: the load test's recording processor (at least once),
-#: read back from its files for the audit.
-PROCESSOR_SINK = "python:loadtest.processors:recording"
 JOB = "nemesis-slots"
 STOP_CHECKS = 2  # streams STOPPED at the end of a schedule, in a calm fleet
 
@@ -172,9 +168,7 @@ def processor_env(recording: Path) -> dict[str, str]:
     """The workers' settings for a processor schedule: output through the recording
     processor into ``recording``."""
     recording.mkdir(parents=True, exist_ok=True)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**WORKER_ENV, "STREAMLEASE_SINK": PROCESSOR_SINK, RECORDING_DIR: str(recording),
-            "PYTHONPATH": path}
+    return {**WORKER_ENV, **recording_env(recording)}
 
 
 async def _run(fleet: Fleet, hands: Hands, faults: list[Fault], settings: Settings,

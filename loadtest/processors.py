@@ -23,6 +23,7 @@ from streamlease.sinks import record_line
 from streamlease.sinks.files import file_name
 
 RECORDING_DIR = "LOADTEST_RECORDING_DIR"
+RECORDING_SINK = "python:loadtest.processors:recording"
 RAISE_FLAG = "raise"
 
 

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 import traceback
@@ -49,7 +48,7 @@ from loadtest.audit import (
     sink_kind,
 )
 from loadtest.common import PROFILES, choose_names, timing_env
-from loadtest.fleet import ROOT, Context, run_each, short_chaos_run
+from loadtest.fleet import Context, recording_env, run_each, short_chaos_run
 from loadtest.sink_cost import measure_sink_cost
 
 SINKS = ("dynamodb", "postgres", "kinesis", "sqs", "s3", "http", "file", "python")
@@ -335,12 +334,9 @@ async def file_destination(servers: Servers) -> Destination:
 
 
 async def python_destination(servers: Servers) -> Destination:
-    from loadtest.processors import RECORDING_DIR
-
     directory = servers.scratch / "python"
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return _files_destination(directory, "python:loadtest.processors:recording",
-                              {RECORDING_DIR: str(directory), "PYTHONPATH": path})
+    env = recording_env(directory)
+    return _files_destination(directory, env.pop("STREAMLEASE_SINK"), env)
 
 
 DESTINATIONS: dict[str, Callable[[Servers], Awaitable[Destination]]] = {
