@@ -265,11 +265,9 @@ def release_expr(owner: str, fence: int, trace_parent: str | None = None,
         names=_names("#owner", "#fence", "#exp"),
         values={":me": s(owner), ":fence": n(fence), ":zero": n(0)},
     )
-    if clean is not None:
-        expr = Expr(condition=expr.condition, update=f"{expr.update}, #clean = :clean",
-                    names={**expr.names, **_names("#clean")},
-                    values={**expr.values, ":clean": clean_release_value(clean)})
-    return _with_trace_parent(expr, trace_parent)
+    return _with_trace_parent(
+        _also_set(expr, "#clean", None if clean is None else clean_release_value(clean)),
+        trace_parent)
 
 
 def clean_release_value(clean: CleanRelease) -> dict[str, Any]:
@@ -292,11 +290,18 @@ def clean_release(record: StreamRecord) -> CleanRelease | None:
 def _with_trace_parent(expr: Expr, trace_parent: str | None) -> Expr:
     """A release's update that also stores ``trace_parent`` (nothing more without one: a
     worker that does not trace names no other attribute than before)."""
-    if trace_parent is None:
+    return _also_set(expr, "#tp", None if trace_parent is None else s(trace_parent))
+
+
+def _also_set(expr: Expr, name: str, value: dict[str, Any] | None) -> Expr:
+    """``expr`` whose ``SET`` also writes ``value`` to the attribute ``name`` (a ``NAMES``
+    placeholder, its value placeholder the same word after ``:``); ``expr`` as it is
+    without a value."""
+    if value is None:
         return expr
-    return Expr(condition=expr.condition, update=f"{expr.update}, #tp = :tp",
-                names={**expr.names, **_names("#tp")},
-                values={**expr.values, ":tp": s(trace_parent)})
+    placeholder = f":{name[1:]}"
+    return Expr(condition=expr.condition, update=f"{expr.update}, {name} = {placeholder}",
+                names={**expr.names, **_names(name)}, values={**expr.values, placeholder: value})
 
 
 def force_release_expr(expect_owner: str | None, expect_fence: int | None) -> Expr:
