@@ -31,6 +31,7 @@ from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.config import WorkerConfig, default_worker_id
 from streamlease.context import Context
 from streamlease.core.backends import LeaderBackendChoice, MongoTarget
+from streamlease.core.handover import offer_wait_s
 from streamlease.core.jobs import takeover_grace_ms
 from streamlease.core.membership import HeartbeatOutcome, MemberTimings
 from streamlease.core.stream import BATCH_MAX_BYTES, sink_retry_cap
@@ -103,6 +104,10 @@ def build_settings(config: WorkerConfig) -> ReconcilerSettings:
         timings=config.stream_timings, allowed_urls=config.allowed_urls, pump=pump,
         call_timeout_s=call_timeout, drain_timeout_s=max(1.0, config.shutdown_s / 2),
         check_s=config.stream_check_s,
+        # The events table alone takes each batch and its checkpoint under the fence in
+        # one transaction: its streams are handed live (streamlease.core.handover).
+        handover_wait_s=offer_wait_s(member_timings(config).heartbeat_s)
+        if config.sink.kind == "dynamodb" else None,
     )
     return ReconcilerSettings(
         reconcile_s=config.reconcile_s, sweep_s=config.sweep_s,
@@ -252,6 +257,7 @@ def build_runtime(config: WorkerConfig, ctx: Context, stores: Stores, backend: L
               leader_fence=lambda: wired[0].leadership.fence() if wired else 0,
               orphans=lambda: wired[0].reconciler.orphans_seen() if wired else 0,
               notice=lambda notice: wired[0].reconciler.notice(notice) if wired else None,
+              offers=lambda offers: wired[0].reconciler.offered(offers) if wired else None,
               feed_resumed=on_reconciler(lambda r: r.feed_resumed())))
     ctx = dataclasses.replace(ctx, sink=PacedSink(ctx.sink, gate, metrics, config.sink.kind))
     recon = Reconciler(ctx, settings, membership)

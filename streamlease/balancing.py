@@ -45,7 +45,7 @@ class Balancer:
         return (news is not None and self.ctx.owner in news.donors) or self._handing_over()
 
     def _handing_over(self) -> bool:
-        return any(s.holding.reason is StopReason.REBALANCE
+        return any(s.leaving is StopReason.REBALANCE
                    for s in self.holdings.supervisors.values())
 
     def take_back(self, acquirable: list[StreamRecord], waited: balance.Waited,
@@ -86,7 +86,7 @@ class Balancer:
             return self.settings.acquire_per_cycle
         # Streams being handed over are no longer this worker's to count.
         keeping = sum(1 for s in self.holdings.supervisors.values()
-                      if s.holding.reason is not StopReason.REBALANCE)
+                      if s.leaving is not StopReason.REBALANCE)
         news = self.membership.bulletin
         if news is not None and not self.membership.reading_all:
             # The leader's bulletin: the share level, the gaps, the donors.
@@ -114,7 +114,7 @@ class Balancer:
         """Shed what ``plan`` (made from the leader's bulletin ``news``, if given) says;
         how many orphans to take now."""
         self.ctx.metrics.share(plan.share)
-        self.share = plan.share
+        self.share = self.holdings.share_level = plan.share
         if plan.shed:
             self._shed(plan.shed, now, news)
         return balance.intake(plan, keeping, waited)
@@ -136,8 +136,9 @@ class Balancer:
                    and now - s.acquired_at >= self.settings.min_hold_s]
         movable.sort(key=lambda s: s.acquired_at)
         chosen = movable[:count]
+        takers = self.holdings.takers([s.stream for s in chosen])
         for supervisor in chosen:
-            supervisor.request_drain(StopReason.REBALANCE)
+            supervisor.request_drain(StopReason.REBALANCE, taker=takers.get(supervisor.stream))
             self._handed_over[supervisor.stream] = now
         if chosen:
             self.ctx.metrics.rebalance_moved(len(chosen))

@@ -50,6 +50,9 @@ class Delivery:
         self._stalled = False  # counted in streamlease_stalled_streams
         self._flushed = False  # the tenure's first batch was written (it alone gets a span)
         self.abandoned = False  # frames were dropped unwritten while stopping
+        # A connection opened ahead of a hand-over replays from where the item was before
+        # the take: what it replays up to the take's last_seq is dropped without a word.
+        self.replayed_through = 0
 
     def connected(self, first: bool, closed_ms: int | None) -> None:
         """A connection opened (``first`` of the tenure; the last one ended at wall time
@@ -66,6 +69,10 @@ class Delivery:
         if type(frame) is Control:
             metrics.control_frame()
             return
+        if self.replayed_through and type(frame) is Frame:
+            if frame.seq <= self.replayed_through:
+                return  # delivered by the previous holder while this connection opened
+            self.replayed_through = 0
         assert not isinstance(frame, Control)
         if self._gap is not None and type(frame) is Frame:
             frame = self._place_gap(frame)

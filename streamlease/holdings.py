@@ -1,8 +1,9 @@
 """The streams this worker holds: one supervisor each, and the leases still being settled.
 
 Every way a lease reaches this worker — an orphan acquired by the intake, a dead member's
-stream taken straight over — ends in ``Holdings.start``: the output starts (resuming after
-what it already holds), then the supervisor, in the reconciler's scope. What is not
+stream taken straight over, a stream a live peer handed over — ends in ``Holdings.start``:
+the output starts (resuming after what it already holds), then the supervisor, in the
+reconciler's scope. What is not
 served is not kept: a lease taken while this worker stopped, filled up or lost its
 membership in good standing is handed straight back, and one whose outcome is unknown (an
 answer lost, a call cancelled) is read back and released (``settle_unsure``).
@@ -14,11 +15,14 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from streamlease import tracing
+from streamlease.ahead import Ahead
 from streamlease.context import Context
+from streamlease.core import handover
 from streamlease.core.bulletin import Bulletin
 from streamlease.core.lease import HolderState, StopReason, checkpoint_trusted, resume_point
 from streamlease.core.membership import MemberRecord
@@ -69,6 +73,10 @@ class MemberGate(Protocol):
 
     def handed_off(self) -> None: ...
 
+    async def offer_to(self, member: MemberRecord, offer: str) -> bool: ...
+
+    async def offers_done(self, offers: Sequence[str]) -> None: ...
+
 
 @dataclass(frozen=True)
 class HoldingSettings:
@@ -101,7 +109,11 @@ class Holdings:
         self.ties = Ties(lease_health=lease_health,
                          member_alive=lambda now: membership.may_write(now),
                          watched=lambda: self.batched_checks,
-                         told=lambda: membership.feed_live(), hooks=hooks or Hooks())
+                         told=lambda: membership.feed_live(), hooks=hooks or Hooks(),
+                         offer=membership.offer_to)
+        # This worker's fair share as its balance last computed it (None: not yet): how
+        # far below it each peer is decides whom a drain hands streams to.
+        self.share_level: int | None = None
         self.tg: asyncio.TaskGroup | None = None  # the scope supervisors run in
         # Streams being acquired or taken over right now (not yet supervised).
         self.acquiring: set[str] = set()
@@ -137,8 +149,23 @@ class Holdings:
             self.unsure.add(got.tenure.stream_id)
 
     def drain_all(self, reason: StopReason, release_by: float | None) -> None:
-        for supervisor in list(self.supervisors.values()):
-            supervisor.request_drain(reason, release_by)
+        """Drain every stream; a shutdown hands each to a peer with room, if any."""
+        held = list(self.supervisors.values())
+        chosen = self.takers([s.stream for s in held]) if reason is StopReason.SHUTDOWN \
+            else {}
+        for supervisor in held:
+            supervisor.request_drain(reason, release_by, chosen.get(supervisor.stream))
+
+    def takers(self, streams: list[str]) -> dict[str, MemberRecord]:
+        """Whom to hand each of ``streams`` to (``core.handover.takers``), where this
+        worker's output allows a live hand-over; the rest are released."""
+        if not self.settings.supervisor.handover_wait_s or not streams:
+            return {}
+        view = self.membership.view
+        members = {m.worker_id: m for m in view.members}
+        chosen = handover.takers(streams, view.members, self.ctx.owner, self.share_level,
+                                 view.observed_dead)
+        return {sid: members[wid] for sid, wid in chosen.items()}
 
     def notify(self, stream_id: str) -> None:
         """The leader's change feed says a held stream's item changed: its supervisor
@@ -152,23 +179,37 @@ class Holdings:
             self._told.add(stream_id)
 
     async def start(self, got: Acquired, sent: float, delay: float | None,
-                    previous_owner: str | None, how: str = "orphan") -> None:
-        """Serve a lease just taken (acquired as an orphan, or taken over from a dead
-        member): start its output and its supervisor, or hand it straight back if this
-        worker can no longer serve it."""
+                    previous_owner: str | None, how: str = "orphan",
+                    ahead: Ahead | None = None) -> None:
+        """Serve a lease just taken (acquired as an orphan, taken over from a dead
+        member, or handed over with its first connection opened ``ahead``): start its
+        output and its supervisor, or hand it straight back if this worker can no longer
+        serve it."""
         stream_id = got.tenure.stream_id
         self._starting.add(stream_id)
         try:
-            await self._start(got, sent, delay, previous_owner, how)
+            await self._start(got, sent, delay, previous_owner, how, ahead)
         finally:
             self._starting.discard(stream_id)
+            held = self.supervisors.get(stream_id)
+            if ahead is not None and (held is None or held.tenure != got.tenure):
+                await ahead.close()  # not served: the connection goes unused
             told = stream_id in self._told
             self._told.discard(stream_id)
             if told and stream_id in self.supervisors:
                 self.supervisors[stream_id].notified()
 
+    async def start_handed(self, got: Acquired, sent: float, previous_owner: str,
+                           ahead: Ahead) -> bool:
+        """Serve a stream a live peer handed over, from the connection opened ``ahead``
+        (``streamlease.handover``); whether it is served here. Its checkpoint is exact:
+        the holder's writes were fenced, so there is no resume read."""
+        await self.start(got, sent, 0.0, previous_owner, how=tracing.HOW_HANDED, ahead=ahead)
+        held = self.supervisors.get(got.tenure.stream_id)
+        return held is not None and held.tenure == got.tenure
+
     async def _start(self, got: Acquired, sent: float, delay: float | None,
-                     previous_owner: str | None, how: str) -> None:
+                     previous_owner: str | None, how: str, ahead: Ahead | None) -> None:
         tracing.note_acquired(got, how, self.ctx.metrics.trace_context_invalid)
         if not self._can_serve():
             await self._hand_back(got)
@@ -199,7 +240,8 @@ class Holdings:
         event(logging.INFO, "lease.acquired", "lease acquired", stream=got.tenure.stream_id,
               fence=got.tenure.fence, last_seq=got.tenure.last_seq,
               previous_owner=previous_owner, unowned_s=delay, how=how)
-        supervisor = Supervisor(self.ctx, self.settings.supervisor, got, sent, self.ties)
+        supervisor = Supervisor(self.ctx, self.settings.supervisor, got, sent, self.ties,
+                                ahead)
         self.supervisors[got.tenure.stream_id] = supervisor
         self.ctx.metrics.set_leases_held(len(self.supervisors))
         assert self.tg is not None

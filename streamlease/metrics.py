@@ -26,6 +26,7 @@ from prometheus_client import (
 
 from streamlease import __version__
 from streamlease.core.changes import ACTIONS as CHANGE_FEED_ACTIONS
+from streamlease.core.handover import HANDOVER_OUTCOMES
 from streamlease.core.jobs import RunOutcome
 from streamlease.core.lease import LOST_REASONS, RELEASE_REASONS, StopReason
 from streamlease.core.membership import MemberRecord
@@ -204,6 +205,9 @@ class MetricFamilies:
                          ("outcome",), known=MEMBER_HEARTBEAT_OUTCOMES)
     _rebalance_moves = Family(Counter, "rebalance_moves", "Streams this worker handed over to "
                               "even out the fleet")
+    _handovers = Family(Counter, "handovers", "Live hand-overs (make before break): offers "
+                        "this worker acted on as taker, and its own offers not taken, by "
+                        "outcome", ["outcome"], known=HANDOVER_OUTCOMES)
     _sink_limit = Family(Gauge, "sink_in_flight_limit", "Sink transactions this worker lets be "
                          "in flight at once (lowered while member heartbeats are slow)")
     # Unknown (NaN) until this worker first computes its share, so a balance alert
@@ -455,6 +459,9 @@ class Metrics(MetricFamilies):
     def clear_fleet_view(self) -> None:
         """Only the leader publishes the fleet view; others expose none (not stale)."""
         self._streams.clear()
+
+    def handover(self, outcome: str) -> None:
+        self._handovers.labels(outcome).inc()
 
     def rebalance_moved(self, count: int) -> None:
         self._rebalance_moves.inc(count)

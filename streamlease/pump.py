@@ -28,6 +28,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from streamlease.ahead import Ahead
 from streamlease.context import Context
 from streamlease.core.lease import Holding
 from streamlease.core.stream import StreamMachine
@@ -49,7 +50,9 @@ class Pump:
     def __init__(self, ctx: Context, holding: Holding, settings: PumpSettings,
                  wire: Wire = BUILTIN_WIRE,
                  on_problem: Callable[[str | None], None] | None = None,
-                 on_delivered: Callable[[int], None] | None = None) -> None:
+                 on_delivered: Callable[[int], None] | None = None,
+                 ahead: Ahead | None = None) -> None:
+        """``ahead``: the first connection, opened before the tenure began (a hand-over)."""
         self.ctx = ctx
         self.tenure = holding.tenure
         self.holding = holding
@@ -62,6 +65,9 @@ class Pump:
         parts = PumpParts(ctx, holding, settings, wire, self.machine, on_problem)
         self.delivery = Delivery(parts, self._pause, on_delivered)
         self.session = Session(parts, self.delivery, self.interrupts)
+        if ahead is not None:
+            self.session.ahead = ahead
+            self.delivery.replayed_through = self.tenure.last_seq or 0
 
     @property
     def stream(self) -> str:
@@ -120,6 +126,9 @@ class Pump:
         finally:
             self.interrupts.task = None
             self.delivery.set_stalled(False)
+            if self.session.ahead is not None:  # stopped before its first connection
+                await self.session.ahead.close()
+                self.session.ahead = None
 
     async def _connections(self) -> None:
         machine, clock = self.machine, self.ctx.clock

@@ -36,6 +36,7 @@ from streamlease.core.backoff import jittered
 from streamlease.core.lease import StopReason
 from streamlease.core.notices import Notice, NoticeKind
 from streamlease.errors import StoreError
+from streamlease.handover import TakerGate, Taking, TakingSettings
 from streamlease.holdings import Holdings, HoldingSettings, MemberGate
 from streamlease.intake import Intake
 from streamlease.logs import event
@@ -88,12 +89,34 @@ class Reconciler:
         self.self_audit = SelfAudit(
             ctx, self.holdings, AuditSettings(settings.audit_s, settings.stopped_check_s),
             membership, self._stop)
+        self.taking = Taking(
+            ctx, TakingSettings(settings.supervisor, settings.supervisor.timings,
+                                settings.stopped_check_s),
+            TakerGate(self._may_take, lambda: membership.epoch, self.holdings.start_handed,
+                      membership.offers_done, self.holdings.acquiring, self.holdings.unsure),
+            lambda: self.holdings.tg)
         self.unservable = Unservable(ctx)
         self.sweep = Sweep(
             ctx, self.holdings,
             SweepSettings(settings.sweep_s, settings.supervisor.allowed_urls,
                           settings.supervisor.catalog),
             self.unservable, self._stop)
+
+    def offered(self, offers: frozenset[str]) -> None:
+        """The offers in this worker's member row, read back by its heartbeat."""
+        self.taking.offered(offers)
+
+    def _may_take(self, stream_id: str, rebalance: bool) -> bool:
+        """A stream a peer hands over is taken with room, and for a rebalance only below
+        this worker's share by its own live count (as an orphan would be: past its share
+        it would only shed the stream again)."""
+        holdings = self.holdings
+        room = self.settings.max_streams
+        if rebalance and holdings.share_level is not None:
+            room = min(room, holdings.share_level)
+        return not self._stop.is_set() and self.membership.accepting and \
+            self._admitting and len(holdings.supervisors) < room \
+            and stream_id not in holdings.supervisors
 
     @property
     def supervisors(self) -> dict[str, Supervisor]:

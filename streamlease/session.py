@@ -19,9 +19,10 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.frames import CloseCode
 
 from streamlease import tracing
+from streamlease.ahead import Ahead, dial_options
 from streamlease.core.urls import redact
 from streamlease.delivery import Delivery
-from streamlease.dial import DialOptions, dial
+from streamlease.dial import dial
 from streamlease.errors import DialError
 from streamlease.logs import event
 from streamlease.pumping import Interrupts, PumpParts
@@ -42,9 +43,37 @@ class Session:
         self._connections_made = 0
         self._closed_ms: int | None = None  # wall time the last connection ended
         self._setup_problem: str | None = None
+        # A connection opened before the tenure began (a hand-over, ``streamlease.ahead``):
+        # the first connection, already through its opening exchange.
+        self.ahead: Ahead | None = None
 
     async def connection(self, asked: int) -> str:
         """One connection, from the handshake to its end; the reason it ended."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            prepared, ws = ahead.prepared, ahead.ws
+        else:
+            opened = await self._dial(asked)
+            if isinstance(opened, str):
+                return opened
+            prepared, ws = opened
+        metrics = self.ctx.metrics
+        self.connected = True
+        metrics.upstream_connected(1)
+        event(logging.INFO, "pump.connected", "connected to upstream", stream=self.stream,
+              fence=self.tenure.fence, url=redact(prepared.url), from_seq=asked,
+              upstream=self.wire.name)
+        self.delivery.connected(self._connections_made == 0, self._closed_ms)
+        self._connections_made += 1
+        try:
+            return await self._session(ws, prepared, ahead)
+        finally:
+            self._closed_ms = self.ctx.clock.wall_ms()
+            self.connected = False
+            metrics.upstream_connected(-1)
+
+    async def _dial(self, asked: int) -> tuple[Prepared, ClientConnection] | str:
+        """A new connection, from ``asked`` on; or the reason there is none."""
         prepared = await self._prepare(asked)
         if isinstance(prepared, str):
             return prepared
@@ -58,20 +87,7 @@ class Session:
             return "connect_failed"
         if ws is None:
             return "closed"  # stopped, or the URL changed, while the handshake was in flight
-        metrics = self.ctx.metrics
-        self.connected = True
-        metrics.upstream_connected(1)
-        event(logging.INFO, "pump.connected", "connected to upstream", stream=self.stream,
-              fence=self.tenure.fence, url=redact(prepared.url), from_seq=asked,
-              upstream=self.wire.name)
-        self.delivery.connected(self._connections_made == 0, self._closed_ms)
-        self._connections_made += 1
-        try:
-            return await self._session(ws, prepared)
-        finally:
-            self._closed_ms = self.ctx.clock.wall_ms()
-            self.connected = False
-            metrics.upstream_connected(-1)
+        return prepared, ws
 
     async def _prepare(self, from_seq: int) -> Prepared | str:
         """What to dial (secrets resolved), or the reason it cannot be worked out."""
@@ -100,12 +116,8 @@ class Session:
         reconnect = self._connections_made > 0
         with tracing.span("dial", root=reconnect, stream=self.stream, fence=self.tenure.fence,
                           upstream=self.wire.name, reconnect=reconnect):
-            return await dial(prepared.url, settings.allowed_urls, DialOptions(
-                compression=None, max_size=settings.max_frame_bytes,
-                open_timeout=settings.open_timeout_s, close_timeout=2,
-                max_queue=settings.receive_queue, ping_interval=20, ping_timeout=20,
-                additional_headers=prepared.headers or None,
-                subprotocols=prepared.subprotocols or None))
+            return await dial(prepared.url, settings.allowed_urls,
+                              dial_options(settings, prepared))
 
     def _connect_problem(self, text: str) -> None:
         """A connection attempt failed before any frame could be read (setup, opening
@@ -115,15 +127,22 @@ class Session:
             if self.parts.on_problem is not None:
                 self.parts.on_problem(text)
 
-    async def _session(self, ws: ClientConnection, prepared: Prepared) -> str:
-        """The opening exchange, then read and write in turn until the connection ends or
-        a close is asked for."""
+    async def _session(self, ws: ClientConnection, prepared: Prepared,
+                       ahead: Ahead | None = None) -> str:
+        """The opening exchange (done already for a connection opened ``ahead``: what
+        arrived during it is handed on first), then read and write in turn until the
+        connection ends or a close is asked for."""
         keepalive: asyncio.Task[None] | None = None
         opening = False
         try:
-            opening = True
-            await self.interrupts.wait(self.wire.open(Connection(ws), prepared, self._deliver))
-            opening = False
+            if ahead is None:
+                opening = True
+                await self.interrupts.wait(self.wire.open(Connection(ws), prepared,
+                                                          self._deliver))
+                opening = False
+            else:
+                for data in ahead.frames:
+                    await self._deliver(data)
             self._setup_problem = None  # connected and through the opening: a new failure
             # of the same kind is reported again
             if prepared.keepalive is not None and prepared.keepalive_s is not None:

@@ -6,6 +6,9 @@ its decisions) in one TaskGroup, then the end (``streamlease.release``):
 
 * lost (condition failed) or past the local deadline -> abort the pump at once; no
   flush, no further write under this tenure;
+* shutdown or rebalancing with a taker named -> offer the stream to the taker and go on
+  delivering until it takes the lease (make before break, ``streamlease.handover``);
+  then stop at once, no flush. An offer not taken in time falls through to:
 * ``STOPPED``, shutdown, rebalancing, an item that can no longer be served -> stop
   reading, flush, then release. Heartbeats go on while the pump flushes, so a long final
   flush never outlives the lease; the release is retried with backoff until its budget
@@ -24,11 +27,14 @@ import dataclasses
 import logging
 from typing import Any
 
+from streamlease.ahead import Ahead
 from streamlease.context import Context
 from streamlease.core.lease import HolderState, Holding, StopReason
+from streamlease.core.membership import MemberRecord
 from streamlease.core.model import StreamRecord, error_text
 from streamlease.core.plan import bad_item_reason, item_problem
 from streamlease.errors import SelfFenced, SinkConflict, StaleFence, StoreError
+from streamlease.handover import Handing
 from streamlease.heartbeat import Heartbeat
 from streamlease.logs import event
 from streamlease.pump import Pump
@@ -48,10 +54,12 @@ __all__ = ["RELEASES_IN_FLIGHT", "PumpFactory", "Supervisor", "SupervisorSetting
 
 class Supervisor:
     """``got`` is the lease just taken (its tenure, and the item as taken), sent at
-    ``acquire_sent_at`` (monotonic); ``ties`` are the worker's, shared by its supervisors."""
+    ``acquire_sent_at`` (monotonic); ``ties`` are the worker's, shared by its supervisors;
+    ``ahead``: its first connection, opened before the lease was taken (a hand-over)."""
 
     def __init__(self, ctx: Context, settings: SupervisorSettings, got: Acquired,
-                 acquire_sent_at: float, ties: Ties | None = None) -> None:
+                 acquire_sent_at: float, ties: Ties | None = None,
+                 ahead: Ahead | None = None) -> None:
         self.ctx = ctx
         self.settings = settings
         self.ties = ties = ties or Ties()
@@ -62,7 +70,14 @@ class Supervisor:
         wire = settings.upstreams.wire(tenure.stream_id, got.record.attributes)
         self.pump: PumpLike = (ties.hooks.pump_factory or Pump)(
             ctx, self.holding, settings.pump, wire=wire, on_problem=self._on_problem,
-            on_delivered=ties.hooks.on_delivered)
+            on_delivered=ties.hooks.on_delivered, **({"ahead": ahead} if ahead else {}))
+        # Handed live only where the item's last_seq is exactly what was delivered (the
+        # events table's transactions) and frames carry the upstream's own seq.
+        self._handing = Handing(ctx, settings, ties.offer) \
+            if ties.offer is not None and settings.handover_wait_s and not wire.numbered else None
+        self._taker: MemberRecord | None = None  # named by the drain, offered once
+        self._offered = False
+        self._handed_to: str | None = None
         self.heartbeat = Heartbeat(ctx, settings, self.tenancy, ties, self.pump)
         self.ending = Release(ctx, settings, self.tenancy, ties.release_gate)
         self._tg: asyncio.TaskGroup | None = None  # the tenure's scope while it runs
@@ -112,11 +127,20 @@ class Supervisor:
         """The leader's change feed says the item changed: read it now."""
         self.heartbeat.notified()
 
-    def request_drain(self, reason: StopReason, release_by: float | None = None) -> None:
+    @property
+    def leaving(self) -> StopReason | None:
+        """Why the tenure was asked to end (set before its drain begins: a hand-over)."""
+        return self._drain_reason or self.holding.reason
+
+    def request_drain(self, reason: StopReason, release_by: float | None = None,
+                      taker: MemberRecord | None = None) -> None:
         """Flush and release (shutdown, STOPPED seen elsewhere, rebalancing); the release
-        is retried until ``release_by`` (monotonic), or the tenure's deadline."""
+        is retried until ``release_by`` (monotonic), or the tenure's deadline. With a
+        ``taker`` (and an output that allows it), the stream is first offered to it."""
         if self._drain_reason is None:
             self._drain_reason = reason
+            if taker is not None and self._handing is not None:
+                self._taker = taker
         if release_by is not None:
             # A shutdown during a hand-over (or after a self-fence) brings its budget.
             held = self.tenancy.release_by
@@ -152,6 +176,9 @@ class Supervisor:
             heartbeat = tg.create_task(self.heartbeat.run(), name=f"heartbeat {self.stream}")
             try:
                 await self._wait_until_stopping()
+                if self._taker is not None and self.holding.state is HolderState.HOLDING:
+                    await self._hand_over()
+                    await self._wait_until_stopping()
                 await self._stop_pump(pump_task)
             finally:
                 # Heartbeats ran through the drain; the flush is over (or abandoned) now.
@@ -166,6 +193,8 @@ class Supervisor:
         while True:
             wake.clear()
             if self._drain_reason is not None:
+                if self._taker is not None and self.holding.state is HolderState.HOLDING:
+                    return  # offered first; drained after, if the offer is not taken
                 self.holding.begin_drain(self._drain_reason)
             if self.holding.state is not HolderState.HOLDING:
                 return
@@ -174,15 +203,39 @@ class Supervisor:
                 return
             await wake.wait()
 
+    async def _hand_over(self) -> None:
+        """Offer the stream to the drain's taker, delivering meanwhile, and wait until it
+        takes the lease (then the tenure ends here: no flush, nothing released) or the
+        offer is given up (the drain goes on as any other). A shutdown leaves the drain
+        its own budget after the offer."""
+        taker, self._taker = self._taker, None
+        assert taker is not None and self._handing is not None
+        self._offered = True
+        release_by = self.tenancy.release_by
+        until = float("inf") if release_by is None \
+            else release_by - self.settings.drain_timeout_s
+        holding = self.holding
+
+        def ended() -> bool:
+            return holding.state is not HolderState.HOLDING or self._pump_done
+
+        rebalance = self._drain_reason is StopReason.REBALANCE
+        if await self._handing.hand(self.tenure, taker, rebalance, self.tenancy.wake, until,
+                                    ended):
+            self._handed_to = taker.worker_id
+            holding.on_stale_write()  # the fence moved on: abort the pump, no flush
+
     async def _run_pump(self) -> None:
         metrics = self.ctx.metrics
         try:
             await self.pump.run()
         except StaleFence:
-            metrics.stale_write_rejected()
             self.holding.on_stale_write()
-            event(logging.WARNING, "sink.stale_fence", "sink refused a batch: fence is stale",
-                  stream=self.stream, fence=self.tenure.fence)
+            if not self._offered:  # else the taker has it: expected, and told as such
+                metrics.stale_write_rejected()
+                event(logging.WARNING, "sink.stale_fence",
+                      "sink refused a batch: fence is stale", stream=self.stream,
+                      fence=self.tenure.fence)
         except SelfFenced:
             self.holding.check_deadline(self.ctx.clock.monotonic())
         except SinkConflict as exc:
@@ -220,6 +273,12 @@ class Supervisor:
                                   "last_seq": self.pump.committed}
         metrics.lease_ended(self.ctx.clock.monotonic() - self.acquired_at)
         await ending.close_output(reason)
+        if self._handed_to is not None:
+            assert self._drain_reason is not None
+            metrics.lease_released(self._drain_reason)
+            event(logging.INFO, "lease.handed_over", "lease handed over to a peer",
+                  reason=self._drain_reason.value, taker=self._handed_to, **fields)
+            return
         if holding.state in (HolderState.LOST, HolderState.SELF_FENCED):
             assert reason is not None
             metrics.lease_lost(reason)

@@ -9,11 +9,12 @@ output closed, lease released). This module imports none of them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from streamlease.core.lease import Holding, LeaseTimings, StopReason, always
+from streamlease.core.membership import MemberRecord
 from streamlease.core.model import StreamRecord, Tenure
 from streamlease.core.upstream import Catalog
 from streamlease.core.urls import AllowList
@@ -36,6 +37,10 @@ class SupervisorSettings:
     drain_timeout_s: float = 10.0  # the pump's final flush at most
     check_s: float | None = None  # read the item this often (None: only when renewing)
     upstreams: Upstreams = BUILTIN_UPSTREAMS  # how each stream's upstream is spoken to
+    # A drain may hand the stream to a named taker while delivering (make before break,
+    # ``streamlease.core.handover``), waiting this long for the take (None: never; only
+    # the events table's transactions keep the item's last_seq exactly where delivery is).
+    handover_wait_s: float | None = None
 
     @property
     def catalog(self) -> Catalog:
@@ -78,7 +83,8 @@ class Ties:
     """What ties every supervisor of a worker to the rest of it (``Holdings`` makes one):
     the release gate they share, the renewal outcomes admission control reads, whether the
     worker may still write (its membership), whether someone else reads held items for
-    them (the batched read) and whether the leader's change feed tells of every change."""
+    them (the batched read), whether the leader's change feed tells of every change, and
+    how a stream is offered to a peer (its member row; None: never)."""
 
     release_gate: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(RELEASES_IN_FLIGHT))
@@ -87,6 +93,7 @@ class Ties:
     watched: Callable[[], bool] = never
     told: Callable[[], bool] = never
     hooks: Hooks = Hooks()
+    offer: Callable[[MemberRecord, str], Awaitable[bool]] | None = None
 
 
 @dataclass

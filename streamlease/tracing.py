@@ -54,6 +54,7 @@ HOW_ORPHAN = "orphan"  # its lease expired (a holder that crashed or stalled)
 HOW_RELEASED = "released"  # released: by its holder, on a dead member's behalf, by ctl
 HOW_TAKEOVER = "takeover"  # a dead member's stream, taken straight over
 HOW_HAND_WRITTEN = "hand-written"  # never held: written by an operator
+HOW_HANDED = "handed"  # offered by its live holder and taken from it (a hand-over)
 
 AttributeValue = str | bool | int | float
 S = TypeVar("S")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ from streamlease.context import Context
 from streamlease.core.bulletin import Bulletin
 from streamlease.core.frames import Frame
 from streamlease.core.lease import Holding, RenewOutcome
-from streamlease.core.membership import HeartbeatOutcome
+from streamlease.core.membership import HeartbeatOutcome, MemberRecord
 from streamlease.core.model import Tenure
 from streamlease.errors import SelfFenced, StoreError, StoreThrottled, StoreUnavailable
 from streamlease.health import HealthState
@@ -213,6 +213,9 @@ class StaticMember(FleetKnowledge):
         self.bulletin: Bulletin | None = None
         self.reading_all = True
         self.notices = 0
+        self.offers_made: list[tuple[str, str]] = []
+        self.offers_taken = False  # whether an offer reaches the peer's row
+        self.offers_cleared: list[str] = []
 
     def may_write(self, now: float) -> bool:
         return True
@@ -222,3 +225,10 @@ class StaticMember(FleetKnowledge):
 
     def handed_off(self) -> None:
         self.notices += 1
+
+    async def offer_to(self, member: MemberRecord, offer: str) -> bool:
+        self.offers_made.append((member.worker_id, offer))
+        return self.offers_taken
+
+    async def offers_done(self, offers: Sequence[str]) -> None:
+        self.offers_cleared.extend(offers)

@@ -64,6 +64,8 @@ class MemberRecord:
     shard: int = 0  # the key it lives under (``core.layout``)
     # the incarnation nonce of a process that reads spread layouts (``core.layout``)
     reads_layout: str | None = None
+    # streams a peer offers this member, each ``core.handover.offer_text`` (its own row)
+    offers: frozenset[str] = frozenset()
 
     @property
     def key(self) -> tuple[int, int]:

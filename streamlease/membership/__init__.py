@@ -16,6 +16,7 @@ streams it holds; each stream's own lease is renewed only every ``STREAM_RENEW_S
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from streamlease.context import Context
 from streamlease.core.membership import MemberRecord
@@ -102,6 +103,17 @@ class Membership(FleetKnowledge):
 
     def feed_live(self) -> bool:
         return self.listener.feed_live()
+
+    async def offer_to(self, member: MemberRecord, offer: str) -> bool:
+        """Hand a stream to ``member``: ``offer`` into its row (``core.handover``)."""
+        return await self.parts.fleet.offer(member.worker_id, member.epoch, offer,
+                                            shard=member.shard,
+                                            timeout=self.settings.timings.heartbeat_s)
+
+    async def offers_done(self, offers: Sequence[str]) -> None:
+        """This worker acted on ``offers``: off its row."""
+        await self.parts.fleet.clear_offers(self.me, self.epoch, offers, shard=self.shard,
+                                            timeout=self.settings.timings.heartbeat_s)
 
     def handed_off(self) -> None:
         """Streams were released for others to take: tell peers now, not next heartbeat."""

@@ -180,6 +180,8 @@ class OwnRow:
         p.metrics.member_heartbeat(now - sent, label)
         p.hooks.beat(result.outcome, now - sent)
         self.strain.record(result.outcome, now - sent)
+        if result.outcome is KeepOutcome.RENEWED:
+            p.hooks.offers(result.offers)
         return result
 
     def _on_step(self, step: Step[HeartbeatResult]) -> None:

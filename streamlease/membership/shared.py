@@ -47,6 +47,8 @@ class Hooks:
     notice: Callable[[Notice], None] = lambda notice: None
     # the leader's notices are trusted again after a gap: poll once for what they missed
     feed_resumed: Callable[[], None] = lambda: None
+    # the offers in this worker's row, read back by each heartbeat (``core.handover``)
+    offers: Callable[[frozenset[str]], None] = lambda offers: None
 
 
 @dataclass(frozen=True)

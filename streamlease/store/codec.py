@@ -46,6 +46,9 @@ TRACE_PARENT = "trace_parent"
 # A holder's clean release (M: fence, last_seq, at_ms), written by the release itself: the
 # next holder resumes from last_seq without reading the sink (core.lease.checkpoint_trusted).
 CLEAN_RELEASE = "clean_release"
+# A taker's no to a live hand-over (S: "<fence>:<taker>", ``core.handover``), written under
+# the holder's fence: the holder releases the stream at once instead of waiting.
+HANDOVER_DECLINED = "handover_declined"
 INDEX_NAME = "desired_state-lease_expires_at_ms-index"
 OWNER_INDEX_NAME = "lease_owner-fence-index"
 # What the orphan index holds besides its keys and Pk: enough to plan without reading the
@@ -211,7 +214,7 @@ NAMES = {
     "#pk": PK, "#ds": DESIRED_STATE, "#url": WS_URL, "#owner": LEASE_OWNER,
     "#exp": LEASE_EXPIRES, "#fence": FENCE, "#last": LAST_SEQ,
     "#err": LAST_ERROR, "#errat": LAST_ERROR_AT, "#epoch": LEASE_EPOCH,
-    "#tp": TRACE_PARENT, "#clean": CLEAN_RELEASE,
+    "#tp": TRACE_PARENT, "#clean": CLEAN_RELEASE, "#declined": HANDOVER_DECLINED,
 }
 
 
@@ -357,6 +360,40 @@ def take_over_expr(dead_owner: str, fenced_epoch: int, owner: str, epoch: int,
                 ":fenced": n(fenced_epoch), ":number": s("N"), ":me": s(owner),
                 ":exp": n(new_expiry_ms), ":epoch": n(epoch), ":one": n(1)},
     )
+
+
+def take_handed_expr(holder: str, fence: int, owner: str, epoch: int,
+                     new_expiry_ms: int) -> Expr:
+    """A stream its live holder offered (``streamlease.core.handover``) passes to ``owner``
+    in one write, fence + 1, if the holder still holds it under ``fence`` (held: a
+    released or force-released lease is an orphan, taken the usual way)."""
+    return Expr(
+        condition=("attribute_exists(#pk) AND #ds = :started AND #owner = :holder AND "
+                   "#fence = :fence AND #exp <> :zero AND "
+                   "(attribute_not_exists(#last) OR attribute_type(#last, :number))"),
+        update="SET #owner = :me, #exp = :exp, #epoch = :epoch, #fence = #fence + :one",
+        names=_names("#pk", "#ds", "#owner", "#exp", "#fence", "#epoch", "#last"),
+        values={":started": s("STARTED"), ":holder": s(holder), ":fence": n(fence),
+                ":zero": n(0), ":number": s("N"), ":me": s(owner), ":exp": n(new_expiry_ms),
+                ":epoch": n(epoch), ":one": n(1)},
+    )
+
+
+def decline_expr(holder: str, fence: int, declined: str) -> Expr:
+    """A taker's no to an offer, on the item, only while the holder holds it under
+    ``fence`` (a later tenure is never touched)."""
+    return Expr(
+        condition="#owner = :holder AND #fence = :fence",
+        update="SET #declined = :declined",
+        names=_names("#owner", "#fence", "#declined"),
+        values={":holder": s(holder), ":fence": n(fence), ":declined": s(declined)},
+    )
+
+
+def handover_declined(record: StreamRecord) -> str | None:
+    """The item's ``handover_declined`` (None if it has none, or not a string)."""
+    value = record.attributes.get(HANDOVER_DECLINED)
+    return value if isinstance(value, str) else None
 
 
 def adopt_expr() -> Expr:

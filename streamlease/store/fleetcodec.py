@@ -21,7 +21,7 @@ Pure: no botocore, no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,8 @@ FENCED_AT = "fenced_at_ms"
 INCARNATION = "incarnation"  # S: a nonce per process, written by each registration
 BULLETIN = "bulletin"  # S: the leader's bulletin (JSON, ``core.bulletin``), leader's row only
 READS_LAYOUT = "reads_layout"  # S: the incarnation of a process that reads spread layouts
+# SS: streams a peer hands this member, each "<fence>:<stream_id>" (``core.handover``)
+OFFERS = "offers"
 # The layout item and the bulletin replicas.
 SHARDS = "shards"  # N: the layout (``core.layout``)
 LEADER = "leader"  # S: a replica's leader
@@ -178,14 +180,22 @@ def decode_member(item: Mapping[str, Any]) -> MemberRecord | None:
         bulletin=_str(item, BULLETIN),
         shard=shard,
         reads_layout=_str(item, READS_LAYOUT),
+        offers=offers_of(item),
     )
+
+
+def offers_of(item: Mapping[str, Any]) -> frozenset[str]:
+    """A member row's offers (empty if it has none, or they are not a string set)."""
+    value = item.get(OFFERS, {}).get("SS")
+    return frozenset(v for v in value if isinstance(v, str)) if isinstance(value, list) \
+        else frozenset()
 
 
 _NAMES = {
     "#epoch": EPOCH, "#hb": HEARTBEAT, "#status": STATUS, "#streams": STREAMS,
     "#cap": CAPACITY, "#hbat": HEARTBEAT_AT, "#started": STARTED_AT, "#released": RELEASED,
     "#handoffs": HANDOFFS, "#by": FENCED_BY, "#at": FENCED_AT, "#inc": INCARNATION,
-    "#bulletin": BULLETIN, "#layout": READS_LAYOUT,
+    "#bulletin": BULLETIN, "#layout": READS_LAYOUT, "#offers": OFFERS,
 }
 
 
@@ -219,9 +229,9 @@ def register_expr(capacity: int, now_ms: int, status: MemberStatus, incarnation:
         update=(f"SET {epoch}, #hb = :zero, "
                 "#status = :status, #streams = :zero, #cap = :cap, #hbat = :now, "
                 "#started = :now, #released = :zero, #handoffs = :zero, #inc = :inc, "
-                "#layout = :inc REMOVE #by, #at"),
+                "#layout = :inc REMOVE #by, #at, #offers"),
         names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#hbat", "#started",
-                     "#released", "#handoffs", "#by", "#at", "#inc", "#layout"),
+                     "#released", "#handoffs", "#by", "#at", "#inc", "#layout", "#offers"),
         values={**values, ":zero": n(0), ":status": s(status.value),
                 ":cap": n(capacity), ":now": n(now_ms), ":inc": s(incarnation)},
     )
@@ -257,6 +267,28 @@ def heartbeat_expr(beat: Heartbeat) -> Expr:
         names=_names("#epoch", "#hb", "#status", "#streams", "#cap", "#handoffs", "#hbat",
                      "#bulletin"),
         values=values,
+    )
+
+
+def offer_expr(epoch: int, offer: str) -> Expr:
+    """A peer hands a stream to this member (``core.handover``): the offer joins the row's
+    set, if the row is still the incarnation the peer saw and is taking streams."""
+    return Expr(
+        condition="#epoch = :epoch AND #status = :active",
+        update="ADD #offers :offer",
+        names=_names("#epoch", "#status", "#offers"),
+        values={":epoch": n(epoch), ":active": s(MemberStatus.ACTIVE.value),
+                ":offer": {"SS": [offer]}},
+    )
+
+
+def clear_offers_expr(epoch: int, offers: Iterable[str]) -> Expr:
+    """The member has acted on ``offers``: they leave its row's set."""
+    return Expr(
+        condition="#epoch = :epoch AND attribute_exists(#offers)",
+        update="DELETE #offers :done",
+        names=_names("#epoch", "#offers"),
+        values={":epoch": n(epoch), ":done": {"SS": sorted(offers)}},
     )
 
 

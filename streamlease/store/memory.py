@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 from streamlease.core import layout
 from streamlease.core.fenced import HashSet, PutItem, Transaction
 from streamlease.core.frames import Frame
+from streamlease.core.handover import declined_text
 from streamlease.core.jobs import Job, JobList, JobRun, RunOutcome
 from streamlease.core.layout import Replica
 from streamlease.core.leadership import LeaderRecord, next_fence, raised_fence_mark
@@ -70,6 +71,7 @@ from streamlease.store import codec, fleetcodec, schema
 from streamlease.store.protocols import (
     Acquired,
     ForceReleased,
+    HandOver,
     Heartbeat,
     HeartbeatResult,
     RenewResult,
@@ -403,6 +405,36 @@ class MemoryLeases(MemoryTables):
         return Acquired(Tenure(claim.stream_id, owner, fence + 1, record.last_seq, expiry, epoch),
                         record)
 
+    async def take_handed(self, claim: HandOver,
+                          timeout: float | None = None) -> Acquired | None:
+        self._called("take_handed")
+        item = self.items.get(stream_key(claim.stream_id))
+        if item is None:
+            return None
+        owner, epoch = claim.owner, claim.epoch
+        expiry = expiry_for(claim.now_wall_ms, claim.timings)
+        if codec.LAST_SEQ in item and _n(item, codec.LAST_SEQ) is None:
+            return None  # a wrongly typed checkpoint: the condition refuses it
+        record = _record(item)
+        if not (record.started and record.lease_owner == claim.holder
+                and record.fence == claim.fence and record.lease_expires_at_ms != 0
+                and record.lease_expires_at_ms is not None):
+            return _resent_acquire(item, owner, expiry)
+        self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
+                         codec.FENCE: codec.n(claim.fence + 1), codec.LEASE_EPOCH: codec.n(epoch)})
+        record = _record(item)
+        return Acquired(Tenure(claim.stream_id, owner, claim.fence + 1, record.last_seq, expiry,
+                               epoch), record)
+
+    async def decline(self, stream_id: str, holder: str, fence: int, taker: str,
+                      timeout: float | None = None) -> None:
+        self._called("decline")
+        item = self.items.get(stream_key(stream_id))
+        record = _record(item) if item is not None else None
+        if item is not None and record is not None and record.lease_owner == holder \
+                and record.fence == fence:
+            self._set(item, {codec.HANDOVER_DECLINED: codec.s(declined_text(fence, taker))})
+
     async def scan_pages(self, timeout: float | None = None,
                          page_size: int = 500) -> AsyncIterator[list[StreamRecord]]:
         records = _records(list(self.items.values()))
@@ -499,7 +531,24 @@ class MemoryFleet(MemoryTables):
                                   handoffs=beat.handoffs, heartbeat_at_ms=beat.now_wall_ms,
                                   bulletin=beat.bulletin)
         self._put_member(beat.worker_id, new)
-        return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat)
+        return HeartbeatResult(HeartbeatOutcome.RENEWED, new.heartbeat, offers=new.offers)
+
+    async def offer(self, worker_id: str, epoch: int, offer: str, shard: int = 0,
+                    timeout: float | None = None) -> bool:
+        self._called("offer")
+        old = self._row(worker_id, shard)
+        if old is None or old.epoch != epoch or old.status is not MemberStatus.ACTIVE:
+            return False
+        self._put_member(worker_id, dataclasses.replace(old, offers=old.offers | {offer}))
+        return True
+
+    async def clear_offers(self, worker_id: str, epoch: int, offers: Sequence[str],
+                           shard: int = 0, timeout: float | None = None) -> None:
+        self._called("clear_offers")
+        old = self._row(worker_id, shard)
+        if offers and old is not None and old.epoch == epoch and old.offers:
+            self._put_member(worker_id,
+                             dataclasses.replace(old, offers=old.offers - set(offers)))
 
     async def member(self, worker_id: str, timeout: float | None = None,
                      consistent: bool = True, shard: int = 0) -> MemberRecord | None:

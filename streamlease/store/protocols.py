@@ -76,6 +76,21 @@ class TakeOver:
 
 
 @dataclass(frozen=True)
+class HandOver:
+    """A taker's claim on a stream its live holder offered it (``LeaseStore.take_handed``,
+    ``streamlease.core.handover``): the lease passes from ``holder`` under ``fence`` to
+    ``owner`` under its own member ``epoch``, fence + 1."""
+
+    stream_id: str
+    holder: str
+    fence: int
+    owner: str
+    now_wall_ms: int
+    timings: LeaseTimings
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     """What one heartbeat writes into a member row (``FleetStore.heartbeat``): under
     ``epoch``, in the row under key ``shard``; ``bulletin`` None leaves it none."""
@@ -96,6 +111,7 @@ class HeartbeatResult:
     outcome: HeartbeatOutcome
     heartbeat: int | None = None  # the counter as written (RENEWED)
     error: str | None = None
+    offers: frozenset[str] = frozenset()  # the row's offers after the write (RENEWED)
 
 
 class LeaseStore(Protocol):
@@ -172,6 +188,17 @@ class LeaseStore(Protocol):
         stream is not (or no longer) leased to an incarnation older than
         ``claim.fenced_epoch``."""
 
+    async def take_handed(self, claim: HandOver,
+                          timeout: float | None = None) -> Acquired | None:
+        """Take a stream its live holder offered: owner, expiry and epoch become the
+        claim's, fence + 1, in one conditional write, if the item is STARTED and still
+        held by ``claim.holder`` under ``claim.fence``. None otherwise."""
+
+    async def decline(self, stream_id: str, holder: str, fence: int, taker: str,
+                      timeout: float | None = None) -> None:
+        """``taker`` will not take the stream ``holder`` offered it under ``fence``: said on
+        the item (``codec.HANDOVER_DECLINED``) while the holder still holds it so."""
+
     def scan_pages(self, timeout: float | None = None,
                    page_size: int = 500) -> AsyncIterator[list[StreamRecord]]:
         """Every stream item, including those the index cannot see (the sweep), a page at
@@ -219,6 +246,15 @@ class FleetStore(Protocol):
     async def heartbeat(self, beat: Heartbeat, timeout: float | None = None) -> HeartbeatResult:
         """Counter + 1 under ``beat.epoch``; FENCED if the epoch moved on. The row carries
         ``beat``'s values afterwards (its bulletin: None, no bulletin)."""
+
+    async def offer(self, worker_id: str, epoch: int, offer: str, shard: int = 0,
+                    timeout: float | None = None) -> bool:
+        """Add ``offer`` to the member's offers (its heartbeat reads them back), if its row
+        is still under ``epoch`` and ACTIVE. False otherwise."""
+
+    async def clear_offers(self, worker_id: str, epoch: int, offers: Sequence[str],
+                           shard: int = 0, timeout: float | None = None) -> None:
+        """Take ``offers`` off the member's row (under ``epoch``; nothing if it moved on)."""
 
     async def member(self, worker_id: str, timeout: float | None = None,
                      consistent: bool = True, shard: int = 0) -> MemberRecord | None:

@@ -171,13 +171,20 @@ async def test_sigterm_hands_over_well_before_the_lease_would_expire(
     handover = time.monotonic() - sent_at
     print(f"SIGTERM hand-over: {len(victim_streams)} streams in {handover:.2f} s (lease 8 s)")
     assert handover < 8 / 2
-    released = fleet.workers[victim].log_events("lease.released")
+    # Each stream went to a peer with room straight from the victim (make before break)
+    # or, its offer not taken in time, was released.
+    ended = fleet.workers[victim].log_events("lease.released") + \
+        fleet.workers[victim].log_events("lease.handed_over")
     acquired = {n: sorted(str(r["stream"]) for r in w.log_events("lease.acquired"))
                 for n, w in fleet.workers.items()}
-    assert {r["stream"] for r in released} == set(victim_streams), (
+    # What the victim held, by its own log (the table read before the signal may lag a
+    # start-up acquisition or two).
+    held = sorted(str(r["stream"]) for r in fleet.workers[victim].log_events("lease.acquired"))
+    assert sorted(str(r["stream"]) for r in ended) == held, (
         f"victim {victim}; owners before SIGTERM {owners}; acquired per worker {acquired}; "
         f"victim's log {fleet.workers[victim].proc.err_lines[-30:]}")
-    assert all(r["reason"] == "shutdown" for r in released)
+    assert all(r["reason"] == "shutdown" for r in ended)
+    assert not fleet.workers[victim].log_events("lease.lost")
     await fleet.audit()
 
 

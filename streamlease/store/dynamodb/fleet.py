@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from streamlease.core import layout
@@ -87,16 +88,38 @@ class DynamoFleetStore(DynamoTable):
         try:
             resp = await self._call("update_item", timeout, TableName=self.table,
                                     Key=fleetcodec.member_key(beat.worker_id, beat.shard),
-                                    ReturnValues="UPDATED_NEW", **expr.update_kwargs())
+                                    ReturnValues="ALL_NEW", **expr.update_kwargs())
         except ConditionFailed:
             return HeartbeatResult(HeartbeatOutcome.FENCED)
         except StoreThrottled as exc:
             return HeartbeatResult(HeartbeatOutcome.THROTTLED, error=str(exc))
         except StoreError as exc:
             return HeartbeatResult(HeartbeatOutcome.UNKNOWN, error=str(exc))
-        counter = resp.get("Attributes", {}).get(fleetcodec.HEARTBEAT, {}).get("N")
+        # The whole row comes back (its offers: a peer's hand-over, core.handover).
+        item = resp.get("Attributes", {})
+        counter = item.get(fleetcodec.HEARTBEAT, {}).get("N")
         return HeartbeatResult(HeartbeatOutcome.RENEWED,
-                               int(counter) if counter is not None else None)
+                               int(counter) if counter is not None else None,
+                               offers=fleetcodec.offers_of(item))
+
+    async def offer(self, worker_id: str, epoch: int, offer: str, shard: int = 0,
+                    timeout: float | None = None) -> bool:
+        try:
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=fleetcodec.member_key(worker_id, shard),
+                             **fleetcodec.offer_expr(epoch, offer).update_kwargs())
+        except ConditionFailed:
+            return False
+        return True
+
+    async def clear_offers(self, worker_id: str, epoch: int, offers: Sequence[str],
+                           shard: int = 0, timeout: float | None = None) -> None:
+        if not offers:
+            return
+        with contextlib.suppress(ConditionFailed):
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=fleetcodec.member_key(worker_id, shard),
+                             **fleetcodec.clear_offers_expr(epoch, offers).update_kwargs())
 
     async def member(self, worker_id: str, timeout: float | None = None,
                      consistent: bool = True, shard: int = 0) -> MemberRecord | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from streamlease.clock import SYSTEM_CLOCK, Clock
 from streamlease.core.backoff import Backoff
+from streamlease.core.handover import declined_text
 from streamlease.core.lease import (
     CleanRelease,
     LeaseTimings,
@@ -24,7 +25,7 @@ from streamlease.core.model import OwnedStream, StreamRecord, Tenure, stream_key
 from streamlease.errors import StoreError, StoreThrottled, StoreUnavailable
 from streamlease.store import codec
 from streamlease.store.dynamodb.client import ConditionFailed, DynamoClient, DynamoTable
-from streamlease.store.protocols import Acquired, RenewResult, SinkOutcome, TakeOver
+from streamlease.store.protocols import Acquired, HandOver, RenewResult, SinkOutcome, TakeOver
 
 BATCH_GET_KEYS = 100  # DynamoDB's limit on the keys of one BatchGetItem
 # Waits before asking again for keys a BatchGetItem left unprocessed (DynamoDB does that
@@ -246,6 +247,34 @@ class DynamoLeaseStore(DynamoTable):
             raise StoreError(f"take-over of {claim.stream_id} returned an item without a "
                              "stream key")
         return acquired(record, owner, expiry)
+
+    async def take_handed(self, claim: HandOver,
+                          timeout: float | None = None) -> Acquired | None:
+        owner, expiry = claim.owner, expiry_for(claim.now_wall_ms, claim.timings)
+        expr = codec.take_handed_expr(claim.holder, claim.fence, owner, claim.epoch, expiry)
+        try:
+            resp = await self._call(
+                "update_item", timeout, TableName=self.table, Key=codec.key(claim.stream_id),
+                ReturnValues="ALL_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **expr.update_kwargs(),
+            )
+        except ConditionFailed as failed:
+            old = codec.decode_record(failed.item) if failed.item else None
+            if old is not None and old.lease_owner == owner and old.lease_expires_at_ms == expiry:
+                return acquired(old, owner, expiry)  # it applied; this is its re-send
+            return None
+        record = codec.decode_record(resp["Attributes"])
+        if record is None:
+            raise StoreError(f"hand-over of {claim.stream_id} returned an item without a "
+                             "stream key")
+        return acquired(record, owner, expiry)
+
+    async def decline(self, stream_id: str, holder: str, fence: int, taker: str,
+                      timeout: float | None = None) -> None:
+        expr = codec.decline_expr(holder, fence, declined_text(fence, taker))
+        with contextlib.suppress(ConditionFailed):
+            await self._call("update_item", timeout, TableName=self.table,
+                             Key=codec.key(stream_id), **expr.update_kwargs())
 
     async def scan_pages(self, timeout: float | None = None,
                          page_size: int = 500) -> AsyncIterator[list[StreamRecord]]:
