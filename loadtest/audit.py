@@ -176,16 +176,18 @@ def correctness_failures(result: dict[str, Any]) -> dict[str, int]:
 
 
 def released_on_shutdown(log: Path) -> list[str]:
-    """The streams a worker's log says it released on SIGTERM (``lease.released``,
-    reason ``shutdown``), in order."""
-    return [str(r["stream"]) for r in log_records(log, '"lease.released"')
-            if r.get("event") == "lease.released" and r.get("reason") == "shutdown"
-            and r.get("stream")]
+    """The streams a worker's log says it released or handed over on SIGTERM
+    (``lease.released``, ``lease.handed_over``; reason ``shutdown``), in order."""
+    ended = ("lease.released", "lease.handed_over")
+    return [str(r["stream"]) for r in log_records(log, '"lease.')
+            if r.get("event") in ended and r.get("reason") == "shutdown" and r.get("stream")]
 
 
 @dataclass
 class Handoff:
-    """One SIGTERM hand-off of a stream, as the trace shows it."""
+    """One SIGTERM hand-off of a stream, as the trace shows it. ``release``: the old
+    holder's release, or for a stream handed live the taker's ``take`` (the write that
+    moved the lease: the hand-off starts there)."""
 
     stream: str
     old: str
@@ -200,7 +202,7 @@ class Handoff:
     @property
     def why_not(self) -> str | None:
         if self.release is None:
-            return "no release span (reason shutdown) from the old holder"
+            return "no release span (reason shutdown) from the old holder, nor a take"
         if self.acquire is None:
             return "no acquisition on another worker linked to the release"
         if self.first_flush is None:
@@ -221,7 +223,7 @@ def find_handoff(spans: list[Span], old: str, stream: str) -> Handoff:
                 and s.attr("stream") == stream and s.attr("reason") == "shutdown"
                 and s.attr("released") is True]
     if not releases:
-        return found
+        return _handed(spans, found)
     found.release = max(releases, key=lambda s: s.end_ns)  # the attempt that released it
     acquires = sorted((s for s in spans if s.what == "acquire" and s.instance != old
                        and s.attr("stream") == stream and s.attr("acquired") is True
@@ -229,6 +231,28 @@ def find_handoff(spans: list[Span], old: str, stream: str) -> Handoff:
     if not acquires:
         return found
     found.acquire = acquires[0]
+    return _first_flush(spans, found)
+
+
+def _handed(spans: list[Span], found: Handoff) -> Handoff:
+    """A stream handed live (make before break): the taker's acquisition (``how`` handed,
+    from the old holder) and its ``take``."""
+    acquires = sorted((s for s in spans if s.what == "acquire" and s.instance != found.old
+                       and s.attr("stream") == found.stream and s.attr("how") == "handed"
+                       and s.attr("previous_owner") == found.old
+                       and s.attr("acquired") is True), key=lambda s: s.start_ns)
+    if not acquires:
+        return found
+    takes = [s for s in spans if s.what == "take" and s.parent_id == acquires[0].span_id]
+    if not takes:
+        return found
+    found.release, found.acquire = takes[0], acquires[0]
+    return _first_flush(spans, found)
+
+
+def _first_flush(spans: list[Span], found: Handoff) -> Handoff:
+    assert found.acquire is not None
+    stream = found.stream
     flushes = sorted((s for s in spans if s.what == "first_flush"
                       and s.trace_id == found.acquire.trace_id
                       and s.instance == found.acquire.instance

@@ -86,10 +86,10 @@ async def run_balance(ctx: Context) -> dict[str, Any]:
         section["after_rolling_restart"] = counts
         section["after_rolling_restart_max"] = max(counts.values(), default=None)
         section["after_rolling_restart_target"] = math.ceil(streams / max(1, len(counts))) + 1
-        section["sigterm"] = fleet.failover("sigterm")
         section["moves_total"] = fleet.moves()
         section["fence_bumps"] = fleet.fence_bumps()
         await fleet.finish(section)
+        section["sigterm"] = fleet.failover("sigterm")  # its hand-offs timed by the audit
         section["timeline"] = fleet.timeline_out(every=2)
         section["live_workers"] = [(round(t, 2), n) for t, n in fleet.live[::2]]
         section["events"] = [(round(t, 2), label) for t, label in fleet.events_log]

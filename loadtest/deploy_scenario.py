@@ -228,7 +228,6 @@ async def run_deploy(ctx: Context) -> dict[str, Any]:
         deploy_until = _wall_ms()
         section["deploy_s"] = round((deploy_until - deploy_from) / 1000, 1)
         section["moves"] = fleet.moves(moves_from)
-        section["handoff"] = fleet.failover("sigterm")
         section["steps"] = steps
         await asyncio.sleep(TAIL_S)
         await fleet.stop_all()
@@ -236,6 +235,8 @@ async def run_deploy(ctx: Context) -> dict[str, Any]:
         section["worker_exits"] = fleet.exits
         checkpoints = fleet.checkpoints()
         sink = await _read_sink(fleet)
+        await fleet.measure_handoffs()
+        section["handoff"] = fleet.failover("sigterm")
     per_stream: dict[str, dict[str, Any]] = {}
     for sid, delivered in sink.items():
         times = [d.at_ms for d in delivered]

@@ -21,7 +21,11 @@ What the sampler records, every ``sample_s``:
   one at the fault, under another holder: the stream delivers again elsewhere) or
   "connected" (the upstream shows a connection again: for idle streams, where delivery
   cannot be observed; a killed worker's sockets close with it, so only a new holder can
-  connect).
+  connect). A SIGTERM'd worker's stream handed live to a peer (make before break,
+  ``streamlease.core.handover``) is delivered by its old holder until the take: its
+  hand-off is timed from the take (the taker's ``handover.taken``) to the taker's first
+  write (the events table's ``at_ms``), once the run is audited (``measure_handoffs``);
+  the time from the signal stays in ``from_signal``.
 * **exits**: a worker that exits while not being stopped is recorded, never fatal.
 * **owned streams** (``owned_history``, when the timeline comes from the table): per read,
   the streams leased to a running worker, from which spells of no owner are measured.
@@ -60,6 +64,7 @@ from loadtest.common import (
     Tables,
     death_signal,
     dynamodb_args,
+    log_records,
     use_local_dynamodb,
     worker_child,
 )
@@ -68,6 +73,7 @@ from loadtest.report import worker_order
 from streamlease.core.model import StreamRecord
 from streamlease.dev.procs import free_port
 from streamlease.dev.upstream import frame_for
+from streamlease.store import codec
 from streamlease.store.dynamodb import DynamoAdmin, connect_admin
 from streamlease.store.protocols import AdminStore, Stores
 
@@ -146,6 +152,7 @@ class Fault:
     worker: str | None
     streams: list[str]  # held by the victim at the fault
     before: dict[str, int]  # their last_seq at the fault
+    fences: dict[str, int] = field(default_factory=dict)  # their fence at the fault
     recovery: str = "delivered"  # or "connected" (see the module doc)
     recovered: dict[str, float] = field(default_factory=dict)  # stream -> seconds
     released: dict[str, float] = field(default_factory=dict)  # stream -> seconds to expiry 0
@@ -210,6 +217,9 @@ class Fleet:
         self.t0 = time.monotonic()
         self.timeline: list[tuple[float, dict[str, int]]] = []
         self.faults: list[Fault] = []
+        # (fault, stream) -> seconds from the take to the taker's first write, for streams a
+        # SIGTERM'd worker handed live (``measure_handoffs``; None: not measured yet)
+        self._handed: dict[tuple[int, str], float] | None = None
         self.events_log: list[tuple[float, str]] = []  # (t, label) for charts
         self.acquisitions: list[Acquisition] = []
         self.servers: list[Server] = []
@@ -389,7 +399,8 @@ class Fleet:
 
     def fault(self, kind: str, worker: str | None, recovery: str = "delivered") -> Fault:
         streams, before = self.held_by(worker) if worker else ([], {})
-        f = Fault(kind, self.now(), worker, streams, before, recovery)
+        f = Fault(kind, self.now(), worker, streams, before, recovery,
+                  {s: self.records[s].fence or 0 for s in streams})
         self.faults.append(f)
         self.events_log.append((f.at, f"{kind} {worker or ''}".strip()))
         print(f"  {f.at:7.1f}s  {kind:<8} {worker or '-':<5} ({len(streams)} streams)",
@@ -687,9 +698,52 @@ class Fleet:
     def failover(self, kind: str) -> dict[str, Any]:
         faults = [f for f in self.faults if f.kind == kind]
         times = [t for f in faults for t in f.recovered.values()]
-        return {"p50": pct(times, 50), "p99": pct(times, 99),
-                "max": round(max(times), 3) if times else None, "samples": len(times),
-                "unrecovered": sum(len(f.streams) - len(f.recovered) for f in faults)}
+        out = {"p50": pct(times, 50), "p99": pct(times, 99),
+               "max": round(max(times), 3) if times else None, "samples": len(times),
+               "unrecovered": sum(len(f.streams) - len(f.recovered) for f in faults)}
+        if kind != "sigterm" or self._handed is None:
+            return out
+        # Streams handed live: from the take to the taker's first write; the rest (released,
+        # then acquired) from the signal, as measured.
+        handed = [self._handed[(id(f), sid)] for f in faults for sid in f.recovered
+                  if (id(f), sid) in self._handed]
+        released = [t for f in faults for sid, t in f.recovered.items()
+                    if (id(f), sid) not in self._handed]
+        both = handed + released
+        return {**out, "p50": pct(both, 50), "p99": pct(both, 99),
+                "max": round(max(both), 3) if both else None,
+                "handed": len(handed), "released": len(released),
+                "handed_p99": pct(handed, 99), "released_p99": pct(released, 99),
+                "from_signal": {"p50": out["p50"], "p99": out["p99"], "max": out["max"]}}
+
+    async def measure_handoffs(self) -> None:
+        """Time each SIGTERM'd worker's stream that a peer took live: from the take (the
+        taker's ``handover.taken``, its wall time) to the first events item written under
+        the taker's fence (its ``at_ms``); ``failover("sigterm")`` reports them. Run once
+        the sink is complete (after the final stop)."""
+        assert self.store is not None
+        takes: dict[tuple[str, int], int] = {}
+        for w in self.everyone():
+            for r in log_records(w.log, '"handover.taken"'):
+                if r.get("event") == "handover.taken":
+                    takes[(str(r["stream"]), int(r["fence"]))] = int(r["sent_ms"])
+        self._handed = {}
+        for f in self.faults:
+            if f.kind != "sigterm":
+                continue
+            for sid in f.streams:
+                old = f.fences.get(sid, 0)
+                first: dict[int, int] = {}  # fence -> first write's at_ms
+                async for item in self.store.event_items(sid):
+                    fence, at = int(item[codec.EV_FENCE]["N"]), int(item[codec.EV_AT]["N"])
+                    if fence > old:
+                        first[fence] = min(at, first.get(fence, at))
+                if not first:
+                    continue
+                fence = min(first)
+                taken = takes.get((sid, fence))
+                if taken is not None:
+                    self._handed[(id(f), sid)] = round(max(0, first[fence] - taken) / 1000, 3)
 
     def timeline_out(self, every: int = 1) -> list[tuple[float, dict[str, int]]]:
         """The timeline up to the final stop (what follows is the audit: nothing runs)."""
@@ -722,6 +776,8 @@ class Fleet:
             gaps += sum(1 for a, b in itertools.pairwise(ordered) if b != a + 1)
             fences = await self.store.event_fences(sid)
             stale_accepted += sum(1 for a, b in itertools.pairwise(fences) if b < a)
+        if any(f.kind == "sigterm" for f in self.faults):
+            await self.measure_handoffs()
         return {"lost": lost + mismatched, "duplicated": duplicated,
                 "out_of_order": out_of_order, "stale_accepted": stale_accepted,
                 "fleet_caused_gaps": gaps,

@@ -47,7 +47,7 @@ async def run_slow_store(ctx: Context) -> dict[str, Any]:
         section["dynamodb_request_p99_s_bucket"] = histogram_quantile(
             fleet, "streamlease_dynamodb_request_seconds", 0.99)
         await rolling_restart(fleet, p)
-        section["sigterm"] = fleet.failover("sigterm")
         await fleet.finish(section)
+        section["sigterm"] = fleet.failover("sigterm")  # its hand-offs timed by the audit
         section["timeline"] = fleet.timeline_out(every=4)
     return {"slow_store": section, "failover": {"sigterm_slow_store": section["sigterm"]}}

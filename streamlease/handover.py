@@ -178,9 +178,9 @@ class Taking:
                 return await self._decline(offer, holder, "unservable")
             with tracing.span("acquire", stream=stream_id, how=tracing.HOW_HANDED,
                               previous_owner=record.lease_owner, acquired=False) as span:
-                sent = clock.monotonic()
                 try:
-                    ahead = await dial_ahead(supervisor, record)
+                    with tracing.span("dial", stream=stream_id, ahead=True):
+                        ahead = await dial_ahead(supervisor, record)
                 except AheadFailed as exc:
                     event(logging.INFO, "handover.dial_failed",
                           "could not dial a handed stream ahead; its holder releases it",
@@ -188,17 +188,23 @@ class Taking:
                     return await self._decline(offer, holder, "dial_failed")
                 if not gate.may_take(stream_id, offer.rebalance):
                     return await self._decline(offer, holder, "no_room")
+                sent, sent_ms = clock.monotonic(), clock.wall_ms()
                 try:
-                    got = await leases.take_handed(HandOver(
-                        stream_id, holder, fence, self.ctx.owner, clock.wall_ms(),
-                        self.settings.timings, epoch=gate.epoch()),
-                        timeout=2 * self.settings.call_s)
+                    # The moment the lease moves: the hand-off proper starts here.
+                    with tracing.span("take", stream=stream_id, fence=fence, holder=holder):
+                        got = await leases.take_handed(HandOver(
+                            stream_id, holder, fence, self.ctx.owner, sent_ms,
+                            self.settings.timings, epoch=gate.epoch()),
+                            timeout=2 * self.settings.call_s)
                 except BaseException:
                     gate.unsure.add(stream_id)  # it may have applied: read back next cycle
                     raise
                 if got is None:
                     return "moved_on"
                 tracing.set_attributes(span, acquired=True, fence=got.tenure.fence)
+                event(logging.INFO, "handover.taken", "took a stream its holder handed over",
+                      stream=stream_id, fence=got.tenure.fence, holder=holder,
+                      last_seq=got.tenure.last_seq, sent_ms=sent_ms)
                 served = await gate.start(got, sent, holder, ahead)
                 ahead = None  # the supervisor's now (or closed by the start)
                 return "taken" if served else "handed_back"

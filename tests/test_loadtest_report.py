@@ -1121,6 +1121,29 @@ def sample_spans() -> list[otlp.Span]:
     ]
 
 
+def test_a_stream_handed_live_is_timed_from_the_take_to_the_first_flush() -> None:
+    # w1 SIGTERM'd, s7 offered to w2: w2 dialled ahead (acquire 0-80 ms), took the lease
+    # at 60-70 ms and flushed at 90-95 ms. No release span: the take starts the hand-off.
+    spans = [
+        _span("acquire", "w2", 8, 81, 0, 80, stream="s7", how="handed",
+              previous_owner="w1", acquired=True, fence=5),
+        _span("dial", "w2", 8, 82, 5, 40, parent=81, stream="s7", ahead=True),
+        _span("take", "w2", 8, 83, 60, 70, parent=81, stream="s7", fence=4, holder="w1"),
+        _span("first_flush", "w2", 8, 84, 90, 95, parent=81, stream="s7", fence=5),
+        # Handed by another worker: not w1's hand-off.
+        _span("acquire", "w3", 9, 91, 0, 80, stream="s8", how="handed",
+              previous_owner="w4", acquired=True, fence=2),
+        _span("take", "w3", 9, 92, 60, 70, parent=91, stream="s8", fence=1, holder="w4"),
+    ]
+    figures = audit.chaos_figures(spans, [("w1", ["s7", "s8"])], [])
+    assert figures["handoffs"] == 2 and figures["handoffs_linked_count"] == 1
+    h = figures["slowest_handoff"]
+    assert (h["stream"], h["from"], h["to"], h["total_ms"]) == ("s7", "w1", "w2", 35.0)
+    assert figures["unlinked"] == [{
+        "stream": "s8", "worker": "w1",
+        "why": "no release span (reason shutdown) from the old holder, nor a take"}]
+
+
 def test_sigterm_hand_offs_are_linked_only_from_release_through_first_flush() -> None:
     spans = sample_spans()
     figures = audit.chaos_figures(
@@ -1130,7 +1153,7 @@ def test_sigterm_hand_offs_are_linked_only_from_release_through_first_flush() ->
     assert figures["unlinked"] == [
         {"stream": "s2", "worker": "w1", "why": "no first flush in the acquisition's trace"},
         {"stream": "s3", "worker": "w1",
-         "why": "no release span (reason shutdown) from the old holder"}]
+         "why": "no release span (reason shutdown) from the old holder, nor a take"}]
     h = figures["slowest_handoff"]
     assert (h["stream"], h["from"], h["to"], h["total_ms"]) == ("s1", "w1", "w2", 660.0)
     # The release that released it, the cycle that saw it, and s1's spans on w2.
