@@ -152,11 +152,11 @@ class Fault:
     worker: str | None
     streams: list[str]  # held by the victim at the fault
     before: dict[str, int]  # their last_seq at the fault
-    fences: dict[str, int] = field(default_factory=dict)  # their fence at the fault
     recovery: str = "delivered"  # or "connected" (see the module doc)
     recovered: dict[str, float] = field(default_factory=dict)  # stream -> seconds
     released: dict[str, float] = field(default_factory=dict)  # stream -> seconds to expiry 0
     down: set[str] = field(default_factory=set)  # "connected": seen disconnected since
+    fences: dict[str, int] = field(default_factory=dict)  # their fence at the fault
 
 
 @dataclass
@@ -399,8 +399,8 @@ class Fleet:
 
     def fault(self, kind: str, worker: str | None, recovery: str = "delivered") -> Fault:
         streams, before = self.held_by(worker) if worker else ([], {})
-        f = Fault(kind, self.now(), worker, streams, before, recovery,
-                  {s: self.records[s].fence or 0 for s in streams})
+        f = Fault(kind, self.now(), worker, streams, before, recovery=recovery,
+                  fences={s: self.records[s].fence or 0 for s in streams})
         self.faults.append(f)
         self.events_log.append((f.at, f"{kind} {worker or ''}".strip()))
         print(f"  {f.at:7.1f}s  {kind:<8} {worker or '-':<5} ({len(streams)} streams)",
