@@ -477,7 +477,7 @@ async def _run_until_drained(reconciler: Reconciler, membership: Membership,
         event(logging.ERROR, "worker.stopped", "exiting; some leases could not be released "
               "and will expire", unreleased=reconciler.unreleased)
         return 1
-    event(logging.INFO, "worker.stopped", "every lease released; exiting")
+    event(logging.INFO, "worker.stopped", "every lease released or handed over; exiting")
     return 0
 
 

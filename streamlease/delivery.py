@@ -216,6 +216,33 @@ class Delivery:
                 self._on_delivered(len(batch))
             return True
 
+    async def settle(self) -> None:
+        """After the final flush: what the last write left in flight (a processor's
+        checkpoint, ``Sink.settle``) done, retried as a write is. Given up when the
+        tenure may write no more, or the retries run out: then the final checkpoint is not
+        where the reading ended (``abandoned``: the release is not marked clean)."""
+        machine, holding, clock = self.machine, self.parts.holding, self.ctx.clock
+        while True:
+            if not holding.may_write(clock.monotonic()):
+                self.abandoned = True
+                return
+            try:
+                await self.ctx.sink.settle(self.tenure,
+                                           timeout=self.parts.settings.call_timeout_s)
+                return
+            except (StoreThrottled, StoreUnavailable) as exc:
+                wait = machine.write_failed()
+                if wait is None:
+                    self.abandoned = True
+                    self.ctx.metrics.sink_write_failed("abandoned")
+                    event(logging.WARNING, "sink.flush_abandoned",
+                          "the final checkpoint failed while stopping; the next holder "
+                          "resumes from the one before", stream=self.stream,
+                          fence=self.tenure.fence, error=str(exc))
+                    return
+                self.ctx.metrics.sink_write_failed("retried")
+                await self._pause(min(wait, max(0.0, holding.deadline - clock.monotonic())))
+
     def _give_up(self, exc: Exception) -> None:
         """Stopping, and the sink does not take the held frames: drop them unwritten.
         ``last_seq`` did not move, so whoever holds the stream next asks for them again."""

@@ -81,7 +81,9 @@ class Handing:
                 continue
             if record is None or record.lease_owner != tenure.owner or \
                     record.fence != tenure.fence:
-                return True
+                # Taken by the taker; or moved on some other way (a force release): then
+                # the tenure is lost, as the drain's refused writes will say.
+                return record is not None and record.lease_owner == taker.worker_id
             if codec.handover_declined(record) == declined_text(tenure.fence, taker.worker_id):
                 event(logging.INFO, "handover.declined",
                       "the peer cannot take the stream; releasing it instead",
@@ -133,13 +135,13 @@ class Taking:
 
     def offered(self, offers: frozenset[str]) -> None:
         """The offers as this worker's row holds them after a heartbeat."""
+        tg = self.scope()
+        if tg is None:
+            return  # not serving yet (or any more): acted on once it is, if still there
         fresh = offers - self._seen
         self._seen = offers
         if not fresh:
             return
-        tg = self.scope()
-        if tg is None:
-            return  # not serving (starting or stopping): the holders release as before
         for text in sorted(fresh):
             tg.create_task(self._act(text), name=f"take handed {text}")
 

@@ -55,7 +55,7 @@ FLEET_STATES = ("STARTED", "STOPPED", "invalid")
 FLEET_LEASES = ("live", "expired", "none")
 # Long-lived tasks whose crash is counted (each then ends in a defined state).
 TASKS = ("reconcile", "stopped_query", "audit", "sweep", "supervisor", "heartbeat", "pump",
-         "membership", "leader", "jobs", "takeover")
+         "membership", "leader", "jobs", "takeover", "handover")
 INDEX_HINT_OUTCOMES = ("stale_fence", "confirmed", "dismissed")
 SINK_KINDS = ("dynamodb", "postgres", "mongodb", "kinesis", "sqs", "s3", "http", "file", "stdout",
               "python")

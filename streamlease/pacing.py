@@ -127,3 +127,6 @@ class PacedSink:
 
     async def close(self, tenure: Tenure, reason: str) -> None:
         await self.inner.close(tenure, reason)
+
+    async def settle(self, tenure: Tenure, timeout: float | None = None) -> None:
+        await self.inner.settle(tenure, timeout)

@@ -5,7 +5,16 @@ the pump writes through. ``open`` makes the tenure's processor and calls ``start
 ``write_batch`` calls ``process`` and then checkpoints the batch on the stream item with a
 conditional write naming this owner and fence (the lease store's ``checkpoint``), so a
 stale holder's checkpoint is refused like its sink write would be; ``close`` calls
-``stop``. A processor that commits its own checkpoint (``commits_checkpoint``) is asked
+``stop``.
+
+The checkpoint is written while the pump reads the next batch: ``write_batch`` returns
+once ``process`` did, and the next ``write_batch`` (or ``settle``, after the pump's final
+flush) first waits for it, so a batch is processed only once the one before it is
+checkpointed, as if each write had waited, and a refused or failed checkpoint surfaces
+there (a retriable failure is retried by the pump, the batch not processed again). The
+stream reads on during the round trip instead of idling through it.
+
+A processor that commits its own checkpoint (``commits_checkpoint``) is asked
 after ``start`` how far it got, and the tenure resumes after that.
 
 A batch whose ``process`` raises is retried: the first failures raise ``ProcessorFailed``
@@ -25,6 +34,8 @@ input) is handed the worker's ``Metrics`` before ``start``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
@@ -56,6 +67,8 @@ class _Open:
     # processed again, so a duplicate can only come from another tenure.
     processed: int = 0
     dead_letter: _Open | None = None
+    # The last batch's checkpoint in flight (prev_seq, last_seq, the write), if any.
+    pending: tuple[int, int, asyncio.Task[SinkOutcome]] | None = None
 
 
 @runtime_checkable
@@ -111,6 +124,12 @@ class ProcessorSink:
         entry = self._open.pop((tenure.stream_id, tenure.fence), None)
         if entry is None:
             return
+        if entry.pending is not None:
+            # Settled by the pump unless the tenure ended without its final flush (lost,
+            # an error): the write is sent either way; its outcome is the sink's.
+            with contextlib.suppress(Exception):
+                await entry.pending[2]
+            entry.pending = None
         for name, one in (("processor", entry), ("dead letter", entry.dead_letter)):
             if one is None:
                 continue
@@ -130,6 +149,7 @@ class ProcessorSink:
         if entry is None:
             raise SinkGaveUp(f"stream {tenure.stream_id}: no processor open for fence "
                              f"{tenure.fence}")
+        await self._settle(entry, tenure, timeout)
         last = frames[-1].seq
         ctx = entry.ctx
         ctx.checkpoint = prev_seq
@@ -152,9 +172,36 @@ class ProcessorSink:
                 await self._failed(entry, tenure, batch, exc)
             entry.failing, entry.attempts = None, 0
             entry.processed = last
-        outcome = await self.checkpoints.checkpoint(tenure, prev_seq, last, timeout)
-        ctx.checkpoint = last
-        return outcome
+        entry.pending = (prev_seq, last, asyncio.ensure_future(
+            self.checkpoints.checkpoint(tenure, prev_seq, last, timeout)))
+        return SinkOutcome.COMMITTED
+
+    async def settle(self, tenure: Tenure, timeout: float | None = None) -> None:
+        entry = self._open.get((tenure.stream_id, tenure.fence))
+        if entry is not None:
+            await self._settle(entry, tenure, timeout)
+
+    async def _settle(self, entry: _Open, tenure: Tenure, timeout: float | None) -> None:
+        """The last batch's checkpoint landed: wait for it; if it failed, write it again
+        (raising, as ``write_batch`` would, when that fails too)."""
+        if entry.pending is None:
+            return
+        prev_seq, last, task = entry.pending
+        try:
+            await asyncio.shield(task)
+        except (StoreThrottled, StoreUnavailable):
+            # Its outcome unknown or refused for load: once more now (a checkpoint that
+            # landed answers ALREADY_COMMITTED); a failure again goes to the pump, which
+            # retries with backoff and calls back here first.
+            entry.pending = (prev_seq, last, asyncio.ensure_future(
+                self.checkpoints.checkpoint(tenure, prev_seq, last, timeout)))
+            await asyncio.shield(entry.pending[2])
+        except BaseException:
+            if task.done():
+                entry.pending = None  # refused for good (a stale fence): the tenure ends
+            raise
+        entry.pending = None
+        entry.ctx.checkpoint = last
 
     async def _failed(self, entry: _Open, tenure: Tenure, batch: list[Message],
                       exc: Exception) -> None:

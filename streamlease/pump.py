@@ -123,6 +123,7 @@ class Pump:
             await self._connections()
             self.machine.flush()
             await self.delivery.write_due()
+            await self.delivery.settle()
         finally:
             self.interrupts.task = None
             self.delivery.set_stalled(False)

@@ -77,6 +77,7 @@ class Supervisor:
             if ties.offer is not None and settings.handover_wait_s and not wire.numbered else None
         self._taker: MemberRecord | None = None  # named by the drain, offered once
         self._offered = False
+        self._refused_while_offered = False
         self._handed_to: str | None = None
         self.heartbeat = Heartbeat(ctx, settings, self.tenancy, ties, self.pump)
         self.ending = Release(ctx, settings, self.tenancy, ties.release_gate)
@@ -224,6 +225,13 @@ class Supervisor:
                                     ended):
             self._handed_to = taker.worker_id
             holding.on_stale_write()  # the fence moved on: abort the pump, no flush
+        elif self._refused_while_offered:
+            self._stale_write()  # refused, and not because the taker took it
+
+    def _stale_write(self) -> None:
+        self.ctx.metrics.stale_write_rejected()
+        event(logging.WARNING, "sink.stale_fence", "sink refused a batch: fence is stale",
+              stream=self.stream, fence=self.tenure.fence)
 
     async def _run_pump(self) -> None:
         metrics = self.ctx.metrics
@@ -231,11 +239,10 @@ class Supervisor:
             await self.pump.run()
         except StaleFence:
             self.holding.on_stale_write()
-            if not self._offered:  # else the taker has it: expected, and told as such
-                metrics.stale_write_rejected()
-                event(logging.WARNING, "sink.stale_fence",
-                      "sink refused a batch: fence is stale", stream=self.stream,
-                      fence=self.tenure.fence)
+            if self._offered:
+                self._refused_while_offered = True  # told once the take is known, or not
+            else:
+                self._stale_write()
         except SelfFenced:
             self.holding.check_deadline(self.ctx.clock.monotonic())
         except SinkConflict as exc:

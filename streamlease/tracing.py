@@ -13,7 +13,8 @@ the exporter's headers and timeouts, the batch processor's limits.
 
 Spans are named ``streamlease.<what>`` and their attributes ``streamlease.<name>`` (README,
 "Tracing"). There is one per reconcile cycle, acquisition, resume read, dial, first flush
-of a tenure, release, take-over of a dead member's streams, leader election and job run;
+of a tenure, release, take of a stream handed live (``take``, inside its acquisition),
+take-over of a dead member's streams, leader election and job run;
 never one per message or batch.
 
 Across workers: a release writes its span's context (a W3C ``traceparent``) on the stream

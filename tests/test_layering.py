@@ -32,7 +32,8 @@ RECONCILING = ("streamlease.reconciler", "streamlease.reconcile_settings",
                "streamlease.audit")
 ONE_STREAM = ("streamlease.supervisor", "streamlease.heartbeat", "streamlease.release",
               "streamlease.tenancy", "streamlease.pump", "streamlease.pumping",
-              "streamlease.session", "streamlease.delivery", "streamlease.dial")
+              "streamlease.session", "streamlease.delivery", "streamlease.dial",
+              "streamlease.handover", "streamlease.ahead")
 STORE_MAY_IMPORT = ("streamlease.core", "streamlease.store", *FOUNDATION)
 
 # (who, the only parts it may import): beyond itself, nothing else.

@@ -88,6 +88,9 @@ class SlowSink:
     async def newest_event(self, stream_id: str, timeout: float | None = None) -> None:
         return None
 
+    async def settle(self, tenure: object, timeout: float | None = None) -> None:
+        return None
+
 
 async def test_the_time_spent_waiting_comes_out_of_the_calls_timeout() -> None:
     inner = SlowSink()

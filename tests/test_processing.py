@@ -117,8 +117,11 @@ async def test_a_stale_holder_cannot_checkpoint() -> None:
     out, _ = sink(store, [])
     await out.open(got.tenure, got.record)
     await store.force_release("a")
+    # Processed, then the checkpoint (written while the pump reads on) is refused: the
+    # pump hears it when it settles, or at its next batch, which is not processed.
+    await out.write_batch(got.tenure, 0, frames(1, 2), 0)
     with pytest.raises(StaleFence):
-        await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+        await out.settle(got.tenure)
     assert (await store.get("a")).last_seq is None  # type: ignore[union-attr]
 
 
@@ -179,6 +182,7 @@ async def test_an_unreachable_destination_is_retried_without_using_up_attempts()
             await out.write_batch(got.tenure, 0, frames(1, 2), 0)
         assert not isinstance(raised.value, ProcessorFailed)
     await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+    await out.settle(got.tenure)
     assert ("p", "process", "a", [1, 2], 0, None) in calls
     assert not [c for c in calls if c[0] == "dlq"]
     assert (await store.get("a")).last_seq == 2  # type: ignore[union-attr]
@@ -194,6 +198,7 @@ async def test_a_batch_that_fails_every_attempt_goes_to_the_dead_letter_sink() -
         with pytest.raises(ProcessorFailed):
             await out.write_batch(got.tenure, 0, frames(1, 2), 0)
     await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+    await out.settle(got.tenure)
     dead = [c for c in calls if c[0] == "dlq" and c[1] == "process"]
     assert dead == [("dlq", "process", "a", [1, 2], 0, "ValueError: destination refused")]
     assert (await store.get("a")).last_seq == 2  # type: ignore[union-attr]
@@ -207,15 +212,16 @@ async def test_a_batch_that_fails_every_attempt_goes_to_the_dead_letter_sink() -
 
 async def test_a_checkpoint_that_failed_is_retried_without_processing_the_batch_again(
         ) -> None:
-    """The output took the batch, the checkpoint write timed out: the pump sends the same
-    batch again, and only the checkpoint is retried (no duplicate within a tenure)."""
+    """The output took the batch, the checkpoint write (made while the pump reads on) timed
+    out, and so did its retry: the pump backs off and tries again, and only the checkpoint
+    is retried before the next batch is processed (no duplicate within a tenure)."""
     store = MemoryStore()
     got = await held(store)
     calls: list[tuple[Any, ...]] = []
     out, _ = sink(store, calls)
     await out.open(got.tenure, got.record)
     original = store.checkpoint
-    failures = [StoreUnavailable("checkpoint: timeout")]
+    failures = [StoreUnavailable("checkpoint: timeout"), StoreUnavailable("again")]
 
     async def flaky(*args: Any, **kwargs: Any) -> Any:
         if failures:
@@ -223,13 +229,16 @@ async def test_a_checkpoint_that_failed_is_retried_without_processing_the_batch_
         return await original(*args, **kwargs)
 
     store.checkpoint = flaky  # type: ignore[method-assign]
-    with pytest.raises(StoreUnavailable):
-        await out.write_batch(got.tenure, 0, frames(1, 3), 0)
     await out.write_batch(got.tenure, 0, frames(1, 3), 0)
+    with pytest.raises(StoreUnavailable):
+        await out.write_batch(got.tenure, 3, frames(4, 4), 0)
     assert [c[3] for c in calls if c[1] == "process"] == [[1, 2, 3]]
-    assert (await store.get("a")).last_seq == 3  # type: ignore[union-attr]
+    assert (await store.get("a")).last_seq is None  # type: ignore[union-attr]
     await out.write_batch(got.tenure, 3, frames(4, 4), 0)
     assert [c[3] for c in calls if c[1] == "process"] == [[1, 2, 3], [4]]
+    assert (await store.get("a")).last_seq == 3  # type: ignore[union-attr]
+    await out.settle(got.tenure)
+    assert (await store.get("a")).last_seq == 4  # type: ignore[union-attr]
 
 
 async def test_a_transactional_processor_resumes_after_its_own_checkpoint() -> None:
@@ -269,6 +278,7 @@ async def test_a_transactional_processor_hears_of_its_dead_lettered_batch() -> N
     with pytest.raises(ProcessorFailed):
         await out.write_batch(got.tenure, 0, frames(1, 2), 0)
     await out.write_batch(got.tenure, 0, frames(1, 2), 0)
+    await out.settle(got.tenure)
     assert [c[:3] for c in calls if c[1] != "start"] == [
         ("dlq", "process", "a"), ("p", "dead_lettered", [1, 2])]
     assert calls[-1] == ("p", "dead_lettered", [1, 2], 0)

@@ -64,7 +64,7 @@ class MemberRecord:
     shard: int = 0  # the key it lives under (``core.layout``)
     # the incarnation nonce of a process that reads spread layouts (``core.layout``)
     reads_layout: str | None = None
-    # streams a peer offers this member, each ``core.handover.offer_text`` (its own row)
+    # streams a peer offers this member, each ``core.handover.Offer.text`` (its own row)
     offers: frozenset[str] = frozenset()
 
     @property

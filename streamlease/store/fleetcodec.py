@@ -53,7 +53,7 @@ FENCED_AT = "fenced_at_ms"
 INCARNATION = "incarnation"  # S: a nonce per process, written by each registration
 BULLETIN = "bulletin"  # S: the leader's bulletin (JSON, ``core.bulletin``), leader's row only
 READS_LAYOUT = "reads_layout"  # S: the incarnation of a process that reads spread layouts
-# SS: streams a peer hands this member, each "<fence>:<stream_id>" (``core.handover``)
+# SS: streams a peer hands this member, each "<fence>:<s|r>:<stream_id>" (``core.handover``)
 OFFERS = "offers"
 # The layout item and the bulletin replicas.
 SHARDS = "shards"  # N: the layout (``core.layout``)

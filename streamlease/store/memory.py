@@ -496,6 +496,9 @@ class MemorySink(MemoryTables):
     async def close(self, tenure: Tenure, reason: str) -> None:
         return None
 
+    async def settle(self, tenure: Tenure, timeout: float | None = None) -> None:
+        return None
+
     async def newest_event(self, stream_id: str,
                            timeout: float | None = None) -> EventMark | None:
         self._called("newest_event")

@@ -230,6 +230,11 @@ class Sink(Protocol):
         """The tenure ended (its processor's ``stop``); ``reason`` is one of
         ``streamlease.processor.STOP_REASONS``. Never raises."""
 
+    async def settle(self, tenure: Tenure, timeout: float | None = None) -> None:
+        """Finish what the last ``write_batch`` left in flight (a processor's checkpoint,
+        written while the pump reads on); raises as ``write_batch`` would. The pump calls
+        it after its final flush."""
+
 
 class FleetStore(Protocol):
     """Member rows in the fleet table, spread over one or more keys (``core.layout``)."""

@@ -38,6 +38,7 @@ placeholder argument read back as ``*``).
 from __future__ import annotations
 
 import ast
+import collections.abc
 import dataclasses
 import enum
 import functools
@@ -678,6 +679,11 @@ def _samples(hint: Any, where: str, name: str) -> list[Any]:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _dataclass_samples(hint, where)
     origin = typing.get_origin(hint)
+    if origin in (list, tuple, collections.abc.Iterable, collections.abc.Sequence):
+        # One element: the expression a collection argument builds is the same shape.
+        return [[value] for value in _samples(typing.get_args(hint)[0], where, name)]
+    if origin in (set, frozenset):
+        return [frozenset()]
     if origin in (typing.Union, types.UnionType):
         out: list[Any] = []
         for member in typing.get_args(hint):

@@ -714,9 +714,11 @@ def test_the_worker_updates_only_lease_and_error_attributes() -> None:
     needs = worker_needs()
     assert {u.table for u in needs.updates} == {"streams", "fleet"}, needs.updates
     # trace_parent: a release with tracing on stores the releasing span's context;
-    # clean_release: a drained holder's release leaves its mark for the next holder.
+    # clean_release: a drained holder's release leaves its mark for the next holder;
+    # handover_declined: a taker's no to a live hand-over, under the holder's fence.
     known = {"Pk", "desired_state", "lease_owner", "lease_expires_at_ms", "fence", "last_seq",
-             "last_error", "last_error_at_ms", "lease_epoch", "trace_parent", "clean_release"}
+             "last_error", "last_error_at_ms", "lease_epoch", "trace_parent", "clean_release",
+             "handover_declined"}
     new = [f"{u.where}: {sorted((u.attributes or set()) - known)}" for u in needs.updates
            if u.table == "streams" and (u.attributes or set()) - known]
     assert not new, "worker UpdateItems name attributes the task role does not allow:\n" \

@@ -74,6 +74,9 @@ class DynamoSink(DynamoTable):
     async def close(self, tenure: Tenure, reason: str) -> None:
         return None
 
+    async def settle(self, tenure: Tenure, timeout: float | None = None) -> None:
+        return None  # each batch's transaction is done when write_batch returns
+
     async def newest_event(self, stream_id: str,
                            timeout: float | None = None) -> EventMark | None:
         resp = await self._call(

@@ -87,6 +87,7 @@ locals {
     "clean_release",
     "desired_state",
     "fence",
+    "handover_declined",
     "last_error",
     "last_error_at_ms",
     "last_seq",
