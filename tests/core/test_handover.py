@@ -71,6 +71,18 @@ def test_a_text_that_is_not_an_offer_reads_as_none(text: str) -> None:
     assert parse_offer(text) is None
 
 
+@pytest.mark.parametrize("text", [
+    "\u00b2:s:s1",  # SUPERSCRIPT TWO: str.isdigit() says yes, int() says no
+    "\u0661:s:s1",  # ARABIC-INDIC DIGIT ONE: int() reads 1, but no holder writes that
+    "\uff17:s:s1",  # FULLWIDTH DIGIT SEVEN
+])
+def test_a_fence_of_digits_other_than_ascii_is_no_offer(text: str) -> None:
+    """A holder writes its fence in ASCII digits. Anything else in a member row is not an
+    offer: read as None (counted "unreadable"), never an exception that would count as a
+    crash, and never a fence the holder did not write."""
+    assert parse_offer(text) is None
+
+
 def test_declined_names_the_fence_and_the_taker() -> None:
     assert declined_text(7, "w2") == "7:w2"
     assert declined_text(7, "w2") != declined_text(8, "w2")
