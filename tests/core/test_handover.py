@@ -149,7 +149,7 @@ def test_ties_go_by_each_streams_own_order_of_the_members() -> None:
     streams = [f"s{i:03}" for i in range(300)]
     picks = {sid: takers([sid], members, "me", 5)[sid] for sid in streams}
     for sid, taker in picks.items():
-        assert taker == min("abc", key=lambda m, sid=sid: preference(sid, m))
+        assert taker == min("abc", key=lambda m: preference(sid, m))
     parts = Counter(picks.values())
     assert set(parts) == {"a", "b", "c"} and min(parts.values()) > 60, parts
     # The order of the member rows as read makes no difference.
