@@ -554,6 +554,39 @@ async def test_an_item_the_taker_cannot_serve_is_declined_before_any_dial() -> N
     assert taker.store.count("take_handed") == 0
 
 
+
+async def test_a_take_that_lands_as_the_taker_begins_to_stop_is_handed_straight_back() -> None:
+    """Room when it looked, stopping when the lease arrives: nothing may serve it here, so
+    the lease goes straight back (an orphan now) and the connection opened ahead is
+    closed, not left open to the upstream."""
+    async with UpstreamServer(UpstreamOptions(streams=1, rate=200.0)) as up:
+        memory = MemoryStore()
+        await delivered_by(memory, "s001", url=up.url_for("s001"), through=5)
+        taker = Taker(memory)
+        entered, proceed = asyncio.Event(), asyncio.Event()
+
+        async def take_when_told(claim: HandOver, timeout: float | None = None) -> Any:
+            entered.set()
+            await proceed.wait()
+            return await memory.take_handed(claim, timeout=timeout)
+
+        taker.store.take_handed = take_when_told  # type: ignore[attr-defined]
+        async with taker.running():
+            taker.offer("1:s:s001")
+            async with asyncio.timeout(5):
+                await entered.wait()
+            assert up.stats()["streams"]["s001"]["connections"] == 1  # dialled ahead
+            taker.reconciler.stop(release_by=SYSTEM_CLOCK.monotonic() + 5)
+            proceed.set()
+            await taker.acted_on()
+        record = await memory.get("s001")
+        assert record is not None
+        assert (record.lease_owner, record.fence, record.lease_expires_at_ms,
+                record.last_seq) == ("w2", 2, 0, 5)
+        assert taker.metric("streamlease_handovers_total", outcome="handed_back") == 1
+        assert not taker.reconciler.supervisors and taker.reconciler.unreleased == 0
+        await until(lambda: up.stats()["streams"]["s001"]["connections"] == 0, timeout=1.0)
+
 # == two workers, one shutting down ======================================================
 
 MEMBER = MemberTimings(lease_s=3.0, heartbeat_s=0.25, safety_margin_s=0.5)
