@@ -209,6 +209,32 @@ async def test_a_holder_that_writes_nothing_learns_of_the_take_from_the_item() -
 
 
 @pytest.mark.virtual_time
+async def test_a_refused_write_ends_the_wait_even_while_the_item_cannot_be_read(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The holder's reads of the item fail (the store is struggling) when the taker takes
+    the lease: its next write is refused, the pump stops, and the offer's wait ends there,
+    not a whole ``handover_wait_s`` later with nothing left to deliver."""
+    wait = 60.0
+    holder = Holder(PumpScript(every=0.05, batch=2), handover_wait_s=wait)
+    sup = await holder.start()
+    sup.request_drain(StopReason.SHUTDOWN, taker=TAKER)
+    await holder.offered()
+    holder.rig.store.fail("check", times=-1)
+    await asyncio.sleep(1.0)
+    await holder.take()
+    took_at = asyncio.get_running_loop().time()
+    ended_at = await holder.ended()
+    assert holder.calls_after("write_batch", took_at) >= 1  # refused
+    assert ended_at - took_at <= OFFER_CHECK_S + 0.1
+    # Nothing more was written or released under the old fence.
+    record = await holder.rig.record()
+    assert (record.lease_owner, record.fence) == ("w2", 2)
+    assert holder.rig.store.count("release") == 0 and "a:flushed" not in holder.rig.script.log
+    # Unconfirmed (the item could not be read): not told as a hand-over, nor as an offer
+    # that was not taken.
+    assert holder.metric("streamlease_handovers_total", outcome="not_taken") == 0
+
+@pytest.mark.virtual_time
 async def test_an_offer_not_taken_in_time_falls_back_to_the_drain_and_a_clean_release(
         caplog: pytest.LogCaptureFixture) -> None:
     holder = Holder(PumpScript(every=0.5))
