@@ -78,6 +78,8 @@ class Handing:
                 record = await self.ctx.leases.check(stream,
                                                      timeout=self.settings.call_timeout_s)
             except StoreError:
+                if ended():
+                    return False  # unconfirmed, but nothing is left to deliver
                 continue
             if record is None or record.lease_owner != tenure.owner or \
                     record.fence != tenure.fence:

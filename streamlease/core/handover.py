@@ -87,7 +87,7 @@ class Offer:
 def parse_offer(text: str) -> Offer | None:
     """An offer from its text; None for a text that is not one."""
     fence, why, stream_id = [*text.split(":", 2), "", ""][:3]
-    if not stream_id or not fence.isdigit() or why not in ("r", "s"):
+    if not stream_id or not (fence.isascii() and fence.isdigit()) or why not in ("r", "s"):
         return None
     return Offer(stream_id, int(fence), why == "r")
 
