@@ -44,6 +44,9 @@ class FakeSink:
         self.pump: Pump | None = None
         self.calls = 0
 
+    async def settle(self, tenure: Tenure, timeout: float | None = None) -> None:
+        return None  # each batch is done when write_batch returns
+
     async def write_batch(self, tenure: Tenure, prev_seq: int, frames: list[Frame],
                           now_wall_ms: int, timeout: float | None = None) -> Any:
         self.calls += 1
