@@ -35,6 +35,9 @@ class NullSink:
                           now_wall_ms: int, timeout: float | None = None) -> Any:
         self.count += len(frames)
 
+    async def settle(self, tenure: Tenure, timeout: float | None = None) -> None:
+        return None
+
 
 async def null(urls: list[str], seconds: float) -> float:
     sink = NullSink()
