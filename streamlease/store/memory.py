@@ -399,11 +399,15 @@ class MemoryLeases(MemoryTables):
         fence = _n(item, codec.FENCE)
         if fence is None:
             raise StoreError("ValidationException: fence is not a number")
+        return self._pass_lease(item, claim.stream_id, owner, epoch, expiry, fence + 1)
+
+    def _pass_lease(self, item: Item, stream_id: str, owner: str, epoch: int, expiry: int,
+                    fence: int) -> Acquired:
+        """A held lease passes to ``owner`` under ``fence`` (a take-over, a hand-over)."""
         self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
-                         codec.FENCE: codec.n(fence + 1), codec.LEASE_EPOCH: codec.n(epoch)})
+                         codec.FENCE: codec.n(fence), codec.LEASE_EPOCH: codec.n(epoch)})
         record = _record(item)
-        return Acquired(Tenure(claim.stream_id, owner, fence + 1, record.last_seq, expiry, epoch),
-                        record)
+        return Acquired(Tenure(stream_id, owner, fence, record.last_seq, expiry, epoch), record)
 
     async def take_handed(self, claim: HandOver,
                           timeout: float | None = None) -> Acquired | None:
@@ -420,11 +424,7 @@ class MemoryLeases(MemoryTables):
                 and record.fence == claim.fence and record.lease_expires_at_ms != 0
                 and record.lease_expires_at_ms is not None):
             return _resent_acquire(item, owner, expiry)
-        self._set(item, {codec.LEASE_OWNER: codec.s(owner), codec.LEASE_EXPIRES: codec.n(expiry),
-                         codec.FENCE: codec.n(claim.fence + 1), codec.LEASE_EPOCH: codec.n(epoch)})
-        record = _record(item)
-        return Acquired(Tenure(claim.stream_id, owner, claim.fence + 1, record.last_seq, expiry,
-                               epoch), record)
+        return self._pass_lease(item, claim.stream_id, owner, epoch, expiry, claim.fence + 1)
 
     async def decline(self, stream_id: str, holder: str, fence: int, taker: str,
                       timeout: float | None = None) -> None:
