@@ -14,7 +14,7 @@ MAX_SEQ = 2**63 - 1
 _scan = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed names the class
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Frame:
     seq: int
     text: str
