@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import calendar
 import contextlib
 import copy
 import functools
@@ -40,6 +41,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from http import HTTPStatus
 from typing import Any
 
@@ -71,6 +73,7 @@ try:
     from moto.dynamodb.models.table import StreamShard, Table
     from moto.dynamodb.responses import DynamoHandler
     from moto.dynamodbstreams.models import DynamoDBStreamsBackend, ShardIterator
+    from moto.dynamodbstreams.responses import DynamoDBStreamsHandler
     from moto.moto_server.werkzeug_app import create_backend_app
     from werkzeug.serving import BaseWSGIServer, make_server
 
@@ -244,11 +247,19 @@ _READ_ACTIONS = ("query", "scan", "get_item", "batch_get_item")
 # Item writes answer with the item's attributes when asked (ReturnValues): every
 # conditional lease write a worker makes, written the same way.
 _WRITE_ACTIONS = ("update_item", "put_item", "delete_item")
+# DynamoDB Streams answers written the same way: the leader's change feed reads a record of
+# every write to the streams table (every checkpoint among them).
+_STREAMS_ACTIONS = ("describe_stream", "list_streams", "get_shard_iterator", "get_records")
 
 
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
+    if isinstance(value, datetime):
+        # The JSON protocols' timestamp: epoch seconds, millisecond precision, a naive
+        # value read as UTC (as moto's own writer does).
+        seconds = calendar.timegm(value.utctimetuple())
+        return seconds + (value.microsecond // 1000) / 1000.0 if value.microsecond else seconds
     raise TypeError(f"not JSON: {type(value).__name__}")
 
 
@@ -831,6 +842,9 @@ def install_patches() -> None:
             if action in _READ_ACTIONS:
                 handler = _lagged(action, handler)
             setattr(DynamoHandler, action, handler)
+        for action in _STREAMS_ACTIONS:
+            setattr(DynamoDBStreamsHandler, action,
+                    _plain_json(getattr(DynamoDBStreamsHandler, action)))
         install_parse_caches()
         _patched = True
 

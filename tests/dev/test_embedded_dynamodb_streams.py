@@ -12,13 +12,15 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import aioboto3
 import pytest
 from botocore.exceptions import ClientError
+from moto.core.serialize import TimestampSerializer
 
-from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions
+from streamlease.dev.dynamodb import EmbeddedDynamoDB, ServerOptions, _json_default
 from streamlease.store import schema
 
 STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
@@ -117,13 +119,32 @@ async def test_records_for_put_update_delete_and_transactions() -> None:
         ]
         first = records[0]["dynamodb"]
         assert first["NewImage"] == item("a") and first["StreamViewType"] == "NEW_AND_OLD_IMAGES"
-        assert first["ApproximateCreationDateTime"] is not None
+        # Epoch seconds on the wire, read back as the moment of the write.
+        written = first["ApproximateCreationDateTime"]
+        assert isinstance(written, datetime) and written.tzinfo is not None
+        assert abs((written - datetime.now(UTC)).total_seconds()) < 60
         seqs = [int(r["dynamodb"]["SequenceNumber"]) for r in records]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         # Reading on after the last record sees only what came later.
         await s.db.put_item(TableName=s.table, Item=item("c"))
         later = await s.records("AFTER_SEQUENCE_NUMBER", records[-1]["dynamodb"]["SequenceNumber"])
         assert summary(later) == [("INSERT", "CONN#c", None, {"S": "STARTED"})]
+
+
+@pytest.mark.parametrize("moment", [
+    datetime(2026, 12, 6, 3, 4, 5),
+    datetime(2026, 12, 6, 3, 4, 5, 678_901),
+    datetime(2026, 12, 6, 3, 4, 5, 999, tzinfo=UTC),
+    datetime(2026, 12, 6, 5, 4, 5, 250_000, tzinfo=timezone(timedelta(hours=2))),
+])
+def test_timestamps_are_written_as_moto_writes_them(moment: datetime) -> None:
+    """The server's own answers (Streams records, stream descriptions) carry the same epoch
+    seconds moto's writer would: naive values read as UTC, milliseconds kept."""
+    expected = TimestampSerializer._timestamp_unixtimestamp(moment)
+    if moment.tzinfo is not None:
+        expected = TimestampSerializer._timestamp_unixtimestamp(
+            moment.astimezone(UTC).replace(tzinfo=None))
+    assert _json_default(moment) == expected
 
 
 async def test_one_record_per_changed_item_and_none_for_a_failed_request() -> None:
