@@ -10,8 +10,8 @@ flow the whole time, and the events table is read back at the end:
   writer's wall clock when it sent the write; one host, one clock);
 * **send time**: the reference upstream produces message ``n`` of every stream at
   ``epoch + n / rate`` (``streamlease.dev.upstream``), its frames carry no time of their own;
-  ``epoch`` is estimated from ``/stats`` readings of the head (``upstream_epoch_ms``, a few
-  ms wide). Its error is the same for every message, so it cancels out of the spike;
+  ``epoch`` is estimated from ``/stats`` readings of the head (``Fleet.upstream_epoch``, a
+  few ms wide). Its error is the same for every message, so it cancels out of the spike;
 * per stream, the **longest gap** between consecutive deliveries during the deploy (from the
   first replacement's start to a few seconds after the last exit), beside the same figure
   over the steady window before it (the batch window's own share of a gap);
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
 import statistics
 import time
@@ -104,17 +103,6 @@ def latency_spike_s(delivered: list[Delivered], sent_ms: Callable[[int], float],
     return median, (max(during) - median if during else None)
 
 
-def upstream_epoch_ms(readings: Iterable[tuple[float, float, int]], rate: float) -> float:
-    """When the upstream's clock started (epoch ms), from ``/stats`` readings (wall ms before
-    the request, wall ms after, the head it answered): head ``h`` means ``h / rate`` seconds
-    have passed and ``h + 1`` have not. The middle of what every reading allows."""
-    step = 1000 / rate
-    readings = list(readings)
-    low = max(before - (head + 1) * step for before, _, head in readings)
-    high = min(after - head * step for _, after, head in readings)
-    return (low + high) / 2
-
-
 def figures(per_stream: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The section's figures from each stream's (``max_gap_s``, ``steady_gap_s``,
     ``steady_p50_s``, ``spike_s``, and its audit)."""
@@ -169,18 +157,6 @@ async def _ready(worker: WorkerProc, timeout: float = 30.0) -> float | None:
     return None
 
 
-async def _epoch(fleet: Fleet, rate: float, readings: int = 12) -> float:
-    url = fleet.upstream_url.replace("ws://", "http://") + "/stats"
-    found = []
-    for i in range(readings):
-        before = _wall_ms()
-        status, body = await asyncio.to_thread(_get, url)
-        if status == 200:
-            found.append((before, _wall_ms(), int(json.loads(body)["head"])))
-        await asyncio.sleep(0.013 * (i + 1))  # spread over the phases of a message period
-    return upstream_epoch_ms(found, rate)
-
-
 async def _read_sink(fleet: Fleet) -> dict[str, list[Delivered]]:
     assert fleet.store is not None
     out: dict[str, list[Delivered]] = {}
@@ -206,7 +182,9 @@ async def run_deploy(ctx: Context) -> dict[str, Any]:
             fleet.start_worker()
         section["settled_s"] = rounded(await fleet.wait_until(
             lambda: fleet.all_held() and all(fleet.checkpoints().values()), 60.0))
-        epoch = await _epoch(fleet, rate)
+        epoch = await fleet.upstream_epoch()
+        if epoch is None:
+            raise RuntimeError("the upstream's /stats never answered: no send times")
         steady_from = _wall_ms()
         await asyncio.sleep(STEADY_S)
         deploy_from, moves_from = _wall_ms(), fleet.now()

@@ -23,9 +23,10 @@ What the sampler records, every ``sample_s``:
   cannot be observed; a killed worker's sockets close with it, so only a new holder can
   connect). A SIGTERM'd worker's stream handed live to a peer (make before break,
   ``streamlease.core.handover``) is delivered by its old holder until the take: its
-  hand-off is timed from the take (the taker's ``handover.taken``) to the taker's first
-  write (the events table's ``at_ms``), once the run is audited (``measure_handoffs``);
-  the time from the signal stays in ``from_signal``.
+  hand-off is timed from the take (the taker's ``handover.taken``), or from the send of the
+  first message the taker wrote when the upstream produced it after the take, to the
+  taker's first write (the events table's ``at_ms``), once the run is audited
+  (``measure_handoffs``); the time from the signal stays in ``from_signal``.
 * **exits**: a worker that exits while not being stopped is recorded, never fatal.
 * **owned streams** (``owned_history``, when the timeline comes from the table): per read,
   the streams leased to a running worker, from which spells of no owner are measured.
@@ -217,8 +218,9 @@ class Fleet:
         self.t0 = time.monotonic()
         self.timeline: list[tuple[float, dict[str, int]]] = []
         self.faults: list[Fault] = []
-        # (fault, stream) -> seconds from the take to the taker's first write, for streams a
-        # SIGTERM'd worker handed live (``measure_handoffs``; None: not measured yet)
+        # (fault, stream) -> seconds from the take (or the first message's send, if later) to
+        # the taker's first write, for streams a SIGTERM'd worker handed live
+        # (``measure_handoffs``; None: not measured yet)
         self._handed: dict[tuple[int, str], float] | None = None
         self.events_log: list[tuple[float, str]] = []  # (t, label) for charts
         self.acquisitions: list[Acquisition] = []
@@ -716,34 +718,58 @@ class Fleet:
                 "handed_p99": pct(handed, 99), "released_p99": pct(released, 99),
                 "from_signal": {"p50": out["p50"], "p99": out["p99"], "max": out["max"]}}
 
+    async def upstream_epoch(self, readings: int = 12) -> float | None:
+        """When the reference upstream's clock started (epoch ms): message ``n`` of every
+        stream is produced at ``epoch + n / rate`` (``streamlease.dev.upstream``; its frames
+        carry no time of their own). From ``readings`` ``/stats`` readings of the head,
+        spread over a message period (``upstream_epoch_ms``); None if none answered."""
+        url = self.upstream_url.replace("ws://", "http://") + "/stats"
+        found = []
+        for i in range(readings):
+            before = time.time() * 1000
+            head = await asyncio.to_thread(_stats_head, url)
+            if head is not None:
+                found.append((before, time.time() * 1000, head))
+            await asyncio.sleep(0.013 * (i + 1))  # spread over the phases of a message period
+        return upstream_epoch_ms(found, self.rate) if found else None
+
     async def measure_handoffs(self) -> None:
-        """Time each SIGTERM'd worker's stream that a peer took live: from the take (the
-        taker's ``handover.taken``, its wall time) to the first events item written under
-        the taker's fence (its ``at_ms``); ``failover("sigterm")`` reports them. Run once
-        the sink is complete (after the final stop)."""
+        """Time each SIGTERM'd worker's stream that a peer took live: to the first events
+        item written under the taker's fence (its ``at_ms``) from the take (the taker's
+        ``handover.taken``, its wall time) or, when the first message it wrote was produced
+        after the take, from that message's send time (a taker cannot write a message
+        before the upstream sends it: at 1 msg/s the next one may come most of a second
+        after the take, and that wait is the feed's, not the hand-off's).
+        ``failover("sigterm")`` reports them. Run once the sink is complete (after the final
+        stop), while the upstream still answers."""
         assert self.store is not None
         takes: dict[tuple[str, int], int] = {}
         for w in self.everyone():
             for r in log_records(w.log, '"handover.taken"'):
                 if r.get("event") == "handover.taken":
                     takes[(str(r["stream"]), int(r["fence"]))] = int(r["sent_ms"])
+        epoch = await self.upstream_epoch() if takes and self.rate > 0 else None
         self._handed = {}
         for f in self.faults:
             if f.kind != "sigterm":
                 continue
             for sid in f.streams:
                 old = f.fences.get(sid, 0)
-                first: dict[int, int] = {}  # fence -> first write's at_ms
+                first: dict[int, tuple[int, int]] = {}  # fence -> first write (at_ms, seq)
                 async for item in self.store.event_items(sid):
                     fence, at = int(item[codec.EV_FENCE]["N"]), int(item[codec.EV_AT]["N"])
-                    if fence > old:
-                        first[fence] = min(at, first.get(fence, at))
+                    if fence > old and (fence not in first or at < first[fence][0]):
+                        seqs = [frame.seq for frame in codec.decode_event_item(item)]
+                        first[fence] = (at, min(seqs, default=0))
                 if not first:
                     continue
                 fence = min(first)
                 taken = takes.get((sid, fence))
-                if taken is not None:
-                    self._handed[(id(f), sid)] = round(max(0, first[fence] - taken) / 1000, 3)
+                if taken is None:
+                    continue
+                at, seq = first[fence]
+                sent = None if epoch is None else epoch + seq * 1000 / self.rate
+                self._handed[(id(f), sid)] = handoff_s(taken, at, sent)
 
     def timeline_out(self, every: int = 1) -> list[tuple[float, dict[str, int]]]:
         """The timeline up to the final stop (what follows is the audit: nothing runs)."""
@@ -817,6 +843,33 @@ def upstream_connections(upstream_url: str, timeout: float = 5.0) -> dict[str, i
     except (OSError, ValueError):
         return None
     return {sid: int(s.get("connections", 0)) for sid, s in stats["streams"].items()}
+
+
+def handoff_s(taken_ms: float, first_write_ms: float, sent_ms: float | None) -> float:
+    """A live hand-off's time, in seconds: from the take, or from the send of the first
+    message the taker wrote when that came later (None: not known), to that write."""
+    ready = taken_ms if sent_ms is None else max(taken_ms, sent_ms)
+    return round(max(0.0, first_write_ms - ready) / 1000, 3)
+
+
+def upstream_epoch_ms(readings: Iterable[tuple[float, float, int]], rate: float) -> float:
+    """When the upstream's clock started (epoch ms), from ``/stats`` readings (wall ms before
+    the request, wall ms after, the head it answered): head ``h`` means ``h / rate`` seconds
+    have passed and ``h + 1`` have not. The middle of what every reading allows."""
+    step = 1000 / rate
+    readings = list(readings)
+    low = max(before - (head + 1) * step for before, _, head in readings)
+    high = min(after - head * step for _, after, head in readings)
+    return (low + high) / 2
+
+
+def _stats_head(url: str) -> int | None:
+    """The head a ``/stats`` answer names; None if it did not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(json.loads(resp.read())["head"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def get(url: str) -> None:

@@ -15,8 +15,8 @@ from loadtest.deploy_scenario import (
     figures,
     latency_spike_s,
     longest_gap_s,
-    upstream_epoch_ms,
 )
+from loadtest.fleet import handoff_s, upstream_epoch_ms
 from loadtest.report import markdown, targets
 
 
@@ -115,3 +115,14 @@ def test_the_deploy_targets_render_and_a_loss_fails_the_run() -> None:
     assert correctness_failures(result) == {}
     result["deploy"] = deploy_section(lost=2)
     assert correctness_failures(result) == {"deploy.lost": 2}
+
+
+@pytest.mark.parametrize(("taken", "written", "sent", "expected"), [
+    (1_000, 1_080, 900, 0.08),     # the message waited for the take: timed from the take
+    (1_000, 1_480, 1_400, 0.08),   # produced 0.4 s after the take: timed from its send
+    (1_000, 1_480, None, 0.48),    # no send time known: from the take
+    (1_000, 990, 900, 0.0),        # clocks a few ms apart never make it negative
+])
+def test_a_live_hand_off_is_timed_from_when_the_taker_could_write(
+        taken: float, written: float, sent: float | None, expected: float) -> None:
+    assert handoff_s(taken, written, sent) == expected
