@@ -61,11 +61,16 @@ class Handing:
             return False
         try:
             if not await self._offer(taker, Offer(stream, tenure.fence, rebalance).text):
+                event(logging.INFO, "handover.refused",
+                      "the peer is no longer the member it was; releasing the stream instead",
+                      stream=stream, fence=tenure.fence, taker=taker.worker_id)
+                self.ctx.metrics.handover("refused")
                 return False
         except StoreError as exc:
             event(logging.INFO, "handover.offer_failed",
                   "could not offer the stream to a peer; releasing it instead",
                   stream=stream, fence=tenure.fence, taker=taker.worker_id, error=str(exc))
+            self.ctx.metrics.handover("error")
             return False
         event(logging.INFO, "handover.offered", "offered the stream to a peer",
               stream=stream, fence=tenure.fence, taker=taker.worker_id)

@@ -292,7 +292,7 @@ async def test_a_declined_offer_is_released_at_once_not_after_the_wait(
                                     Offers(error=StoreUnavailable("offer: injected"))],
                          ids=["refused", "failed"])
 async def test_an_offer_that_never_reached_the_row_releases_without_waiting(
-        offers: Offers) -> None:
+        offers: Offers, caplog: pytest.LogCaptureFixture) -> None:
     holder = Holder(PumpScript(every=0.5), offers=offers, handover_wait_s=60.0)
     sup = await holder.start()
     asked_at = asyncio.get_running_loop().time()
@@ -303,6 +303,11 @@ async def test_an_offer_that_never_reached_the_row_releases_without_waiting(
     assert (await holder.rig.record()).lease_expires_at_ms == 0
     assert "a:flushed" in holder.rig.script.log
     assert holder.metric("streamlease_lease_released_total", reason="shutdown") == 1
+    refused = offers.error is None
+    assert holder.metric("streamlease_handovers_total", outcome="refused") == int(refused)
+    assert holder.metric("streamlease_handovers_total", outcome="error") == int(not refused)
+    said = "handover.refused" if refused else "handover.offer_failed"
+    assert len(events(caplog, said)) == 1
 
 
 @pytest.mark.virtual_time

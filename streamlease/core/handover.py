@@ -55,6 +55,7 @@ HANDOVER_OUTCOMES = (
     "unreadable",   # the offer's text was not one
     "error",        # a store call failed (the holder releases as before)
     "declined",     # the holder's offer was declined by its taker: it released instead
+    "refused",      # the taker's row refused the holder's offer (no longer that ACTIVE member)
     "not_taken",    # the holder's offer was not acted on in time: it released instead
 )
 
