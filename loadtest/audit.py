@@ -318,10 +318,14 @@ def handoff_timeline(h: Handoff, spans: list[Span]) -> dict[str, Any]:
     of this stream (acquire, resume read, dial, first flush) on the new holder."""
     assert h.release is not None and h.acquire is not None and h.first_flush is not None
     new = h.acquire.instance
-    shown = [h.release]
-    shown += [s for s in spans if s.trace_id == h.acquire.trace_id and s.instance == new
-              and (s.attr("stream") == h.stream or s.span_id == h.acquire.parent_id)]
-    out = timeline(shown, h.release.start_ns, [(h.release, h.acquire)])
+    shown = {h.release.span_id: h.release}  # a live hand-off's take is in the trace itself
+    for s in spans:
+        if s.trace_id == h.acquire.trace_id and s.instance == new and \
+                (s.attr("stream") == h.stream or s.span_id == h.acquire.parent_id):
+            shown.setdefault(s.span_id, s)
+    # A release is linked to from the acquisition on another worker; a take is its child.
+    links = [(h.release, h.acquire)] if h.release.instance != new else []
+    out = timeline(shown.values(), h.release.start_ns, links)
     return {"kind": "sigterm", "stream": h.stream, "from": h.old, "to": new,
             "total_ms": round((h.first_flush.end_ns - h.release.start_ns) / 1e6, 2), **out}
 

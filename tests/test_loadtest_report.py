@@ -1139,6 +1139,9 @@ def test_a_stream_handed_live_is_timed_from_the_take_to_the_first_flush() -> Non
     assert figures["handoffs"] == 2 and figures["handoffs_linked_count"] == 1
     h = figures["slowest_handoff"]
     assert (h["stream"], h["from"], h["to"], h["total_ms"]) == ("s7", "w1", "w2", 35.0)
+    # Each span once, the take a child of the acquisition (no cross-worker link).
+    assert [s["name"] for s in h["spans"]] == ["acquire", "dial", "take", "first_flush"]
+    assert h["links"] == []
     assert figures["unlinked"] == [{
         "stream": "s8", "worker": "w1",
         "why": "no release span (reason shutdown) from the old holder, nor a take"}]
