@@ -25,6 +25,7 @@ from streamlease import reconciler as _reconciler
 from streamlease import sweep as _sweep_module
 from streamlease.config import DEFAULTS, WorkerConfig
 from streamlease.core import bulletin, layout
+from streamlease.core import handover as _handover
 from streamlease.core.membership import MemberTimings
 from streamlease.store import codec, fleetcodec
 from streamlease.store.dynamodb import leases as _leases
@@ -204,7 +205,10 @@ class Settings:
     stream_renew_s: float = DEFAULT_CONFIG.stream_renew_s
     stream_check_s: float = float(DEFAULTS["STREAMLEASE_STREAM_CHECK_SECONDS"])
     max_streams: int = DEFAULT_MAX_STREAMS
-    deploys_per_day: float = 1.0  # each moves every stream once: a release and an acquire
+    deploys_per_day: float = 1.0  # each moves every stream once
+    # The share of moves made live (make before break: an offer, the taker's take; the
+    # events-table output, the default); the rest are a release and an acquisition.
+    handed_share: float = 1.0
     # STREAMLEASE_CHANGE_FEED (on where the table has a stream, as `table create` and the
     # terraform give it): the leader tails the stream and the polls it replaces rest.
     change_feed: bool = DEFAULTS["STREAMLEASE_CHANGE_FEED"] == "on"
@@ -304,6 +308,9 @@ FEED_QUIET_FACTOR = _reconciler.FEED_QUIET_FACTOR
 BACKSTOP_FACTOR = _sweep_module.BACKSTOP_FACTOR
 FEED_POLL_S = _feed.FeedSettings().poll_s
 BATCH_GET_KEYS = _leases.BATCH_GET_KEYS
+OFFER_CHECK_S = _handover.OFFER_CHECK_S
+# One offer in the taker's row: the attribute and a string of the set.
+OFFER_BYTES = len(fleetcodec.OFFERS) + len(_handover.Offer(STREAM_ID, 42, False).text)
 
 FLEET = "fleet table"
 MEMBER_KEYS = "MEMBER keys"  # MEMBER, and MEMBER#<n> once the rows spread
@@ -331,6 +338,23 @@ def _handoff_reads_s(f: Shape) -> float:
 
 def _one(_: Shape) -> float:
     return 1.0
+
+
+def _released(f: Shape) -> float:
+    """Moves made by a release and an acquisition, a second, fleet-wide."""
+    return f.churn * (1 - f.settings.handed_share)
+
+
+def _handed(f: Shape) -> float:
+    """Moves made live (an offer and a take), a second, fleet-wide."""
+    return f.churn * f.settings.handed_share
+
+
+def _holder_reads(f: Shape) -> float:
+    """A holder's reads of the item while its offer is out: one every ``OFFER_CHECK_S``
+    until the take, which follows the taker's next member heartbeat (half an interval
+    on average), and the one that sees it."""
+    return f.settings.heartbeat_s / 2 / OFFER_CHECK_S + 1
 
 
 @dataclass(frozen=True)
@@ -524,23 +548,48 @@ KINDS: tuple[Kind, ...] = (
          per_s=lambda f: 1 / f.settings.sweep_every_s,
          requests=lambda f: _sweep(f)[0], items=lambda f: float(f.streams),
          read_units=lambda f: _sweep(f)[1]),
-    # A rolling deploy moves every stream once (hand-overs for balance add more): the
-    # item, its STARTED entry (new expiry) and its owner-index entry (the fence) move.
+    # A rolling deploy moves every stream once (hand-overs for balance add more), live
+    # (``handed_share``, every stream with the events-table output) or by a release and
+    # an acquisition. Either way the item, its STARTED entry (new expiry) and its
+    # owner-index entry (the fence) move once.
+    Kind("hand-over offer", "handover.py Handing.hand; store/dynamodb/fleet.py offer",
+         "update_item", FLEET, MEMBER_KEYS, "member key",
+         "N x deploys a day / 86,400 x handed share (holder, into the taker's row)",
+         per_s=_handed,
+         write_units=lambda f: write_units(f.sizes.member_row + OFFER_BYTES)),
+    Kind("hand-over item reads, holder",
+         "handover.py Handing.hand; store/dynamodb/leases.py check", "get_item", STREAMS,
+         "each stream", "stream",
+         f"offers x (heartbeat / 2 / {OFFER_CHECK_S:g} s + 1): every {OFFER_CHECK_S:g} s "
+         "until the take, after the taker's next heartbeat; consistent",
+         per_s=lambda f: _handed(f) * _holder_reads(f),
+         items=_one, read_units=lambda f: read_units(f.sizes.stream, True)),
+    Kind("hand-over item read, taker", "handover.py Taking._take; store/dynamodb/leases.py check",
+         "get_item", STREAMS, "each stream", "stream", "= offers; consistent",
+         per_s=_handed, items=_one, read_units=lambda f: read_units(f.sizes.stream, True)),
+    Kind("hand-over take", "handover.py Taking._take; store/dynamodb/leases.py take_handed",
+         "update_item", STREAMS, "each stream", "stream", "= offers",
+         per_s=_handed, write_units=lambda f: write_units(f.sizes.stream)),
+    Kind("hand-over offer cleared", "handover.py Taking._act; store/dynamodb/fleet.py "
+         "clear_offers", "update_item", FLEET, MEMBER_KEYS, "member key",
+         "= offers (taker, its own row)", per_s=_handed,
+         write_units=lambda f: write_units(f.sizes.member_row + OFFER_BYTES)),
     Kind("acquisition", "intake.py Intake.acquire; store/dynamodb/leases.py acquire",
-         "update_item", STREAMS, "each stream", "stream", "N x deploys a day / 86,400",
-         per_s=lambda f: f.churn, write_units=lambda f: write_units(f.sizes.stream)),
-    Kind("acquisition: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED",
-         "one", "2 x acquisitions", per_s=lambda f: f.churn, requests=_zero,
+         "update_item", STREAMS, "each stream", "stream",
+         "N x deploys a day / 86,400 x (1 - handed share)",
+         per_s=_released, write_units=lambda f: write_units(f.sizes.stream)),
+    Kind("move: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED",
+         "one", "2 x (acquisitions + takes)", per_s=lambda f: f.churn, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
-    Kind("acquisition: owner entry moves", "store/schema.py", "-", OWNER_INDEX,
-         "each worker id", "worker", "2 x acquisitions", per_s=lambda f: f.churn,
+    Kind("move: owner entry moves", "store/schema.py", "-", OWNER_INDEX,
+         "each worker id", "worker", "2 x (acquisitions + takes)", per_s=lambda f: f.churn,
          requests=_zero, write_units=lambda f: _moved(f.sizes.owner_entry)),
-    # Expiry 0; owner and fence kept.
+    # Expiry 0; owner and fence kept. A live hand-over writes none: the take moves it.
     Kind("release", "release.py release; store/dynamodb/leases.py release", "update_item",
-         STREAMS, "each stream", "stream", "= acquisitions", per_s=lambda f: f.churn,
+         STREAMS, "each stream", "stream", "= acquisitions", per_s=_released,
          write_units=lambda f: write_units(f.sizes.stream)),
     Kind("release: index entry moves", "store/schema.py", "-", STATE_INDEX, "STARTED", "one",
-         "2 x releases", per_s=lambda f: f.churn, requests=_zero,
+         "2 x releases", per_s=_released, requests=_zero,
          write_units=lambda f: _moved(f.sizes.orphan_entry)),
     # The leader alone polls each shard while idle (DynamoDB Streams allows five GetRecords
     # a second a shard, about two readers); billed apart, using no table capacity.
@@ -856,11 +905,15 @@ def capacity_model(inputs: CapacityInputs | None = None,
         out["inputs"] = asdict(inputs)
         out.update(_measured_upkeep(inputs, s))
         if inputs.streams and inputs.workers and inputs.requests_per_s_per_1000_streams:
-            churn = (inputs.acquisitions_per_stream_minute
-                     + inputs.releases_per_stream_minute) / 2 / 60
+            # Every move is an acquisition or a take (both log ``lease.acquired``); the
+            # moves with no release were made live.
+            acquired = inputs.acquisitions_per_stream_minute
+            handed = 1 - min(1.0, inputs.releases_per_stream_minute / acquired) \
+                if acquired else 1.0
             shape = Shape(inputs.streams, inputs.workers,
-                          replace(s, change_feed=inputs.change_feed),
-                          first_interval=inputs.first_interval, churn_per_stream_s=churn)
+                          replace(s, change_feed=inputs.change_feed, handed_share=handed),
+                          first_interval=inputs.first_interval,
+                          churn_per_stream_s=acquired / 60)
             out["measured_vs_model"] = compare_measured(inputs.requests_per_s_per_1000_streams,
                                                         shape, inputs.window_s)
     return out

@@ -11,6 +11,7 @@ import pytest
 from loadtest.capacity import (
     BUDGET,
     KINDS,
+    OFFER_BYTES,
     SIZES,
     Settings,
     Shape,
@@ -104,11 +105,14 @@ def test_the_first_limit_at_each_scale() -> None:
     # With a 20 s member lease (heartbeat 5 s, reads every 2.5 s) the same.
     slow = capacity_model(settings=Settings(lease_s=20.0, heartbeat_s=5.0))
     assert slow["first_limit"]["limit"] == STARTED_WRITES
-    # One key for every member (a layout that never spreads, as before): its heartbeats
-    # pass half the key's write limit at 62,500 streams.
+    # One key for every member (a layout that never spreads, as before): its heartbeats,
+    # with a deploy a day's hand-over offers and their clears, pass half the key's write
+    # limit at 62,300 streams (62,500 for the heartbeats alone).
     one_key = capacity_model(settings=Settings(members_per_key=10**9))
     assert one_key["first_key_over_budget"] == MEMBER_WRITES
-    assert one_key["streams_per_table"] == 62_500
+    assert one_key["streams_per_table"] == 62_300
+    released = capacity_model(settings=Settings(members_per_key=10**9, handed_share=0.0))
+    assert released["streams_per_table"] == 62_500
 
 
 def test_the_50_percent_rule() -> None:
@@ -182,9 +186,10 @@ def test_a_hand_computation_at_100k_streams() -> None:
     assert kind(shape, "leader campaign read")[1:3] == pytest.approx(
         (1 / 0.625 + 998 / 5.625, 1 / 0.625 + 998 / 5.625 / 2))
     # The STARTED key: renewals (100,000 / 4,800: a third of the 4-hour stream lease) and a
-    # deploy a day's acquisition and release (100,000 / 86,400 each), each moving the
-    # entry: 2 writes.
-    started = 2 * (100_000 / 4800 + 2 * 100_000 / 86_400)
+    # deploy a day's live hand-overs (100,000 / 86,400: the take, no release), each moving
+    # the entry: 2 writes. Released instead, a move is two (a release, an acquisition).
+    moves = 100_000 / 86_400
+    started = 2 * (100_000 / 4800 + moves)
     [loaded] = [k for k in key_loads(shape) if k.key == "STARTED"]
     assert loaded.write_units_s == pytest.approx(started)
     # Empty orphan queries, twelve times rarer with the feed: every freed stream is offered.
@@ -193,7 +198,20 @@ def test_a_hand_computation_at_100k_streams() -> None:
     # the reads.
     [member] = [k for k in key_loads(shape) if k.key == "MEMBER keys"]
     assert member.read_units_s == pytest.approx((8 * queries * per_query + 999) / 8)
-    assert member.write_units_s == pytest.approx((1000 / 1.25 + 8 / 1.25) / 8)
+    # Writes: the heartbeats, the replicas, and each move's offer into the taker's row and
+    # its clear (a row and one offer under 1 KB: a unit each).
+    assert SIZES.member_row + OFFER_BYTES < 1024
+    assert member.write_units_s == pytest.approx((1000 / 1.25 + 8 / 1.25 + 2 * moves) / 8)
+    # The holder reads the item (consistent, a unit) every 0.2 s until the take, which
+    # comes at the taker's next heartbeat (0.625 s on average): 4.125 reads a move; the
+    # taker once.
+    assert kind(shape, "hand-over item reads, holder")[1:3] == pytest.approx(
+        (moves * (0.625 / 0.2 + 1), moves * (0.625 / 0.2 + 1)))
+    assert kind(shape, "hand-over item read, taker")[2] == pytest.approx(moves)
+    assert kind(shape, "release") == kind(shape, "acquisition") == (0, 0, 0, 0)
+    off_handed = Shape.at(100_000, Settings(handed_share=0.0))
+    [started_released] = [k for k in key_loads(off_handed) if k.key == "STARTED"]
+    assert started_released.write_units_s == pytest.approx(2 * (100_000 / 4800 + 2 * moves))
     figures = scale_figures(100_000, Settings())
     assert figures["member_read_share_of_read_units"] == pytest.approx(
         8 * member.read_units_s / figures["read_units_per_s"], abs=0.001)

@@ -86,9 +86,9 @@ def sample_result() -> dict[str, Any]:
 
 # The STARTED key takes 1,000 write units a second; half of it goes at N streams when each
 # stream's renewal (every 4,800 s: a third of the 4-hour stream lease) and a deploy a
-# day's acquisition and release each move its index entry (a delete and a put, 1 unit
-# each): N x (2 / 4,800 + 2 x 2 / 86,400) = 500.
-STARTED_AT_HALF = math.floor(500 / (2 / 4800 + 4 / 86_400))
+# day's live hand-over (the take) each move its index entry (a delete and a put, 1 unit
+# each): N x (2 / 4,800 + 2 / 86,400) = 500.
+STARTED_AT_HALF = math.floor(500 / (2 / 4800 + 2 / 86_400))
 
 
 def _member_reads(workers: int) -> float:
@@ -102,9 +102,10 @@ def _member_reads(workers: int) -> float:
 # In one key those reads would pass half the key's 3,000 units at about 1,300 workers ...
 MEMBER_READS_AT_HALF = 100 * max(w for w in range(1, 3000) if _member_reads(w) <= 1500)
 # ... and the member rows' heartbeats (one 217 B row, 1 unit, every 1.25 s from each
-# worker) half its 1,000 write units sooner: at 625 workers of 100 streams. Spread over
-# keys of 200 members, neither comes near.
-MEMBER_AT_HALF = 100 * max(w for w in range(1, 3000) if w / 1.25 <= 500)
+# worker) with a deploy a day's hand-over offers and their clears (1 unit each, 2 per
+# stream a day) half its 1,000 write units sooner: at 623 workers of 100 streams. Spread
+# over keys of 200 members, neither comes near.
+MEMBER_AT_HALF = 100 * max(w for w in range(1, 3000) if w / 1.25 + 200 * w / 86_400 <= 500)
 
 
 def model() -> dict[str, Any]:
