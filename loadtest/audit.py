@@ -67,18 +67,25 @@ def delivery(stream_id: str, seq: int, fence: int, data: Any) -> Delivery:
     return Delivery(seq, fence, value == json.loads(frame_for(stream_id, seq)))
 
 
+LOST_SHOWN = 10  # lost seqs named in an audit (``lost_seqs``), the first of each stream
+
+
 def audit_deliveries(checkpoints: dict[str, int],
-                     found: dict[str, list[Delivery]]) -> dict[str, int]:
+                     found: dict[str, list[Delivery]]) -> dict[str, Any]:
     """Every seq up to each stream's checkpoint at the destination, intact; duplicates in
     all and within one fence; order within a fence (the figures as ``loadtest.sinks_scenario``
-    defines them)."""
+    defines them). A loss also names its first seqs (``lost_seqs``, ``stream:seq``) to
+    look for in the workers' logs."""
     lost = mismatched = duplicated = within_fence = out_of_order = messages = tenures = 0
+    named: list[str] = []
     for sid in sorted(set(checkpoints) | set(found)):
         copies = found.get(sid, [])
         messages += len(copies)
         mismatched += sum(1 for d in copies if not d.intact)
         intact = {d.seq for d in copies if d.intact}
-        lost += sum(1 for s in range(1, checkpoints.get(sid, 0) + 1) if s not in intact)
+        missing = [s for s in range(1, checkpoints.get(sid, 0) + 1) if s not in intact]
+        lost += len(missing)
+        named += [f"{sid}:{s}" for s in missing[:LOST_SHOWN - len(named)]]
         duplicated += sum(n - 1 for n in Counter(d.seq for d in copies).values())
         within_fence += sum(n - 1 for n in Counter((d.seq, d.fence) for d in copies).values())
         by_fence: dict[int, list[int]] = defaultdict(list)
@@ -90,7 +97,8 @@ def audit_deliveries(checkpoints: dict[str, int],
     return {"messages": messages, "lost": lost + mismatched, "mismatched": mismatched,
             "duplicated": duplicated, "dup_outside_takeover": within_fence,
             "dup_across_takeover": duplicated - within_fence, "out_of_order": out_of_order,
-            "fences_seen": tenures, "checkpointed": sum(checkpoints.values())}
+            "fences_seen": tenures, "checkpointed": sum(checkpoints.values()),
+            **({"lost_seqs": named} if named else {})}
 
 
 def from_records(records: Iterable[dict[str, Any]]) -> dict[str, list[Delivery]]:

@@ -560,6 +560,7 @@ def test_the_audit_tells_a_takeover_duplicate_from_one_within_a_tenure() -> None
                                       (5, 2), (6, 2), (5, 2)])}
     audit = audit_deliveries({"s001": 7}, found)
     assert audit["lost"] == 1  # seq 7: checkpointed, never arrived
+    assert audit["lost_seqs"] == ["s001:7"]
     assert audit["duplicated"] == 3  # one extra 4, two extra 5s
     assert audit["dup_outside_takeover"] == 2  # the 5s, all under fence 2
     assert audit["dup_across_takeover"] == 1
