@@ -22,6 +22,7 @@ from streamlease.ahead import Ahead, AheadFailed, dial_ahead
 from streamlease.context import Context
 from streamlease.core.handover import (
     OFFER_CHECK_S,
+    OFFER_TAKERS,
     Offer,
     declined_text,
     parse_offer,
@@ -37,41 +38,71 @@ from streamlease.store.protocols import Acquired, HandOver
 from streamlease.tenancy import SupervisorSettings
 
 OfferTo = Callable[[MemberRecord, str], Awaitable[bool]]
+# Another peer to offer a stream to, none of the workers named (None: nobody has room).
+NextTaker = Callable[[str, frozenset[str]], MemberRecord | None]
+
+# What came of one offer, as the holder saw it.
+_TAKEN, _MOVED, _REFUSED, _DECLINED, _GIVEN_UP = "taken", "moved", "refused", "declined", \
+    "given_up"
 
 
 class Handing:
     """The holder's side of one hand-over (``hand``)."""
 
-    def __init__(self, ctx: Context, settings: SupervisorSettings, offer: OfferTo) -> None:
+    def __init__(self, ctx: Context, settings: SupervisorSettings, offer: OfferTo,
+                 next_taker: NextTaker | None = None) -> None:
         self.ctx = ctx
         self.settings = settings
         self._offer = offer  # into the taker's member row; False if it was not written
+        self._next_taker = next_taker
 
     async def hand(self, tenure: Tenure, taker: MemberRecord, rebalance: bool,
-                   wake: asyncio.Event, until: float, ended: Callable[[], bool]) -> bool:
+                   wake: asyncio.Event, until: float, ended: Callable[[], bool]) -> str | None:
         """Offer ``tenure``'s stream to ``taker`` and wait, at most until ``until``
         (monotonic) or the settings' ``handover_wait_s``, for the lease to move: the item
         is read every ``OFFER_CHECK_S``, and at once when ``wake`` is set (the tenure
-        heard something: a write refused, a renewal lost). True if the lease moved on;
-        False if the offer was not made, not taken, or the tenure ``ended`` otherwise (the
-        caller drains)."""
+        heard something: a write refused, a renewal lost). A taker whose row refuses the
+        offer (no longer that ACTIVE member) or who declines it is followed by the next
+        peer with room, up to ``OFFER_TAKERS`` in all, each with a wait of its own
+        within ``until``. The worker that took the lease; None if the offers were not
+        made, not taken, or the tenure ``ended`` otherwise (the caller drains)."""
+        tried = {taker.worker_id}
+        while True:
+            outcome = await self._offer_once(tenure, taker, rebalance, wake, until, ended)
+            if outcome == _TAKEN:
+                return taker.worker_id
+            if outcome not in (_REFUSED, _DECLINED) or len(tried) >= OFFER_TAKERS or \
+                    self._next_taker is None or ended():
+                return None
+            following = self._next_taker(tenure.stream_id, frozenset(tried))
+            if following is None:
+                return None
+            tried.add(following.worker_id)
+            event(logging.INFO, "handover.next_taker",
+                  "offering the stream to another peer", stream=tenure.stream_id,
+                  fence=tenure.fence, taker=following.worker_id, after=taker.worker_id,
+                  why=outcome)
+            taker = following
+
+    async def _offer_once(self, tenure: Tenure, taker: MemberRecord, rebalance: bool,
+                          wake: asyncio.Event, until: float, ended: Callable[[], bool]) -> str:
         clock, stream = self.ctx.clock, tenure.stream_id
         until = min(until, clock.monotonic() + (self.settings.handover_wait_s or 0.0))
         if until <= clock.monotonic():
-            return False
+            return _GIVEN_UP
         try:
             if not await self._offer(taker, Offer(stream, tenure.fence, rebalance).text):
                 event(logging.INFO, "handover.refused",
-                      "the peer is no longer the member it was; releasing the stream instead",
+                      "the peer is no longer the member it was; not offered to it",
                       stream=stream, fence=tenure.fence, taker=taker.worker_id)
                 self.ctx.metrics.handover("refused")
-                return False
+                return _REFUSED
         except StoreError as exc:
             event(logging.INFO, "handover.offer_failed",
                   "could not offer the stream to a peer; releasing it instead",
                   stream=stream, fence=tenure.fence, taker=taker.worker_id, error=str(exc))
             self.ctx.metrics.handover("error")
-            return False
+            return _GIVEN_UP
         event(logging.INFO, "handover.offered", "offered the stream to a peer",
               stream=stream, fence=tenure.fence, taker=taker.worker_id)
         while (left := until - clock.monotonic()) > 0:
@@ -84,26 +115,26 @@ class Handing:
                                                      timeout=self.settings.call_timeout_s)
             except StoreError:
                 if ended():
-                    return False  # unconfirmed, but nothing is left to deliver
+                    return _GIVEN_UP  # unconfirmed, but nothing is left to deliver
                 continue
             if record is None or record.lease_owner != tenure.owner or \
                     record.fence != tenure.fence:
                 # Taken by the taker; or moved on some other way (a force release): then
                 # the tenure is lost, as the drain's refused writes will say.
-                return record is not None and record.lease_owner == taker.worker_id
+                taken = record is not None and record.lease_owner == taker.worker_id
+                return _TAKEN if taken else _MOVED
             if codec.handover_declined(record) == declined_text(tenure.fence, taker.worker_id):
-                event(logging.INFO, "handover.declined",
-                      "the peer cannot take the stream; releasing it instead",
+                event(logging.INFO, "handover.declined", "the peer cannot take the stream",
                       stream=stream, fence=tenure.fence, taker=taker.worker_id)
                 self.ctx.metrics.handover("declined")
-                return False
+                return _DECLINED
             if ended():
-                return False
+                return _GIVEN_UP
         event(logging.INFO, "handover.not_taken",
               "the peer did not take the stream in time; releasing it instead",
               stream=stream, fence=tenure.fence, taker=taker.worker_id)
         self.ctx.metrics.handover("not_taken")
-        return False
+        return _GIVEN_UP
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ class Holdings:
                          member_alive=lambda now: membership.may_write(now),
                          watched=lambda: self.batched_checks,
                          told=lambda: membership.feed_live(), hooks=hooks or Hooks(),
-                         offer=membership.offer_to)
+                         offer=membership.offer_to, next_taker=self._next_taker)
         # This worker's fair share as its balance last computed it (None: not yet): how
         # far below it each peer is decides whom a drain hands streams to.
         self.share_level: int | None = None
@@ -129,6 +129,8 @@ class Holdings:
         self.audited: OrderedDict[str, int] = OrderedDict()
         self.unservable_until: dict[str, float] = {}  # stream -> monotonic: not before
         self.unreleased = 0  # shutdown drains whose release did not go through
+        # Peer -> (its row's heartbeat, streams offered to it as a further taker since).
+        self._sent_next: dict[str, tuple[int, int]] = {}
 
     def _can_serve(self) -> bool:
         return not self.stopping.is_set() and \
@@ -156,16 +158,29 @@ class Holdings:
         for supervisor in held:
             supervisor.request_drain(reason, release_by, chosen.get(supervisor.stream))
 
-    def takers(self, streams: list[str]) -> dict[str, MemberRecord]:
-        """Whom to hand each of ``streams`` to (``core.handover.takers``), where this
-        worker's output allows a live hand-over; the rest are released."""
+    def takers(self, streams: list[str],
+               tried: frozenset[str] = frozenset()) -> dict[str, MemberRecord]:
+        """Whom to hand each of ``streams`` to (``core.handover.takers``), none of the
+        ``tried`` workers, where this worker's output allows a live hand-over; the rest
+        are released."""
         if not self.settings.supervisor.handover_wait_s or not streams:
             return {}
         view = self.membership.view
         members = {m.worker_id: m for m in view.members}
         chosen = handover.takers(streams, view.members, self.ctx.owner, self.share_level,
-                                 view.observed_dead)
+                                 view.observed_dead | tried)
         return {sid: members[wid] for sid, wid in chosen.items()}
+
+    def _next_taker(self, stream_id: str, tried: frozenset[str]) -> MemberRecord | None:
+        """A further peer for a stream its first taker could not take
+        (``core.handover.further_taker``)."""
+        if not self.settings.supervisor.handover_wait_s:
+            return None
+        view = self.membership.view
+        chosen, self._sent_next = handover.further_taker(
+            stream_id, view.members, self.ctx.owner, self.share_level,
+            view.observed_dead | tried, self._sent_next)
+        return next((m for m in view.members if m.worker_id == chosen), None)
 
     def notify(self, stream_id: str) -> None:
         """The leader's change feed says a held stream's item changed: its supervisor

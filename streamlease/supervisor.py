@@ -73,7 +73,7 @@ class Supervisor:
             on_delivered=ties.hooks.on_delivered, **({"ahead": ahead} if ahead else {}))
         # Handed live only where the item's last_seq is exactly what was delivered (the
         # events table's transactions) and frames carry the upstream's own seq.
-        self._handing = Handing(ctx, settings, ties.offer) \
+        self._handing = Handing(ctx, settings, ties.offer, ties.next_taker) \
             if ties.offer is not None and settings.handover_wait_s and not wire.numbered else None
         self._taker: MemberRecord | None = None  # named by the drain, offered once
         self._offered = False
@@ -221,9 +221,10 @@ class Supervisor:
             return holding.state is not HolderState.HOLDING or self._pump_done
 
         rebalance = self._drain_reason is StopReason.REBALANCE
-        if await self._handing.hand(self.tenure, taker, rebalance, self.tenancy.wake, until,
-                                    ended):
-            self._handed_to = taker.worker_id
+        taken_by = await self._handing.hand(self.tenure, taker, rebalance, self.tenancy.wake,
+                                            until, ended)
+        if taken_by is not None:
+            self._handed_to = taken_by
             holding.on_stale_write()  # the fence moved on: abort the pump, no flush
         elif self._refused_while_offered:
             self._stale_write()  # refused, and not because the taker took it

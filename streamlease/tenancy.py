@@ -84,7 +84,8 @@ class Ties:
     the release gate they share, the renewal outcomes admission control reads, whether the
     worker may still write (its membership), whether someone else reads held items for
     them (the batched read), whether the leader's change feed tells of every change, and
-    how a stream is offered to a peer (its member row; None: never)."""
+    how a stream is offered to a peer (its member row; None: never) and to whom next when
+    a peer cannot take it."""
 
     release_gate: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(RELEASES_IN_FLIGHT))
@@ -94,6 +95,8 @@ class Ties:
     told: Callable[[], bool] = never
     hooks: Hooks = Hooks()
     offer: Callable[[MemberRecord, str], Awaitable[bool]] | None = None
+    # Another peer to offer a stream to, none of those named (None: nobody has room).
+    next_taker: Callable[[str, frozenset[str]], MemberRecord | None] | None = None
 
 
 @dataclass

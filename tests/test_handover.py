@@ -22,7 +22,7 @@ import pytest
 from streamlease import tenancy
 from streamlease.clock import SYSTEM_CLOCK
 from streamlease.core.frames import Frame
-from streamlease.core.handover import OFFER_CHECK_S, Offer
+from streamlease.core.handover import OFFER_CHECK_S, OFFER_TAKERS, Offer
 from streamlease.core.lease import HolderState, LeaseTimings, StopReason
 from streamlease.core.membership import MemberRecord, MemberStatus, MemberTimings
 from streamlease.core.model import Tenure
@@ -82,16 +82,18 @@ class Offers:
     """The holder's offers into its taker's member row: each recorded with the loop time
     it was made; ``written`` False: the row refused it (the taker moved on)."""
 
-    def __init__(self, written: bool = True, error: BaseException | None = None) -> None:
+    def __init__(self, written: bool = True, error: BaseException | None = None,
+                 refusing: frozenset[str] = frozenset()) -> None:
         self.written = written
         self.error = error
+        self.refusing = refusing  # members whose rows refuse the offer
         self.made: list[tuple[str, str, float]] = []
 
     async def __call__(self, member: MemberRecord, text: str) -> bool:
         self.made.append((member.worker_id, text, asyncio.get_running_loop().time()))
         if self.error is not None:
             raise self.error
-        return self.written
+        return self.written and member.worker_id not in self.refusing
 
     @property
     def at(self) -> float:
@@ -103,9 +105,12 @@ class Holder:
     """One supervisor holding "a" for "w1" under fence 1, its drains able to offer."""
 
     def __init__(self, script: PumpScript | None = None, offers: Offers | None = None,
-                 **settings: Any) -> None:
+                 peers: list[MemberRecord] | None = None, **settings: Any) -> None:
         self.rig = Rig(script, **{"handover_wait_s": WAIT, **settings})
         self.offers = offers or Offers()
+        # The further takers, in order, when the first cannot take (None: none asked for).
+        self.peers = peers
+        self.asked_next: list[frozenset[str]] = []
         self.supervisor: Supervisor | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -116,13 +121,20 @@ class Holder:
         got = await rig.memory.acquire("a", "w1", rig.clock.wall_ms(), T, epoch=1)
         assert got is not None
         self.supervisor = Supervisor(rig.ctx(rng=random.Random(1)), rig.settings, got, sent,
-                                     Ties(hooks=rig.hooks(), offer=self.offers))
+                                     Ties(hooks=rig.hooks(), offer=self.offers,
+                                          next_taker=None if self.peers is None
+                                          else self.next_taker))
         self.task = asyncio.create_task(self.supervisor.run())
         await asyncio.sleep(run_s)
         return self.supervisor
 
-    async def offered(self) -> None:
-        await until(lambda: bool(self.offers.made))
+    def next_taker(self, stream_id: str, tried: frozenset[str]) -> MemberRecord | None:
+        assert stream_id == "a" and self.peers is not None
+        self.asked_next.append(tried)
+        return next((m for m in self.peers if m.worker_id not in tried), None)
+
+    async def offered(self, count: int = 1) -> None:
+        await until(lambda: len(self.offers.made) >= count)
 
     async def take(self, owner: str = "w2") -> Tenure:
         """The taker's one write, as ``Taking`` makes it."""
@@ -308,6 +320,88 @@ async def test_an_offer_that_never_reached_the_row_releases_without_waiting(
     assert holder.metric("streamlease_handovers_total", outcome="error") == int(not refused)
     said = "handover.refused" if refused else "handover.offer_failed"
     assert len(events(caplog, said)) == 1
+
+
+def peer(worker_id: str) -> MemberRecord:
+    return MemberRecord(worker_id, epoch=7, heartbeat=3, status=MemberStatus.ACTIVE,
+                        streams=0, capacity=10)
+
+
+@pytest.mark.virtual_time
+async def test_a_refused_offer_goes_to_the_next_peer_which_takes_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The first taker's row refuses (it began to drain too): the holder offers the
+    stream to the next peer at once, delivering all along, and that one's take ends the
+    tenure as any take does: no flush, no release."""
+    holder = Holder(PumpScript(every=0.05, batch=2), offers=Offers(refusing=frozenset({"w2"})),
+                    peers=[peer("w3")])
+    sup = await holder.start()
+    sup.request_drain(StopReason.SHUTDOWN, taker=TAKER)
+    await holder.offered(2)
+    (first, _, first_at), (second, text, second_at) = holder.offers.made
+    assert (first, second, text) == ("w2", "w3", "1:s:a") and second_at == first_at
+    assert holder.asked_next == [frozenset({"w2"})]
+    at_offer = holder.pump.committed
+    await asyncio.sleep(1.0)
+    assert holder.pump.committed > at_offer and "a:stop" not in holder.rig.script.log
+    taken = await holder.take(owner="w3")
+    await holder.ended()
+    record = await holder.rig.record()
+    assert (record.lease_owner, record.last_seq) == ("w3", taken.last_seq)
+    assert "a:flushed" not in holder.rig.script.log
+    assert holder.rig.store.count("release") == 0
+    assert holder.metric("streamlease_handovers_total", outcome="refused") == 1
+    (handed,) = [r.__dict__["sl_fields"] for r in events(caplog, "lease.handed_over")]
+    assert handed["taker"] == "w3"
+    (told,) = [r.__dict__["sl_fields"] for r in events(caplog, "handover.next_taker")]
+    assert (told["taker"], told["after"], told["why"]) == ("w3", "w2", "refused")
+
+
+@pytest.mark.virtual_time
+async def test_a_declined_offer_goes_to_the_next_peer_with_a_wait_of_its_own() -> None:
+    wait = 60.0
+    holder = Holder(PumpScript(every=0.5), peers=[peer("w3")], handover_wait_s=wait)
+    sup = await holder.start()
+    sup.request_drain(StopReason.SHUTDOWN, taker=TAKER)
+    await holder.offered()
+    await holder.rig.memory.decline("a", "w1", 1, "w2")
+    await holder.offered(2)
+    assert [who for who, _, _ in holder.offers.made] == ["w2", "w3"]
+    # w3's decline mark is its own: w2's does not end w3's offer.
+    await asyncio.sleep(wait / 2)
+    assert holder.task is not None and not holder.task.done()
+    await holder.take(owner="w3")
+    await holder.ended()
+    assert (await holder.rig.record()).lease_owner == "w3"
+    assert holder.metric("streamlease_handovers_total", outcome="declined") == 1
+    assert holder.rig.store.count("release") == 0
+
+
+@pytest.mark.virtual_time
+async def test_offers_stop_after_the_last_peer_allowed_and_the_stream_is_released(
+        caplog: pytest.LogCaptureFixture) -> None:
+    everyone = frozenset({"w2", "w3", "w4", "w5"})
+    holder = Holder(PumpScript(every=0.5), offers=Offers(refusing=everyone),
+                    peers=[peer("w3"), peer("w4"), peer("w5")])
+    sup = await holder.start()
+    sup.request_drain(StopReason.SHUTDOWN, taker=TAKER)
+    await holder.ended()
+    assert [who for who, _, _ in holder.offers.made] == ["w2", "w3", "w4"][:OFFER_TAKERS]
+    assert holder.metric("streamlease_handovers_total", outcome="refused") == OFFER_TAKERS
+    record = await holder.rig.record()
+    assert record.lease_expires_at_ms == 0 and "a:flushed" in holder.rig.script.log
+    assert len(events(caplog, "handover.next_taker")) == OFFER_TAKERS - 1
+
+
+@pytest.mark.virtual_time
+async def test_with_no_further_peer_the_stream_is_released_after_the_first_no() -> None:
+    holder = Holder(PumpScript(every=0.5), offers=Offers(refusing=frozenset({"w2"})),
+                    peers=[])
+    sup = await holder.start()
+    sup.request_drain(StopReason.SHUTDOWN, taker=TAKER)
+    await holder.ended()
+    assert len(holder.offers.made) == 1 and holder.asked_next == [frozenset({"w2"})]
+    assert (await holder.rig.record()).lease_expires_at_ms == 0
 
 
 @pytest.mark.virtual_time

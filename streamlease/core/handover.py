@@ -22,7 +22,9 @@ The stream is silent only for the take and the taker's first write. A taker that
 take it (full, stopping; for a rebalance, already at its share by its own live count, as
 for an orphan: past it, it would only shed the stream again) says so on the item, in a
 write conditioned on the holder's fence (``handover_declined``: ``"<fence>:<taker>"``),
-which the holder reads within ``OFFER_CHECK_S``. Declined, or not taken in
+which the holder reads within ``OFFER_CHECK_S``. Declined, or refused by the taker's row
+(it is no longer that ACTIVE member), the holder offers the stream to the next peer with
+room, up to ``OFFER_TAKERS`` peers; when none is left, or an offer is not taken in
 ``offer_wait_s``, the offer is dropped: the holder flushes and releases as before (a clean
 release, ``core.lease.checkpoint_trusted``), and the stream is an orphan.
 
@@ -36,8 +38,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from streamlease.core.deal import preference
 from streamlease.core.membership import MemberRecord, MemberStatus
@@ -54,8 +56,8 @@ HANDOVER_OUTCOMES = (
     "dial_failed",  # the upstream could not be dialled ahead
     "unreadable",   # the offer's text was not one
     "error",        # a store call failed (the holder releases as before)
-    "declined",     # the holder's offer was declined by its taker: it released instead
-    "refused",      # the taker's row refused the holder's offer (no longer that ACTIVE member)
+    "declined",     # the holder's offer was declined by its taker (the next peer, or release)
+    "refused",      # the taker's row refused the offer (no longer that ACTIVE member)
     "not_taken",    # the holder's offer was not acted on in time: it released instead
 )
 
@@ -66,6 +68,13 @@ OFFER_CHECK_S = 0.2
 # row back with each) plus the dial is dropped: the holder releases as before.
 OFFER_WAIT_HEARTBEATS = 1.5
 OFFER_DIAL_S = 1.0  # the dial ahead and the take, on top
+# A holder whose taker's row refuses its offer (the peer is no longer that ACTIVE member)
+# or whose taker declines offers the stream to the next peer with room, up to this many
+# peers in all, before it releases the stream: its view of the fleet is a heartbeat old,
+# and a peer draining at the same moment, or too busy to take more, is common in a
+# rolling deploy. The holder delivers all along, so each further offer costs nothing
+# downstream.
+OFFER_TAKERS = 3
 
 
 def offer_wait_s(member_heartbeat_s: float) -> float:
@@ -122,3 +131,28 @@ def takers(streams: Sequence[str], members: Iterable[MemberRecord], me: str,
         room.to_share, room.to_capacity = max(0, room.to_share - 1), room.to_capacity - 1
         chosen[stream_id] = taker
     return chosen
+
+
+def further_taker(stream_id: str, members: Sequence[MemberRecord], me: str,
+                  level: int | None, excluded: frozenset[str],
+                  sent: Mapping[str, tuple[int, int]]) -> tuple[str | None,
+                                                                dict[str, tuple[int, int]]]:
+    """The next peer to offer ``stream_id`` to when its taker could not take it (as
+    ``takers``, none of ``excluded``), and ``sent`` as it is after that choice.
+
+    ``sent`` holds, per peer, the heartbeat of its row as last read and how many streams
+    were sent its way as a further taker since: each counts the peer one stream fuller
+    until its row is read again (a new heartbeat: its count then holds what it took), so
+    a drain whose first taker refused every stream spreads them over the others as
+    ``takers`` spreads a drain, rather than piling them onto one peer."""
+    counted = []
+    for m in members:
+        seen, extra = sent.get(m.worker_id, (m.heartbeat, 0))
+        counted.append(replace(m, streams=m.streams + extra) if seen == m.heartbeat else m)
+    chosen = takers([stream_id], counted, me, level, excluded).get(stream_id)
+    after = dict(sent)
+    if chosen is not None:
+        row = next(m for m in members if m.worker_id == chosen)
+        seen, extra = sent.get(chosen, (row.heartbeat, 0))
+        after[chosen] = (row.heartbeat, extra + 1 if seen == row.heartbeat else 1)
+    return chosen, after

@@ -13,6 +13,7 @@ from streamlease.core.handover import (
     OFFER_WAIT_HEARTBEATS,
     Offer,
     declined_text,
+    further_taker,
     offer_wait_s,
     parse_offer,
     takers,
@@ -21,8 +22,8 @@ from streamlease.core.membership import MemberRecord, MemberStatus
 
 
 def member(wid: str, streams: int = 0, capacity: int = 10,
-           status: MemberStatus = MemberStatus.ACTIVE) -> MemberRecord:
-    return MemberRecord(wid, epoch=1, heartbeat=1, status=status, streams=streams,
+           status: MemberStatus = MemberStatus.ACTIVE, heartbeat: int = 1) -> MemberRecord:
+    return MemberRecord(wid, epoch=1, heartbeat=heartbeat, status=status, streams=streams,
                         capacity=capacity)
 
 
@@ -175,3 +176,46 @@ def test_a_holder_waits_one_and_a_half_member_heartbeats_and_a_dial() -> None:
     # The taker reads its row back with each heartbeat: a slower heartbeat, a longer wait.
     assert offer_wait_s(2.0) < offer_wait_s(4.0)
     assert offer_wait_s(0.0) == pytest.approx(OFFER_DIAL_S)
+
+
+# -- a further taker, when the first could not take the stream --------------------------
+
+
+def test_a_further_taker_is_none_of_those_tried() -> None:
+    members = [member("a", streams=1), member("b", streams=2), member("c", streams=3)]
+    chosen, _ = further_taker("s1", members, "me", 5, frozenset({"a"}), {})
+    assert chosen == "b"
+    chosen, _ = further_taker("s1", members, "me", 5, frozenset({"a", "b", "c"}), {})
+    assert chosen is None
+
+
+def test_streams_sent_to_further_takers_spread_as_a_drain_does() -> None:
+    # Ten streams of a drain whose first taker ("gone") refused every one: "a" and "b"
+    # each below the level by 5, so they share them, not all to whichever is first.
+    members = [member("a", streams=0), member("b", streams=0)]
+    sent: dict[str, tuple[int, int]] = {}
+    got: Counter[str] = Counter()
+    for i in range(10):
+        chosen, sent = further_taker(f"s{i}", members, "me", 5, frozenset({"gone"}), sent)
+        assert chosen is not None
+        got[chosen] += 1
+    assert got == {"a": 5, "b": 5}
+    assert sent == {"a": (1, 5), "b": (1, 5)}
+
+
+def test_a_peer_counts_what_was_sent_its_way_only_until_its_row_is_read_again() -> None:
+    sent = {"a": (1, 4), "b": (1, 0)}
+    # Same heartbeat: "a" counts 1 + 4 streams, so "b" (2) has more room.
+    chosen, _ = further_taker("s1", [member("a", streams=1), member("b", streams=2)], "me",
+                              10, frozenset(), sent)
+    assert chosen == "b"
+    # "a"'s row read again (heartbeat 2): its own count now, 1; the old extra is dropped.
+    rows = [member("a", streams=1, heartbeat=2), member("b", streams=2)]
+    chosen, after = further_taker("s1", rows, "me", 10, frozenset(), sent)
+    assert chosen == "a" and after["a"] == (2, 1)
+
+
+def test_the_sent_counts_given_are_not_changed() -> None:
+    sent = {"a": (1, 1)}
+    _, after = further_taker("s1", [member("a")], "me", 5, frozenset(), sent)
+    assert sent == {"a": (1, 1)} and after == {"a": (1, 2)}
