@@ -228,6 +228,7 @@ class Fleet:
         self.upstream_url = ""
         self.env: dict[str, str] = dict(os.environ)
         self.store: DynamoAdmin | None = None
+        self._table_lock = asyncio.Lock()
         self.stores: Stores | None = None
         self.records: dict[str, StreamRecord] = {}
         self.connections: dict[str, int] = {}  # upstream /stats, when watched
@@ -370,7 +371,12 @@ class Fleet:
 
     async def sigterm(self, name: str, wait_s: float = 40.0,
                       recovery: str = "delivered") -> Fault:
-        """SIGTERM and wait for the exit (its hand-off is timed from the signal)."""
+        """SIGTERM and wait for the exit (its hand-off is timed from the signal). The
+        table is read first: the streams timed are those the worker holds at the signal,
+        not one a rebalance released since the last sample (a hand-off of its own, which
+        would be timed from a signal it never saw)."""
+        if self.store is not None:
+            await self.read_table()
         fault = self.fault("sigterm", name, recovery)
         worker = self.retire(name)
         worker.popen.send_signal(signal.SIGTERM)
@@ -445,7 +451,12 @@ class Fleet:
         self._note_exits(t)
 
     async def read_table(self) -> None:
-        """Read every stream item: who holds what, new tenures, the timeline."""
+        """Read every stream item: who holds what, new tenures, the timeline (one read at
+        a time: the sampler's and a fault's, in the order they were read)."""
+        async with self._table_lock:
+            await self._read_table()
+
+    async def _read_table(self) -> None:
         assert self.store is not None
         self._table_read_at = time.monotonic()
         records = {r.stream_id: r for r in await self.store.list_streams()}
