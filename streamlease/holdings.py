@@ -158,17 +158,15 @@ class Holdings:
         for supervisor in held:
             supervisor.request_drain(reason, release_by, chosen.get(supervisor.stream))
 
-    def takers(self, streams: list[str],
-               tried: frozenset[str] = frozenset()) -> dict[str, MemberRecord]:
-        """Whom to hand each of ``streams`` to (``core.handover.takers``), none of the
-        ``tried`` workers, where this worker's output allows a live hand-over; the rest
-        are released."""
+    def takers(self, streams: list[str]) -> dict[str, MemberRecord]:
+        """Whom to hand each of ``streams`` to (``core.handover.takers``), where this
+        worker's output allows a live hand-over; the rest are released."""
         if not self.settings.supervisor.handover_wait_s or not streams:
             return {}
         view = self.membership.view
         members = {m.worker_id: m for m in view.members}
         chosen = handover.takers(streams, view.members, self.ctx.owner, self.share_level,
-                                 view.observed_dead | tried)
+                                 view.observed_dead)
         return {sid: members[wid] for sid, wid in chosen.items()}
 
     def _next_taker(self, stream_id: str, tried: frozenset[str]) -> MemberRecord | None:
