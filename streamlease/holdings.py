@@ -59,6 +59,8 @@ class MemberGate(Protocol):
     @property
     def reading_all(self) -> bool: ...
 
+    def peers(self) -> tuple[MemberRecord, ...]: ...
+
     def draining_seen(self) -> bool: ...
 
     def feed_live(self) -> bool: ...
@@ -163,9 +165,9 @@ class Holdings:
         worker's output allows a live hand-over; the rest are released."""
         if not self.settings.supervisor.handover_wait_s or not streams:
             return {}
-        view = self.membership.view
-        members = {m.worker_id: m for m in view.members}
-        chosen = handover.takers(streams, view.members, self.ctx.owner, self.share_level,
+        view, peers = self.membership.view, self.membership.peers()
+        members = {m.worker_id: m for m in peers}
+        chosen = handover.takers(streams, peers, self.ctx.owner, self.share_level,
                                  view.observed_dead)
         return {sid: members[wid] for sid, wid in chosen.items()}
 
@@ -174,11 +176,11 @@ class Holdings:
         (``core.handover.further_taker``)."""
         if not self.settings.supervisor.handover_wait_s:
             return None
-        view = self.membership.view
+        view, peers = self.membership.view, self.membership.peers()
         chosen, self._sent_next = handover.further_taker(
-            stream_id, view.members, self.ctx.owner, self.share_level,
+            stream_id, peers, self.ctx.owner, self.share_level,
             view.observed_dead | tried, self._sent_next)
-        return next((m for m in view.members if m.worker_id == chosen), None)
+        return next((m for m in peers if m.worker_id == chosen), None)
 
     def notify(self, stream_id: str) -> None:
         """The leader's change feed says a held stream's item changed: its supervisor

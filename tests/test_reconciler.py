@@ -11,7 +11,7 @@ import pytest
 from streamlease import tenancy
 from streamlease.app import build_settings
 from streamlease.config import WorkerConfig
-from streamlease.core.bulletin import Bulletin
+from streamlease.core.bulletin import Bulletin, Taker
 from streamlease.core.lease import LeaseTimings, StopReason
 from streamlease.core.membership import MemberRecord, MemberStatus
 from streamlease.core.model import MAX_LAST_ERROR_CHARS
@@ -43,7 +43,8 @@ class Fleet:
     """One reconciler (a worker) over a shared in-memory table."""
 
     def __init__(self, memory: MemoryStore | None = None, owner: str = "w1",
-                 upstreams: Upstreams = BUILTIN_UPSTREAMS, **overrides: Any) -> None:
+                 upstreams: Upstreams = BUILTIN_UPSTREAMS, handover_wait_s: float | None = None,
+                 **overrides: Any) -> None:
         self.memory = memory or MemoryStore()
         self.store = FaultyStore(self.memory)
         self.clock = LoopClock()
@@ -58,7 +59,8 @@ class Fleet:
             context(self.store, self.clock, self.metrics, leases=self.store, owner=owner),
             ReconcilerSettings(supervisor=SupervisorSettings(
                 timings=T, allowed_urls=parse_allowed_urls("wss://"), pump=PumpSettings(),
-                call_timeout_s=1.0, drain_timeout_s=5.0, upstreams=upstreams), **values),
+                call_timeout_s=1.0, drain_timeout_s=5.0, upstreams=upstreams,
+                handover_wait_s=handover_wait_s), **values),
             self.member, tenancy.Hooks(pump_factory=self.script.factory()))
         self.task: asyncio.Task[None] | None = None
 
@@ -604,6 +606,48 @@ async def test_a_member_does_not_take_back_a_stream_it_just_handed_over(
     assert fleet.clock.monotonic() - released >= 3 * 1.0  # three reconcile intervals
     assert len(events(caplog, "balance.shed")) == 1
     await fleet.stop()
+
+
+async def test_a_member_reading_only_the_leaders_row_hands_its_drain_to_the_bulletins_takers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A member planning from the bulletin reads one row, the leader's: its shutdown
+    offers its streams to the members the bulletin names as having room (spread one
+    fuller per stream), not all to the leader, which would only shed them again."""
+    fleet = Fleet(handover_wait_s=5.0)
+    await fleet.streams("a", "b", "c", "d")
+    fleet.start()
+    async with asyncio.timeout(10):
+        while len(fleet.held()) < 4:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    leader = MemberRecord("w9", epoch=1, heartbeat=5, status=MemberStatus.ACTIVE, streams=4,
+                          capacity=5)
+    fleet.member.view = FleetView((leader,))
+    fleet.member.reading_all = False
+    fleet.member.bulletin = Bulletin(
+        gen=1, level=4, total=8, deficit=8, below=2, active=4, draining=False,
+        takers=(Taker("w3", 2, 0, 0, 10), Taker("w4", 3, 0, 0, 10), Taker("w9", 1, 0, 4, 5),
+                Taker("w1", 1, 0, 4, 100)))
+    peers = fleet.member.peers()
+    # The leader once (its own row, not the bulletin's copy); this worker is no taker.
+    assert [m.worker_id for m in peers] == ["w9", "w3", "w4", "w1"]
+    assert {m.heartbeat for m in peers} == {5}
+    fleet.member.offers_taken = True  # each reaches its row; nobody takes it
+    await fleet.stop()
+    offered = sorted(who for who, _ in fleet.member.offers_made)
+    assert offered == ["w3", "w3", "w4", "w4"], fleet.member.offers_made
+    # Not taken within the wait: each stream was released.
+    assert all(r.lease_expires_at_ms == 0 for r in await fleet.memory.list_streams())
+
+
+async def test_a_member_reading_every_row_names_its_takers_from_them() -> None:
+    member = StaticMember()
+    rows = (MemberRecord("w9", epoch=1, heartbeat=5, status=MemberStatus.ACTIVE),)
+    member.view = FleetView(rows)
+    member.bulletin = Bulletin(gen=1, level=4, total=8, deficit=8, below=2, active=4,
+                               draining=False, takers=(Taker("w3", 2, 0, 0, 10),))
+    assert member.peers() == rows  # reading_all: the bulletin is not what it plans from
+    member.reading_all, member.bulletin = False, None
+    assert member.peers() == rows
 
 
 async def feed_live_fleet(news: Bulletin, *streams: str) -> Fleet:

@@ -27,7 +27,11 @@ not grow with the fleet. The bulletin carries:
   does not vouch, else the number of its current stretch of vouching: it moves on whenever
   vouching resumed after a gap, so a member that saw no gap still knows there was one;
 * ``shards`` — how many keys the member rows spread over (``streamlease.core.layout``):
-  above 1, the leader copies the bulletin into each key and a member reads its own.
+  above 1, the leader copies the bulletin into each key and a member reads its own;
+* ``takers`` — the members with the most room (the furthest below their share first), as
+  much of each row as an offer needs: a member handing streams over (a drain, a shed)
+  names its takers from them (``streamlease.core.handover``), not only from the leader,
+  the one row it reads.
 
 Everything here is pure: no I/O, no clock.
 """
@@ -51,6 +55,9 @@ MAX_DONORS = 256  # donors named at once; the rest give at a later bulletin
 # out is released by its fencer after the deal window and its streams acquired as orphans.
 MAX_HEIRS = 64
 MAX_DEALS = 16
+# Takers named for hand-overs: a drain spreads its streams over these (and the leader), one
+# fuller per stream; a taker that cannot take one sends the holder to the next of them.
+MAX_TAKERS = 8
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,23 @@ class Deal:
 
 
 @dataclass(frozen=True)
+class Taker:
+    """A member with room, as much of its row as a hand-over's offer needs."""
+
+    member: str
+    epoch: int
+    shard: int
+    streams: int  # as its row (or, for the leader, its live count) showed them
+    capacity: int
+
+    def row(self, heartbeat: int) -> MemberRecord:
+        """The member as an ACTIVE row; ``heartbeat`` stands for the read it came with
+        (``core.handover.further_taker`` counts streams sent to it until that moves)."""
+        return MemberRecord(self.member, self.epoch, heartbeat, MemberStatus.ACTIVE,
+                            self.streams, self.capacity, shard=self.shard)
+
+
+@dataclass(frozen=True)
 class Bulletin:
     gen: int
     level: int
@@ -85,6 +109,7 @@ class Bulletin:
     notices: tuple[Notice, ...] = ()
     successor: str | None = None  # None: every member campaigns at full pace
     shards: int = 1  # the member layout
+    takers: tuple[Taker, ...] = ()  # the members with the most room, the most first
 
     def share_of(self, capacity: int) -> int:
         return max(0, min(capacity, self.level))
@@ -145,7 +170,20 @@ def compose(read: FleetRead) -> Bulletin:
         if read.name_donors else (),
         deals=deals, statuses=tuple(sorted(statuses.items())), feed=read.feed,
         notices=read.notices, successor=min((m for m in active if m != leader), default=None),
-        shards=read.shards)
+        shards=read.shards, takers=_takers(rows, counts, active, shares, capacities))
+
+
+def _takers(rows: Sequence[MemberRecord], counts: dict[str, int], active: set[str],
+            shares: dict[str, int], capacities: dict[str, int]) -> tuple[Taker, ...]:
+    """The MAX_TAKERS members taking streams with room to their capacity: the furthest
+    below their share first, then the most room, ties by id."""
+    rooms = [(max(0, shares.get(r.worker_id, 0) - counts.get(r.worker_id, 0)),
+              capacities.get(r.worker_id, 0) - counts.get(r.worker_id, 0), r)
+             for r in rows if r.worker_id in active]
+    rooms = [room for room in rooms if room[1] > 0]
+    rooms.sort(key=lambda room: (-room[0], -room[1], room[2].worker_id))
+    return tuple(Taker(r.worker_id, r.epoch, r.shard, counts.get(r.worker_id, 0),
+                       capacities.get(r.worker_id, 0)) for _, _, r in rooms[:MAX_TAKERS])
 
 
 def _heirs(survivors: dict[str, int], capacities: dict[str, int],
@@ -201,7 +239,9 @@ def encode(bulletin: Bulletin) -> str:
         "s": [[k, v] for k, v in bulletin.statuses],
         "f": int(bulletin.feed),
         "n": [[x.n, x.member, x.stream, x.kind.value] for x in bulletin.notices],
-        "su": bulletin.successor, **layout,
+        "su": bulletin.successor,
+        "tk": [[t.member, t.epoch, t.shard, t.streams, t.capacity] for t in bulletin.takers],
+        **layout,
     }, separators=(",", ":"))
 
 
@@ -227,7 +267,10 @@ def decode(text: str | None) -> Bulletin | None:
             # A bulletin from a leader that names none: everyone campaigns at full pace.
             successor=None if raw.get("su") is None else _str(raw["su"]),
             # A bulletin from a leader of one key (or of an older release) names none.
-            shards=max(1, _int(raw.get("k", 1))))
+            shards=max(1, _int(raw.get("k", 1))),
+            # A bulletin from an older leader names none: hand-overs go to the leader.
+            takers=tuple(Taker(_str(m), _int(e), _int(k), _int(n), _int(c))
+                         for m, e, k, n, c in raw.get("tk", [])))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     if len(news.notices) != len(raw.get("n", [])):

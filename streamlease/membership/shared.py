@@ -90,6 +90,17 @@ class FleetKnowledge:
             return self.bulletin.draining
         return self.view.draining()
 
+    def peers(self) -> tuple[MemberRecord, ...]:
+        """The members a hand-over may name as its taker: every row read; or, while this
+        worker reads only the leader's row, that row and the bulletin's takers (the
+        members with the most room), each standing at the leader row's heartbeat."""
+        if self.bulletin is None or self.reading_all or not self.view.members:
+            return self.view.members
+        leader = self.view.members[0]
+        named = {m.worker_id for m in self.view.members}
+        return self.view.members + tuple(t.row(leader.heartbeat) for t in self.bulletin.takers
+                                         if t.member not in named)
+
     def deals(self) -> list[tuple[MemberRecord, dict[str, int] | None]]:
         """Fenced members whose streams are being dealt: each DEAD row (or the bulletin's
         deal) with the survivors' weights, None where the survivor computes them itself

@@ -11,7 +11,15 @@ import pytest
 
 from streamlease.core import bulletin as bulletins
 from streamlease.core.balance import counts_of, plan
-from streamlease.core.bulletin import Bulletin, Deal, FleetRead, compose, newly_donor, plan_from
+from streamlease.core.bulletin import (
+    Bulletin,
+    Deal,
+    FleetRead,
+    Taker,
+    compose,
+    newly_donor,
+    plan_from,
+)
 from streamlease.core.deal import deal_weights
 from streamlease.core.membership import MemberRecord, MemberStatus
 
@@ -108,12 +116,34 @@ def test_the_successor_is_the_first_member_taking_streams_by_id_the_leader_aside
 def test_a_bulletin_reads_back_as_written() -> None:
     news = Bulletin(gen=9, level=12, total=40, deficit=3, below=2, active=4, draining=True,
                     donors=("a", "b"), deals=(Deal("d", 8, 20, (("a", 3), ("c", 1))),),
-                    statuses=(("ACTIVE", 4), ("DEAD", 1)), successor="c")
+                    statuses=(("ACTIVE", 4), ("DEAD", 1)), successor="c",
+                    takers=(Taker("c", 4, 1, 2, 100), Taker("a", 3, 0, 9, 50)))
     assert bulletins.decode(bulletins.encode(news)) == news
     # A bulletin written by a version that names no successor: every member campaigns.
     older = json.loads(bulletins.encode(news))
     del older["su"]
-    assert bulletins.decode(json.dumps(older)) == dataclasses.replace(news, successor=None)
+    assert bulletins.decode(json.dumps(older)).successor is None
+    # ... nor any takers: a hand-over then names the leader, the one row read.
+    del older["tk"]
+    assert bulletins.decode(json.dumps(older)) == dataclasses.replace(
+        news, successor=None, takers=())
+
+
+def test_the_takers_are_the_members_with_the_most_room_the_furthest_below_share_first(
+        ) -> None:
+    rows = [row("a", 12), row("b", 9), row("c", 0, capacity=5), row("d", 3, capacity=3),
+            row("e", 1, status=MemberStatus.DRAINING), row("f", 0),
+            row("g", 2, status=MemberStatus.DEAD)]
+    news = compose(FleetRead(rows, frozenset({"f"}), "a", 12, True, 0, gen=1))
+    # 24 streams over a, b, c, d (f is observed dead, e drains, g is dead): c's share is its
+    # capacity, 5 above its count; a and b are at or above their share of 8, b with the
+    # more room to its capacity; d is full.
+    assert [(t.member, t.streams, t.capacity) for t in news.takers] == [
+        ("c", 0, 5), ("b", 9, 100), ("a", 12, 100)]
+    assert news.takers[0].row(42) == MemberRecord("c", 1, 42, MemberStatus.ACTIVE, 0, 5)
+    many = compose(FleetRead([row(f"w{i:02d}", i) for i in range(40)], frozenset(), "w00", 0,
+                             True, 0, gen=1))
+    assert [t.member for t in many.takers] == [f"w{i:02d}" for i in range(bulletins.MAX_TAKERS)]
 
 
 @pytest.mark.parametrize("text", [
@@ -123,6 +153,8 @@ def test_a_bulletin_reads_back_as_written() -> None:
     '{"g":1,"l":1,"t":1,"d":0,"b":0,"a":1,"dr":0,"do":[],"de":[["x",1]],"s":[]}',
     '{"g":1,"l":1,"t":1,"d":0,"b":0,"a":1,"dr":0,"do":[],"de":[["x",1,2,[["a"]]]],"s":[]}',
     '{"g":true,"l":1,"t":1,"d":0,"b":0,"a":1,"dr":0,"do":[],"de":[],"s":[]}',
+    '{"g":1,"l":1,"t":1,"d":0,"b":0,"a":1,"dr":0,"do":[],"de":[],"s":[],"tk":[["a",1,0]]}',
+    '{"g":1,"l":1,"t":1,"d":0,"b":0,"a":1,"dr":0,"do":[],"de":[],"s":[],"tk":[[1,1,0,1,1]]}',
 ])
 def test_an_unreadable_bulletin_is_none(text: str | None) -> None:
     assert bulletins.decode(text) is None
