@@ -136,7 +136,7 @@ class Balancer:
                    and now - s.acquired_at >= self.settings.min_hold_s]
         movable.sort(key=lambda s: s.acquired_at)
         chosen = movable[:count]
-        takers = self.holdings.takers([s.stream for s in chosen])
+        takers = self.holdings.takers([s.stream for s in chosen], rebalance=True)
         for supervisor in chosen:
             supervisor.request_drain(StopReason.REBALANCE, taker=takers.get(supervisor.stream))
             self._handed_over[supervisor.stream] = now

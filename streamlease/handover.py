@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from streamlease import tracing
 from streamlease.ahead import Ahead, AheadFailed, dial_ahead
@@ -38,12 +39,20 @@ from streamlease.store.protocols import Acquired, HandOver
 from streamlease.tenancy import SupervisorSettings
 
 OfferTo = Callable[[MemberRecord, str], Awaitable[bool]]
-# Another peer to offer a stream to, none of the workers named (None: nobody has room).
-NextTaker = Callable[[str, frozenset[str]], MemberRecord | None]
+# Another peer to offer a stream to, none of the workers named, for a rebalance or not
+# (None: nobody has room).
+NextTaker = Callable[[str, frozenset[str], bool], MemberRecord | None]
 
 # What came of one offer, as the holder saw it.
 _TAKEN, _MOVED, _REFUSED, _DECLINED, _GIVEN_UP = "taken", "moved", "refused", "declined", \
     "given_up"
+
+
+class Handed(NamedTuple):
+    """What came of a hand-over, as its holder saw it."""
+
+    taker: str | None  # the worker that took the lease; None: nobody took it
+    refused: bool  # not taken because every peer asked said no (declined, or its row refused)
 
 
 class Handing:
@@ -56,27 +65,32 @@ class Handing:
         self._offer = offer  # into the taker's member row; False if it was not written
         self._next_taker = next_taker
 
-    async def hand(self, tenure: Tenure, taker: MemberRecord, rebalance: bool,
-                   wake: asyncio.Event, until: float, ended: Callable[[], bool]) -> str | None:
-        """Offer ``tenure``'s stream to ``taker`` and wait, at most until ``until``
-        (monotonic) or the settings' ``handover_wait_s``, for the lease to move: the item
+    async def hand(self, tenure: Tenure, taker: MemberRecord, rebalance: Callable[[], bool],
+                   wake: asyncio.Event, until: Callable[[], float],
+                   ended: Callable[[], bool]) -> Handed:
+        """Offer ``tenure``'s stream to ``taker`` and wait, at most until ``until()``
+        (monotonic; asked again whenever ``wake`` is set: a shutdown brings its budget)
+        or the settings' ``handover_wait_s``, for the lease to move: the item
         is read every ``OFFER_CHECK_S``, and at once when ``wake`` is set (the tenure
         heard something: a write refused, a renewal lost). A taker whose row refuses the
         offer (no longer that ACTIVE member) or who declines it is followed by the next
-        peer with room, up to ``OFFER_TAKERS`` in all, each with a wait of its own
-        within ``until``. The worker that took the lease; None if the offers were not
-        made, not taken, or the tenure ``ended`` otherwise (the caller drains)."""
+        peer with room (for a ``rebalance``: below its share), up to ``OFFER_TAKERS`` in
+        all, each with a wait of its own within ``until()``. ``rebalance`` is asked at each
+        offer: a shutdown that comes while a rebalance's offer is out makes the next
+        offer a shutdown's. The worker that took the lease, if one did; and whether the
+        offers ended because every peer asked said no (not when one was not taken in
+        time, nor made, nor when the tenure ``ended`` otherwise)."""
         tried = {taker.worker_id}
         while True:
-            outcome = await self._offer_once(tenure, taker, rebalance, wake, until, ended)
+            outcome = await self._offer_once(tenure, taker, rebalance(), wake, until, ended)
             if outcome == _TAKEN:
-                return taker.worker_id
-            if outcome not in (_REFUSED, _DECLINED) or len(tried) >= OFFER_TAKERS or \
-                    self._next_taker is None or ended():
-                return None
-            following = self._next_taker(tenure.stream_id, frozenset(tried))
+                return Handed(taker.worker_id, refused=False)
+            said_no = outcome in (_REFUSED, _DECLINED) and not ended()
+            if not said_no or len(tried) >= OFFER_TAKERS or self._next_taker is None:
+                return Handed(None, refused=said_no)
+            following = self._next_taker(tenure.stream_id, frozenset(tried), rebalance())
             if following is None:
-                return None
+                return Handed(None, refused=True)
             tried.add(following.worker_id)
             event(logging.INFO, "handover.next_taker",
                   "offering the stream to another peer", stream=tenure.stream_id,
@@ -85,10 +99,11 @@ class Handing:
             taker = following
 
     async def _offer_once(self, tenure: Tenure, taker: MemberRecord, rebalance: bool,
-                          wake: asyncio.Event, until: float, ended: Callable[[], bool]) -> str:
+                          wake: asyncio.Event, until: Callable[[], float],
+                          ended: Callable[[], bool]) -> str:
         clock, stream = self.ctx.clock, tenure.stream_id
-        until = min(until, clock.monotonic() + (self.settings.handover_wait_s or 0.0))
-        if until <= clock.monotonic():
+        waited = clock.monotonic() + (self.settings.handover_wait_s or 0.0)
+        if min(waited, until()) <= clock.monotonic():
             return _GIVEN_UP
         try:
             if not await self._offer(taker, Offer(stream, tenure.fence, rebalance).text):
@@ -105,7 +120,7 @@ class Handing:
             return _GIVEN_UP
         event(logging.INFO, "handover.offered", "offered the stream to a peer",
               stream=stream, fence=tenure.fence, taker=taker.worker_id)
-        while (left := until - clock.monotonic()) > 0:
+        while (left := min(waited, until()) - clock.monotonic()) > 0:
             wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(OFFER_CHECK_S, left)):

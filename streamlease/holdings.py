@@ -160,7 +160,7 @@ class Holdings:
         for supervisor in held:
             supervisor.request_drain(reason, release_by, chosen.get(supervisor.stream))
 
-    def takers(self, streams: list[str]) -> dict[str, MemberRecord]:
+    def takers(self, streams: list[str], rebalance: bool = False) -> dict[str, MemberRecord]:
         """Whom to hand each of ``streams`` to (``core.handover.takers``), where this
         worker's output allows a live hand-over; the rest are released."""
         if not self.settings.supervisor.handover_wait_s or not streams:
@@ -168,10 +168,11 @@ class Holdings:
         view, peers = self.membership.view, self.membership.peers()
         members = {m.worker_id: m for m in peers}
         chosen = handover.takers(streams, peers, self.ctx.owner, self.share_level,
-                                 view.observed_dead)
+                                 view.observed_dead, rebalance)
         return {sid: members[wid] for sid, wid in chosen.items()}
 
-    def _next_taker(self, stream_id: str, tried: frozenset[str]) -> MemberRecord | None:
+    def _next_taker(self, stream_id: str, tried: frozenset[str],
+                    rebalance: bool) -> MemberRecord | None:
         """A further peer for a stream its first taker could not take
         (``core.handover.further_taker``)."""
         if not self.settings.supervisor.handover_wait_s:
@@ -179,7 +180,7 @@ class Holdings:
         view, peers = self.membership.view, self.membership.peers()
         chosen, self._sent_next = handover.further_taker(
             stream_id, peers, self.ctx.owner, self.share_level,
-            view.observed_dead | tried, self._sent_next)
+            view.observed_dead | tried, self._sent_next, rebalance)
         return next((m for m in peers if m.worker_id == chosen), None)
 
     def notify(self, stream_id: str) -> None:

@@ -77,6 +77,7 @@ class Supervisor:
             if ties.offer is not None and settings.handover_wait_s and not wire.numbered else None
         self._taker: MemberRecord | None = None  # named by the drain, offered once
         self._offered = False
+        self._offering = False  # an offer is out now
         self._refused_while_offered = False
         self._handed_to: str | None = None
         self.heartbeat = Heartbeat(ctx, settings, self.tenancy, ties, self.pump)
@@ -138,9 +139,14 @@ class Supervisor:
         """Flush and release (shutdown, STOPPED seen elsewhere, rebalancing); the release
         is retried until ``release_by`` (monotonic), or the tenure's deadline. With a
         ``taker`` (and an output that allows it), the stream is first offered to it."""
-        if self._drain_reason is None:
+        # A shutdown overrides a rebalance not yet drained: offers from here on are a
+        # shutdown's, and nobody taking the stream ends in a release, not in keeping it.
+        superseding = reason is StopReason.SHUTDOWN and \
+            self._drain_reason is StopReason.REBALANCE and \
+            self.holding.state is HolderState.HOLDING
+        if self._drain_reason is None or superseding:
             self._drain_reason = reason
-            if taker is not None and self._handing is not None:
+            if taker is not None and self._handing is not None and not self._offering:
                 self._taker = taker
         if release_by is not None:
             # A shutdown during a hand-over (or after a self-fence) brings its budget.
@@ -177,7 +183,8 @@ class Supervisor:
             heartbeat = tg.create_task(self.heartbeat.run(), name=f"heartbeat {self.stream}")
             try:
                 await self._wait_until_stopping()
-                if self._taker is not None and self.holding.state is HolderState.HOLDING:
+                # A rebalance nobody could take is kept: the tenure waits for its next end.
+                while self._taker is not None and self.holding.state is HolderState.HOLDING:
                     await self._hand_over()
                     await self._wait_until_stopping()
                 await self._stop_pump(pump_task)
@@ -207,27 +214,45 @@ class Supervisor:
     async def _hand_over(self) -> None:
         """Offer the stream to the drain's taker, delivering meanwhile, and wait until it
         takes the lease (then the tenure ends here: no flush, nothing released) or the
-        offer is given up (the drain goes on as any other). A shutdown leaves the drain
-        its own budget after the offer."""
+        offer is given up (the drain goes on as any other). A rebalance that every peer
+        asked said no to is called off: the stream stays here, delivering, and the
+        balance may shed again later. A shutdown leaves the drain its own budget after
+        the offer."""
         taker, self._taker = self._taker, None
         assert taker is not None and self._handing is not None
-        self._offered = True
-        release_by = self.tenancy.release_by
-        until = float("inf") if release_by is None \
-            else release_by - self.settings.drain_timeout_s
-        holding = self.holding
+        self._offered = self._offering = True
+        holding, tenancy = self.holding, self.tenancy
+
+        def until() -> float:
+            release_by = tenancy.release_by
+            return float("inf") if release_by is None \
+                else release_by - self.settings.drain_timeout_s
 
         def ended() -> bool:
             return holding.state is not HolderState.HOLDING or self._pump_done
 
-        rebalance = self._drain_reason is StopReason.REBALANCE
-        taken_by = await self._handing.hand(self.tenure, taker, rebalance, self.tenancy.wake,
-                                            until, ended)
-        if taken_by is not None:
-            self._handed_to = taken_by
+        def rebalance() -> bool:
+            return self._drain_reason is StopReason.REBALANCE
+
+        try:
+            handed = await self._handing.hand(self.tenure, taker, rebalance,
+                                              self.tenancy.wake, until, ended)
+        finally:
+            self._offering = False
+        if handed.taker is not None:
+            self._handed_to = handed.taker
             holding.on_stale_write()  # the fence moved on: abort the pump, no flush
         elif self._refused_while_offered:
             self._stale_write()  # refused, and not because the taker took it
+        elif handed.refused and rebalance() and not ended():
+            # Nobody below the share could take it: released, it would be an orphan that
+            # only a member at its share finds. Every peer asked said no, so no take can
+            # come of those offers.
+            self._drain_reason, self._offered = None, False
+            self.ctx.metrics.handover("kept")
+            event(logging.INFO, "handover.kept",
+                  "no peer could take the stream; it stays here", stream=self.stream,
+                  fence=self.tenure.fence)
 
     def _stale_write(self) -> None:
         self.ctx.metrics.stale_write_rejected()

@@ -95,8 +95,9 @@ class Ties:
     told: Callable[[], bool] = never
     hooks: Hooks = Hooks()
     offer: Callable[[MemberRecord, str], Awaitable[bool]] | None = None
-    # Another peer to offer a stream to, none of those named (None: nobody has room).
-    next_taker: Callable[[str, frozenset[str]], MemberRecord | None] | None = None
+    # Another peer to offer a stream to, none of those named, for a rebalance or not
+    # (None: nobody has room).
+    next_taker: Callable[[str, frozenset[str], bool], MemberRecord | None] | None = None
 
 
 @dataclass

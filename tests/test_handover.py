@@ -111,6 +111,7 @@ class Holder:
         # The further takers, in order, when the first cannot take (None: none asked for).
         self.peers = peers
         self.asked_next: list[frozenset[str]] = []
+        self.asked_rebalance: list[bool] = []  # for a rebalance, each time it was asked
         self.supervisor: Supervisor | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -128,9 +129,11 @@ class Holder:
         await asyncio.sleep(run_s)
         return self.supervisor
 
-    def next_taker(self, stream_id: str, tried: frozenset[str]) -> MemberRecord | None:
+    def next_taker(self, stream_id: str, tried: frozenset[str],
+                   rebalance: bool) -> MemberRecord | None:
         assert stream_id == "a" and self.peers is not None
         self.asked_next.append(tried)
+        self.asked_rebalance.append(rebalance)
         return next((m for m in self.peers if m.worker_id not in tried), None)
 
     async def offered(self, count: int = 1) -> None:
@@ -417,6 +420,93 @@ async def test_a_rebalance_offer_says_so_and_is_counted_as_leaving_before_it_dra
     await holder.ended()
     assert holder.metric("streamlease_lease_released_total", reason="rebalance") == 1
     assert holder.rig.store.count("release") == 0
+
+
+@pytest.mark.virtual_time
+async def test_a_rebalance_every_peer_asked_said_no_to_is_kept_and_delivered(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The taker declines (it reached its share meanwhile) and the only further peer's
+    row refuses: the holder keeps the stream, delivering all along; nothing is flushed
+    or released, and a later shutdown drains (and here releases) it as any other."""
+    holder = Holder(PumpScript(every=0.05, batch=2),
+                    offers=Offers(refusing=frozenset({"w3"})), peers=[peer("w3")])
+    sup = await holder.start()
+    sup.request_drain(StopReason.REBALANCE, taker=TAKER)
+    await holder.offered()
+    await holder.rig.memory.decline("a", "w1", 1, "w2")
+    await holder.offered(2)
+    await until(lambda: bool(events(caplog, "handover.kept")))
+    # Asked for a further peer after each no: w3, then nobody left.
+    assert holder.asked_rebalance == [True, True]
+    assert holder.asked_next == [frozenset({"w2"}), frozenset({"w2", "w3"})]
+    assert sup.leaving is None and sup.holding.state is HolderState.HOLDING
+    at_kept = holder.pump.committed
+    await asyncio.sleep(3.0)
+    assert holder.pump.committed > at_kept and "a:stop" not in holder.rig.script.log
+    assert holder.rig.store.count("release") == 0
+    assert holder.metric("streamlease_handovers_total", outcome="kept") == 1
+    record = await holder.rig.record()
+    assert (record.lease_owner, record.fence) == ("w1", 1) and record.lease_expires_at_ms
+    sup.request_drain(StopReason.SHUTDOWN, release_by=asyncio.get_running_loop().time() + 30)
+    await holder.ended()
+    assert (await holder.rig.record()).lease_expires_at_ms == 0
+    assert "a:flushed" in holder.rig.script.log
+    assert holder.metric("streamlease_lease_released_total", reason="shutdown") == 1
+
+
+@pytest.mark.virtual_time
+async def test_a_rebalance_not_taken_in_time_is_still_released() -> None:
+    """An offer that came to nothing in time may yet be acted on: the holder does not
+    keep delivering under a fence its taker could take, it releases."""
+    holder = Holder(PumpScript(every=0.5), peers=[peer("w3")])
+    sup = await holder.start()
+    sup.request_drain(StopReason.REBALANCE, taker=TAKER)
+    await holder.ended()
+    assert [who for who, _, _ in holder.offers.made] == ["w2"]
+    assert (await holder.rig.record()).lease_expires_at_ms == 0
+    assert holder.metric("streamlease_handovers_total", outcome="not_taken") == 1
+    assert holder.metric("streamlease_handovers_total", outcome="kept") == 0
+
+
+@pytest.mark.virtual_time
+async def test_a_shutdown_during_a_rebalance_offer_makes_the_next_offer_a_shutdowns() -> None:
+    """SIGTERM comes while a rebalance's offer is out: the decline is followed by a
+    shutdown's offer (taken by a peer with room past its share), and a shutdown whose
+    peers all say no releases the stream: it is never kept on a worker that stops."""
+    holder = Holder(PumpScript(every=0.5), peers=[peer("w3")])
+    sup = await holder.start()
+    sup.request_drain(StopReason.REBALANCE, taker=TAKER)
+    await holder.offered()
+    sup.request_drain(StopReason.SHUTDOWN, release_by=asyncio.get_running_loop().time() + 30,
+                      taker=peer("w4"))
+    await holder.rig.memory.decline("a", "w1", 1, "w2")
+    await holder.offered(2)
+    assert [(who, text) for who, text, _ in holder.offers.made] == [("w2", "1:r:a"),
+                                                                    ("w3", "1:s:a")]
+    assert holder.asked_rebalance == [False]
+    await holder.rig.memory.decline("a", "w1", 1, "w3")
+    await holder.ended()
+    # w4 was named while the rebalance's offer was out: not offered on top of the chain.
+    assert len(holder.offers.made) == 2
+    assert (await holder.rig.record()).lease_expires_at_ms == 0
+    assert holder.metric("streamlease_handovers_total", outcome="kept") == 0
+    assert holder.metric("streamlease_lease_released_total", reason="shutdown") == 1
+
+
+@pytest.mark.virtual_time
+async def test_a_shutdown_cuts_a_rebalance_offers_wait_to_its_own_budget() -> None:
+    """A rebalance's offer waits without a deadline of its own; a shutdown that comes
+    meanwhile brings one, and the wait ends by it, leaving the drain its budget."""
+    wait = 60.0
+    holder = Holder(PumpScript(every=0.5), handover_wait_s=wait)
+    sup = await holder.start()
+    sup.request_drain(StopReason.REBALANCE, taker=TAKER)
+    await holder.offered()
+    loop = asyncio.get_running_loop()
+    sup.request_drain(StopReason.SHUTDOWN, release_by=loop.time() + 10)
+    ended = await holder.ended()
+    assert ended - holder.offers.at < 10 < wait
+    assert (await holder.rig.record()).lease_expires_at_ms == 0
 
 
 @pytest.mark.virtual_time

@@ -24,9 +24,12 @@ for an orphan: past it, it would only shed the stream again) says so on the item
 write conditioned on the holder's fence (``handover_declined``: ``"<fence>:<taker>"``),
 which the holder reads within ``OFFER_CHECK_S``. Declined, or refused by the taker's row
 (it is no longer that ACTIVE member), the holder offers the stream to the next peer with
-room, up to ``OFFER_TAKERS`` peers; when none is left, or an offer is not taken in
-``offer_wait_s``, the offer is dropped: the holder flushes and releases as before (a clean
-release, ``core.lease.checkpoint_trusted``), and the stream is an orphan.
+room, up to ``OFFER_TAKERS`` peers (a rebalance: only peers below their share). When
+none is left, a rebalance's holder keeps the stream and goes on delivering (nobody below
+the share could take it: a release would only make it an orphan for a member at its
+share); a shutdown's holder, or one whose offer was not taken in ``offer_wait_s``, drops
+the offer: it flushes and releases as before (a clean release,
+``core.lease.checkpoint_trusted``), and the stream is an orphan.
 
 A feed that cannot replay loses at most what arrived between the holder's last accepted
 write and the take, and the taker's gap record says so. A profile whose frames the worker
@@ -59,6 +62,7 @@ HANDOVER_OUTCOMES = (
     "declined",     # the holder's offer was declined by its taker (the next peer, or release)
     "refused",      # the taker's row refused the offer (no longer that ACTIVE member)
     "not_taken",    # the holder's offer was not acted on in time: it released instead
+    "kept",         # the holder's rebalance every peer asked said no to: it kept the stream
 )
 
 # The holder reads the item this often while its offer is out, to stop as soon as the
@@ -108,14 +112,16 @@ def declined_text(fence: int, taker: str) -> str:
 
 
 def takers(streams: Sequence[str], members: Iterable[MemberRecord], me: str,
-           level: int | None, dead: frozenset[str] = frozenset()) -> dict[str, str]:
+           level: int | None, dead: frozenset[str] = frozenset(),
+           rebalance: bool = False) -> dict[str, str]:
     """Whom to hand each of ``streams`` to: the live, ACTIVE peers (not ``me``, not
     ``dead``) with room, the furthest below the fair-share ``level`` first (as
     ``core.notices.most_room``), each counted one stream fuller per stream given. Ties go
     by each stream's own order of the members (``core.deal.preference``), so holders
     handing streams over at once, from rows that do not show each other's hand-overs yet,
-    mostly pick different takers. Streams nobody has room for are left out: their holder
-    releases them."""
+    mostly pick different takers. A ``rebalance`` goes only to peers below the share (one
+    at its share declines it: it would only shed the stream again). Streams nobody has
+    room for are left out: their holder releases them (a rebalance's holder keeps them)."""
     peers = [(m.worker_id, m.streams, m.capacity) for m in members
              if m.worker_id != me and m.worker_id not in dead
              and m.status is MemberStatus.ACTIVE]
@@ -125,7 +131,7 @@ def takers(streams: Sequence[str], members: Iterable[MemberRecord], me: str,
         best = min(rooms.items(), default=None,
                    key=lambda kv: (-kv[1].to_share, -kv[1].to_capacity,
                                    preference(stream_id, kv[0])))
-        if best is None or best[1].to_capacity <= 0:
+        if best is None or best[1].to_capacity <= 0 or (rebalance and best[1].to_share <= 0):
             break
         taker, room = best
         room.to_share, room.to_capacity = max(0, room.to_share - 1), room.to_capacity - 1
@@ -135,8 +141,8 @@ def takers(streams: Sequence[str], members: Iterable[MemberRecord], me: str,
 
 def further_taker(stream_id: str, members: Sequence[MemberRecord], me: str,
                   level: int | None, excluded: frozenset[str],
-                  sent: Mapping[str, tuple[int, int]]) -> tuple[str | None,
-                                                                dict[str, tuple[int, int]]]:
+                  sent: Mapping[str, tuple[int, int]],
+                  rebalance: bool = False) -> tuple[str | None, dict[str, tuple[int, int]]]:
     """The next peer to offer ``stream_id`` to when its taker could not take it (as
     ``takers``, none of ``excluded``), and ``sent`` as it is after that choice.
 
@@ -149,7 +155,7 @@ def further_taker(stream_id: str, members: Sequence[MemberRecord], me: str,
     for m in members:
         seen, extra = sent.get(m.worker_id, (m.heartbeat, 0))
         counted.append(replace(m, streams=m.streams + extra) if seen == m.heartbeat else m)
-    chosen = takers([stream_id], counted, me, level, excluded).get(stream_id)
+    chosen = takers([stream_id], counted, me, level, excluded, rebalance).get(stream_id)
     after = dict(sent)
     if chosen is not None:
         row = next(m for m in members if m.worker_id == chosen)

@@ -131,6 +131,23 @@ def test_past_the_level_the_one_with_most_room_to_its_capacity_takes() -> None:
     assert chosen == {"s1": "c", "s2": "c"}
 
 
+def test_a_rebalance_goes_only_to_peers_below_the_level() -> None:
+    """A peer at its share declines a rebalance (it would only shed the stream again):
+    a rebalance names only peers below the level, one fuller per stream, and leaves the
+    rest out for their holder to keep."""
+    members = [member("a", streams=4), member("b", streams=5), member("c", streams=9)]
+    chosen = takers(["s1", "s2", "s3"], members, "me", 5, rebalance=True)
+    assert chosen == {"s1": "a"}
+    # A shutdown's streams go on past the level, to whoever has room to its capacity.
+    assert len(takers(["s1", "s2", "s3"], members, "me", 5)) == 3
+    # Without a level the share is the capacity: room to it is room below the share.
+    assert takers(["s1"], members, "me", None, rebalance=True) == {"s1": "a"}
+    chosen, _ = further_taker("s1", members, "me", 5, frozenset({"a"}), {}, rebalance=True)
+    assert chosen is None
+    chosen, _ = further_taker("s1", members, "me", 5, frozenset({"a"}), {})
+    assert chosen == "b"
+
+
 def test_without_a_level_the_share_is_the_capacity() -> None:
     members = [member("a", streams=2, capacity=4), member("b", streams=2, capacity=10)]
     assert takers(["s1"], members, "me", None) == {"s1": "b"}
