@@ -95,10 +95,13 @@ def member_row() -> dict[str, Any]:
 
 def leader_member_row() -> dict[str, Any]:
     """The leader's member row: a live row with its bulletin at steady state (no deal, no
-    donor: a fenced member's deal adds about 25 bytes per survivor while it lasts)."""
+    donor: a fenced member's deal adds about 25 bytes per survivor while it lasts; every
+    member short of its capacity, so the bulletin names its most takers)."""
+    taker = bulletin.Taker(WORKER_ID, NOW_MS, 63, 99, 100)
     news = bulletin.Bulletin(gen=4_321, level=100, total=100_000, deficit=0, below=0,
                              active=1_000, draining=False,
-                             statuses=(("ACTIVE", 1_000),))
+                             statuses=(("ACTIVE", 1_000),),
+                             takers=(taker,) * bulletin.MAX_TAKERS)
     return {**member_row(), fleetcodec.BULLETIN: _s(bulletin.encode(news))}
 
 
