@@ -284,11 +284,21 @@ class Reconciler:
     def _admits(self) -> bool:
         """Admission control: no new streams while this worker's renewals are failing,
         and none while its membership is not proven (registering, self-fenced, draining)."""
-        admits = self.lease_health.admits() and self.membership.accepting
+        healthy = self.lease_health.admits()
+        admits = healthy and self.membership.accepting
         if admits != self._admitting:
             self._admitting = admits
-            event(logging.WARNING if not admits else logging.INFO,
-                  "reconcile.admission", "renewals failing or slow: not acquiring" if not admits
-                  else "renewals healthy again: acquiring", admitting=admits)
+            if admits:
+                event(logging.INFO, "reconcile.admission", "acquiring again", admitting=True)
+            elif not healthy:
+                event(logging.WARNING, "reconcile.admission",
+                      "renewals failing or slow: not acquiring", admitting=False,
+                      why="renewals")
+            else:
+                # Registering, draining (a SIGTERM) or self-fenced: each logged where it
+                # happens; not a sign of a struggling store.
+                event(logging.INFO, "reconcile.admission",
+                      "not a member in good standing: not acquiring", admitting=False,
+                      why="membership")
             self.metrics.admission(admits)
         return admits

@@ -116,11 +116,31 @@ async def test_no_new_streams_while_its_own_renewals_fail(
     await asyncio.sleep(3 * 1.2)  # three reconcile cycles
     assert fleet.held() <= {"a"}, "acquired while its renewals were failing"
     assert fleet.metrics.registry.get_sample_value("streamlease_admitting") == 0
-    assert events(caplog, "reconcile.admission")
+    (closed,) = events(caplog, "reconcile.admission")
+    assert closed.levelno == logging.WARNING
+    assert closed.sl_fields["why"] == "renewals"  # type: ignore[attr-defined]
     fleet.store.heal()
     await asyncio.sleep(T.heartbeat_s * 3 + 4)
     assert {"b", "c"} <= fleet.held()
     assert fleet.metrics.registry.get_sample_value("streamlease_admitting") == 1
+    await fleet.stop()
+
+
+async def test_a_drain_closes_admission_without_blaming_the_store(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGTERM stops acquisitions (the member drains): logged as the membership's
+    doing at INFO, not as failing renewals, which an operator would chase."""
+    fleet = Fleet()
+    await fleet.streams("a")
+    fleet.start()
+    await asyncio.sleep(3)
+    assert fleet.held() == {"a"}
+    fleet.member.accepting = False  # draining: the member no longer takes streams
+    await asyncio.sleep(3 * 1.2)  # three reconcile cycles
+    (closed,) = events(caplog, "reconcile.admission")
+    assert closed.levelno == logging.INFO
+    assert closed.sl_fields["why"] == "membership"  # type: ignore[attr-defined]
+    assert fleet.metrics.registry.get_sample_value("streamlease_admitting") == 0
     await fleet.stop()
 
 
