@@ -83,6 +83,12 @@ class Fleet:
     def held(self) -> set[str]:
         return set(self.reconciler.supervisors)
 
+    async def holding(self, count: int) -> None:
+        """Until this worker supervises ``count`` streams."""
+        async with asyncio.timeout(10):
+            while len(self.held()) < count:  # noqa: ASYNC110 - a poll with a deadline
+                await asyncio.sleep(0.05)
+
 
 def events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "sl_event", None) == name]
@@ -428,9 +434,7 @@ async def test_a_short_lease_fleet_rebalances_after_its_scaled_minimum_hold(
     fleet = Fleet(min_hold_s=wired.min_hold_s, stopped_check_s=wired.stopped_check_s)
     await fleet.streams("a", "b", "c", "d")
     fleet.start()
-    async with asyncio.timeout(10):
-        while len(fleet.held()) < 4:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    await fleet.holding(4)
     first_taken = min(s.acquired_at for s in fleet.reconciler.supervisors.values())
     fleet.member.view = FleetView((
         MemberRecord("w2", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=4,
@@ -565,9 +569,7 @@ async def test_a_member_reading_the_leaders_row_plans_from_its_bulletin(
     fleet = Fleet(min_hold_s=0.0)
     await fleet.streams("a", "b", "c", "d")
     fleet.start()
-    async with asyncio.timeout(10):
-        while len(fleet.held()) < 4:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    await fleet.holding(4)
     leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=2,
                           capacity=100)
     fleet.member.view = FleetView((leader,))
@@ -602,9 +604,7 @@ async def test_a_member_does_not_take_back_a_stream_it_just_handed_over(
     fleet = Fleet(min_hold_s=0.0)
     await fleet.streams("a", "b", "c")
     fleet.start()
-    async with asyncio.timeout(10):
-        while len(fleet.held()) < 3:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    await fleet.holding(3)
     leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=3,
                           capacity=100)
     fleet.member.view = FleetView((leader,))
@@ -636,9 +636,7 @@ async def test_a_member_reading_only_the_leaders_row_hands_its_drain_to_the_bull
     fleet = Fleet(handover_wait_s=5.0)
     await fleet.streams("a", "b", "c", "d")
     fleet.start()
-    async with asyncio.timeout(10):
-        while len(fleet.held()) < 4:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    await fleet.holding(4)
     leader = MemberRecord("w9", epoch=1, heartbeat=5, status=MemberStatus.ACTIVE, streams=4,
                           capacity=5)
     fleet.member.view = FleetView((leader,))
@@ -682,9 +680,7 @@ async def feed_live_fleet(news: Bulletin, *streams: str) -> Fleet:
     fleet.member.reading_all = False
     await fleet.streams(*streams)
     fleet.start()
-    async with asyncio.timeout(10):
-        while len(fleet.held()) < len(streams):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    await fleet.holding(len(streams))
     return fleet
 
 
