@@ -21,6 +21,11 @@ from streamlease.holdings import Holdings, MemberGate
 from streamlease.logs import event
 from streamlease.reconcile_settings import ReconcilerSettings
 
+# A rebalance that every peer asked said no to (``handover.kept``) pauses shedding this
+# many heartbeats: the rows or the bulletin that named those peers short lag their own
+# counts, and a worker shedding again at once would be told no again, stream by stream.
+KEPT_PAUSE_HEARTBEATS = 4
+
 
 class Balancer:
     def __init__(self, ctx: Context, settings: ReconcilerSettings, holdings: Holdings,
@@ -125,9 +130,15 @@ class Balancer:
         minimum hold time; then pause shedding until the takers' counts can be seen: a
         heartbeat when planning from the rows; from the leader's bulletin, until a
         bulletin that differs from the one the last shed followed (the leader has seen
-        the counts move), or four heartbeats if none comes."""
+        the counts move), or four heartbeats if none comes. A stream kept because every
+        peer asked said no (``handover.kept``) pauses shedding for four heartbeats too:
+        the peers this worker counted as short were not, as they count themselves."""
         if now < self._next_shed or self._handing_over():
             return  # the last hand-over is still in flight, or its takers not yet seen
+        pause = KEPT_PAUSE_HEARTBEATS * self.settings.stopped_check_s
+        if any(s.kept_at is not None and now - s.kept_at < pause
+               for s in self.holdings.supervisors.values()):
+            return  # its view of who is short is off: shedding more would be kept too
         if news is not None and news == self._shed_after[0] and \
                 now < self._shed_after[1] + 4 * self.settings.stopped_check_s:
             return  # the bulletin does not show the last hand-over yet

@@ -80,6 +80,9 @@ class Supervisor:
         self._offering = False  # an offer is out now
         self._refused_while_offered = False
         self._handed_to: str | None = None
+        # When a rebalance every peer asked said no to was kept here (monotonic; the
+        # balancer pauses shedding after one).
+        self.kept_at: float | None = None
         self.heartbeat = Heartbeat(ctx, settings, self.tenancy, ties, self.pump)
         self.ending = Release(ctx, settings, self.tenancy, ties.release_gate)
         self._tg: asyncio.TaskGroup | None = None  # the tenure's scope while it runs
@@ -249,6 +252,7 @@ class Supervisor:
             # only a member at its share finds. Every peer asked said no, so no take can
             # come of those offers.
             self._drain_reason, self._offered = None, False
+            self.kept_at = self.ctx.clock.monotonic()
             self.ctx.metrics.handover("kept")
             event(logging.INFO, "handover.kept",
                   "no peer could take the stream; it stays here", stream=self.stream,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from streamlease import tenancy
 from streamlease.app import build_settings
+from streamlease.balancing import KEPT_PAUSE_HEARTBEATS
 from streamlease.config import WorkerConfig
 from streamlease.core.bulletin import Bulletin, Taker
 from streamlease.core.lease import LeaseTimings, StopReason
@@ -92,6 +94,12 @@ class Fleet:
 
 def events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "sl_event", None) == name]
+
+
+async def until_event(caplog: pytest.LogCaptureFixture, name: str) -> None:
+    async with asyncio.timeout(30):
+        while not events(caplog, name):  # noqa: ASYNC110 - a poll with a deadline
+            await asyncio.sleep(0.05)
 
 
 async def test_takes_orphans_up_to_capacity_and_releases_all_on_stop() -> None:
@@ -655,6 +663,38 @@ async def test_a_member_reading_only_the_leaders_row_hands_its_drain_to_the_bull
     assert offered == ["w3", "w3", "w4", "w4"], fleet.member.offers_made
     # Not taken within the wait: each stream was released.
     assert all(r.lease_expires_at_ms == 0 for r in await fleet.memory.list_streams())
+
+
+async def test_a_shed_every_peer_refused_is_kept_and_shedding_pauses_four_heartbeats(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The bulletin names w3 short, but w3's row refuses each rebalance (this fake's
+    rows refuse every offer; a decline ends the same way): w1 keeps the streams,
+    delivering, and sheds nothing more for four heartbeats, even on a newer bulletin
+    (which alone would let it shed again): shedding at once would be refused again,
+    stream by stream."""
+    fleet = Fleet(handover_wait_s=5.0, min_hold_s=0.0)
+    await fleet.streams("a", "b", "c", "d")
+    fleet.start()
+    await fleet.holding(4)
+    fleet.member.view = FleetView((MemberRecord("w9", epoch=1, heartbeat=5, streams=2,
+                                                status=MemberStatus.ACTIVE, capacity=2),))
+    fleet.member.reading_all = False
+    news = Bulletin(gen=1, level=2, total=6, deficit=2, below=1, active=3, draining=False,
+                    takers=(Taker("w3", 2, 0, 0, 10),))
+    fleet.member.bulletin = news
+    await until_event(caplog, "handover.kept")
+    kept = fleet.clock.monotonic()
+    assert len(fleet.held()) == 4
+    assert {who for who, _ in fleet.member.offers_made} == {"w3"}
+    fleet.member.bulletin = dataclasses.replace(news, gen=2)
+    async with asyncio.timeout(60):
+        while len(events(caplog, "balance.shed")) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert fleet.clock.monotonic() - kept >= KEPT_PAUSE_HEARTBEATS * T.heartbeat_s
+    assert fleet.metrics.registry.get_sample_value(
+        "streamlease_handovers_total", {"outcome": "kept"}) >= 1
+    assert all(r.lease_owner == "w1" for r in await fleet.memory.list_streams())
+    await fleet.stop()
 
 
 async def test_a_member_reading_every_row_names_its_takers_from_them() -> None:
