@@ -52,7 +52,7 @@ class Handed(NamedTuple):
     """What came of a hand-over, as its holder saw it."""
 
     taker: str | None  # the worker that took the lease; None: nobody took it
-    refused: bool  # not taken because every peer asked said no (declined, or its row refused)
+    all_said_no: bool  # not taken because every peer asked said no (declined, or its row refused)
 
 
 class Handing:
@@ -84,13 +84,13 @@ class Handing:
         while True:
             outcome = await self._offer_once(tenure, taker, rebalance(), wake, until, ended)
             if outcome == _TAKEN:
-                return Handed(taker.worker_id, refused=False)
+                return Handed(taker.worker_id, all_said_no=False)
             said_no = outcome in (_REFUSED, _DECLINED) and not ended()
             if not said_no or len(tried) >= OFFER_TAKERS or self._next_taker is None:
-                return Handed(None, refused=said_no)
+                return Handed(None, all_said_no=said_no)
             following = self._next_taker(tenure.stream_id, frozenset(tried), rebalance())
             if following is None:
-                return Handed(None, refused=True)
+                return Handed(None, all_said_no=True)
             tried.add(following.worker_id)
             event(logging.INFO, "handover.next_taker",
                   "offering the stream to another peer", stream=tenure.stream_id,

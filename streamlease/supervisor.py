@@ -247,7 +247,7 @@ class Supervisor:
             holding.on_stale_write()  # the fence moved on: abort the pump, no flush
         elif self._refused_while_offered:
             self._stale_write()  # refused, and not because the taker took it
-        elif handed.refused and rebalance() and not ended():
+        elif handed.all_said_no and rebalance() and not ended():
             # Nobody below the share could take it: released, it would be an orphan that
             # only a member at its share finds. Every peer asked said no, so no take can
             # come of those offers.
