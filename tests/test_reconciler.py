@@ -85,6 +85,16 @@ class Fleet:
     def held(self) -> set[str]:
         return set(self.reconciler.supervisors)
 
+    def plans_from(self, news: Bulletin, streams: int, capacity: int = 100,
+                   heartbeat: int = 1) -> None:
+        """This worker plans from ``news``, the bulletin in the row of the leader (w9,
+        holding ``streams`` of ``capacity``), the one row it reads."""
+        self.member.view = FleetView((MemberRecord(
+            "w9", epoch=1, heartbeat=heartbeat, status=MemberStatus.ACTIVE, streams=streams,
+            capacity=capacity),))
+        self.member.bulletin = news
+        self.member.reading_all = False
+
     async def holding(self, count: int) -> None:
         """Until this worker supervises ``count`` streams."""
         async with asyncio.timeout(10):
@@ -578,12 +588,8 @@ async def test_a_member_reading_the_leaders_row_plans_from_its_bulletin(
     await fleet.streams("a", "b", "c", "d")
     fleet.start()
     await fleet.holding(4)
-    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=2,
-                          capacity=100)
-    fleet.member.view = FleetView((leader,))
-    fleet.member.bulletin = Bulletin(gen=1, level=2, total=8, deficit=2, below=1, active=3,
-                                     draining=False)
-    fleet.member.reading_all = False
+    fleet.plans_from(Bulletin(gen=1, level=2, total=8, deficit=2, below=1, active=3,
+                              draining=False), streams=2)
     async with asyncio.timeout(30):
         while not events(caplog, "balance.shed"):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
@@ -613,12 +619,8 @@ async def test_a_member_does_not_take_back_a_stream_it_just_handed_over(
     await fleet.streams("a", "b", "c")
     fleet.start()
     await fleet.holding(3)
-    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE, streams=3,
-                          capacity=100)
-    fleet.member.view = FleetView((leader,))
-    fleet.member.bulletin = Bulletin(gen=1, level=3, total=7, deficit=1, below=1, active=3,
-                                     draining=False, donors=("w1",))
-    fleet.member.reading_all = False
+    fleet.plans_from(Bulletin(gen=1, level=3, total=7, deficit=1, below=1, active=3,
+                              draining=False, donors=("w1",)), streams=3)
     async with asyncio.timeout(30):
         while not events(caplog, "balance.shed"):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
@@ -645,14 +647,10 @@ async def test_a_member_reading_only_the_leaders_row_hands_its_drain_to_the_bull
     await fleet.streams("a", "b", "c", "d")
     fleet.start()
     await fleet.holding(4)
-    leader = MemberRecord("w9", epoch=1, heartbeat=5, status=MemberStatus.ACTIVE, streams=4,
-                          capacity=5)
-    fleet.member.view = FleetView((leader,))
-    fleet.member.reading_all = False
-    fleet.member.bulletin = Bulletin(
+    fleet.plans_from(Bulletin(
         gen=1, level=4, total=8, deficit=8, below=2, active=4, draining=False,
         takers=(Taker("w3", 2, 0, 0, 10), Taker("w4", 3, 0, 0, 10), Taker("w9", 1, 0, 4, 5),
-                Taker("w1", 1, 0, 4, 100)))
+                Taker("w1", 1, 0, 4, 100))), streams=4, capacity=5, heartbeat=5)
     peers = fleet.member.peers()
     # The leader once (its own row, not the bulletin's copy); this worker is no taker.
     assert [m.worker_id for m in peers] == ["w9", "w3", "w4", "w1"]
@@ -676,12 +674,9 @@ async def test_a_shed_every_peer_refused_is_kept_and_shedding_pauses_four_heartb
     await fleet.streams("a", "b", "c", "d")
     fleet.start()
     await fleet.holding(4)
-    fleet.member.view = FleetView((MemberRecord("w9", epoch=1, heartbeat=5, streams=2,
-                                                status=MemberStatus.ACTIVE, capacity=2),))
-    fleet.member.reading_all = False
     news = Bulletin(gen=1, level=2, total=6, deficit=2, below=1, active=3, draining=False,
                     takers=(Taker("w3", 2, 0, 0, 10),))
-    fleet.member.bulletin = news
+    fleet.plans_from(news, streams=2, capacity=2, heartbeat=5)
     await until_event(caplog, "handover.kept")
     kept = fleet.clock.monotonic()
     assert len(fleet.held()) == 4
@@ -713,11 +708,7 @@ async def feed_live_fleet(news: Bulletin, *streams: str) -> Fleet:
     the level) with the change feed live, holding ``streams``."""
     fleet = Fleet()
     fleet.member.feed_live = lambda: True  # type: ignore[method-assign]
-    leader = MemberRecord("w9", epoch=1, heartbeat=1, status=MemberStatus.ACTIVE,
-                          streams=news.level, capacity=100)
-    fleet.member.view = FleetView((leader,))
-    fleet.member.bulletin = news
-    fleet.member.reading_all = False
+    fleet.plans_from(news, streams=news.level)
     await fleet.streams(*streams)
     fleet.start()
     await fleet.holding(len(streams))
